@@ -1,0 +1,126 @@
+//! The command line. clap stays here: each subcommand's arguments convert into the plain
+//! config structs of the library. The man page (`man/coorfs.1`) is generated from these
+//! definitions (see `manpage.rs`), so `--help` and the man page cannot disagree.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::MountConfig;
+use crate::daemon::DaemonOptions;
+use crate::units::parse_duration;
+
+/// The whole command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "coorfs",
+    version,
+    about = "A read-only FUSE view of a dataset directory that keeps deep-learning training fed",
+    long_about = "coorfs mounts a dataset directory read-only and serves it to unchanged training \
+jobs (PyTorch, TensorFlow, anything that reads files) with training-aware caching: a cache \
+that keeps what it admitted instead of thrashing like the page cache under per-epoch random \
+order, prefetch of the files a job has not read yet in its epoch, and statistics that show \
+where the time goes.",
+    after_help = "Run 'coorfs <COMMAND> --help' for the options of each command; 'man coorfs' \
+for everything, including the statistics attributes."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mount SOURCE read-only at MOUNTPOINT and serve it from a background daemon.
+    #[command(
+        long_about = "Mount SOURCE read-only at MOUNTPOINT. The command returns once the mount \
+answers, leaving a daemon that serves it until 'coorfs umount MOUNTPOINT', 'umount MOUNTPOINT' \
+or a SIGTERM/SIGINT to the daemon. With --foreground it stays attached, logs to stderr and \
+unmounts on Ctrl-C.\n\nEvery write (write, create, mkdir, rename, unlink, truncate, chmod, \
+setxattr, ...) fails with EROFS; the source is never written to.",
+        after_help = "Examples:\n  coorfs mount /data/imagenet /mnt/train\n  coorfs mount \
+--foreground --log-level debug /data/imagenet /mnt/train"
+    )]
+    Mount(MountArgs),
+    /// Unmount a coorfs mount and wait for its daemon to exit.
+    #[command(
+        visible_alias = "unmount",
+        long_about = "Unmount a coorfs mount and wait for its daemon to exit. 'umount \
+MOUNTPOINT' and 'fusermount3 -u MOUNTPOINT' work too, but return before the daemon is gone."
+    )]
+    Umount(UmountArgs),
+}
+
+/// `coorfs mount`.
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// The dataset directory to expose.
+    pub source: PathBuf,
+    /// The empty directory where it appears.
+    pub mountpoint: PathBuf,
+
+    /// Stay in the foreground and log to stderr; Ctrl-C unmounts.
+    #[arg(short, long, help_heading = "Mount")]
+    pub foreground: bool,
+    /// Let other users access the mount (the kernel still checks the source's permissions).
+    #[arg(long, help_heading = "Mount")]
+    pub allow_other: bool,
+    /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
+    #[arg(long, help_heading = "Mount")]
+    pub allow_non_empty: bool,
+    /// FUSE worker threads [default: one per CPU].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024), help_heading = "Mount")]
+    pub threads: Option<u16>,
+    /// How long the kernel caches names and attributes (e.g. 30s, 24h). The dataset must not
+    /// change while training; a changed file is still detected when it is opened.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration, help_heading = "Mount")]
+    pub metadata_ttl: Duration,
+
+    /// Append the daemon's log to FILE (without it, a background daemon logs nowhere).
+    #[arg(long, value_name = "FILE", help_heading = "Logging")]
+    pub log_file: Option<PathBuf>,
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive such as
+    /// coorfs=debug [default: RUST_LOG, else info].
+    #[arg(long, value_name = "LEVEL", value_parser = parse_log_level, help_heading = "Logging")]
+    pub log_level: Option<String>,
+}
+
+/// `coorfs umount`.
+#[derive(Debug, Args)]
+pub struct UmountArgs {
+    /// The mount point of a coorfs mount.
+    pub mountpoint: PathBuf,
+    /// Detach a busy mount now; it goes away when its last user leaves.
+    #[arg(long)]
+    pub lazy: bool,
+    /// How long to wait for the daemon to exit.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+fn parse_log_level(text: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(text)
+        .map(|_| text.to_string())
+        .map_err(|e| format!("\"{text}\": {e}"))
+}
+
+impl MountArgs {
+    /// The mount's configuration and how its daemon runs.
+    pub fn into_config(self) -> (MountConfig, DaemonOptions) {
+        let mut config = MountConfig::new(self.source, self.mountpoint);
+        if let Some(threads) = self.threads {
+            config.threads = threads as usize;
+        }
+        config.metadata_ttl = self.metadata_ttl;
+        config.allow_other = self.allow_other;
+        config.allow_non_empty = self.allow_non_empty;
+        let options = DaemonOptions {
+            foreground: self.foreground,
+            log_file: self.log_file,
+            log_level: self.log_level,
+        };
+        (config, options)
+    }
+}

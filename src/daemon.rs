@@ -1,0 +1,551 @@
+//! The life of a mount: checks before mounting, the background daemon, signals, unmount.
+//!
+//! `coorfs mount` checks everything it can before touching the kernel, so that bad input is
+//! one clear line and a non-zero exit. It then forks: the child mounts and serves; the parent
+//! waits on a pipe until the child reports that the mount is up (or why it is not), checks
+//! that the mount answers, and exits. `--foreground` skips the fork.
+//!
+//! SIGINT, SIGTERM and SIGHUP are blocked in every thread and taken by one thread with
+//! `sigwait`, which unmounts; the FUSE threads then see the device close and return.
+//! `coorfs umount` finds the daemon's pid through the `user.coorfs.pid` attribute of the
+//! mount root, unmounts, and waits for that pid to exit.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use crate::config::MountConfig;
+use crate::fs::DatasetFs;
+use crate::fuse::FuseAdapter;
+use crate::mountinfo;
+use crate::source::LocalSource;
+
+/// The statfs magic of FUSE filesystems.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Why a mount or unmount did not happen. Each is one line for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("source {0}: no such file or directory")]
+    SourceMissing(PathBuf),
+    #[error("source {0}: not a directory")]
+    SourceNotDir(PathBuf),
+    #[error("source {0}: {1}")]
+    SourceUnreadable(PathBuf, io::Error),
+    #[error("mount point {0}: no such file or directory")]
+    MountpointMissing(PathBuf),
+    #[error("mount point {0}: not a directory")]
+    MountpointNotDir(PathBuf),
+    #[error("mount point {0}: {1}")]
+    MountpointUnusable(PathBuf, io::Error),
+    #[error("mount point {0} is not empty (pass --allow-non-empty to mount over its contents)")]
+    MountpointNotEmpty(PathBuf),
+    #[error("mount point {mountpoint} is inside the source {dataset}")]
+    MountpointInsideSource {
+        mountpoint: PathBuf,
+        dataset: PathBuf,
+    },
+    #[error("source {dataset} is inside the mount point {mountpoint}")]
+    SourceInsideMountpoint {
+        mountpoint: PathBuf,
+        dataset: PathBuf,
+    },
+    #[error("mount point {0} is already a coorfs mount (unmount it with: coorfs umount {0})")]
+    AlreadyMounted(PathBuf),
+    #[error(
+        "mount point {0} is a dead FUSE mount (its daemon exited); clean it up with: umount -l {0}"
+    )]
+    DeadMount(PathBuf),
+    #[error(
+        "/dev/fuse does not exist: load the fuse module (modprobe fuse) or pass the device into the container"
+    )]
+    NoFuseDevice,
+    #[error("/dev/fuse: permission denied: run as root or get read-write access to /dev/fuse")]
+    FuseDenied,
+    #[error("/dev/fuse: {0}")]
+    FuseUnusable(io::Error),
+    #[error("log file {0}: {1}")]
+    LogFile(PathBuf, io::Error),
+    #[error("mounting {0}: {1}")]
+    Mount(PathBuf, String),
+    #[error("{0} is not a coorfs mount")]
+    NotMounted(PathBuf),
+    #[error(
+        "{0} is busy: a process has a file open or its working directory in it (close it, or pass --lazy)"
+    )]
+    Busy(PathBuf),
+    #[error("unmounting {0}: {1}")]
+    Unmount(PathBuf, io::Error),
+    #[error("the daemon (pid {pid}) of {mountpoint} is still running {waited:?} after unmounting")]
+    DaemonLingers {
+        mountpoint: PathBuf,
+        pid: u32,
+        waited: Duration,
+    },
+}
+
+impl MountError {
+    /// The process exit code for this error: 2 for bad input, 1 for a failure of the system.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            MountError::Mount(..)
+            | MountError::Unmount(..)
+            | MountError::DaemonLingers { .. }
+            | MountError::FuseUnusable(_) => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// How the daemon runs and logs.
+#[derive(Clone, Debug, Default)]
+pub struct DaemonOptions {
+    /// Stay attached to the terminal, log to stderr.
+    pub foreground: bool,
+    /// Where a background daemon logs (appended). None: nowhere.
+    pub log_file: Option<PathBuf>,
+    /// A tracing filter (`info`, `debug`, `coorfs=trace`); None: RUST_LOG, else `info`.
+    pub log_level: Option<String>,
+}
+
+/// Checks source and mount point, and makes both absolute and canonical in `config`.
+pub fn preflight(config: &mut MountConfig) -> Result<(), MountError> {
+    let source = std::path::absolute(&config.source)
+        .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
+    let mountpoint = std::path::absolute(&config.mountpoint)
+        .map_err(|e| MountError::MountpointUnusable(config.mountpoint.clone(), e))?;
+
+    let source = match std::fs::canonicalize(&source) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(MountError::SourceMissing(source));
+        }
+        Err(e) => return Err(MountError::SourceUnreadable(source, e)),
+    };
+    if !source.is_dir() {
+        return Err(MountError::SourceNotDir(source));
+    }
+    if let Err(e) = std::fs::read_dir(&source) {
+        return Err(MountError::SourceUnreadable(source, e));
+    }
+
+    if mountinfo::is_coorfs_mount(&mountpoint) {
+        return Err(MountError::AlreadyMounted(mountpoint));
+    }
+    let mountpoint = match std::fs::canonicalize(&mountpoint) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(MountError::MountpointMissing(mountpoint));
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::DeadMount(mountpoint));
+        }
+        Err(e) => return Err(MountError::MountpointUnusable(mountpoint, e)),
+    };
+    if mountinfo::is_coorfs_mount(&mountpoint) {
+        return Err(MountError::AlreadyMounted(mountpoint));
+    }
+    if !mountpoint.is_dir() {
+        return Err(MountError::MountpointNotDir(mountpoint));
+    }
+    if mountpoint.starts_with(&source) {
+        return Err(MountError::MountpointInsideSource {
+            mountpoint,
+            dataset: source,
+        });
+    }
+    if source.starts_with(&mountpoint) {
+        return Err(MountError::SourceInsideMountpoint {
+            mountpoint,
+            dataset: source,
+        });
+    }
+    if !config.allow_non_empty {
+        let mut entries = std::fs::read_dir(&mountpoint)
+            .map_err(|e| MountError::MountpointUnusable(mountpoint.clone(), e))?;
+        if entries.next().is_some() {
+            return Err(MountError::MountpointNotEmpty(mountpoint));
+        }
+    }
+    check_fuse_device()?;
+    config.source = source;
+    config.mountpoint = mountpoint;
+    Ok(())
+}
+
+fn check_fuse_device() -> Result<(), MountError> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(MountError::NoFuseDevice),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(MountError::FuseDenied),
+        Err(e) => Err(MountError::FuseUnusable(e)),
+    }
+}
+
+/// Mounts `config.source` at `config.mountpoint`. In the foreground this returns when the
+/// mount ends; otherwise once the background daemon's mount answers.
+pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), MountError> {
+    preflight(&mut config)?;
+    let log_file = match &options.log_file {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| MountError::LogFile(path.clone(), e))?,
+        ),
+        None => None,
+    };
+    if options.foreground {
+        init_logging(options.log_level.as_deref(), log_file);
+        return serve(config, &mut None);
+    }
+
+    let (read_end, write_end) =
+        pipe().map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()))?;
+    // SAFETY: no other thread exists yet (nothing before this point spawns one), so the
+    // child may go on running Rust code after fork.
+    match unsafe { libc::fork() } {
+        -1 => Err(MountError::Mount(
+            config.mountpoint.clone(),
+            io::Error::last_os_error().to_string(),
+        )),
+        0 => {
+            drop(read_end);
+            detach(log_file.as_ref());
+            init_logging(options.log_level.as_deref(), log_file);
+            let mountpoint = config.mountpoint.clone();
+            let mut ready = Some(File::from(write_end));
+            let code = match serve(config, &mut ready) {
+                Ok(()) => 0,
+                Err(e) => {
+                    if let Some(mut file) = ready {
+                        let _ = writeln!(file, "{e}");
+                    }
+                    tracing::error!("{e}");
+                    1
+                }
+            };
+            info!("{} unmounted; daemon exits", mountpoint.display());
+            std::process::exit(code);
+        }
+        child => {
+            drop(write_end);
+            let mut report = String::new();
+            let _ = File::from(read_end).read_to_string(&mut report);
+            let report = report.trim();
+            if report != "ready" {
+                let mut status = 0;
+                // SAFETY: waits for our own child; `status` is a valid out-pointer.
+                unsafe { libc::waitpid(child, &mut status, 0) };
+                let reason = if report.is_empty() {
+                    "the daemon exited before the mount was ready".to_string()
+                } else {
+                    report.to_string()
+                };
+                return Err(MountError::Mount(config.mountpoint, reason));
+            }
+            if !answers(&config.mountpoint) {
+                return Err(MountError::Mount(
+                    config.mountpoint,
+                    "the mount does not answer".into(),
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both are open descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Leaves the caller's session and terminal: stdin and stdout to /dev/null, stderr to the
+/// log file (or /dev/null), working directory `/`.
+fn detach(log_file: Option<&File>) {
+    // SAFETY: setsid, dup2 and chdir have no memory-safety preconditions; the descriptors
+    // passed are open for the duration of the calls.
+    unsafe {
+        libc::setsid();
+        if let Ok(null) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(null.as_raw_fd(), 1);
+            let err = log_file.map(|f| f.as_raw_fd()).unwrap_or(null.as_raw_fd());
+            libc::dup2(err, 2);
+        }
+        libc::chdir(c"/".as_ptr());
+    }
+}
+
+fn init_logging(level: Option<&str>, file: Option<File>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match file {
+        Some(file) => builder
+            .with_ansi(false)
+            .with_writer(Arc::new(file))
+            .try_init(),
+        None => builder.with_writer(io::stderr).try_init(),
+    };
+}
+
+/// True if `path` is the root of a FUSE mount that answers `statfs`.
+fn answers(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `statfs` is plain old data; zeroed is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` a valid out-pointer.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    rc == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
+}
+
+/// The signals that end a mount.
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise the set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+/// Mounts and serves until the mount ends. Writes "ready" to `ready` (and closes it) once
+/// the kernel has accepted the mount.
+fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError> {
+    let signals = stop_signals();
+    // SAFETY: blocks the stop signals in this thread; every thread spawned from here on
+    // inherits the mask, so only the sigwait thread below receives them.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+
+    let mountpoint = config.mountpoint.clone();
+    let mount_err = |e: io::Error| MountError::Mount(mountpoint.clone(), e.to_string());
+    let source = Arc::new(LocalSource::new(config.source.clone(), false));
+    let fs = Arc::new(
+        DatasetFs::new(source, &config)
+            .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?,
+    );
+    let notifier = Arc::new(OnceLock::new());
+    let adapter = FuseAdapter::new(fs, notifier.clone());
+
+    let mut options = fuser::Config::default();
+    options.acl = if config.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    options.n_threads = Some(config.threads.max(1));
+    options.clone_fd = true;
+    // As root, coorfs mounts by itself, so that the mount table shows the type
+    // "fuse.coorfs" (fuser's own mount says "fuse"), which is how coorfs recognises its
+    // mounts. Other users go through fuser and fusermount3.
+    // SAFETY: geteuid has no preconditions.
+    let (session, mut unmounter) = if unsafe { libc::geteuid() } == 0 {
+        let fd = kernel_mount(&config).map_err(mount_err)?;
+        let session = fuser::Session::from_fd(adapter, fd, options.acl, options).map_err(|e| {
+            unmount_detached(&config.mountpoint);
+            mount_err(e)
+        })?;
+        (session, Unmounter::Own(config.mountpoint.clone()))
+    } else {
+        options.mount_options = vec![
+            fuser::MountOption::FSName(fs_name(&config.source)),
+            fuser::MountOption::Subtype("coorfs".into()),
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::NoAtime,
+        ];
+        let mut session =
+            fuser::Session::new(adapter, &config.mountpoint, &options).map_err(mount_err)?;
+        let unmounter = session.unmount_callable();
+        (session, Unmounter::Fuser(unmounter))
+    };
+    let _ = notifier.set(session.notifier());
+    info!(
+        "mounted {} at {} ({} FUSE threads, pid {})",
+        config.source.display(),
+        config.mountpoint.display(),
+        config.threads,
+        std::process::id()
+    );
+    std::thread::Builder::new()
+        .name("coorfs-signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `signals` is an initialised set and `sig` a valid out-pointer.
+            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                info!("signal {sig}: unmounting");
+                unmounter.unmount();
+            }
+        })
+        .map_err(mount_err)?;
+    if let Some(mut file) = ready.take() {
+        let _ = file.write_all(b"ready\n");
+    }
+    session.run().map_err(mount_err)
+}
+
+/// How the signal thread ends the mount.
+enum Unmounter {
+    Own(PathBuf),
+    Fuser(fuser::SessionUnmounter),
+}
+
+impl Unmounter {
+    fn unmount(&mut self) {
+        match self {
+            Unmounter::Own(path) => unmount_detached(path),
+            Unmounter::Fuser(u) => {
+                if let Err(e) = u.unmount() {
+                    warn!("unmount: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Detaches the mount at `path`: it disappears now, and its connection ends when the last
+/// open file in it is closed.
+fn unmount_detached(path: &Path) {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: `c` is a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        warn!(
+            "unmounting {}: {}",
+            path.display(),
+            io::Error::last_os_error()
+        );
+    }
+}
+
+/// Opens /dev/fuse and mounts it at the mount point with type `fuse.coorfs` (root only).
+fn kernel_mount(config: &MountConfig) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::MetadataExt;
+    let dev: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?
+        .into();
+    let root_mode = std::fs::metadata(&config.mountpoint)?.mode() & libc::S_IFMT;
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id=0,group_id=0,default_permissions",
+        dev.as_raw_fd(),
+        root_mode
+    );
+    if config.allow_other {
+        data.push_str(",allow_other");
+    }
+    let to_c = |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+    let source = to_c(fs_name(&config.source).as_bytes())?;
+    let target = to_c(config.mountpoint.as_os_str().as_bytes())?;
+    let fstype = to_c(mountinfo::FS_TYPE.as_bytes())?;
+    let data = to_c(data.as_bytes())?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME;
+    // SAFETY: all pointers are NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(dev)
+}
+
+/// The name the mount table shows as the mount's source: the source path, unless it holds
+/// characters that the mount option syntax cannot carry.
+fn fs_name(source: &Path) -> String {
+    match source.to_str() {
+        Some(s) if !s.contains([',', ' ', '\t', '\n', '\\']) => s.to_string(),
+        _ => "coorfs".to_string(),
+    }
+}
+
+/// The pid of the daemon serving `mountpoint`, from its `user.coorfs.pid` attribute.
+pub fn daemon_pid(mountpoint: &Path) -> Option<u32> {
+    let value = xattr::get(mountpoint, crate::fs::PID_XATTR).ok()??;
+    String::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// True while process `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z') | Some('X') | None
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Unmounts a coorfs mount and waits up to `timeout` for its daemon to exit. `lazy` detaches
+/// a busy mount instead of failing.
+pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), MountError> {
+    let mountpoint = std::path::absolute(mountpoint)
+        .map_err(|e| MountError::Unmount(mountpoint.to_path_buf(), e))?;
+    if !mountinfo::is_coorfs_mount(&mountpoint) {
+        return Err(MountError::NotMounted(mountpoint));
+    }
+    let pid = daemon_pid(&mountpoint);
+    let c = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| MountError::NotMounted(mountpoint.clone()))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `c` is a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EBUSY) => MountError::Busy(mountpoint),
+            _ => MountError::Unmount(mountpoint, e),
+        });
+    }
+    let Some(pid) = pid else { return Ok(()) };
+    let start = Instant::now();
+    while alive(pid) {
+        if start.elapsed() >= timeout {
+            return Err(MountError::DaemonLingers {
+                mountpoint,
+                pid,
+                waited: timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}

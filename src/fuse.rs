@@ -1,0 +1,554 @@
+//! The FUSE adapter: the one place that knows fuser. Each kernel request becomes a call on
+//! [`DatasetFs`]; each result becomes a reply. Errors go through [`fail`], which logs once
+//! and replies with the errno from [`errno`], the single exhaustive mapping.
+//!
+//! # What the kernel is told, and why (measured with `scripts/bench-read.sh`)
+//! - Entries and attributes are cached for `--metadata-ttl` (a day by default): the dataset
+//!   is immutable while training, and every LOOKUP or GETATTR saved is a round trip saved.
+//! - `FUSE_DO_READDIRPLUS`: a listing carries every entry's attributes, so the first open of
+//!   each file in the first epoch needs no LOOKUP. The daemon pays an `lstat` per entry.
+//! - `FOPEN_NOFLUSH`: a read-only file has nothing to flush at close, so `close(2)` costs
+//!   no round trip. RELEASE still reaches the daemon (it is how a handle is freed) but the
+//!   kernel sends it in the background.
+//! - `FOPEN_KEEP_CACHE` when the core says the kernel's pages of a file are right (its
+//!   version did not change): a hot small file then costs one round trip (OPEN) instead of
+//!   three (OPEN, READ, READ at EOF). FUSE's "no open" mode (answer OPEN with ENOSYS) would
+//!   save that one too, but the daemon would never see which files a job opens, and epochs,
+//!   prefetch and hit counts all depend on it.
+//! - `FOPEN_DIRECT_IO` when the core asks for it (the file's bytes must not enter the
+//!   kernel's page cache); `FUSE_DIRECT_IO_ALLOW_MMAP` keeps such files mappable.
+//! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and as many worker threads as
+//!   `--threads`, each on its own cloned `/dev/fuse` descriptor.
+
+use std::ffi::OsStr;
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
+};
+use tracing::{debug, warn};
+
+use crate::fs::{Caller, DatasetFs, FsError};
+use crate::namespace::{Attr, Kind};
+
+/// The fuser `Filesystem` of a mount.
+#[derive(Debug)]
+pub struct FuseAdapter {
+    fs: Arc<DatasetFs>,
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+impl FuseAdapter {
+    /// An adapter over `fs`. `notifier` is filled in once the session exists, so that the
+    /// adapter can tell the kernel to drop what it cached of a changed file.
+    pub fn new(fs: Arc<DatasetFs>, notifier: Arc<OnceLock<Notifier>>) -> Self {
+        FuseAdapter { fs, notifier }
+    }
+
+    fn invalidate(&self, ino: u64) {
+        if let Some(notifier) = self.notifier.get().cloned() {
+            // Not from the FUSE thread: the kernel may need this thread to answer a request
+            // before the notification completes.
+            std::thread::spawn(move || {
+                if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, -1) {
+                    debug!("invalidating inode {ino}: {e}");
+                }
+            });
+        }
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        pid: req.pid(),
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+/// The errno a caller sees for each core error.
+pub fn errno(err: &FsError) -> Errno {
+    match err {
+        FsError::NotFound => Errno::ENOENT,
+        FsError::NotDir => Errno::ENOTDIR,
+        FsError::IsDir => Errno::EISDIR,
+        FsError::NotSymlink => Errno::EINVAL,
+        FsError::ReadOnly => Errno::EROFS,
+        FsError::Access => Errno::EACCES,
+        FsError::BadHandle => Errno::EBADF,
+        FsError::NoAttr => Errno::NO_XATTR,
+        FsError::Range => Errno::ERANGE,
+        FsError::Invalid(_) => Errno::EINVAL,
+        FsError::NotSupported => Errno::ENOTSUP,
+        FsError::Source(e) => e.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO),
+    }
+}
+
+/// A reply that can carry an error.
+trait ErrorReply {
+    fn error(self, err: Errno);
+}
+
+macro_rules! error_reply {
+    ($($t:ty),*) => {$(
+        impl ErrorReply for $t {
+            fn error(self, err: Errno) {
+                <$t>::error(self, err)
+            }
+        }
+    )*};
+}
+error_reply!(
+    ReplyAttr,
+    ReplyCreate,
+    ReplyData,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyEmpty,
+    ReplyEntry,
+    ReplyOpen,
+    ReplyStatfs,
+    ReplyWrite,
+    ReplyXattr
+);
+
+/// Logs a failed request once, at a level that fits how ordinary the failure is, and
+/// replies with its errno.
+fn fail(op: &str, err: FsError, reply: impl ErrorReply) {
+    match &err {
+        // Probes for missing names and attributes are part of normal operation.
+        FsError::NotFound | FsError::NoAttr | FsError::Range => debug!("{op}: {err}"),
+        FsError::ReadOnly | FsError::Access | FsError::NotDir | FsError::IsDir => {
+            debug!("{op}: {err}")
+        }
+        _ => warn!("{op}: {err}"),
+    }
+    reply.error(errno(&err));
+}
+
+fn file_type(kind: Kind) -> FileType {
+    match kind {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+/// Answers an extended-attribute request: the size for a size-0 probe, ERANGE for a buffer
+/// that is too small, the value otherwise.
+fn reply_xattr(value: Vec<u8>, size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if (size as usize) < value.len() {
+        fail("xattr", FsError::Range, reply);
+    } else {
+        reply.data(&value);
+    }
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        let supported = wanted & config.capabilities();
+        if let Err(missing) = config.add_capabilities(supported) {
+            debug!("kernel lacks {missing:?}");
+        }
+        // Readahead as large as the kernel allows: 1 MiB requests for sequential reads.
+        if let Err(max) = config.set_max_readahead(1 << 20) {
+            let _ = config.set_max_readahead(max);
+        }
+        debug!("FUSE capabilities {:?}", config.capabilities());
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name) {
+            Ok(e) => reply.entry(&self.fs.ttl(), &file_attr(&e.attr), Generation(0)),
+            Err(e) => fail("lookup", e, reply),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
+            Err(e) => fail("getattr", e, reply),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(target) => reply.data(target.as_os_str().as_encoded_bytes()),
+            Err(e) => fail("readlink", e, reply),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0, flags.0, caller(req)) {
+            Ok(o) => {
+                let mut fopen = FopenFlags::FOPEN_NOFLUSH;
+                if o.keep_cache {
+                    fopen |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                if o.direct_io {
+                    fopen |= FopenFlags::FOPEN_DIRECT_IO;
+                }
+                if o.changed {
+                    self.invalidate(ino.0);
+                }
+                reply.opened(FileHandle(o.fh), fopen);
+            }
+            Err(e) => fail("open", e, reply),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.fs.read(
+            fh.0,
+            offset,
+            size,
+            Box::new(move |result| match result {
+                Ok(bytes) => reply.data(bytes),
+                Err(e) => fail("read", e, reply),
+            }),
+        );
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _d: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => fail("opendir", e, reply),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let result = self.fs.readdir(fh.0, offset, false, |e| {
+            reply.add(INodeNo(e.ino), e.next, file_type(e.kind), e.name)
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => fail("readdir", e, reply),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.fs.ttl();
+        let result = self.fs.readdir(fh.0, offset, true, |e| match e.attr {
+            Some(attr) => reply.add(
+                INodeNo(e.ino),
+                e.next,
+                e.name,
+                &ttl,
+                &file_attr(&attr),
+                Generation(0),
+            ),
+            None => false,
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => fail("readdirplus", e, reply),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _d: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Err(e) => fail("statfs", e, reply),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.fs.access(ino.0, mask.bits(), caller(req)) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail("access", e, reply),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name) {
+            Ok(value) => reply_xattr(value, size, reply),
+            Err(e) => fail("getxattr", e, reply),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => reply_xattr(names, size, reply),
+            Err(e) => fail("listxattr", e, reply),
+        }
+    }
+
+    // Everything below would change the dataset: the mount is read-only.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        fail("setattr", FsError::ReadOnly, reply);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        fail("mknod", FsError::ReadOnly, reply);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        fail("mkdir", FsError::ReadOnly, reply);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        fail("unlink", FsError::ReadOnly, reply);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        fail("rmdir", FsError::ReadOnly, reply);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        fail("symlink", FsError::ReadOnly, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        fail("rename", FsError::ReadOnly, reply);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        fail("link", FsError::ReadOnly, reply);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        fail("write", FsError::ReadOnly, reply);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        fail("create", FsError::ReadOnly, reply);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        fail("fallocate", FsError::ReadOnly, reply);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        fail("copy_file_range", FsError::ReadOnly, reply);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        fail("setxattr", FsError::ReadOnly, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        fail("removexattr", FsError::ReadOnly, reply);
+    }
+}

@@ -1,0 +1,1 @@
+//! The man page, generated from the clap definitions.

@@ -1,0 +1,83 @@
+//! What `/proc/self/mountinfo` says of a path: is it a mount point, and of which type.
+
+use std::path::{Path, PathBuf};
+
+/// The filesystem type the kernel reports for a coorfs mount (`fuse.` + the subtype).
+pub const FS_TYPE: &str = "fuse.coorfs";
+
+/// One line of mountinfo: the mount point and the filesystem type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mountpoint: PathBuf,
+    pub fstype: String,
+}
+
+/// Parses mountinfo text (`man 5 proc`): field 5 is the mount point, the field after `-` the
+/// type. Octal escapes (`\040` for a space) are decoded.
+pub fn parse(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let mountpoint = fields.get(4)?;
+            let dash = fields.iter().position(|f| *f == "-")?;
+            let fstype = fields.get(dash + 1)?;
+            Some(MountEntry {
+                mountpoint: PathBuf::from(unescape(mountpoint)),
+                fstype: fstype.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn unescape(s: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b));
+        if bytes[i] == b'\\' && octal {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    std::ffi::OsString::from_vec(out)
+}
+
+/// The type of the mount whose mount point is exactly `path`, if any (the last, topmost one).
+pub fn mount_type(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse(&text)
+        .into_iter()
+        .rev()
+        .find(|m| m.mountpoint == path)
+        .map(|m| m.fstype)
+}
+
+/// True if `path` is the mount point of a coorfs mount.
+pub fn is_coorfs_mount(path: &Path) -> bool {
+    mount_type(path).as_deref() == Some(FS_TYPE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_types_and_escaped_mount_points() {
+        let text = "36 35 98:0 /mnt1 /mnt/my\\040data rw,noatime master:1 - fuse.coorfs /data rw\n\
+                    37 35 98:0 / /proc rw shared:2 - proc proc rw\n";
+        let entries = parse(text);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].mountpoint, PathBuf::from("/mnt/my data"));
+        assert_eq!(entries[0].fstype, "fuse.coorfs");
+        assert_eq!(entries[1].fstype, "proc");
+    }
+}
