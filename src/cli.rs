@@ -51,6 +51,15 @@ setxattr, ...) fails with EROFS; the source is never written to.",
 MOUNTPOINT' and 'fusermount3 -u MOUNTPOINT' work too, but return before the daemon is gone."
     )]
     Umount(UmountArgs),
+    /// Read a directory like a training job and report each epoch's throughput.
+    #[command(
+        long_about = "Read every file below DIR once per epoch, whole, in a fresh random order \
+each epoch, split across worker processes of one process group (like a PyTorch DataLoader), \
+and print each epoch's files/s and MiB/s. Use it to measure a mount against the directory \
+it mirrors, or to warm a cache.",
+        after_help = "Example:\n  coorfs read --procs 2 --epochs 3 /mnt/train"
+    )]
+    Read(ReadArgs),
 }
 
 /// `coorfs mount`.
@@ -100,10 +109,56 @@ pub struct UmountArgs {
     pub timeout: Duration,
 }
 
+/// `coorfs read`.
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// The directory to read (recursively).
+    pub dir: PathBuf,
+    /// Worker processes.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub procs: u16,
+    /// Epochs.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub epochs: u32,
+    /// Seed of the shuffles (epoch E reads in the order of seed + E).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+    /// Read in sorted order instead of a random one.
+    #[arg(long)]
+    pub sorted: bool,
+    /// Bytes per read call (K/M/G suffixes).
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_nonzero_size)]
+    pub buffer: u64,
+    /// Print one JSON object per epoch instead of a table row.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_nonzero_size(text: &str) -> Result<u64, String> {
+    match crate::units::parse_size(text)? {
+        0 => Err(format!("\"{text}\": must be more than 0")),
+        n => Ok(n),
+    }
+}
+
 fn parse_log_level(text: &str) -> Result<String, String> {
     tracing_subscriber::EnvFilter::try_new(text)
         .map(|_| text.to_string())
         .map_err(|e| format!("\"{text}\": {e}"))
+}
+
+impl ReadArgs {
+    /// The read plan.
+    pub fn plan(&self) -> crate::reader::ReadPlan {
+        crate::reader::ReadPlan {
+            dir: self.dir.clone(),
+            procs: self.procs as usize,
+            epochs: self.epochs as usize,
+            seed: self.seed,
+            sorted: self.sorted,
+            buffer: self.buffer as usize,
+        }
+    }
 }
 
 impl MountArgs {

@@ -17,5 +17,6 @@ pub mod fuse;
 pub mod manpage;
 pub mod mountinfo;
 pub mod namespace;
+pub mod reader;
 pub mod source;
 pub mod units;

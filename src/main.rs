@@ -17,6 +17,7 @@ fn main() -> ExitCode {
             daemon::mount(config, options)
         }
         Command::Umount(args) => daemon::unmount(&args.mountpoint, args.lazy, args.timeout),
+        Command::Read(args) => return read(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -46,6 +47,33 @@ fn clap_failure(e: clap::Error) -> ExitCode {
             let first = text.lines().next().unwrap_or("invalid command line");
             let first = first.strip_prefix("error: ").unwrap_or(first);
             eprintln!("coorfs: {first} (see coorfs --help)");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn read(args: &coorfs::cli::ReadArgs) -> ExitCode {
+    if !args.json {
+        println!("{:>5} {:>8} {:>12} {:>6} {:>9} {:>10} {:>9}", "epoch", "files", "bytes", "errors", "seconds", "files/s", "MiB/s");
+    }
+    let result = coorfs::reader::run(&args.plan(), |r| {
+        if args.json {
+            println!("{}", serde_json::to_string(r).unwrap_or_default());
+        } else {
+            println!(
+                "{:>5} {:>8} {:>12} {:>6} {:>9.3} {:>10.0} {:>9.1}",
+                r.epoch, r.files, r.bytes, r.errors, r.seconds, r.files_per_sec, r.mib_per_sec
+            );
+        }
+    });
+    match result {
+        Ok(reports) if reports.iter().any(|r| r.errors > 0) => {
+            eprintln!("coorfs: some files could not be read");
+            ExitCode::from(1)
+        }
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coorfs: {e}");
             ExitCode::from(2)
         }
     }

@@ -1,1 +1,223 @@
-//! The man page, generated from the clap definitions.
+//! `man/coorfs.1`, generated from the clap definitions, so that `--help` and the man page
+//! cannot disagree. `tests/manpage.rs` fails when the committed page is stale
+//! (`UPDATE_MAN=1 cargo test --test manpage` rewrites it).
+//!
+//! clap_mangen renders one page per command; coorfs wants one page with a section per
+//! subcommand and its options grouped by help heading, plus the extra sections below, so
+//! this walks clap's own introspection and writes the roff directly.
+
+use clap::{Arg, ArgAction, Command, CommandFactory};
+
+use crate::cli::Cli;
+
+/// Escapes text for roff: backslashes, hyphens, and a leading dot or quote.
+fn esc(text: &str) -> String {
+    let mut out = text.replace('\\', "\\e").replace('-', "\\-");
+    if out.starts_with('.') || out.starts_with('\'') {
+        out.insert_str(0, "\\&");
+    }
+    out
+}
+
+/// Paragraphs of help text as roff (blank lines separate paragraphs; other line breaks in
+/// the text are kept as line breaks).
+fn paragraphs(text: &str) -> String {
+    let mut out = String::new();
+    for (i, para) in text.split("\n\n").enumerate() {
+        if i > 0 {
+            out.push_str(".PP\n");
+        }
+        let lines: Vec<&str> = para.lines().collect();
+        for (j, line) in lines.iter().enumerate() {
+            out.push_str(&esc(line.trim_start()));
+            out.push('\n');
+            if j + 1 < lines.len() {
+                out.push_str(".br\n");
+            }
+        }
+    }
+    out
+}
+
+fn usage_of(cmd: &Command, parents: &str) -> String {
+    let mut usage = format!("{parents} {}", cmd.get_name());
+    let has_options = cmd
+        .get_arguments()
+        .any(|a| !a.is_positional() && !a.is_hide_set());
+    if has_options {
+        usage.push_str(" [OPTIONS]");
+    }
+    for arg in cmd.get_positionals() {
+        let name = arg
+            .get_value_names()
+            .and_then(|v| v.first().map(|s| s.to_string()))
+            .unwrap_or_else(|| arg.get_id().to_string().to_uppercase());
+        if arg.is_required_set() {
+            usage.push_str(&format!(" {name}"));
+        } else {
+            usage.push_str(&format!(" [{name}]"));
+        }
+    }
+    usage.trim().to_string()
+}
+
+fn option_line(arg: &Arg) -> String {
+    let mut names = Vec::new();
+    if let Some(s) = arg.get_short() {
+        names.push(format!("\\fB\\-{s}\\fR"));
+    }
+    if let Some(l) = arg.get_long() {
+        names.push(format!("\\fB\\-\\-{}\\fR", esc(l)));
+    }
+    let mut line = names.join(", ");
+    let takes_value = matches!(arg.get_action(), ArgAction::Set | ArgAction::Append);
+    if takes_value {
+        let value = arg
+            .get_value_names()
+            .and_then(|v| v.first().map(|s| s.to_string()))
+            .unwrap_or_else(|| "VALUE".into());
+        line.push_str(&format!(" \\fI{}\\fR", esc(&value)));
+    }
+    line
+}
+
+fn option_help(arg: &Arg) -> String {
+    let help = arg
+        .get_long_help()
+        .or(arg.get_help())
+        .map(|h| h.to_string())
+        .unwrap_or_default();
+    let mut text = help.replace('\n', " ");
+    let defaults: Vec<String> = arg
+        .get_default_values()
+        .iter()
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect();
+    if !defaults.is_empty() && matches!(arg.get_action(), ArgAction::Set | ArgAction::Append) {
+        text.push_str(&format!(" [default: {}]", defaults.join(", ")));
+    }
+    let possible: Vec<String> = arg
+        .get_possible_values()
+        .iter()
+        .filter(|v| !v.is_hide_set())
+        .map(|v| v.get_name().to_string())
+        .collect();
+    if !possible.is_empty() && matches!(arg.get_action(), ArgAction::Set | ArgAction::Append) {
+        text.push_str(&format!(" [possible values: {}]", possible.join(", ")));
+    }
+    esc(&text)
+}
+
+fn command_section(cmd: &Command, out: &mut String) {
+    out.push_str(&format!(".SS \"{}\"\n", esc(&usage_of(cmd, "coorfs"))));
+    let about = cmd
+        .get_long_about()
+        .or(cmd.get_about())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    out.push_str(&paragraphs(&about));
+    let aliases: Vec<&str> = cmd.get_visible_aliases().collect();
+    if !aliases.is_empty() {
+        out.push_str(&format!(".PP\nAlias: {}.\n", esc(&aliases.join(", "))));
+    }
+    // Arguments first, then options grouped by heading, in order of first appearance.
+    let positionals: Vec<&Arg> = cmd.get_positionals().collect();
+    if !positionals.is_empty() {
+        out.push_str(".PP\n\\fIArguments\\fR\n");
+        for arg in positionals {
+            let name = arg
+                .get_value_names()
+                .and_then(|v| v.first().map(|s| s.to_string()))
+                .unwrap_or_else(|| arg.get_id().to_string().to_uppercase());
+            out.push_str(&format!(".TP\n\\fI{}\\fR\n{}\n", esc(&name), option_help(arg)));
+        }
+    }
+    let options: Vec<&Arg> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_positional() && !a.is_hide_set())
+        .collect();
+    let mut headings: Vec<Option<&str>> = Vec::new();
+    for arg in &options {
+        if !headings.contains(&arg.get_help_heading()) {
+            headings.push(arg.get_help_heading());
+        }
+    }
+    for heading in headings {
+        out.push_str(&format!(".PP\n\\fI{} options\\fR\n", esc(heading.unwrap_or("Other"))));
+        for arg in options.iter().filter(|a| a.get_help_heading() == heading) {
+            out.push_str(&format!(".TP\n{}\n{}\n", option_line(arg), option_help(arg)));
+        }
+    }
+    if let Some(after) = cmd.get_after_long_help().or(cmd.get_after_help()) {
+        out.push_str(".PP\n");
+        out.push_str(&paragraphs(&after.to_string()));
+    }
+}
+
+/// Sections that are not part of any command's help: the statistics attributes, exit
+/// status, files and the rest.
+fn extra_sections(out: &mut String) {
+    out.push_str(
+        ".SH EXIT STATUS\n\
+         0 on success; 2 for bad input (a missing or unsuitable source or mount point, an unknown \
+         option, a malformed value), with one line on standard error that says what is wrong; 1 \
+         when the system refuses (the mount or unmount itself fails, a daemon does not exit).\n",
+    );
+    out.push_str(
+        ".SH ENVIRONMENT\n\
+         .TP\n\\fBRUST_LOG\\fR\n\
+         The log filter when \\fB\\-\\-log\\-level\\fR is not given.\n",
+    );
+    out.push_str(
+        ".SH NOTES\n\
+         The mount is read\\-only: every operation that would change the dataset fails with EROFS, \
+         and coorfs never writes to the source. The kernel checks the source's permission bits \
+         (\\fBdefault_permissions\\fR). A file whose size or modification time changes while \
+         mounted is detected when it is next opened and served with its new content.\n",
+    );
+    out.push_str(
+        ".SH SEE ALSO\n\
+         \\fBfusermount3\\fR(1), \\fBumount\\fR(8), \\fBgetfattr\\fR(1)\n",
+    );
+}
+
+/// The whole man page.
+pub fn render() -> String {
+    let cli = Cli::command();
+    let version = cli.get_version().unwrap_or("").to_string();
+    let mut out = String::new();
+    out.push_str(&format!(
+        ".TH COORFS 1 \"\" \"coorfs {}\" \"User Commands\"\n",
+        esc(&version)
+    ));
+    out.push_str(&format!(
+        ".SH NAME\ncoorfs \\- {}\n",
+        esc(&cli.get_about().map(|a| a.to_string()).unwrap_or_default())
+    ));
+    out.push_str(".SH SYNOPSIS\n");
+    for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {
+        out.push_str(&format!("\\fB{}\\fR\n.br\n", esc(&usage_of(sub, "coorfs"))));
+    }
+    out.push_str(".SH DESCRIPTION\n");
+    out.push_str(&paragraphs(
+        &cli.get_long_about().map(|a| a.to_string()).unwrap_or_default(),
+    ));
+    out.push_str(".SH COMMANDS\n");
+    for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {
+        command_section(sub, &mut out);
+    }
+    extra_sections(&mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_roff_specials() {
+        assert_eq!(esc("--x"), "\\-\\-x");
+        assert_eq!(esc(".start"), "\\&.start");
+        assert_eq!(esc("a\\b"), "a\\eb");
+    }
+}

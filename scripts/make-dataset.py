@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Generate a sample dataset: N files of random bytes in class folders, like ImageFolder.
+
+Deterministic from --seed; file sizes vary around --size (+-10%, like JPEGs) unless
+--exact. Standard library only, so it runs on a fresh machine. Existing files of the right
+size are kept, so re-running is cheap.
+
+    scripts/make-dataset.py --files 20000 --size 100K --classes 100 /var/tmp/data
+"""
+import argparse
+import os
+import random
+import sys
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def size(text):
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1] if t and t[-1] in UNITS else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'"{text}": expected a number with a K/M/G suffix')
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", help="where to write the dataset (created if missing)")
+    p.add_argument("--files", type=int, default=2000, help="number of files [2000]")
+    p.add_argument("--size", type=size, default=100 << 10, help="mean file size, e.g. 100K [100K]")
+    p.add_argument("--classes", type=int, default=10, help="class folders [10]")
+    p.add_argument("--exact", action="store_true", help="every file exactly --size bytes")
+    p.add_argument("--seed", type=int, default=0, help="random seed [0]")
+    a = p.parse_args()
+    if a.files < 1 or a.classes < 1 or a.size < 1:
+        sys.exit("make-dataset.py: --files, --classes and --size must be positive")
+    rng = random.Random(a.seed)
+    pool = rng.randbytes(a.size * 2 + 65536)
+    total = 0
+    for i in range(a.files):
+        n = a.size if a.exact else max(1, int(a.size * rng.uniform(0.9, 1.1)))
+        d = os.path.join(a.dir, f"class{i % a.classes:04d}")
+        path = os.path.join(d, f"sample{i:07d}.bin")
+        total += n
+        if os.path.exists(path) and os.path.getsize(path) == n:
+            continue
+        os.makedirs(d, exist_ok=True)
+        start = rng.randrange(0, len(pool) - n)
+        with open(path, "wb") as f:
+            # The first 8 bytes make every file unique even where the pool overlaps.
+            f.write(i.to_bytes(8, "little") + pool[start : start + n - 8] if n > 8 else pool[:n])
+    print(f"{a.files} files, {total / (1 << 20):.1f} MiB in {a.dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+//! The filesystem core, driven directly (no FUSE, no mount).
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use common::bytes;
+use coorfs::config::MountConfig;
+use coorfs::fs::{Caller, DatasetFs, FsError};
+use coorfs::namespace::{Kind, ROOT};
+use coorfs::source::{FaultySource, LocalSource};
+
+fn core_over(src: &Path) -> (DatasetFs, Arc<FaultySource<LocalSource>>) {
+    let source = Arc::new(FaultySource::new(LocalSource::new(src.to_path_buf(), false)));
+    let config = MountConfig::new(src.to_path_buf(), "/nonexistent".into());
+    (DatasetFs::new(source.clone(), &config).unwrap(), source)
+}
+
+/// Reads through the core and waits for the answer.
+fn read(fs: &DatasetFs, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, String> {
+    let (tx, rx) = mpsc::channel();
+    fs.read(
+        fh,
+        offset,
+        size,
+        Box::new(move |r| {
+            let _ = tx.send(r.map(|b| b.to_vec()).map_err(|e| e.to_string()));
+        }),
+    );
+    rx.recv().unwrap()
+}
+
+fn lookup_path(fs: &DatasetFs, rel: &str) -> u64 {
+    let mut at = ROOT;
+    for part in rel.split('/') {
+        at = fs.lookup(at, OsStr::new(part)).unwrap().attr.ino;
+    }
+    at
+}
+
+#[test]
+fn lookup_getattr_and_read() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("d")).unwrap();
+    std::fs::write(dir.path().join("d/f"), bytes(1, 10_000)).unwrap();
+    let (fs, _) = core_over(dir.path());
+
+    let d = fs.lookup(ROOT, OsStr::new("d")).unwrap().attr;
+    assert_eq!(d.kind, Kind::Dir);
+    let f = fs.lookup(d.ino, OsStr::new("f")).unwrap().attr;
+    assert_eq!((f.kind, f.size), (Kind::File, 10_000));
+    assert_eq!(fs.getattr(f.ino).unwrap(), f);
+    assert!(matches!(fs.lookup(d.ino, OsStr::new("nope")), Err(FsError::NotFound)));
+    assert!(matches!(fs.lookup(f.ino, OsStr::new("x")), Err(FsError::NotDir)));
+
+    let opened = fs.open(f.ino, libc::O_RDONLY, Caller::default()).unwrap();
+    assert!(opened.keep_cache && !opened.changed);
+    assert_eq!(read(&fs, opened.fh, 0, 4096).unwrap(), bytes(1, 10_000)[..4096]);
+    assert_eq!(read(&fs, opened.fh, 9_000, 4096).unwrap(), bytes(1, 10_000)[9_000..]);
+    assert_eq!(read(&fs, opened.fh, 20_000, 10).unwrap(), Vec::<u8>::new());
+    fs.release(opened.fh);
+    assert_eq!(read(&fs, opened.fh, 0, 1), Err("stale file handle".into()));
+
+    for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC, libc::O_RDONLY | libc::O_APPEND] {
+        assert!(matches!(fs.open(f.ino, flags, Caller::default()), Err(FsError::ReadOnly)));
+    }
+    assert!(matches!(fs.open(d.ino, libc::O_RDONLY, Caller::default()), Err(FsError::IsDir)));
+}
+
+#[test]
+fn readdir_pages_resume_at_the_offset_they_return() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..1000 {
+        std::fs::write(dir.path().join(format!("f{i:04}")), b"").unwrap();
+    }
+    let (fs, _) = core_over(dir.path());
+    for plus in [false, true] {
+        let fh = fs.opendir(ROOT).unwrap();
+        let mut names = Vec::new();
+        let mut offset = 0;
+        loop {
+            // A reply buffer with room for 37 entries.
+            let mut page = Vec::new();
+            fs.readdir(fh, offset, plus, |e| {
+                assert_eq!(e.attr.is_some(), plus);
+                page.push((e.name.to_owned(), e.next));
+                page.len() == 37
+            })
+            .unwrap();
+            if page.is_empty() {
+                break;
+            }
+            offset = page.last().unwrap().1;
+            names.extend(page.into_iter().map(|(n, _)| n));
+        }
+        fs.releasedir(fh);
+        assert_eq!(names.len(), 1002);
+        assert_eq!(names[0], ".");
+        assert_eq!(names[1], "..");
+        let mut files: Vec<_> = names[2..].iter().map(|n| n.to_string_lossy().into_owned()).collect();
+        files.sort();
+        let want: Vec<_> = (0..1000).map(|i| format!("f{i:04}")).collect();
+        assert_eq!(files, want);
+    }
+}
+
+#[test]
+fn a_changed_source_file_is_detected_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"old").unwrap();
+    let (fs, _) = core_over(dir.path());
+    let ino = lookup_path(&fs, "f");
+    let first = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
+    assert!(!first.changed);
+    std::fs::write(dir.path().join("f"), b"new and longer").unwrap();
+    let second = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
+    assert!(second.changed && !second.keep_cache);
+    assert_eq!(fs.getattr(ino).unwrap().size, 14);
+    assert_eq!(read(&fs, second.fh, 0, 100).unwrap(), b"new and longer");
+    std::fs::remove_file(dir.path().join("f")).unwrap();
+    assert!(matches!(fs.open(ino, libc::O_RDONLY, Caller::default()), Err(FsError::NotFound)));
+}
+
+#[test]
+fn source_errors_reach_the_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad"), b"data").unwrap();
+    let (fs, source) = core_over(dir.path());
+    *source.fail_paths_containing.lock() = Some("bad".into());
+    let ino = lookup_path(&fs, "bad");
+    let fh = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap().fh;
+    assert_eq!(read(&fs, fh, 0, 10), Err("source: Input/output error (os error 5)".into()));
+}
+
+#[test]
+fn symlinks_access_and_xattrs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    std::os::unix::fs::symlink("f", dir.path().join("l")).unwrap();
+    let (fs, _) = core_over(dir.path());
+    let l = lookup_path(&fs, "l");
+    let f = lookup_path(&fs, "f");
+    assert_eq!(fs.readlink(l).unwrap(), Path::new("f"));
+    assert!(matches!(fs.readlink(f), Err(FsError::NotSymlink)));
+    let root = Caller::default();
+    assert!(fs.access(f, libc::R_OK, root).is_ok());
+    assert!(matches!(fs.access(f, libc::W_OK, root), Err(FsError::ReadOnly)));
+    let nobody = Caller { pid: 1, uid: 65534, gid: 65534 };
+    assert!(fs.access(f, libc::R_OK, nobody).is_ok());
+    assert!(matches!(fs.access(f, libc::X_OK, nobody), Err(FsError::Access)));
+    assert!(matches!(fs.getxattr(f, OsStr::new("user.nope")), Err(FsError::NoAttr)));
+    assert!(fs.statfs().unwrap().bsize > 0);
+}

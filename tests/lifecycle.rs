@@ -1,0 +1,223 @@
+//! The daemon's life: `coorfs mount` returns with a live mount, every way of ending it leaves
+//! no mount and no daemon behind, and bad input is one clear line and a non-zero exit.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn small_source() -> (tempfile::TempDir, PathBuf) {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(src.join("hello"), b"hello").unwrap();
+    (dir, src)
+}
+
+fn empty_dir(parent: &Path, name: &str) -> PathBuf {
+    let p = parent.join(name);
+    std::fs::create_dir(&p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn mount_is_live_when_the_command_returns_and_umount_leaves_nothing() {
+    let (_dir, src) = small_source();
+    let m = Mount::new(&src, &[]);
+    // No waiting: the mount answers as soon as `coorfs mount` has returned.
+    assert_eq!(std::fs::read(m.path("hello")).unwrap(), b"hello");
+    assert!(process_alive(m.pid()));
+    m.unmount();
+}
+
+#[test]
+fn sigterm_and_plain_umount_end_the_daemon() {
+    let (_dir, src) = small_source();
+    for how in ["SIGTERM", "SIGINT", "umount"] {
+        let m = Mount::new(&src, &[]);
+        let pid = m.pid();
+        match how {
+            "umount" => assert!(Command::new("umount").arg(&m.mnt).status().unwrap().success()),
+            // SAFETY: signals a process this test started.
+            "SIGTERM" => assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0),
+            _ => assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0),
+        }
+        assert!(wait_for(Duration::from_secs(10), || !is_mounted(&m.mnt)), "{how}: still mounted");
+        assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)), "{how}: daemon alive");
+    }
+}
+
+#[test]
+fn foreground_logs_to_stderr_and_ctrl_c_unmounts() {
+    let (dir, src) = small_source();
+    let mnt = empty_dir(dir.path(), "mnt");
+    let mut child = Command::new(bin())
+        .args([OsStr::new("mount"), OsStr::new("--foreground"), src.as_os_str(), mnt.as_os_str()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || is_mounted(&mnt)));
+    assert_eq!(std::fs::read(mnt.join("hello")).unwrap(), b"hello");
+    // SAFETY: signals our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(!is_mounted(&mnt));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("mounted"), "{log}");
+    assert!(log.contains("unmounting"), "{log}");
+}
+
+#[test]
+fn a_background_daemon_logs_to_its_log_file() {
+    let (dir, src) = small_source();
+    let log = dir.path().join("coorfs.log");
+    let m = Mount::new(&src, &["--log-file", log.to_str().unwrap(), "--log-level", "debug"]);
+    let _ = std::fs::read(m.path("missing-file"));
+    m.unmount();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("mounted"), "{text}");
+    assert!(text.contains("lookup: no such file or directory"), "{text}");
+}
+
+#[test]
+fn umount_refuses_a_busy_mount_unless_lazy() {
+    let (_dir, src) = small_source();
+    let m = Mount::new(&src, &[]);
+    let pid = m.pid();
+    let open = std::fs::File::open(m.path("hello")).unwrap();
+    let out = coorfs([OsStr::new("umount"), m.mnt.as_os_str()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "coorfs: {} is busy: a process has a file open or its working directory in it (close it, or pass --lazy)",
+            m.mnt.display()
+        )
+    );
+    assert!(is_mounted(&m.mnt));
+    let lazy = Command::new(bin()).args([OsStr::new("umount"), OsStr::new("--lazy"), OsStr::new("--timeout"), OsStr::new("1s"), m.mnt.as_os_str()]).output().unwrap();
+    // Detached at once; the daemon stays until the open file is closed.
+    assert!(!is_mounted(&m.mnt));
+    assert!(!lazy.status.success());
+    assert!(stderr(&lazy).contains("still running"), "{}", stderr(&lazy));
+    drop(open);
+    assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)));
+}
+
+/// Runs `coorfs` with `args` and checks: exit code `code`, exactly one line on stderr that
+/// starts with "coorfs: " and contains `want`.
+fn expect_failure(args: &[&OsStr], code: i32, want: &str) {
+    let out = coorfs(args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.starts_with("coorfs: "), "{err}");
+    assert!(err.contains(want), "{args:?}: want {want:?} in {err:?}");
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let (dir, src) = small_source();
+    let d = dir.path();
+    let mnt = empty_dir(d, "mnt");
+    let full = empty_dir(d, "full");
+    std::fs::write(full.join("x"), b"x").unwrap();
+    let file = d.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let inside = empty_dir(&src, "inside");
+    let missing = d.join("missing");
+    let o = |p: &Path| p.as_os_str().to_owned();
+    let s = |t: &str| OsStr::new(t).to_owned();
+    let cases: Vec<(Vec<std::ffi::OsString>, i32, String)> = vec![
+        (vec![s("mount"), o(&missing), o(&mnt)], 2, format!("source {}: no such file or directory", missing.display())),
+        (vec![s("mount"), o(&file), o(&mnt)], 2, format!("source {}: not a directory", file.display())),
+        (vec![s("mount"), o(&src), o(&missing)], 2, format!("mount point {}: no such file or directory", missing.display())),
+        (vec![s("mount"), o(&src), o(&file)], 2, format!("mount point {}: not a directory", file.display())),
+        (vec![s("mount"), o(&src), o(&full)], 2, format!("mount point {} is not empty (pass --allow-non-empty", full.display())),
+        (vec![s("mount"), o(&src), o(&inside)], 2, format!("mount point {} is inside the source {}", inside.display(), src.display())),
+        (vec![s("mount"), o(&src), o(&src)], 2, "is inside the source".into()),
+        (vec![s("mount"), s("--bogus"), o(&src), o(&mnt)], 2, "unexpected argument '--bogus'".into()),
+        (vec![s("mount"), s("--metadata-ttl"), s("5parsecs"), o(&src), o(&mnt)], 2, "expected a duration".into()),
+        (vec![s("mount"), s("--threads"), s("0"), o(&src), o(&mnt)], 2, "--threads".into()),
+        (vec![s("mount"), s("--log-level"), s("=[bad"), o(&src), o(&mnt)], 2, "--log-level".into()),
+        (vec![s("mount"), s("--log-file"), o(&missing.join("x.log")), o(&src), o(&mnt)], 2, "log file".into()),
+        (vec![s("mount"), o(&src)], 2, "required arguments were not provided".into()),
+        (vec![s("frobnicate")], 2, "unrecognized subcommand 'frobnicate'".into()),
+        (vec![s("umount"), o(&mnt)], 2, format!("{} is not a coorfs mount", mnt.display())),
+    ];
+    for (args, code, want) in &cases {
+        let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        expect_failure(&args, *code, want);
+    }
+    // The source inside the mount point: mount a parent of the source's directory.
+    let outer = open_tempdir();
+    let nested_src = outer.path().join("data");
+    std::fs::create_dir(&nested_src).unwrap();
+    expect_failure(
+        &[OsStr::new("mount"), nested_src.as_os_str(), outer.path().as_os_str()],
+        2,
+        "is inside the mount point",
+    );
+    // Nothing above mounted anything.
+    assert!(!is_mounted(&mnt) && !is_mounted(&full) && !is_mounted(&inside));
+
+    // --allow-non-empty mounts over the contents and hides them.
+    let m = {
+        let out = coorfs([OsStr::new("mount"), OsStr::new("--allow-non-empty"), src.as_os_str(), full.as_os_str()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        full.clone()
+    };
+    assert_eq!(std::fs::read(m.join("hello")).unwrap(), b"hello");
+    assert!(!m.join("x").exists());
+    // A second mount at the same place is refused.
+    expect_failure(
+        &[OsStr::new("mount"), OsStr::new("--allow-non-empty"), src.as_os_str(), m.as_os_str()],
+        2,
+        &format!("mount point {} is already a coorfs mount", m.display()),
+    );
+    assert!(coorfs([OsStr::new("umount"), m.as_os_str()]).status.success());
+    assert_eq!(std::fs::read(m.join("x")).unwrap(), b"x");
+}
+
+#[test]
+fn a_missing_or_forbidden_fuse_device_is_reported() {
+    let (dir, src) = small_source();
+    let mnt = empty_dir(dir.path(), "mnt");
+
+    // A private /dev without the fuse device.
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", r#"mount -t tmpfs tmpfs /dev && exec "$0" mount "$1" "$2""#])
+        .arg(bin())
+        .arg(&src)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "coorfs: /dev/fuse does not exist: load the fuse module (modprobe fuse) or pass the device into the container"
+    );
+
+    // /dev/fuse is root's alone (mode 600): nobody may not use it.
+    let out = Command::new(bin())
+        .args([OsStr::new("mount"), src.as_os_str(), mnt.as_os_str()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "coorfs: /dev/fuse: permission denied: run as root or get read-write access to /dev/fuse"
+    );
+    assert!(!is_mounted(&mnt));
+}
