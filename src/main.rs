@@ -54,7 +54,10 @@ fn clap_failure(e: clap::Error) -> ExitCode {
 
 fn read(args: &coorfs::cli::ReadArgs) -> ExitCode {
     if !args.json {
-        println!("{:>5} {:>8} {:>12} {:>6} {:>9} {:>10} {:>9}", "epoch", "files", "bytes", "errors", "seconds", "files/s", "MiB/s");
+        println!(
+            "{:>5} {:>8} {:>12} {:>6} {:>9} {:>10} {:>9}",
+            "epoch", "files", "bytes", "errors", "seconds", "files/s", "MiB/s"
+        );
     }
     let result = coorfs::reader::run(&args.plan(), |r| {
         if args.json {

@@ -129,7 +129,11 @@ fn command_section(cmd: &Command, out: &mut String) {
                 .get_value_names()
                 .and_then(|v| v.first().map(|s| s.to_string()))
                 .unwrap_or_else(|| arg.get_id().to_string().to_uppercase());
-            out.push_str(&format!(".TP\n\\fI{}\\fR\n{}\n", esc(&name), option_help(arg)));
+            out.push_str(&format!(
+                ".TP\n\\fI{}\\fR\n{}\n",
+                esc(&name),
+                option_help(arg)
+            ));
         }
     }
     let options: Vec<&Arg> = cmd
@@ -143,9 +147,16 @@ fn command_section(cmd: &Command, out: &mut String) {
         }
     }
     for heading in headings {
-        out.push_str(&format!(".PP\n\\fI{} options\\fR\n", esc(heading.unwrap_or("Other"))));
+        out.push_str(&format!(
+            ".PP\n\\fI{} options\\fR\n",
+            esc(heading.unwrap_or("Other"))
+        ));
         for arg in options.iter().filter(|a| a.get_help_heading() == heading) {
-            out.push_str(&format!(".TP\n{}\n{}\n", option_line(arg), option_help(arg)));
+            out.push_str(&format!(
+                ".TP\n{}\n{}\n",
+                option_line(arg),
+                option_help(arg)
+            ));
         }
     }
     if let Some(after) = cmd.get_after_long_help().or(cmd.get_after_help()) {
@@ -200,7 +211,9 @@ pub fn render() -> String {
     }
     out.push_str(".SH DESCRIPTION\n");
     out.push_str(&paragraphs(
-        &cli.get_long_about().map(|a| a.to_string()).unwrap_or_default(),
+        &cli.get_long_about()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
     ));
     out.push_str(".SH COMMANDS\n");
     for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {

@@ -67,7 +67,9 @@ pub fn list_files(dir: &Path) -> Result<Vec<PathBuf>, ReadError> {
         let entries = std::fs::read_dir(&d).map_err(|e| ReadError::List(d.clone(), e))?;
         for entry in entries {
             let entry = entry.map_err(|e| ReadError::List(d.clone(), e))?;
-            let t = entry.file_type().map_err(|e| ReadError::List(entry.path(), e))?;
+            let t = entry
+                .file_type()
+                .map_err(|e| ReadError::List(entry.path(), e))?;
             if t.is_dir() {
                 stack.push(entry.path());
             } else if t.is_file() {
@@ -90,7 +92,10 @@ pub fn epoch_order(files: &[PathBuf], seed: u64, epoch: usize, sorted: bool) -> 
 }
 
 /// Reads all epochs of `plan`, calling `report` after each.
-pub fn run(plan: &ReadPlan, mut report: impl FnMut(&EpochReport)) -> Result<Vec<EpochReport>, ReadError> {
+pub fn run(
+    plan: &ReadPlan,
+    mut report: impl FnMut(&EpochReport),
+) -> Result<Vec<EpochReport>, ReadError> {
     let files = list_files(&plan.dir)?;
     if files.is_empty() {
         return Err(ReadError::Empty(plan.dir.clone()));
@@ -138,7 +143,12 @@ fn read_share(order: &[PathBuf], worker: usize, procs: usize, buffer: usize) -> 
     t
 }
 
-fn read_epoch(order: &[PathBuf], procs: usize, buffer: usize, epoch: usize) -> Result<EpochReport, ReadError> {
+fn read_epoch(
+    order: &[PathBuf],
+    procs: usize,
+    buffer: usize,
+    epoch: usize,
+) -> Result<EpochReport, ReadError> {
     let start = Instant::now();
     let mut pipes = Vec::new();
     for worker in 0..procs {
@@ -174,7 +184,10 @@ fn read_epoch(order: &[PathBuf], procs: usize, buffer: usize, epoch: usize) -> R
         let mut status = 0;
         // SAFETY: waits for our own child; `status` is a valid out-pointer.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        let nums: Vec<u64> = text.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+        let nums: Vec<u64> = text
+            .split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect();
         if let [files, bytes, errors] = nums[..] {
             total.files += files;
             total.bytes += bytes;
@@ -202,7 +215,9 @@ mod tests {
 
     #[test]
     fn orders_are_permutations_fixed_by_the_seed() {
-        let files: Vec<PathBuf> = (0..100).map(|i| PathBuf::from(format!("f{i:03}"))).collect();
+        let files: Vec<PathBuf> = (0..100)
+            .map(|i| PathBuf::from(format!("f{i:03}")))
+            .collect();
         let a = epoch_order(&files, 7, 1, false);
         let b = epoch_order(&files, 7, 1, false);
         let c = epoch_order(&files, 7, 2, false);

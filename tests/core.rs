@@ -14,7 +14,10 @@ use coorfs::namespace::{Kind, ROOT};
 use coorfs::source::{FaultySource, LocalSource};
 
 fn core_over(src: &Path) -> (DatasetFs, Arc<FaultySource<LocalSource>>) {
-    let source = Arc::new(FaultySource::new(LocalSource::new(src.to_path_buf(), false)));
+    let source = Arc::new(FaultySource::new(LocalSource::new(
+        src.to_path_buf(),
+        false,
+    )));
     let config = MountConfig::new(src.to_path_buf(), "/nonexistent".into());
     (DatasetFs::new(source.clone(), &config).unwrap(), source)
 }
@@ -53,21 +56,44 @@ fn lookup_getattr_and_read() {
     let f = fs.lookup(d.ino, OsStr::new("f")).unwrap().attr;
     assert_eq!((f.kind, f.size), (Kind::File, 10_000));
     assert_eq!(fs.getattr(f.ino).unwrap(), f);
-    assert!(matches!(fs.lookup(d.ino, OsStr::new("nope")), Err(FsError::NotFound)));
-    assert!(matches!(fs.lookup(f.ino, OsStr::new("x")), Err(FsError::NotDir)));
+    assert!(matches!(
+        fs.lookup(d.ino, OsStr::new("nope")),
+        Err(FsError::NotFound)
+    ));
+    assert!(matches!(
+        fs.lookup(f.ino, OsStr::new("x")),
+        Err(FsError::NotDir)
+    ));
 
     let opened = fs.open(f.ino, libc::O_RDONLY, Caller::default()).unwrap();
     assert!(opened.keep_cache && !opened.changed);
-    assert_eq!(read(&fs, opened.fh, 0, 4096).unwrap(), bytes(1, 10_000)[..4096]);
-    assert_eq!(read(&fs, opened.fh, 9_000, 4096).unwrap(), bytes(1, 10_000)[9_000..]);
+    assert_eq!(
+        read(&fs, opened.fh, 0, 4096).unwrap(),
+        bytes(1, 10_000)[..4096]
+    );
+    assert_eq!(
+        read(&fs, opened.fh, 9_000, 4096).unwrap(),
+        bytes(1, 10_000)[9_000..]
+    );
     assert_eq!(read(&fs, opened.fh, 20_000, 10).unwrap(), Vec::<u8>::new());
     fs.release(opened.fh);
     assert_eq!(read(&fs, opened.fh, 0, 1), Err("stale file handle".into()));
 
-    for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC, libc::O_RDONLY | libc::O_APPEND] {
-        assert!(matches!(fs.open(f.ino, flags, Caller::default()), Err(FsError::ReadOnly)));
+    for flags in [
+        libc::O_WRONLY,
+        libc::O_RDWR,
+        libc::O_RDONLY | libc::O_TRUNC,
+        libc::O_RDONLY | libc::O_APPEND,
+    ] {
+        assert!(matches!(
+            fs.open(f.ino, flags, Caller::default()),
+            Err(FsError::ReadOnly)
+        ));
     }
-    assert!(matches!(fs.open(d.ino, libc::O_RDONLY, Caller::default()), Err(FsError::IsDir)));
+    assert!(matches!(
+        fs.open(d.ino, libc::O_RDONLY, Caller::default()),
+        Err(FsError::IsDir)
+    ));
 }
 
 #[test]
@@ -100,7 +126,10 @@ fn readdir_pages_resume_at_the_offset_they_return() {
         assert_eq!(names.len(), 1002);
         assert_eq!(names[0], ".");
         assert_eq!(names[1], "..");
-        let mut files: Vec<_> = names[2..].iter().map(|n| n.to_string_lossy().into_owned()).collect();
+        let mut files: Vec<_> = names[2..]
+            .iter()
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
         files.sort();
         let want: Vec<_> = (0..1000).map(|i| format!("f{i:04}")).collect();
         assert_eq!(files, want);
@@ -121,7 +150,10 @@ fn a_changed_source_file_is_detected_at_open() {
     assert_eq!(fs.getattr(ino).unwrap().size, 14);
     assert_eq!(read(&fs, second.fh, 0, 100).unwrap(), b"new and longer");
     std::fs::remove_file(dir.path().join("f")).unwrap();
-    assert!(matches!(fs.open(ino, libc::O_RDONLY, Caller::default()), Err(FsError::NotFound)));
+    assert!(matches!(
+        fs.open(ino, libc::O_RDONLY, Caller::default()),
+        Err(FsError::NotFound)
+    ));
 }
 
 #[test]
@@ -132,7 +164,10 @@ fn source_errors_reach_the_reader() {
     *source.fail_paths_containing.lock() = Some("bad".into());
     let ino = lookup_path(&fs, "bad");
     let fh = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap().fh;
-    assert_eq!(read(&fs, fh, 0, 10), Err("source: Input/output error (os error 5)".into()));
+    assert_eq!(
+        read(&fs, fh, 0, 10),
+        Err("source: Input/output error (os error 5)".into())
+    );
 }
 
 #[test]
@@ -147,10 +182,23 @@ fn symlinks_access_and_xattrs() {
     assert!(matches!(fs.readlink(f), Err(FsError::NotSymlink)));
     let root = Caller::default();
     assert!(fs.access(f, libc::R_OK, root).is_ok());
-    assert!(matches!(fs.access(f, libc::W_OK, root), Err(FsError::ReadOnly)));
-    let nobody = Caller { pid: 1, uid: 65534, gid: 65534 };
+    assert!(matches!(
+        fs.access(f, libc::W_OK, root),
+        Err(FsError::ReadOnly)
+    ));
+    let nobody = Caller {
+        pid: 1,
+        uid: 65534,
+        gid: 65534,
+    };
     assert!(fs.access(f, libc::R_OK, nobody).is_ok());
-    assert!(matches!(fs.access(f, libc::X_OK, nobody), Err(FsError::Access)));
-    assert!(matches!(fs.getxattr(f, OsStr::new("user.nope")), Err(FsError::NoAttr)));
+    assert!(matches!(
+        fs.access(f, libc::X_OK, nobody),
+        Err(FsError::Access)
+    ));
+    assert!(matches!(
+        fs.getxattr(f, OsStr::new("user.nope")),
+        Err(FsError::NoAttr)
+    ));
     assert!(fs.statfs().unwrap().bsize > 0);
 }

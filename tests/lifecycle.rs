@@ -45,13 +45,25 @@ fn sigterm_and_plain_umount_end_the_daemon() {
         let m = Mount::new(&src, &[]);
         let pid = m.pid();
         match how {
-            "umount" => assert!(Command::new("umount").arg(&m.mnt).status().unwrap().success()),
+            "umount" => assert!(
+                Command::new("umount")
+                    .arg(&m.mnt)
+                    .status()
+                    .unwrap()
+                    .success()
+            ),
             // SAFETY: signals a process this test started.
             "SIGTERM" => assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0),
             _ => assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0),
         }
-        assert!(wait_for(Duration::from_secs(10), || !is_mounted(&m.mnt)), "{how}: still mounted");
-        assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)), "{how}: daemon alive");
+        assert!(
+            wait_for(Duration::from_secs(10), || !is_mounted(&m.mnt)),
+            "{how}: still mounted"
+        );
+        assert!(
+            wait_for(Duration::from_secs(10), || !process_alive(pid)),
+            "{how}: daemon alive"
+        );
     }
 }
 
@@ -60,7 +72,12 @@ fn foreground_logs_to_stderr_and_ctrl_c_unmounts() {
     let (dir, src) = small_source();
     let mnt = empty_dir(dir.path(), "mnt");
     let mut child = Command::new(bin())
-        .args([OsStr::new("mount"), OsStr::new("--foreground"), src.as_os_str(), mnt.as_os_str()])
+        .args([
+            OsStr::new("mount"),
+            OsStr::new("--foreground"),
+            src.as_os_str(),
+            mnt.as_os_str(),
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -80,7 +97,10 @@ fn foreground_logs_to_stderr_and_ctrl_c_unmounts() {
 fn a_background_daemon_logs_to_its_log_file() {
     let (dir, src) = small_source();
     let log = dir.path().join("coorfs.log");
-    let m = Mount::new(&src, &["--log-file", log.to_str().unwrap(), "--log-level", "debug"]);
+    let m = Mount::new(
+        &src,
+        &["--log-file", log.to_str().unwrap(), "--log-level", "debug"],
+    );
     let _ = std::fs::read(m.path("missing-file"));
     m.unmount();
     let text = std::fs::read_to_string(&log).unwrap();
@@ -104,7 +124,16 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
         )
     );
     assert!(is_mounted(&m.mnt));
-    let lazy = Command::new(bin()).args([OsStr::new("umount"), OsStr::new("--lazy"), OsStr::new("--timeout"), OsStr::new("1s"), m.mnt.as_os_str()]).output().unwrap();
+    let lazy = Command::new(bin())
+        .args([
+            OsStr::new("umount"),
+            OsStr::new("--lazy"),
+            OsStr::new("--timeout"),
+            OsStr::new("1s"),
+            m.mnt.as_os_str(),
+        ])
+        .output()
+        .unwrap();
     // Detached at once; the daemon stays until the open file is closed.
     assert!(!is_mounted(&m.mnt));
     assert!(!lazy.status.success());
@@ -138,21 +167,103 @@ fn bad_input_is_one_clear_line() {
     let o = |p: &Path| p.as_os_str().to_owned();
     let s = |t: &str| OsStr::new(t).to_owned();
     let cases: Vec<(Vec<std::ffi::OsString>, i32, String)> = vec![
-        (vec![s("mount"), o(&missing), o(&mnt)], 2, format!("source {}: no such file or directory", missing.display())),
-        (vec![s("mount"), o(&file), o(&mnt)], 2, format!("source {}: not a directory", file.display())),
-        (vec![s("mount"), o(&src), o(&missing)], 2, format!("mount point {}: no such file or directory", missing.display())),
-        (vec![s("mount"), o(&src), o(&file)], 2, format!("mount point {}: not a directory", file.display())),
-        (vec![s("mount"), o(&src), o(&full)], 2, format!("mount point {} is not empty (pass --allow-non-empty", full.display())),
-        (vec![s("mount"), o(&src), o(&inside)], 2, format!("mount point {} is inside the source {}", inside.display(), src.display())),
-        (vec![s("mount"), o(&src), o(&src)], 2, "is inside the source".into()),
-        (vec![s("mount"), s("--bogus"), o(&src), o(&mnt)], 2, "unexpected argument '--bogus'".into()),
-        (vec![s("mount"), s("--metadata-ttl"), s("5parsecs"), o(&src), o(&mnt)], 2, "expected a duration".into()),
-        (vec![s("mount"), s("--threads"), s("0"), o(&src), o(&mnt)], 2, "--threads".into()),
-        (vec![s("mount"), s("--log-level"), s("=[bad"), o(&src), o(&mnt)], 2, "--log-level".into()),
-        (vec![s("mount"), s("--log-file"), o(&missing.join("x.log")), o(&src), o(&mnt)], 2, "log file".into()),
-        (vec![s("mount"), o(&src)], 2, "required arguments were not provided".into()),
-        (vec![s("frobnicate")], 2, "unrecognized subcommand 'frobnicate'".into()),
-        (vec![s("umount"), o(&mnt)], 2, format!("{} is not a coorfs mount", mnt.display())),
+        (
+            vec![s("mount"), o(&missing), o(&mnt)],
+            2,
+            format!("source {}: no such file or directory", missing.display()),
+        ),
+        (
+            vec![s("mount"), o(&file), o(&mnt)],
+            2,
+            format!("source {}: not a directory", file.display()),
+        ),
+        (
+            vec![s("mount"), o(&src), o(&missing)],
+            2,
+            format!(
+                "mount point {}: no such file or directory",
+                missing.display()
+            ),
+        ),
+        (
+            vec![s("mount"), o(&src), o(&file)],
+            2,
+            format!("mount point {}: not a directory", file.display()),
+        ),
+        (
+            vec![s("mount"), o(&src), o(&full)],
+            2,
+            format!(
+                "mount point {} is not empty (pass --allow-non-empty",
+                full.display()
+            ),
+        ),
+        (
+            vec![s("mount"), o(&src), o(&inside)],
+            2,
+            format!(
+                "mount point {} is inside the source {}",
+                inside.display(),
+                src.display()
+            ),
+        ),
+        (
+            vec![s("mount"), o(&src), o(&src)],
+            2,
+            "is inside the source".into(),
+        ),
+        (
+            vec![s("mount"), s("--bogus"), o(&src), o(&mnt)],
+            2,
+            "unexpected argument '--bogus'".into(),
+        ),
+        (
+            vec![
+                s("mount"),
+                s("--metadata-ttl"),
+                s("5parsecs"),
+                o(&src),
+                o(&mnt),
+            ],
+            2,
+            "expected a duration".into(),
+        ),
+        (
+            vec![s("mount"), s("--threads"), s("0"), o(&src), o(&mnt)],
+            2,
+            "--threads".into(),
+        ),
+        (
+            vec![s("mount"), s("--log-level"), s("=[bad"), o(&src), o(&mnt)],
+            2,
+            "--log-level".into(),
+        ),
+        (
+            vec![
+                s("mount"),
+                s("--log-file"),
+                o(&missing.join("x.log")),
+                o(&src),
+                o(&mnt),
+            ],
+            2,
+            "log file".into(),
+        ),
+        (
+            vec![s("mount"), o(&src)],
+            2,
+            "required arguments were not provided".into(),
+        ),
+        (
+            vec![s("frobnicate")],
+            2,
+            "unrecognized subcommand 'frobnicate'".into(),
+        ),
+        (
+            vec![s("umount"), o(&mnt)],
+            2,
+            format!("{} is not a coorfs mount", mnt.display()),
+        ),
     ];
     for (args, code, want) in &cases {
         let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
@@ -163,7 +274,11 @@ fn bad_input_is_one_clear_line() {
     let nested_src = outer.path().join("data");
     std::fs::create_dir(&nested_src).unwrap();
     expect_failure(
-        &[OsStr::new("mount"), nested_src.as_os_str(), outer.path().as_os_str()],
+        &[
+            OsStr::new("mount"),
+            nested_src.as_os_str(),
+            outer.path().as_os_str(),
+        ],
         2,
         "is inside the mount point",
     );
@@ -172,7 +287,12 @@ fn bad_input_is_one_clear_line() {
 
     // --allow-non-empty mounts over the contents and hides them.
     let m = {
-        let out = coorfs([OsStr::new("mount"), OsStr::new("--allow-non-empty"), src.as_os_str(), full.as_os_str()]);
+        let out = coorfs([
+            OsStr::new("mount"),
+            OsStr::new("--allow-non-empty"),
+            src.as_os_str(),
+            full.as_os_str(),
+        ]);
         assert!(out.status.success(), "{}", stderr(&out));
         full.clone()
     };
@@ -180,11 +300,20 @@ fn bad_input_is_one_clear_line() {
     assert!(!m.join("x").exists());
     // A second mount at the same place is refused.
     expect_failure(
-        &[OsStr::new("mount"), OsStr::new("--allow-non-empty"), src.as_os_str(), m.as_os_str()],
+        &[
+            OsStr::new("mount"),
+            OsStr::new("--allow-non-empty"),
+            src.as_os_str(),
+            m.as_os_str(),
+        ],
         2,
         &format!("mount point {} is already a coorfs mount", m.display()),
     );
-    assert!(coorfs([OsStr::new("umount"), m.as_os_str()]).status.success());
+    assert!(
+        coorfs([OsStr::new("umount"), m.as_os_str()])
+            .status
+            .success()
+    );
     assert_eq!(std::fs::read(m.join("x")).unwrap(), b"x");
 }
 
@@ -195,7 +324,12 @@ fn a_missing_or_forbidden_fuse_device_is_reported() {
 
     // A private /dev without the fuse device.
     let out = Command::new("unshare")
-        .args(["-m", "sh", "-c", r#"mount -t tmpfs tmpfs /dev && exec "$0" mount "$1" "$2""#])
+        .args([
+            "-m",
+            "sh",
+            "-c",
+            r#"mount -t tmpfs tmpfs /dev && exec "$0" mount "$1" "$2""#,
+        ])
         .arg(bin())
         .arg(&src)
         .arg(&mnt)

@@ -22,18 +22,31 @@ fn man_page_is_current() {
 #[test]
 fn every_option_is_documented() {
     let page = coorfs::manpage::render();
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let cli = coorfs::cli::Cli::command();
     for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {
-        assert!(readme.contains(&format!("coorfs {}", sub.get_name())), "README lacks coorfs {}", sub.get_name());
+        assert!(
+            readme.contains(&format!("coorfs {}", sub.get_name())),
+            "README lacks coorfs {}",
+            sub.get_name()
+        );
         for arg in sub.get_arguments().filter(|a| !a.is_hide_set()) {
             if let Some(long) = arg.get_long() {
                 if long == "help" {
                     continue;
                 }
                 let roff = format!("\\-\\-{}", long.replace('-', "\\-"));
-                assert!(page.contains(&roff), "man page lacks --{long} of {}", sub.get_name());
-                assert!(readme.contains(&format!("--{long}")), "README lacks --{long} of {}", sub.get_name());
+                assert!(
+                    page.contains(&roff),
+                    "man page lacks --{long} of {}",
+                    sub.get_name()
+                );
+                assert!(
+                    readme.contains(&format!("--{long}")),
+                    "README lacks --{long} of {}",
+                    sub.get_name()
+                );
             }
         }
     }

@@ -86,14 +86,21 @@ fn build_tree(src: &Path) {
     std::fs::write(src.join("nested/a/mid.bin"), bytes(1, 70_000)).unwrap();
     std::fs::write(src.join("empty"), b"").unwrap();
     std::fs::write(src.join("five_mib.bin"), bytes(2, 5 << 20)).unwrap();
-    std::fs::write(src.join(OsStr::from_bytes(b"caf\xe9-latin1.bin")), bytes(3, 1000)).unwrap();
+    std::fs::write(
+        src.join(OsStr::from_bytes(b"caf\xe9-latin1.bin")),
+        bytes(3, 1000),
+    )
+    .unwrap();
     std::fs::write(src.join("日本語-ñ-🚀.txt"), "unicode\n").unwrap();
     std::os::unix::fs::symlink("nested/a/b/c/deep.txt", src.join("link")).unwrap();
     std::os::unix::fs::symlink("does/not/exist", src.join("dangling")).unwrap();
     std::fs::hard_link(src.join("empty"), src.join("empty-hardlink")).unwrap();
     std::fs::write(src.join("secret.bin"), b"top secret").unwrap();
-    std::fs::set_permissions(src.join("secret.bin"), std::fs::Permissions::from_mode(0o000))
-        .unwrap();
+    std::fs::set_permissions(
+        src.join("secret.bin"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
     std::fs::write(src.join("exec.sh"), b"#!/bin/sh\necho hi\n").unwrap();
     std::fs::set_permissions(src.join("exec.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::create_dir(src.join("wide")).unwrap();
@@ -141,7 +148,10 @@ fn tree_listing_stat_and_bytes_equal_the_source() {
                 "{rel} at {offset}+{len}"
             );
         }
-        assert_eq!(std::fs::read(m.path(rel)).unwrap(), std::fs::read(src.join(rel)).unwrap());
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap()
+        );
     }
     let latin1 = OsStr::from_bytes(b"caf\xe9-latin1.bin");
     assert_eq!(std::fs::read(m.mnt.join(latin1)).unwrap(), bytes(3, 1000));
@@ -182,7 +192,11 @@ fn the_kernel_enforces_the_source_permissions() {
     let private = Mount::new(&src, &[]);
     let out = as_nobody("cat", &[private.path("public").as_os_str()]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("Permission denied"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
     private.unmount();
 
     let shared = Mount::new(&src, &["--allow-other"]);
@@ -190,7 +204,11 @@ fn the_kernel_enforces_the_source_permissions() {
     assert_eq!(out.stdout, b"for everyone", "{}", stderr(&out));
     let out = as_nobody("cat", &[shared.path("secret").as_os_str()]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("Permission denied"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
     // Root reads a mode-600 file like on the source.
     assert_eq!(std::fs::read(shared.path("secret")).unwrap(), b"for root");
     shared.unmount();

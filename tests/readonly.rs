@@ -31,11 +31,22 @@ fn snapshot(root: &Path) -> Vec<(String, u32, u64, i64, i64, Vec<u8>)> {
         for e in std::fs::read_dir(&d).unwrap() {
             let p = e.unwrap().path();
             let m = std::fs::symlink_metadata(&p).unwrap();
-            let data = if m.is_file() { std::fs::read(&p).unwrap() } else { Vec::new() };
+            let data = if m.is_file() {
+                std::fs::read(&p).unwrap()
+            } else {
+                Vec::new()
+            };
             if m.is_dir() {
                 stack.push(p.clone());
             }
-            out.push((p.display().to_string(), m.mode(), m.size(), m.mtime(), m.mtime_nsec(), data));
+            out.push((
+                p.display().to_string(),
+                m.mode(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec(),
+                data,
+            ));
         }
     }
     out.sort();
@@ -54,23 +65,64 @@ fn writes_fail_with_erofs_and_leave_the_source_unchanged() {
     let file = m.path("file");
 
     let attempts: Vec<(&str, io::Result<()>)> = vec![
-        ("open for writing", std::fs::OpenOptions::new().write(true).open(&file).map(drop)),
-        ("open read-write", std::fs::OpenOptions::new().read(true).write(true).open(&file).map(drop)),
-        ("open for append", std::fs::OpenOptions::new().append(true).open(&file).map(drop)),
+        (
+            "open for writing",
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .map(drop),
+        ),
+        (
+            "open read-write",
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&file)
+                .map(drop),
+        ),
+        (
+            "open for append",
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&file)
+                .map(drop),
+        ),
         ("create", std::fs::File::create(m.path("new")).map(drop)),
-        ("create exclusive", std::fs::OpenOptions::new().write(true).create_new(true).open(m.path("new2")).map(drop)),
-        ("truncate", sys(unsafe { libc::truncate(c(&file).as_ptr(), 0) })),
+        (
+            "create exclusive",
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(m.path("new2"))
+                .map(drop),
+        ),
+        (
+            "truncate",
+            sys(unsafe { libc::truncate(c(&file).as_ptr(), 0) }),
+        ),
         ("mkdir", std::fs::create_dir(m.path("newdir"))),
         ("rmdir", std::fs::remove_dir(m.path("sub/inner"))),
         ("unlink", std::fs::remove_file(&file)),
         ("rename", std::fs::rename(&file, m.path("renamed"))),
         ("rename over", std::fs::rename(&file, m.path("sub/other"))),
         ("hard link", std::fs::hard_link(&file, m.path("hard"))),
-        ("symlink", std::os::unix::fs::symlink("file", m.path("soft"))),
-        ("chmod", std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))),
+        (
+            "symlink",
+            std::os::unix::fs::symlink("file", m.path("soft")),
+        ),
+        (
+            "chmod",
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)),
+        ),
         ("chown", std::os::unix::fs::chown(&file, Some(1), Some(1))),
-        ("utimes", sys(unsafe { libc::utimensat(libc::AT_FDCWD, c(&file).as_ptr(), std::ptr::null(), 0) })),
-        ("mknod", sys(unsafe { libc::mknod(c(&m.path("fifo")).as_ptr(), libc::S_IFIFO | 0o644, 0) })),
+        (
+            "utimes",
+            sys(unsafe { libc::utimensat(libc::AT_FDCWD, c(&file).as_ptr(), std::ptr::null(), 0) }),
+        ),
+        (
+            "mknod",
+            sys(unsafe { libc::mknod(c(&m.path("fifo")).as_ptr(), libc::S_IFIFO | 0o644, 0) }),
+        ),
         ("setxattr", xattr::set(&file, "user.test", b"x")),
         ("removexattr", xattr::remove(&file, "user.test")),
     ];

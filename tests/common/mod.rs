@@ -24,7 +24,10 @@ where
 
 /// A temporary directory that other users may traverse (tests read as `nobody`).
 pub fn open_tempdir() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new().prefix("coorfs-test").tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("coorfs-test")
+        .tempdir()
+        .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     dir
 }
@@ -101,7 +104,8 @@ impl Drop for Mount {
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => !matches!(
-            s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()),
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next()),
             Some('Z') | Some('X') | None
         ),
         Err(_) => false,
