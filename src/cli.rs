@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::cache::PolicyKind;
 use crate::config::MountConfig;
 use crate::daemon::DaemonOptions;
 use crate::units::parse_duration;
@@ -51,6 +52,16 @@ setxattr, ...) fails with EROFS; the source is never written to.",
 MOUNTPOINT' and 'fusermount3 -u MOUNTPOINT' work too, but return before the daemon is gone."
     )]
     Umount(UmountArgs),
+    /// Show a mount's statistics: cache, hits and misses, bytes, epochs.
+    #[command(
+        long_about = "Show the statistics of a coorfs mount: accesses, hits and misses, bytes from \
+the cache and from the source, what the cache holds, and every epoch so far. The same numbers \
+are extended attributes of the mount's root: 'getfattr -d -m - MOUNTPOINT' lists them, and \
+user.coorfs.stats holds them all as one JSON document (what --json prints).",
+        after_help = "Examples:\n  coorfs stats /mnt/train\n  coorfs stats --watch 2 /mnt/train\n  \
+getfattr -n user.coorfs.hit_rate --only-values /mnt/train"
+    )]
+    Stats(StatsArgs),
     /// Read a directory like a training job and report each epoch's throughput.
     #[command(
         long_about = "Read every file below DIR once per epoch, whole, in a fresh random order \
@@ -87,6 +98,20 @@ pub struct MountArgs {
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration, help_heading = "Mount")]
     pub metadata_ttl: Duration,
 
+    /// The cache budget: bytes of file data kept in coorfs's memory (K/M/G/T suffixes)
+    /// [default: half of the memory available at mount].
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Cache")]
+    pub cache_size: Option<u64>,
+    /// What the cache keeps: minio admits files while there is room and never evicts (the
+    /// best possible under random per-epoch order); lru evicts the least recently used (what
+    /// the page cache does); none caches nothing and leaves caching to the kernel.
+    #[arg(long, value_enum, default_value_t = Policy::Minio, help_heading = "Cache")]
+    pub policy: Policy,
+    /// Files up to this size are cached whole; larger ones in blocks of this size, so that
+    /// random access into big files caches only what is read.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
+    pub block_size: u64,
+
     /// Append the daemon's log to FILE (without it, a background daemon logs nowhere).
     #[arg(long, value_name = "FILE", help_heading = "Logging")]
     pub log_file: Option<PathBuf>,
@@ -107,6 +132,28 @@ pub struct UmountArgs {
     /// How long to wait for the daemon to exit.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+/// `coorfs stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The mount point of a coorfs mount.
+    pub mountpoint: PathBuf,
+    /// Print the JSON document (the user.coorfs.stats attribute) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECONDS until interrupted.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_watch)]
+    pub watch: Option<f64>,
+}
+
+fn parse_watch(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v >= 0.1 && v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "\"{text}\": expected a number of seconds, at least 0.1"
+        )),
+    }
 }
 
 /// `coorfs read`.
@@ -132,6 +179,24 @@ pub struct ReadArgs {
     /// Print one JSON object per epoch instead of a table row.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Policy {
+    Minio,
+    Lru,
+    None,
+}
+
+fn parse_block_size(text: &str) -> Result<u64, String> {
+    let size = crate::units::parse_size(text)?;
+    // A page at least (smaller blocks only add overhead); at most what one FUSE reply and
+    // one source read sensibly move.
+    if !(4096..=(256 << 20)).contains(&size) {
+        return Err(format!("\"{text}\": must be between 4K and 256M"));
+    }
+    Ok(size)
 }
 
 fn parse_nonzero_size(text: &str) -> Result<u64, String> {
@@ -171,6 +236,15 @@ impl MountArgs {
         config.metadata_ttl = self.metadata_ttl;
         config.allow_other = self.allow_other;
         config.allow_non_empty = self.allow_non_empty;
+        if let Some(size) = self.cache_size {
+            config.cache.capacity = size;
+        }
+        config.cache.policy = match self.policy {
+            Policy::Minio => PolicyKind::MinIo,
+            Policy::Lru => PolicyKind::Lru,
+            Policy::None => PolicyKind::None,
+        };
+        config.cache.block_size = self.block_size;
         let options = DaemonOptions {
             foreground: self.foreground,
             log_file: self.log_file,

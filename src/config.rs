@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::cache::{CacheConfig, PolicyKind};
+
 /// How a mount serves its source.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -21,6 +23,8 @@ pub struct MountConfig {
     pub allow_non_empty: bool,
     /// Threads that read the source for cache misses.
     pub io_threads: usize,
+    /// The cache: policy, budget (bytes) and block size (bytes).
+    pub cache: CacheConfig,
 }
 
 impl MountConfig {
@@ -39,6 +43,11 @@ impl MountConfig {
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough
             // that idle threads cost nothing worth mentioning.
             io_threads: 64,
+            cache: CacheConfig {
+                policy: PolicyKind::MinIo,
+                capacity: default_cache_size(),
+                block_size: DEFAULT_BLOCK_SIZE,
+            },
         }
     }
 }
@@ -48,4 +57,38 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
+}
+
+/// Bytes per cache block of a large file: big enough that a block is one efficient source
+/// read, small enough that random access into a big file does not drag in much it won't use.
+pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
+
+/// The default cache budget: half of the memory available now (MemAvailable), leaving the
+/// rest to the training job, whole MiB.
+pub fn default_cache_size() -> u64 {
+    let available = meminfo("MemAvailable:").unwrap_or(1 << 30);
+    (available / 2) >> 20 << 20
+}
+
+/// A field of /proc/meminfo, in bytes.
+pub fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn default_cache_is_half_of_available_memory() {
+        let available = super::meminfo("MemAvailable:").unwrap();
+        let size = super::default_cache_size();
+        assert!(size <= available / 2 && size + (1 << 20) > available / 2);
+    }
 }

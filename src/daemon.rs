@@ -21,11 +21,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use crate::cache::PolicyKind;
 use crate::config::MountConfig;
 use crate::fs::DatasetFs;
 use crate::fuse::FuseAdapter;
 use crate::mountinfo;
 use crate::source::LocalSource;
+use crate::units::format_size;
 
 /// The statfs magic of FUSE filesystems.
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -71,6 +73,8 @@ pub enum MountError {
     FuseDenied,
     #[error("/dev/fuse: {0}")]
     FuseUnusable(io::Error),
+    #[error("cache size {size} is more than this machine's memory ({total})")]
+    CacheTooLarge { size: String, total: String },
     #[error("log file {0}: {1}")]
     LogFile(PathBuf, io::Error),
     #[error("mounting {0}: {1}")]
@@ -173,6 +177,14 @@ pub fn preflight(config: &mut MountConfig) -> Result<(), MountError> {
         if entries.next().is_some() {
             return Err(MountError::MountpointNotEmpty(mountpoint));
         }
+    }
+    if let Some(total) = crate::config::meminfo("MemTotal:")
+        && config.cache.capacity > total
+    {
+        return Err(MountError::CacheTooLarge {
+            size: format_size(config.cache.capacity),
+            total: format_size(total),
+        });
     }
     check_fuse_device()?;
     config.source = source;
@@ -349,13 +361,15 @@ fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError
 
     let mountpoint = config.mountpoint.clone();
     let mount_err = |e: io::Error| MountError::Mount(mountpoint.clone(), e.to_string());
-    let source = Arc::new(LocalSource::new(config.source.clone(), false));
+    // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
+    let drop_pages = config.cache.policy != PolicyKind::None;
+    let source = Arc::new(LocalSource::new(config.source.clone(), drop_pages));
     let fs = Arc::new(
         DatasetFs::new(source, &config)
             .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?,
     );
     let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs, notifier.clone());
+    let adapter = FuseAdapter::new(fs.clone(), notifier.clone());
 
     let mut options = fuser::Config::default();
     options.acl = if config.allow_other {
@@ -396,6 +410,17 @@ fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError
         config.threads,
         std::process::id()
     );
+    let cache = config.cache;
+    info!(
+        "cache: {}, {} budget, {} blocks",
+        cache.policy.name(),
+        format_size(cache.capacity),
+        format_size(cache.block_size)
+    );
+    std::thread::Builder::new()
+        .name("coorfs-scan".into())
+        .spawn(move || fs.scan())
+        .map_err(mount_err)?;
     std::thread::Builder::new()
         .name("coorfs-signals".into())
         .spawn(move || {
@@ -498,7 +523,8 @@ fn fs_name(source: &Path) -> String {
 
 /// The pid of the daemon serving `mountpoint`, from its `user.coorfs.pid` attribute.
 pub fn daemon_pid(mountpoint: &Path) -> Option<u32> {
-    let value = xattr::get(mountpoint, crate::fs::PID_XATTR).ok()??;
+    let name = crate::stats::xattr_name(crate::stats::Stat::Pid);
+    let value = xattr::get(mountpoint, name).ok()??;
     String::from_utf8(value).ok()?.trim().parse().ok()
 }
 

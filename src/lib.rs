@@ -4,14 +4,20 @@
 //! - `fuse`: the only module that knows fuser; turns requests into calls on the core.
 //! - `fs`: the filesystem core ([`fs::DatasetFs`]), drivable by tests without a mount.
 //! - `namespace`: node ids for the source tree.
+//! - `cache`: the block cache (policies, MinIO's arena, merged in-flight fetches).
+//! - `fetch`: the one path by which file data is read from the source.
 //! - `source`: the dataset directory behind a trait, with a fault-injecting wrapper.
+//! - `epoch`, `stats`: epoch tracking (pure) and the statistics every view renders.
 //!
 //! Around them: `cli` (clap, at the edge), `config` (plain structs), `daemon` (mount life
 //! cycle), `manpage` (generated from the CLI).
 
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod epoch;
+pub mod fetch;
 pub mod fs;
 pub mod fuse;
 pub mod manpage;
@@ -19,4 +25,6 @@ pub mod mountinfo;
 pub mod namespace;
 pub mod reader;
 pub mod source;
+pub mod stats;
+pub mod statsview;
 pub mod units;

@@ -18,6 +18,7 @@ fn main() -> ExitCode {
         }
         Command::Umount(args) => daemon::unmount(&args.mountpoint, args.lazy, args.timeout),
         Command::Read(args) => return read(&args),
+        Command::Stats(args) => return stats(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -78,6 +79,36 @@ fn read(args: &coorfs::cli::ReadArgs) -> ExitCode {
         Err(e) => {
             eprintln!("coorfs: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+fn stats(args: &coorfs::cli::StatsArgs) -> ExitCode {
+    use std::io::{IsTerminal, Write};
+    loop {
+        let doc = match coorfs::statsview::fetch(&args.mountpoint) {
+            Ok(doc) => doc,
+            Err(e) => {
+                eprintln!("coorfs: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let text = if args.json {
+            format!("{doc}\n")
+        } else {
+            coorfs::statsview::render(&doc)
+        };
+        let mut out = std::io::stdout().lock();
+        if args.watch.is_some() && out.is_terminal() {
+            // Clear the screen and go home, like watch(1).
+            let _ = write!(out, "\x1b[2J\x1b[H");
+        }
+        if write!(out, "{text}").and_then(|_| out.flush()).is_err() {
+            return ExitCode::SUCCESS;
+        }
+        match args.watch {
+            Some(secs) => std::thread::sleep(std::time::Duration::from_secs_f64(secs)),
+            None => return ExitCode::SUCCESS,
         }
     }
 }

@@ -168,6 +168,29 @@ fn command_section(cmd: &Command, out: &mut String) {
 /// Sections that are not part of any command's help: the statistics attributes, exit
 /// status, files and the rest.
 fn extra_sections(out: &mut String) {
+    out.push_str(".SH EXTENDED ATTRIBUTES\n");
+    out.push_str(&paragraphs(
+        "A mount's statistics are extended attributes of its root directory: \
+'getfattr -d -m - MOUNTPOINT' lists them all, 'getfattr -n NAME --only-values MOUNTPOINT' reads \
+one. Each numeric statistic is its own attribute (a decimal number; ratios have four decimals). \
+A size-0 probe returns the value's length, a buffer too small gets ERANGE, an unknown name \
+ENODATA. They are read-only.",
+    ));
+    out.push_str(&format!(
+        ".TP\n\\fB{}\\fR\nEvery statistic below, and the per-epoch history (\\fBepochs\\fR), as one JSON document; what \\fBcoorfs stats \\-\\-json\\fR prints.\n",
+        esc(crate::stats::STATS_XATTR)
+    ));
+    for stat in crate::stats::Stat::ALL {
+        out.push_str(&format!(
+            ".TP\n\\fB{}\\fR\n{}\n",
+            esc(&crate::stats::xattr_name(*stat)),
+            esc(stat.help())
+        ));
+    }
+    out.push_str(&format!(
+        ".PP\nOn every regular file:\n.TP\n\\fB{}\\fR\nHow many bytes of the file are in the cache (equal to its size when it is wholly cached).\n",
+        esc(crate::stats::CACHED_XATTR)
+    ));
     out.push_str(
         ".SH EXIT STATUS\n\
          0 on success; 2 for bad input (a missing or unsuitable source or mount point, an unknown \
@@ -184,7 +207,13 @@ fn extra_sections(out: &mut String) {
          The mount is read\\-only: every operation that would change the dataset fails with EROFS, \
          and coorfs never writes to the source. The kernel checks the source's permission bits \
          (\\fBdefault_permissions\\fR). A file whose size or modification time changes while \
-         mounted is detected when it is next opened and served with its new content.\n",
+         mounted is detected when it is next opened and served with its new content.\n\
+         .PP\n\
+         Memory: the cache never holds more than \\fB\\-\\-cache\\-size\\fR bytes of file data. \
+         Beyond it the daemon needs about 150 bytes plus the name for every entry of the dataset \
+         (its node table), one block per fetch in flight (at most 64 x \\fB\\-\\-block\\-size\\fR) \
+         and one block per open file. The kernel may also keep page\\-cache copies of wholly \
+         cached files; it reclaims them under memory pressure, and the cache still holds those bytes.\n",
     );
     out.push_str(
         ".SH SEE ALSO\n\

@@ -59,9 +59,16 @@ pub trait DatasetSource: Send + Sync + 'static {
     fn read_dir(&self, rel: &Path) -> io::Result<Vec<DirItem>>;
     /// The target of a symbolic link.
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
-    /// Reads into `buf` from `offset`, until `buf` is full or the file ends. Returns the bytes
-    /// read.
-    fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Reads into `buf` from `offset` of file `version`, until `buf` is full or the file
+    /// ends. Returns the bytes read. Fails with ESTALE if the file at `rel` is no longer
+    /// that version.
+    fn read_block(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize>;
     /// `statvfs` of the filesystem holding the source.
     fn statfs(&self) -> io::Result<FsStats>;
 }
@@ -115,8 +122,17 @@ impl DatasetSource for LocalSource {
         std::fs::read_link(self.full(rel))
     }
 
-    fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_block(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
         let file = open_for_read(&self.full(rel))?;
+        if meta_from_std(&file.metadata()?).version != *version {
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
         let mut done = 0;
         while done < buf.len() {
             match file.read_at(&mut buf[done..], offset + done as u64) {
@@ -241,7 +257,7 @@ pub struct FaultySource<S> {
     inner: S,
     /// Every read of a path containing this string fails with EIO.
     pub fail_paths_containing: parking_lot::Mutex<Option<String>>,
-    /// Added to every `read_at`.
+    /// Added to every `read_block`.
     pub read_delay: parking_lot::Mutex<Duration>,
     reads: AtomicU64,
 }
@@ -257,7 +273,7 @@ impl<S: DatasetSource> FaultySource<S> {
         }
     }
 
-    /// How many `read_at` calls reached this source.
+    /// How many `read_block` calls reached this source.
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
@@ -276,7 +292,13 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         self.inner.read_link(rel)
     }
-    fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_block(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         let delay = *self.read_delay.lock();
         if !delay.is_zero() {
@@ -287,7 +309,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        self.inner.read_at(rel, offset, buf)
+        self.inner.read_block(rel, version, offset, buf)
     }
     fn statfs(&self) -> io::Result<FsStats> {
         self.inner.statfs()
@@ -303,14 +325,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
         let src = LocalSource::new(dir.path().to_path_buf(), true);
+        let v = src.metadata(Path::new("f")).unwrap().version;
         let mut buf = [0u8; 4];
-        assert_eq!(src.read_at(Path::new("f"), 3, &mut buf).unwrap(), 4);
+        assert_eq!(src.read_block(Path::new("f"), &v, 3, &mut buf).unwrap(), 4);
         assert_eq!(&buf, b"3456");
-        assert_eq!(src.read_at(Path::new("f"), 8, &mut buf).unwrap(), 2);
+        assert_eq!(src.read_block(Path::new("f"), &v, 8, &mut buf).unwrap(), 2);
         assert_eq!(&buf[..2], b"89");
-        assert_eq!(src.read_at(Path::new("f"), 20, &mut buf).unwrap(), 0);
-        let err = src.read_at(Path::new("missing"), 0, &mut buf).unwrap_err();
+        assert_eq!(src.read_block(Path::new("f"), &v, 20, &mut buf).unwrap(), 0);
+        let err = src
+            .read_block(Path::new("missing"), &v, 0, &mut buf)
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        std::fs::write(dir.path().join("f"), b"changed!").unwrap();
+        let err = src.read_block(Path::new("f"), &v, 0, &mut buf).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ESTALE));
     }
 
     #[test]
@@ -334,8 +362,16 @@ mod tests {
         let src = FaultySource::new(LocalSource::new(dir.path().to_path_buf(), false));
         *src.fail_paths_containing.lock() = Some("bad".into());
         let mut buf = [0u8; 1];
-        assert_eq!(src.read_at(Path::new("good"), 0, &mut buf).unwrap(), 1);
-        let err = src.read_at(Path::new("bad"), 0, &mut buf).unwrap_err();
+        let good = src.metadata(Path::new("good")).unwrap().version;
+        let bad = src.metadata(Path::new("bad")).unwrap().version;
+        assert_eq!(
+            src.read_block(Path::new("good"), &good, 0, &mut buf)
+                .unwrap(),
+            1
+        );
+        let err = src
+            .read_block(Path::new("bad"), &bad, 0, &mut buf)
+            .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EIO));
         assert_eq!(src.reads(), 2);
     }

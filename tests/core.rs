@@ -66,7 +66,8 @@ fn lookup_getattr_and_read() {
     ));
 
     let opened = fs.open(f.ino, libc::O_RDONLY, Caller::default()).unwrap();
-    assert!(opened.keep_cache && !opened.changed);
+    // Not cached yet: the kernel must not cache it either.
+    assert!(!opened.keep_cache && opened.direct_io && !opened.changed);
     assert_eq!(
         read(&fs, opened.fh, 0, 4096).unwrap(),
         bytes(1, 10_000)[..4096]
@@ -78,6 +79,9 @@ fn lookup_getattr_and_read() {
     assert_eq!(read(&fs, opened.fh, 20_000, 10).unwrap(), Vec::<u8>::new());
     fs.release(opened.fh);
     assert_eq!(read(&fs, opened.fh, 0, 1), Err("stale file handle".into()));
+    // Now wholly cached: the kernel may keep its pages.
+    let again = fs.open(f.ino, libc::O_RDONLY, Caller::default()).unwrap();
+    assert!(again.keep_cache && !again.direct_io);
 
     for flags in [
         libc::O_WRONLY,
@@ -144,9 +148,17 @@ fn a_changed_source_file_is_detected_at_open() {
     let ino = lookup_path(&fs, "f");
     let first = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
     assert!(!first.changed);
+    let unread = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
+    assert_eq!(read(&fs, first.fh, 0, 100).unwrap(), b"old");
     std::fs::write(dir.path().join("f"), b"new and longer").unwrap();
+    // A handle of the old version must not serve the new bytes as if they were the old.
+    assert_eq!(
+        read(&fs, unread.fh, 0, 100).unwrap(),
+        b"old",
+        "the old version is cached"
+    );
     let second = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
-    assert!(second.changed && !second.keep_cache);
+    assert!(second.changed && !second.keep_cache && second.direct_io);
     assert_eq!(fs.getattr(ino).unwrap().size, 14);
     assert_eq!(read(&fs, second.fh, 0, 100).unwrap(), b"new and longer");
     std::fs::remove_file(dir.path().join("f")).unwrap();
@@ -201,4 +213,69 @@ fn symlinks_access_and_xattrs() {
         Err(FsError::NoAttr)
     ));
     assert!(fs.statfs().unwrap().bsize > 0);
+}
+
+#[test]
+fn concurrent_misses_on_one_block_read_the_source_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), bytes(4, 50_000)).unwrap();
+    let (fs, source) = core_over(dir.path());
+    *source.read_delay.lock() = std::time::Duration::from_millis(200);
+    let ino = lookup_path(&fs, "f");
+    let (tx, rx) = mpsc::channel();
+    for i in 0..8u64 {
+        let fh = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap().fh;
+        let tx = tx.clone();
+        fs.read(
+            fh,
+            i * 1000,
+            1000,
+            Box::new(move |r| {
+                let _ = tx.send((i, r.map(|b| b.to_vec()).map_err(|e| e.to_string())));
+            }),
+        );
+    }
+    for _ in 0..8 {
+        let (i, got) = rx.recv().unwrap();
+        assert_eq!(got.unwrap(), bytes(4, 50_000)[i as usize * 1000..][..1000]);
+    }
+    assert_eq!(source.reads(), 1);
+}
+
+#[test]
+fn reads_across_blocks_are_assembled_and_a_full_cache_still_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = bytes(6, 10_000);
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let source = Arc::new(FaultySource::new(LocalSource::new(
+        dir.path().to_path_buf(),
+        false,
+    )));
+    let mut config = MountConfig::new(dir.path().to_path_buf(), "/nonexistent".into());
+    config.cache.block_size = 4096;
+    config.cache.capacity = 4096;
+    let fs = DatasetFs::new(source.clone(), &config).unwrap();
+    let ino = lookup_path(&fs, "f");
+    let fh = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap().fh;
+    // Blocks of 4096, 4096 and 1808 bytes; only one 4096-byte block fits in the cache.
+    assert_eq!(read(&fs, fh, 0, 4096).unwrap(), data[..4096]);
+    assert_eq!(source.reads(), 1);
+    // Block 1 is refused by the full cache but kept as the handle's last block.
+    assert_eq!(read(&fs, fh, 4096, 100).unwrap(), data[4096..4196]);
+    assert_eq!(source.reads(), 2);
+    // Across blocks 0 (cache) and 1 (last block): no source read.
+    assert_eq!(read(&fs, fh, 4000, 200).unwrap(), data[4000..4200]);
+    assert_eq!(source.reads(), 2);
+    // Across all three: block 2 is fetched.
+    assert_eq!(read(&fs, fh, 100, 9900).unwrap(), data[100..]);
+    assert_eq!(source.reads(), 3);
+    let snap = fs.snapshot();
+    assert_eq!(
+        snap.get(coorfs::stats::Stat::CachedBlocks),
+        Some(coorfs::stats::Value::Count(1))
+    );
+    assert_eq!(
+        snap.get(coorfs::stats::Stat::AdmissionsRefused),
+        Some(coorfs::stats::Value::Count(2))
+    );
 }

@@ -71,7 +71,7 @@ fn sigterm_and_plain_umount_end_the_daemon() {
 fn foreground_logs_to_stderr_and_ctrl_c_unmounts() {
     let (dir, src) = small_source();
     let mnt = empty_dir(dir.path(), "mnt");
-    let mut child = Command::new(bin())
+    let child = Command::new(bin())
         .args([
             OsStr::new("mount"),
             OsStr::new("--foreground"),

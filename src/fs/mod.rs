@@ -1,4 +1,5 @@
-//! The filesystem core: a read-only mirror of a dataset directory, independent of FUSE.
+//! The filesystem core: a read-only mirror of a dataset directory with a training-aware
+//! cache, independent of FUSE.
 //!
 //! `fuse.rs` turns kernel requests into calls on [`DatasetFs`] and its plain results
 //! ([`Entry`], [`Attr`], [`Opened`]) back into replies; tests drive the core directly.
@@ -8,24 +9,40 @@
 //! kernel cached its attributes is served with its new content, and `Opened::changed` asks
 //! the adapter to invalidate what the kernel holds.
 //!
-//! Reads that need the source are handed to a pool of I/O threads and answered from there,
-//! so that a slow source never blocks a FUSE thread serving hits.
+//! # The kernel's page cache and ours
+//! The kernel's page cache of the FUSE files is LRU: if it held files coorfs does not cache,
+//! they would push out the ones it does, and MinIO would degrade to LRU. So with a cache
+//! policy, an open decides:
+//! - every byte of the file is in coorfs's cache: `keep_cache`. The kernel may keep (and
+//!   serve from) its pages of the file, a free first level over the cache: when it reclaims
+//!   them, the cache still holds every byte. A hot small file then costs one round trip.
+//! - otherwise: `direct_io`. The file's bytes never enter the kernel's page cache; each read
+//!   comes to the daemon, which serves cached blocks and fetches the rest.
+//!
+//! With `--policy none` there is no cache of ours and the kernel's page cache does what it
+//! does (`keep_cache` for every unchanged file): the baseline of "FUSE plus page cache".
+//!
+//! The accounting follows: an open of a wholly cached file is a hit, and its size is counted
+//! as bytes from the cache right there (training reads files whole, and the kernel may serve
+//! them without asking); reads through a direct-I/O handle count exactly what they serve.
+
+mod read;
 
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::cache::{BlockCache, CacheConfig, PolicyKind};
 use crate::config::MountConfig;
+use crate::fetch::Fetcher;
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
 use crate::source::{DatasetSource, DirItem, FsStats};
-
-/// The attribute of the mount root that holds the daemon's process id.
-pub const PID_XATTR: &str = "user.coorfs.pid";
+use crate::stats::{self, Counters, Snapshot, Stat, Stats, Value};
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
 /// exhaustive `match`.
@@ -55,6 +72,12 @@ pub enum FsError {
     NotSupported,
     #[error("source: {0}")]
     Source(#[from] io::Error),
+}
+
+impl FsError {
+    fn from_errno(errno: i32) -> Self {
+        FsError::Source(io::Error::from_raw_os_error(errno))
+    }
 }
 
 /// Who asks.
@@ -103,6 +126,14 @@ pub type ReadDone = Box<dyn FnOnce(Result<&[u8], FsError>) + Send>;
 struct FileHandle {
     rel: Arc<Path>,
     version: FileVersion,
+    /// The open was a hit and its bytes were counted then; reads count nothing more (unless
+    /// the file turns out to need the source after all, see `read.rs`).
+    counted_at_open: AtomicBool,
+    /// The dataset-wide epoch the open belongs to.
+    epoch: u64,
+    /// The last block fetched for this handle, so that small reads through a block the
+    /// cache did not admit do not fetch it again.
+    last: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
 }
 
 /// An open directory: a snapshot of its listing taken at `opendir`.
@@ -113,27 +144,43 @@ struct DirHandle {
     items: Vec<DirItem>,
 }
 
+/// What the scan of the source found.
+#[derive(Debug, Default)]
+struct ScanState {
+    files: AtomicU64,
+    bytes: AtomicU64,
+    complete: AtomicBool,
+}
+
 /// The core of one mount.
 pub struct DatasetFs {
     source: Arc<dyn DatasetSource>,
     ns: Namespace,
     ttl: Duration,
-    io: tokio::runtime::Runtime,
+    cache: Arc<BlockCache>,
+    stats: Arc<Stats>,
+    fetcher: Arc<Fetcher>,
+    scan: ScanState,
+    info: Vec<(&'static str, String)>,
     next_fh: AtomicU64,
     files: Mutex<std::collections::HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<std::collections::HashMap<u64, Arc<DirHandle>>>,
+    // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
+    _io: tokio::runtime::Runtime,
 }
 
 impl std::fmt::Debug for DatasetFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatasetFs")
             .field("source", &self.source.root())
+            .field("cache", &self.cache)
             .finish_non_exhaustive()
     }
 }
 
 impl DatasetFs {
-    /// A core over `source`. Fails if the source root cannot be read.
+    /// A core over `source` with the cache of `config`. Fails if the source root cannot be
+    /// read or the cache cannot be set up.
     pub fn new(source: Arc<dyn DatasetSource>, config: &MountConfig) -> io::Result<Self> {
         let root = source.metadata(Path::new(""))?;
         if root.attr.kind != Kind::Dir {
@@ -144,14 +191,32 @@ impl DatasetFs {
             .max_blocking_threads(config.io_threads.max(1))
             .thread_name("coorfs-io")
             .build()?;
+        let cache = Arc::new(BlockCache::new(config.cache)?);
+        let stats = Arc::new(Stats::default());
+        let fetcher = Arc::new(Fetcher::new(
+            source.clone(),
+            cache.clone(),
+            stats.clone(),
+            io.handle().clone(),
+        ));
+        let info = vec![
+            ("source", config.source.display().to_string()),
+            ("mountpoint", config.mountpoint.display().to_string()),
+            ("policy", config.cache.policy.name().to_string()),
+        ];
         Ok(DatasetFs {
             source,
             ns: Namespace::new(root),
             ttl: config.metadata_ttl,
-            io,
+            cache,
+            stats,
+            fetcher,
+            scan: ScanState::default(),
+            info,
             next_fh: AtomicU64::new(1),
             files: Mutex::new(Default::default()),
             dirs: Mutex::new(Default::default()),
+            _io: io,
         })
     }
 
@@ -165,8 +230,58 @@ impl DatasetFs {
         &self.ns
     }
 
+    /// The cache configuration.
+    pub fn cache_config(&self) -> CacheConfig {
+        self.cache.config()
+    }
+
     fn rel_path(&self, ino: NodeId) -> Result<PathBuf, FsError> {
         self.ns.path(ino).ok_or(FsError::NotFound)
+    }
+
+    /// Walks the whole source, entering every entry into the namespace and counting the
+    /// dataset's files and bytes. Epochs can end ("every file read") only once it is done.
+    /// Runs on the caller's thread; the daemon gives it one of its own.
+    pub fn scan(&self) {
+        let mut dirs = vec![(ROOT, PathBuf::new())];
+        while let Some((node, rel)) = dirs.pop() {
+            let items = match self.source.read_dir(&rel) {
+                Ok(items) => items,
+                Err(e) => {
+                    tracing::warn!("scan: {}: {e}", self.source.root().join(&rel).display());
+                    continue;
+                }
+            };
+            for item in items {
+                let child_rel = rel.join(&item.name);
+                let Ok(meta) = self.source.metadata(&child_rel) else {
+                    continue;
+                };
+                let id = self.ns.insert_child(node, &item.name, meta);
+                match meta.attr.kind {
+                    Kind::Dir => dirs.push((id, child_rel)),
+                    Kind::File => {
+                        self.scan.files.fetch_add(1, Ordering::Relaxed);
+                        self.scan.bytes.fetch_add(meta.attr.size, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.scan.complete.store(true, Ordering::Release);
+        tracing::info!(
+            "scan complete: {} files, {}",
+            self.scan.files.load(Ordering::Relaxed),
+            crate::units::format_size(self.scan.bytes.load(Ordering::Relaxed))
+        );
+    }
+
+    /// The dataset's file count, once the scan is complete.
+    fn dataset_files(&self) -> Option<usize> {
+        self.scan
+            .complete
+            .load(Ordering::Acquire)
+            .then(|| self.ns.file_count())
     }
 
     /// Finds `name` in directory `parent`.
@@ -212,40 +327,56 @@ impl DatasetFs {
         let rel = self.rel_path(ino)?;
         let meta = self.source.metadata(&rel).map_err(not_found_or_source)?;
         let changed = meta.version != info.version && self.ns.refresh(ino, meta);
+        let version = meta.version;
+
+        let hit = self.cache.holds_file(&version);
+        let counters = &self.stats.counters;
+        Counters::add(&counters.reads, 1);
+        if hit {
+            Counters::add(&counters.hits, 1);
+            Counters::add(&counters.bytes_from_cache, version.size);
+        } else {
+            Counters::add(&counters.misses, 1);
+        }
+        let epoch = match info.file_id {
+            Some(file) => {
+                let now = self.stats.now();
+                let total = self.dataset_files();
+                self.stats
+                    .epochs
+                    .lock()
+                    .open(file, hit, version.size, total, now)
+            }
+            None => self.stats.epochs.lock().tracker().epoch(),
+        };
+
+        let (keep_cache, direct_io) = match self.cache.config().policy {
+            PolicyKind::None => (!changed, false),
+            PolicyKind::MinIo | PolicyKind::Lru => {
+                let keep = hit && !changed;
+                (keep, !keep)
+            }
+        };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            "open {} fh {fh}: {} (epoch {epoch})",
+            rel.display(),
+            if hit { "hit" } else { "miss" }
+        );
         let handle = FileHandle {
             rel: Arc::from(rel),
-            version: meta.version,
+            version,
+            counted_at_open: AtomicBool::new(hit),
+            epoch,
+            last: Mutex::new(None),
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
             fh,
-            // The dataset is immutable while training: what the kernel cached of this
-            // version stays right, unless the version just changed.
-            keep_cache: !changed,
-            direct_io: false,
+            keep_cache,
+            direct_io,
             changed,
         })
-    }
-
-    /// Reads `size` bytes at `offset` of open file `fh`; `done` receives the bytes.
-    pub fn read(&self, fh: u64, offset: u64, size: u32, done: ReadDone) {
-        let Some(handle) = self.files.lock().get(&fh).cloned() else {
-            return done(Err(FsError::BadHandle));
-        };
-        let file_size = handle.version.size;
-        if offset >= file_size || size == 0 {
-            return done(Ok(&[]));
-        }
-        let len = (size as u64).min(file_size - offset) as usize;
-        let source = self.source.clone();
-        self.io.spawn_blocking(move || {
-            let mut buf = vec![0u8; len];
-            match source.read_at(&handle.rel, offset, &mut buf) {
-                Ok(n) => done(Ok(&buf[..n])),
-                Err(e) => done(Err(FsError::Source(e))),
-            }
-        });
     }
 
     /// Closes open file `fh`.
@@ -312,7 +443,8 @@ impl DatasetFs {
             let known = self.ns.child(dir.node, &item.name);
             let (ino, attr) = match (known, plus) {
                 (Some(id), false) => (id, None),
-                _ => match self.source.metadata(&dir_rel.join(&item.name)) {
+                (Some(id), true) => (id, Some(self.getattr(id)?)),
+                (None, _) => match self.source.metadata(&dir_rel.join(&item.name)) {
                     Ok(meta) => {
                         let id = self.ns.insert_child(dir.node, &item.name, meta);
                         (id, Some(self.getattr(id)?))
@@ -378,24 +510,90 @@ impl DatasetFs {
         }
     }
 
+    /// Every stat, now.
+    pub fn snapshot(&self) -> Snapshot {
+        let c = &self.stats.counters;
+        let cc = &self.cache.counters;
+        let reads = Counters::get(&c.reads);
+        let hits = Counters::get(&c.hits);
+        let epochs = self.stats.epochs.lock();
+        let value = |stat: Stat| -> Value {
+            match stat {
+                Stat::Reads => Value::Count(reads),
+                Stat::Hits => Value::Count(hits),
+                Stat::Misses => Value::Count(Counters::get(&c.misses)),
+                Stat::HitRate => Value::Ratio(if reads == 0 {
+                    0.0
+                } else {
+                    hits as f64 / reads as f64
+                }),
+                Stat::BytesFromCache => Value::Count(Counters::get(&c.bytes_from_cache)),
+                Stat::BytesFromSource => Value::Count(Counters::get(&c.bytes_from_source)),
+                Stat::CachedBytes => Value::Count(self.cache.cached_bytes()),
+                Stat::CachedFiles => Value::Count(self.cache.cached_files()),
+                Stat::CachedBlocks => Value::Count(self.cache.cached_blocks()),
+                Stat::CacheUsed => Value::Count(self.cache.used()),
+                Stat::CacheCapacity => Value::Count(self.cache.config().capacity),
+                Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
+                Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
+                Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
+                Stat::DatasetFiles => Value::Count(self.scan.files.load(Ordering::Relaxed)),
+                Stat::DatasetBytes => Value::Count(self.scan.bytes.load(Ordering::Relaxed)),
+                Stat::ScanComplete => {
+                    Value::Count(self.scan.complete.load(Ordering::Acquire) as u64)
+                }
+                Stat::Epoch => Value::Count(epochs.tracker().epoch()),
+                Stat::UptimeSeconds => Value::Count(self.stats.now() as u64),
+                Stat::Pid => Value::Count(std::process::id() as u64),
+            }
+        };
+        Snapshot {
+            values: Stat::ALL.iter().map(|s| (*s, value(*s))).collect(),
+            info: self.info.clone(),
+            epochs: epochs.records().to_vec(),
+        }
+    }
+
     /// The value of extended attribute `name` of node `ino`.
     pub fn getxattr(&self, ino: NodeId, name: &OsStr) -> Result<Vec<u8>, FsError> {
-        self.getattr(ino)?;
-        if ino == ROOT && name == PID_XATTR {
-            return Ok(std::process::id().to_string().into_bytes());
+        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        let name = name.to_str().ok_or(FsError::NoAttr)?;
+        if ino == ROOT {
+            if name == stats::STATS_XATTR {
+                return Ok(self.snapshot().to_json().into_bytes());
+            }
+            if let Some(stat) = stats::stat_of_xattr(name) {
+                let value = self.snapshot().get(stat).ok_or(FsError::NoAttr)?;
+                return Ok(value.text().into_bytes());
+            }
+        }
+        if info.attr.kind == Kind::File && name == stats::CACHED_XATTR {
+            return Ok(self
+                .cache
+                .cached_bytes_of(&info.version)
+                .to_string()
+                .into_bytes());
         }
         Err(FsError::NoAttr)
     }
 
     /// The names of the extended attributes of node `ino`, each followed by a NUL.
     pub fn listxattr(&self, ino: NodeId) -> Result<Vec<u8>, FsError> {
-        self.getattr(ino)?;
-        let mut names = Vec::new();
+        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        let mut names: Vec<String> = Vec::new();
         if ino == ROOT {
-            names.extend_from_slice(PID_XATTR.as_bytes());
-            names.push(0);
+            names.push(stats::STATS_XATTR.to_string());
+            names.extend(Stat::ALL.iter().map(|s| stats::xattr_name(*s)));
         }
-        Ok(names)
+        if info.attr.kind == Kind::File {
+            names.push(stats::CACHED_XATTR.to_string());
+        }
+        let mut out = Vec::new();
+        for n in names {
+            out.extend_from_slice(n.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
     }
 }
 

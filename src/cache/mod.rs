@@ -1,0 +1,477 @@
+//! The block cache: file bytes in coorfs's own memory, under a hard budget.
+//!
+//! Small files are cached whole (one block of the file's size); larger files in fixed blocks
+//! (`--block-size`, 1 MiB by default), so that random access into a TFRecord, a tar shard
+//! or an HDF5 file caches just what is read. A [`BlockKey`] carries the file's version (device,
+//! inode, size, mtime): a changed source file is a different key, so it is a miss, never
+//! stale bytes.
+//!
+//! The policy ([`policy`]) decides; this module stores. MinIO's blocks go to an append-only
+//! [`arena::Arena`] (nothing is ever freed, so no allocator is needed); LRU's to individual
+//! heap buffers it can free. Both count every block at its stored size against the same
+//! budget, so `cached_bytes` never exceeds `--cache-size`.
+//!
+//! Locks: the policy's mutex is held only for the decision, the index's lock only to look
+//! up or publish; copying bytes happens outside both.
+
+pub mod arena;
+pub mod inflight;
+pub mod policy;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::namespace::FileVersion;
+use arena::{Arena, Slot};
+use policy::{Admission, CachePolicy, LruPolicy, MinIoPolicy, NoCachePolicy};
+
+/// Which policy a cache follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PolicyKind {
+    /// Admit while there is room, never evict.
+    #[default]
+    MinIo,
+    /// Least recently used.
+    Lru,
+    /// No cache: every read goes to the source, and the kernel's page cache does what it does.
+    None,
+}
+
+impl PolicyKind {
+    /// The name users type and read.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::MinIo => "minio",
+            PolicyKind::Lru => "lru",
+            PolicyKind::None => "none",
+        }
+    }
+}
+
+/// How a cache is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub policy: PolicyKind,
+    /// Bytes the cache may hold.
+    pub capacity: u64,
+    /// Bytes per block of a large file; files up to this size are cached whole.
+    pub block_size: u64,
+}
+
+/// One block of one version of a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockKey {
+    pub version: FileVersion,
+    pub block: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Stored {
+    Arena(Slot),
+    Heap(Arc<[u8]>),
+}
+
+impl Stored {
+    fn len(&self) -> u64 {
+        match self {
+            Stored::Arena(s) => s.len as u64,
+            Stored::Heap(b) => b.len() as u64,
+        }
+    }
+}
+
+/// Bytes found in the cache.
+#[derive(Clone, Debug)]
+pub enum CachedBytes<'a> {
+    Arena(&'a [u8]),
+    Heap(Arc<[u8]>),
+}
+
+impl std::ops::Deref for CachedBytes<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            CachedBytes::Arena(b) => b,
+            CachedBytes::Heap(b) => b,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    blocks: HashMap<BlockKey, Stored>,
+    /// Cached bytes per file version.
+    per_file: HashMap<FileVersion, u64>,
+    /// Versions whose every byte is cached.
+    full_files: u64,
+}
+
+impl Index {
+    fn add(&mut self, key: BlockKey, stored: Stored) {
+        let len = stored.len();
+        if let Some(old) = self.blocks.insert(key, stored) {
+            self.sub(key.version, old.len());
+        }
+        let bytes = self.per_file.entry(key.version).or_default();
+        let was_full = *bytes >= key.version.size;
+        *bytes += len;
+        if !was_full && *bytes >= key.version.size {
+            self.full_files += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &BlockKey) -> bool {
+        match self.blocks.remove(key) {
+            Some(old) => {
+                self.sub(key.version, old.len());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn sub(&mut self, version: FileVersion, len: u64) {
+        if let Some(bytes) = self.per_file.get_mut(&version) {
+            let was_full = *bytes >= version.size;
+            *bytes -= len.min(*bytes);
+            if was_full && *bytes < version.size {
+                self.full_files -= 1;
+            }
+            if *bytes == 0 {
+                self.per_file.remove(&version);
+            }
+        }
+    }
+}
+
+/// Counters the cache keeps about itself.
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    /// Blocks admitted.
+    pub admitted: AtomicU64,
+    /// Blocks refused because the cache was full.
+    pub refused: AtomicU64,
+    /// Blocks evicted (LRU).
+    pub evicted: AtomicU64,
+}
+
+/// The cache of one mount.
+pub struct BlockCache {
+    config: CacheConfig,
+    policy: Mutex<Box<dyn CachePolicy<BlockKey>>>,
+    index: RwLock<Index>,
+    arena: Option<Arena>,
+    pub counters: CacheCounters,
+}
+
+impl std::fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlockCache {
+    /// A cache following `config`. MinIO reserves its arena (address space only) here.
+    pub fn new(config: CacheConfig) -> std::io::Result<Self> {
+        let (policy, arena): (Box<dyn CachePolicy<BlockKey>>, _) = match config.policy {
+            PolicyKind::MinIo => (
+                Box::new(MinIoPolicy::new(config.capacity)),
+                Some(Arena::new(config.capacity as usize)?),
+            ),
+            PolicyKind::Lru => (Box::new(LruPolicy::new(config.capacity)), None),
+            PolicyKind::None => (Box::new(NoCachePolicy), None),
+        };
+        Ok(BlockCache {
+            config,
+            policy: Mutex::new(policy),
+            index: RwLock::new(Index::default()),
+            arena,
+            counters: CacheCounters::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> CacheConfig {
+        self.config
+    }
+
+    /// The blocks of a file of `size` bytes: how many, and the byte range of block `i`.
+    pub fn block_count(&self, size: u64) -> u64 {
+        if size <= self.config.block_size {
+            1
+        } else {
+            size.div_ceil(self.config.block_size)
+        }
+    }
+
+    /// The size of the block that holds byte `block * block_size` of a file of `size` bytes
+    /// (a file no larger than a block is one block of its own size).
+    pub fn block_len(&self, size: u64, block: u64) -> u64 {
+        if size <= self.config.block_size {
+            size
+        } else {
+            let start = block * self.config.block_size;
+            self.config.block_size.min(size.saturating_sub(start))
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_size(&self) -> u64 {
+        if self.config.block_size == 0 {
+            1
+        } else {
+            self.config.block_size
+        }
+    }
+
+    /// The cached bytes of `key`, if any.
+    pub fn get(&self, key: &BlockKey) -> Option<CachedBytes<'_>> {
+        let found = {
+            let index = self.index.read();
+            match index.blocks.get(key)? {
+                Stored::Arena(slot) => CachedBytes::Arena(self.arena.as_ref()?.get(*slot)),
+                Stored::Heap(bytes) => CachedBytes::Heap(bytes.clone()),
+            }
+        };
+        if self.config.policy == PolicyKind::Lru {
+            self.policy.lock().touch(key);
+        }
+        Some(found)
+    }
+
+    /// True if `key` is cached.
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.index.read().blocks.contains_key(key)
+    }
+
+    /// Offers fetched bytes to the cache. Returns true if they were admitted.
+    pub fn insert(&self, key: BlockKey, data: &[u8]) -> bool {
+        if self.config.policy == PolicyKind::None {
+            return false;
+        }
+        let footprint = match self.config.policy {
+            PolicyKind::MinIo => Arena::footprint(data.len()) as u64,
+            _ => data.len() as u64,
+        };
+        let admission = self.policy.lock().admit(&key, footprint);
+        let evict = match admission {
+            Admission::Refuse => {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            Admission::Admit { evict } => evict,
+        };
+        let stored = match &self.arena {
+            Some(arena) => match arena.alloc(data.len()) {
+                Some(slot) => {
+                    arena.write(slot, data);
+                    Stored::Arena(slot)
+                }
+                // Unreachable while the policy's capacity equals the arena's; refuse rather
+                // than trust that.
+                None => {
+                    self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            },
+            None => Stored::Heap(Arc::from(data)),
+        };
+        let mut index = self.index.write();
+        for (k, _) in &evict {
+            if index.remove(k) {
+                self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        index.add(key, stored);
+        self.counters.admitted.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Cached bytes of file `version`.
+    pub fn cached_bytes_of(&self, version: &FileVersion) -> u64 {
+        self.index
+            .read()
+            .per_file
+            .get(version)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// True if every byte of `version` is cached (an empty file is, with a cache).
+    pub fn holds_file(&self, version: &FileVersion) -> bool {
+        self.config.policy != PolicyKind::None && self.cached_bytes_of(version) >= version.size
+    }
+
+    /// Bytes held, as the policy counts them (the budget's unit).
+    pub fn used(&self) -> u64 {
+        self.policy.lock().used()
+    }
+
+    /// Bytes of file data held.
+    pub fn cached_bytes(&self) -> u64 {
+        self.index.read().per_file.values().sum()
+    }
+
+    /// Files whose every byte is cached.
+    pub fn cached_files(&self) -> u64 {
+        self.index.read().full_files
+    }
+
+    /// Blocks held.
+    pub fn cached_blocks(&self) -> u64 {
+        self.index.read().blocks.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(ino: u64, size: u64) -> FileVersion {
+        FileVersion {
+            dev: 1,
+            ino,
+            size,
+            mtime_ns: 0,
+        }
+    }
+
+    fn cache(policy: PolicyKind, capacity: u64) -> BlockCache {
+        BlockCache::new(CacheConfig {
+            policy,
+            capacity,
+            block_size: 1000,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn blocks_split_large_files_only() {
+        let c = cache(PolicyKind::MinIo, 10_000);
+        assert_eq!((c.block_count(0), c.block_len(0, 0)), (1, 0));
+        assert_eq!((c.block_count(999), c.block_len(999, 0)), (1, 999));
+        assert_eq!((c.block_count(1000), c.block_len(1000, 0)), (1, 1000));
+        assert_eq!(c.block_count(2500), 3);
+        assert_eq!(
+            [
+                c.block_len(2500, 0),
+                c.block_len(2500, 1),
+                c.block_len(2500, 2)
+            ],
+            [1000, 1000, 500]
+        );
+    }
+
+    #[test]
+    fn minio_keeps_what_it_admitted_and_counts_whole_files() {
+        let c = cache(PolicyKind::MinIo, 2048);
+        let a = version(1, 1500);
+        assert!(c.insert(
+            BlockKey {
+                version: a,
+                block: 0
+            },
+            &[1; 1000]
+        ));
+        assert!(!c.holds_file(&a));
+        assert!(c.insert(
+            BlockKey {
+                version: a,
+                block: 1
+            },
+            &[2; 500]
+        ));
+        assert!(c.holds_file(&a));
+        assert_eq!(
+            (c.cached_files(), c.cached_bytes(), c.cached_bytes_of(&a)),
+            (1, 1500, 1500)
+        );
+        // 1024 + 512 used (64-byte aligned); 640 more do not fit.
+        let b = version(2, 600);
+        assert!(!c.insert(
+            BlockKey {
+                version: b,
+                block: 0
+            },
+            &[3; 600]
+        ));
+        assert_eq!(c.counters.refused.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            &*c.get(&BlockKey {
+                version: a,
+                block: 1
+            })
+            .unwrap(),
+            &[2; 500]
+        );
+        // A new version of the same file is a different key.
+        let a2 = FileVersion { mtime_ns: 5, ..a };
+        assert!(
+            c.get(&BlockKey {
+                version: a2,
+                block: 0
+            })
+            .is_none()
+        );
+        assert!(c.used() <= 2048);
+    }
+
+    #[test]
+    fn lru_evicts_and_keeps_counts_right() {
+        let c = cache(PolicyKind::Lru, 2000);
+        let (a, b, d) = (version(1, 1000), version(2, 1000), version(3, 1000));
+        assert!(c.insert(
+            BlockKey {
+                version: a,
+                block: 0
+            },
+            &[1; 1000]
+        ));
+        assert!(c.insert(
+            BlockKey {
+                version: b,
+                block: 0
+            },
+            &[2; 1000]
+        ));
+        assert!(
+            c.get(&BlockKey {
+                version: a,
+                block: 0
+            })
+            .is_some()
+        );
+        assert!(c.insert(
+            BlockKey {
+                version: d,
+                block: 0
+            },
+            &[3; 1000]
+        ));
+        assert!(c.holds_file(&a) && !c.holds_file(&b) && c.holds_file(&d));
+        assert_eq!(
+            (c.cached_files(), c.cached_bytes(), c.used()),
+            (2, 2000, 2000)
+        );
+        assert_eq!(c.counters.evicted.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn no_cache_admits_nothing() {
+        let c = cache(PolicyKind::None, 1 << 20);
+        let a = version(1, 0);
+        assert!(!c.insert(
+            BlockKey {
+                version: a,
+                block: 0
+            },
+            &[]
+        ));
+        assert!(!c.holds_file(&a));
+    }
+}

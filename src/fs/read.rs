@@ -1,0 +1,192 @@
+//! The read path: serve from the cache on the FUSE thread, fetch the rest off it.
+//!
+//! A read inside one block (every read of a small file, and aligned reads of large ones) is
+//! answered with a slice of the cached block, or of the fetched one when the fetch ends. A
+//! read across blocks is assembled from its parts.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::{DatasetFs, FileHandle, FsError, ReadDone};
+use crate::cache::{BlockKey, CachedBytes};
+use crate::fetch::{Account, FetchResult};
+use crate::stats::Counters;
+
+/// Bytes of a block at hand: cached, or fetched earlier through the same handle.
+enum Local<'a> {
+    Cached(CachedBytes<'a>),
+    Fetched(Arc<Vec<u8>>),
+}
+
+impl std::ops::Deref for Local<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Local::Cached(b) => b,
+            Local::Fetched(b) => b,
+        }
+    }
+}
+
+/// A read across several blocks, filled in as they arrive.
+struct Assembly {
+    buf: Vec<u8>,
+    /// Blocks still to arrive, plus one while the read is still being set up.
+    pending: usize,
+    error: Option<i32>,
+    done: Option<ReadDone>,
+}
+
+impl Assembly {
+    fn finish_one(mut this: MutexGuard<'_, Assembly>) {
+        this.pending -= 1;
+        if this.pending > 0 {
+            return;
+        }
+        if let Some(done) = this.done.take() {
+            match this.error {
+                Some(errno) => done(Err(FsError::from_errno(errno))),
+                None => done(Ok(&this.buf)),
+            }
+        }
+    }
+}
+
+impl DatasetFs {
+    /// Reads `size` bytes at `offset` of open file `fh`; `done` receives the bytes, on this
+    /// thread if they are at hand, else on an I/O thread when the fetch ends.
+    pub fn read(&self, fh: u64, offset: u64, size: u32, done: ReadDone) {
+        let Some(h) = self.files.lock().get(&fh).cloned() else {
+            return done(Err(FsError::BadHandle));
+        };
+        let file_size = h.version.size;
+        if offset >= file_size || size == 0 {
+            return done(Ok(&[]));
+        }
+        let end = (offset + size as u64).min(file_size);
+        let bs = self.cache.block_size();
+        let whole = file_size <= bs;
+        let block_of = |pos: u64| if whole { 0 } else { pos / bs };
+        let block_start = |b: u64| if whole { 0 } else { b * bs };
+        let (first, last) = (block_of(offset), block_of(end - 1));
+
+        if first == last {
+            let base = block_start(first);
+            let (a, b) = ((offset - base) as usize, (end - base) as usize);
+            if let Some(bytes) = self.local_block(&h, first, (b - a) as u64) {
+                return done(Ok(&bytes[a..b]));
+            }
+            return self.fetch_for(
+                &h,
+                first,
+                Box::new(move |r| match r {
+                    Ok(buf) => done(Ok(&buf[a..b])),
+                    Err(errno) => done(Err(FsError::from_errno(errno))),
+                }),
+            );
+        }
+
+        let assembly = Arc::new(Mutex::new(Assembly {
+            buf: vec![0; (end - offset) as usize],
+            pending: 1,
+            error: None,
+            done: Some(done),
+        }));
+        for block in first..=last {
+            let start = block_start(block);
+            let (lo, hi) = (offset.max(start), end.min(start + bs));
+            let (a, b) = ((lo - start) as usize, (hi - start) as usize);
+            let at = (lo - offset) as usize;
+            if let Some(bytes) = self.local_block(&h, block, (b - a) as u64) {
+                assembly.lock().buf[at..at + (b - a)].copy_from_slice(&bytes[a..b]);
+                continue;
+            }
+            assembly.lock().pending += 1;
+            let part = assembly.clone();
+            self.fetch_for(
+                &h,
+                block,
+                Box::new(move |r| {
+                    let mut asm = part.lock();
+                    match r {
+                        Ok(buf) => asm.buf[at..at + (b - a)].copy_from_slice(&buf[a..b]),
+                        Err(errno) => {
+                            asm.error.get_or_insert(errno);
+                        }
+                    }
+                    Assembly::finish_one(asm);
+                }),
+            );
+        }
+        Assembly::finish_one(assembly.lock());
+    }
+
+    /// Block `block` of the handle's file if it is at hand. A cache hit through a handle
+    /// whose open was a miss counts `served` bytes as coming from the cache.
+    fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
+        let key = BlockKey {
+            version: h.version,
+            block,
+        };
+        if let Some(bytes) = self.cache.get(&key) {
+            if !h.counted_at_open.load(Ordering::Relaxed) {
+                Counters::add(&self.stats.counters.bytes_from_cache, served);
+                let now = self.stats.now();
+                self.stats.epochs.lock().add_bytes(h.epoch, served, 0, now);
+            }
+            return Some(Local::Cached(bytes));
+        }
+        match &*h.last.lock() {
+            Some((b, buf)) if *b == block => Some(Local::Fetched(buf.clone())),
+            _ => None,
+        }
+    }
+
+    /// Fetches block `block` of the handle's file for `waiter`, attributing the bytes read
+    /// from the source to the handle's epoch. If the open counted the file as a hit (it was
+    /// wholly cached then, and LRU has since evicted part of it), it becomes a miss, so that
+    /// hits never include reads of the source.
+    fn fetch_for(
+        &self,
+        h: &Arc<FileHandle>,
+        block: u64,
+        waiter: Box<dyn FnOnce(FetchResult) + Send>,
+    ) {
+        if h.counted_at_open.swap(false, Ordering::Relaxed) {
+            tracing::debug!("{}: the hit at open became a miss", h.rel.display());
+            let c = &self.stats.counters;
+            c.hits.fetch_sub(1, Ordering::Relaxed);
+            Counters::add(&c.misses, 1);
+            c.bytes_from_cache
+                .fetch_sub(h.version.size, Ordering::Relaxed);
+            self.stats
+                .epochs
+                .lock()
+                .hit_became_miss(h.epoch, h.version.size);
+        }
+        let key = BlockKey {
+            version: h.version,
+            block,
+        };
+        let stats = self.stats.clone();
+        let epoch = h.epoch;
+        let account: Account = Box::new(move |n| {
+            let now = stats.now();
+            stats.epochs.lock().add_bytes(epoch, 0, n, now);
+        });
+        let handle = h.clone();
+        self.fetcher.fetch(
+            h.rel.clone(),
+            key,
+            Box::new(move |r| {
+                if let Ok(buf) = &r {
+                    *handle.last.lock() = Some((block, buf.clone()));
+                }
+                waiter(r)
+            }),
+            Some(account),
+        );
+    }
+}

@@ -1,0 +1,417 @@
+//! Statistics: the names, what they mean, the live counters, the per-epoch history, and the
+//! snapshot that every view renders.
+//!
+//! Every stat is defined once, in [`Stat`]: its name is the key in the `user.coorfs.stats`
+//! JSON document, the suffix of its own `user.coorfs.<name>` attribute, the label in
+//! `coorfs stats`, and its help text goes into the man page. Nothing else spells a stat's
+//! name, so the views cannot drift apart.
+//!
+//! Hits and misses count file accesses, decided when a file is opened: a file whose every
+//! byte is cached is a hit, even though the kernel's page cache may then serve its bytes
+//! without asking the daemon; its size is counted then as bytes from the cache (training
+//! reads files whole). Bytes from the source are counted as they are read from it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::epoch::{Boundary, EpochTracker, Step};
+use crate::namespace::FileId;
+
+/// The prefix of every coorfs extended attribute.
+pub const XATTR_PREFIX: &str = "user.coorfs.";
+/// The attribute of the mount root that holds every stat as one JSON document.
+pub const STATS_XATTR: &str = "user.coorfs.stats";
+/// The per-file attribute: how many bytes of the file are cached.
+pub const CACHED_XATTR: &str = "user.coorfs.cached";
+
+/// What a stat's number measures, for display.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Count,
+    Bytes,
+    Ratio,
+    Seconds,
+}
+
+macro_rules! stats {
+    ($($variant:ident => $name:literal, $unit:ident, $help:literal;)*) => {
+        /// A numeric statistic of a mount.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Stat { $($variant,)* }
+
+        impl Stat {
+            /// Every stat, in the order the views list them.
+            pub const ALL: &'static [Stat] = &[$(Stat::$variant,)*];
+
+            /// The name: the JSON key and the attribute suffix.
+            pub fn name(self) -> &'static str {
+                match self { $(Stat::$variant => $name,)* }
+            }
+
+            /// What it counts, for the man page.
+            pub fn help(self) -> &'static str {
+                match self { $(Stat::$variant => $help,)* }
+            }
+
+            /// What its number measures.
+            pub fn unit(self) -> Unit {
+                match self { $(Stat::$variant => Unit::$unit,)* }
+            }
+        }
+    };
+}
+
+stats! {
+    Reads => "reads", Count, "File accesses: opens of regular files for reading. reads = hits + misses.";
+    Hits => "hits", Count, "Accesses of files whose every byte was cached when opened.";
+    Misses => "misses", Count, "Accesses of files not (wholly) cached when opened.";
+    HitRate => "hit_rate", Ratio, "hits / reads, from 0 to 1.";
+    BytesFromCache => "bytes_from_cache", Bytes, "Bytes served from the cache (a hit's whole file size, counted when opened).";
+    BytesFromSource => "bytes_from_source", Bytes, "Bytes read from the source.";
+    CachedBytes => "cached_bytes", Bytes, "Bytes of file data in the cache.";
+    CachedFiles => "cached_files", Count, "Files whose every byte is cached.";
+    CachedBlocks => "cached_blocks", Count, "Blocks in the cache (a small file is one block).";
+    CacheUsed => "cache_used", Bytes, "Bytes of the budget in use (cached bytes plus alignment).";
+    CacheCapacity => "cache_capacity", Bytes, "The cache budget in bytes (--cache-size).";
+    AdmissionsRefused => "admissions_refused", Count, "Blocks read from the source but not cached because the cache was full.";
+    Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
+    SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
+    DatasetFiles => "dataset_files", Count, "Regular files found in the source by the scan at mount.";
+    DatasetBytes => "dataset_bytes", Bytes, "Bytes of those files.";
+    ScanComplete => "scan_complete", Count, "1 once the scan of the source has finished (epochs can end only then), else 0.";
+    Epoch => "epoch", Count, "The current dataset-wide epoch: it ends when every file has been read once more.";
+    UptimeSeconds => "uptime_seconds", Seconds, "Seconds since the mount.";
+    Pid => "pid", Count, "The daemon's process id.";
+}
+
+/// A stat's value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    Count(u64),
+    Ratio(f64),
+}
+
+impl Value {
+    /// As the attribute's text: an integer, or a ratio with four decimals.
+    pub fn text(self) -> String {
+        match self {
+            Value::Count(n) => n.to_string(),
+            Value::Ratio(r) => format!("{r:.4}"),
+        }
+    }
+
+    fn json(self) -> serde_json::Value {
+        match self {
+            Value::Count(n) => n.into(),
+            Value::Ratio(r) => serde_json::Number::from_f64((r * 1e4).round() / 1e4)
+                .map(serde_json::Value::Number)
+                .unwrap_or(serde_json::Value::Null),
+        }
+    }
+}
+
+/// The live counters of a mount (what is not read off the cache or the namespace).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub reads: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub bytes_from_cache: AtomicU64,
+    pub bytes_from_source: AtomicU64,
+    pub source_errors: AtomicU64,
+}
+
+impl Counters {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Reads a counter.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// One epoch of one reader: what it read and how it went.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct EpochRecord {
+    pub epoch: u64,
+    /// Seconds since the mount when the epoch's first file was opened.
+    pub start: f64,
+    /// Seconds the epoch lasted (so far, if it is still running).
+    pub seconds: f64,
+    /// True once every file has been read (or, for a job, a file was read again).
+    pub complete: bool,
+    /// Distinct files read.
+    pub files: u64,
+    pub reads: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+    pub bytes_from_cache: u64,
+    pub bytes_from_source: u64,
+}
+
+impl EpochRecord {
+    fn new(epoch: u64, start: f64) -> Self {
+        EpochRecord {
+            epoch,
+            start,
+            ..Default::default()
+        }
+    }
+}
+
+/// How many epochs of history a reader keeps (the oldest are dropped): a bound on memory
+/// for mounts that live for thousands of epochs.
+pub const EPOCH_HISTORY: usize = 1000;
+
+/// The epochs of one reader: its tracker and the history of its records.
+#[derive(Debug)]
+pub struct EpochLog {
+    tracker: EpochTracker,
+    records: Vec<EpochRecord>,
+}
+
+impl EpochLog {
+    /// A log at the start of epoch 1, following `rule`.
+    pub fn new(rule: Boundary) -> Self {
+        EpochLog {
+            tracker: EpochTracker::new(rule),
+            records: Vec::new(),
+        }
+    }
+
+    /// The tracker.
+    pub fn tracker(&self) -> &EpochTracker {
+        &self.tracker
+    }
+
+    fn record(&mut self, epoch: u64, now: f64) -> &mut EpochRecord {
+        if self.records.last().map(|r| r.epoch) != Some(epoch) {
+            self.records.push(EpochRecord::new(epoch, now));
+            if self.records.len() > EPOCH_HISTORY {
+                self.records.remove(0);
+            }
+        }
+        self.records.last_mut().unwrap()
+    }
+
+    /// Records an open of `file` at `now` seconds since the mount, a hit or a miss of
+    /// `size` bytes; `total` is the dataset's file count if known. Returns the epoch the
+    /// access belongs to.
+    pub fn open(
+        &mut self,
+        file: FileId,
+        hit: bool,
+        size: u64,
+        total: Option<usize>,
+        now: f64,
+    ) -> u64 {
+        let before = self.tracker.epoch();
+        let step = self.tracker.access(file, total);
+        let epoch = match step {
+            Step::Restarted => {
+                if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == before) {
+                    r.complete = true;
+                }
+                self.tracker.epoch()
+            }
+            _ => before,
+        };
+        let r = self.record(epoch, now);
+        r.reads += 1;
+        if matches!(step, Step::First | Step::Completed | Step::Restarted) {
+            r.files += 1;
+        }
+        if hit {
+            r.hits += 1;
+            r.bytes_from_cache += size;
+        } else {
+            r.misses += 1;
+        }
+        r.hit_rate = r.hits as f64 / r.reads as f64;
+        r.seconds = now - r.start;
+        if step == Step::Completed {
+            r.complete = true;
+        }
+        epoch
+    }
+
+    /// Turns one hit of epoch `epoch` of a file of `size` bytes into a miss: the file was
+    /// wholly cached at open, but (LRU) part of it was evicted before it was read.
+    pub fn hit_became_miss(&mut self, epoch: u64, size: u64) {
+        if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == epoch) {
+            r.hits -= 1;
+            r.misses += 1;
+            r.bytes_from_cache -= size.min(r.bytes_from_cache);
+            r.hit_rate = r.hits as f64 / r.reads.max(1) as f64;
+        }
+    }
+
+    /// Adds bytes served to epoch `epoch` (if it is still in the history).
+    pub fn add_bytes(&mut self, epoch: u64, from_cache: u64, from_source: u64, now: f64) {
+        if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == epoch) {
+            r.bytes_from_cache += from_cache;
+            r.bytes_from_source += from_source;
+            if !r.complete {
+                r.seconds = now - r.start;
+            }
+        }
+    }
+
+    /// The history, oldest first.
+    pub fn records(&self) -> &[EpochRecord] {
+        &self.records
+    }
+}
+
+/// A mount's stats: counters, plus the dataset-wide epoch log.
+#[derive(Debug)]
+pub struct Stats {
+    started: Instant,
+    pub counters: Counters,
+    pub epochs: Mutex<EpochLog>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            started: Instant::now(),
+            counters: Counters::default(),
+            epochs: Mutex::new(EpochLog::new(Boundary::AllRead)),
+        }
+    }
+}
+
+impl Stats {
+    /// Seconds since the mount.
+    pub fn now(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// Everything a view shows, at one instant.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// One value per entry of [`Stat::ALL`], in that order.
+    pub values: Vec<(Stat, Value)>,
+    /// Mount facts that are not numbers: source, mount point, policy.
+    pub info: Vec<(&'static str, String)>,
+    /// The dataset-wide epochs.
+    pub epochs: Vec<EpochRecord>,
+}
+
+impl Snapshot {
+    /// The value of `stat`.
+    pub fn get(&self, stat: Stat) -> Option<Value> {
+        self.values
+            .iter()
+            .find(|(s, _)| *s == stat)
+            .map(|(_, v)| *v)
+    }
+
+    /// The `user.coorfs.stats` document.
+    pub fn to_json(&self) -> String {
+        let mut doc = serde_json::Map::new();
+        for (k, v) in &self.info {
+            doc.insert(k.to_string(), v.clone().into());
+        }
+        for (s, v) in &self.values {
+            doc.insert(s.name().to_string(), v.json());
+        }
+        doc.insert(
+            "epochs".into(),
+            serde_json::to_value(&self.epochs).unwrap_or_default(),
+        );
+        serde_json::Value::Object(doc).to_string()
+    }
+}
+
+/// The attribute name of `stat`.
+pub fn xattr_name(stat: Stat) -> String {
+    format!("{XATTR_PREFIX}{}", stat.name())
+}
+
+/// The stat an attribute name refers to, if any.
+pub fn stat_of_xattr(name: &str) -> Option<Stat> {
+    let suffix = name.strip_prefix(XATTR_PREFIX)?;
+    Stat::ALL.iter().copied().find(|s| s.name() == suffix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_round_trip_through_attributes() {
+        let mut names: Vec<_> = Stat::ALL.iter().map(|s| s.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Stat::ALL.len());
+        for s in Stat::ALL {
+            assert_eq!(stat_of_xattr(&xattr_name(*s)), Some(*s));
+            assert!(!s.help().is_empty());
+        }
+        assert_eq!(stat_of_xattr("user.coorfs.nope"), None);
+        assert_eq!(stat_of_xattr("user.other.hits"), None);
+    }
+
+    #[test]
+    fn epoch_log_splits_accesses_into_epochs() {
+        let mut log = EpochLog::new(Boundary::AllRead);
+        // Epoch 1: files 0..3, all misses; epoch 2: file 0 hits, 1 misses, 2 hits.
+        for f in 0..3 {
+            assert_eq!(log.open(f, false, 10, Some(3), f as f64), 1);
+        }
+        log.add_bytes(1, 0, 30, 3.0);
+        assert_eq!(log.open(0, true, 10, Some(3), 4.0), 2);
+        assert_eq!(log.open(1, false, 10, Some(3), 5.0), 2);
+        log.add_bytes(2, 0, 10, 5.5);
+        assert_eq!(log.open(2, true, 10, Some(3), 6.0), 2);
+        let r = log.records();
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (
+                r[0].files,
+                r[0].hits,
+                r[0].misses,
+                r[0].bytes_from_source,
+                r[0].complete
+            ),
+            (3, 0, 3, 30, true)
+        );
+        assert_eq!(
+            (
+                r[1].files,
+                r[1].hits,
+                r[1].misses,
+                r[1].bytes_from_cache,
+                r[1].bytes_from_source
+            ),
+            (3, 2, 1, 20, 10)
+        );
+        assert!((r[1].hit_rate - 2.0 / 3.0).abs() < 1e-9);
+        assert_eq!(r[1].seconds, 2.0);
+    }
+
+    #[test]
+    fn snapshot_json_holds_every_stat() {
+        let snap = Snapshot {
+            values: Stat::ALL.iter().map(|s| (*s, Value::Count(7))).collect(),
+            info: vec![("policy", "minio".into())],
+            epochs: vec![EpochRecord::new(1, 0.0)],
+        };
+        let doc: serde_json::Value = serde_json::from_str(&snap.to_json()).unwrap();
+        for s in Stat::ALL {
+            assert_eq!(doc[s.name()], 7, "{}", s.name());
+        }
+        assert_eq!(doc["policy"], "minio");
+        assert_eq!(doc["epochs"][0]["epoch"], 1);
+        assert_eq!(Value::Ratio(0.123456).text(), "0.1235");
+    }
+}

@@ -1,0 +1,144 @@
+//! `coorfs stats`: reads the `user.coorfs.stats` document of a mount and prints it for
+//! people: every stat by its own name (the same name as its attribute and JSON key), then
+//! the epochs as a table.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+
+use crate::stats::{STATS_XATTR, Stat, Unit};
+use crate::units::format_size;
+
+/// Why the stats could not be shown.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    #[error("{0} is not a coorfs mount")]
+    NotMounted(PathBuf),
+    #[error("{0}: {1}")]
+    Read(PathBuf, io::Error),
+    #[error("{0}: the daemon's statistics are not valid JSON: {1}")]
+    Garbled(PathBuf, serde_json::Error),
+}
+
+/// The stats document of the mount at `mnt`.
+pub fn fetch(mnt: &Path) -> Result<Json, StatsError> {
+    let abs = std::path::absolute(mnt).unwrap_or_else(|_| mnt.to_path_buf());
+    if !crate::mountinfo::is_coorfs_mount(&abs) {
+        return Err(StatsError::NotMounted(abs));
+    }
+    let raw = xattr::get(&abs, STATS_XATTR)
+        .map_err(|e| StatsError::Read(abs.clone(), e))?
+        .ok_or_else(|| StatsError::NotMounted(abs.clone()))?;
+    serde_json::from_slice(&raw).map_err(|e| StatsError::Garbled(abs, e))
+}
+
+fn number(doc: &Json, key: &str) -> f64 {
+    doc.get(key).and_then(Json::as_f64).unwrap_or(0.0)
+}
+
+fn show(unit: Unit, v: f64) -> String {
+    match unit {
+        Unit::Count => format!("{}", v as u64),
+        Unit::Bytes => format!("{} ({})", v as u64, format_size(v as u64)),
+        Unit::Ratio => format!("{v:.4} ({:.1}%)", v * 100.0),
+        Unit::Seconds => format!("{}s", v as u64),
+    }
+}
+
+/// The epochs of `records` (a JSON array of epoch records) as a table.
+pub fn epoch_table(records: &[Json], out: &mut String) {
+    let _ = writeln!(
+        out,
+        "{:>6} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9}  state",
+        "epoch", "files", "reads", "hit rate", "from cache", "from source", "seconds"
+    );
+    for r in records {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>9} {:>9} {:>8.1}% {:>12} {:>12} {:>9.2}  {}",
+            number(r, "epoch") as u64,
+            number(r, "files") as u64,
+            number(r, "reads") as u64,
+            number(r, "hit_rate") * 100.0,
+            format_size(number(r, "bytes_from_cache") as u64),
+            format_size(number(r, "bytes_from_source") as u64),
+            number(r, "seconds"),
+            if r.get("complete").and_then(Json::as_bool) == Some(true) {
+                "complete"
+            } else {
+                "running"
+            },
+        );
+    }
+}
+
+/// The readable form of a stats document.
+pub fn render(doc: &Json) -> String {
+    let mut out = String::new();
+    let text = |k: &str| doc.get(k).and_then(Json::as_str).unwrap_or("?").to_string();
+    let _ = writeln!(
+        out,
+        "coorfs {}  (source {}, policy {})",
+        text("mountpoint"),
+        text("source"),
+        text("policy")
+    );
+    let width = Stat::ALL.iter().map(|s| s.name().len()).max().unwrap_or(0);
+    for stat in Stat::ALL {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {}",
+            stat.name(),
+            show(stat.unit(), number(doc, stat.name()))
+        );
+    }
+    let records = doc
+        .get("epochs")
+        .and_then(Json::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if !records.is_empty() {
+        out.push_str("\ndataset epochs (an epoch ends when every file has been read once more)\n");
+        epoch_table(&records, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_stat_by_name() {
+        let doc: Json = serde_json::json!({
+            "mountpoint": "/mnt", "source": "/data", "policy": "minio",
+            "hits": 3, "hit_rate": 0.75, "cached_bytes": 2048,
+            "epochs": [{"epoch": 1, "files": 4, "reads": 4, "hit_rate": 0.5, "bytes_from_cache": 1024,
+                        "bytes_from_source": 1024, "seconds": 1.5, "complete": true}]
+        });
+        let text = render(&doc);
+        assert!(
+            text.starts_with("coorfs /mnt  (source /data, policy minio)\n"),
+            "{text}"
+        );
+        for stat in Stat::ALL {
+            assert!(text.contains(stat.name()), "{}", stat.name());
+        }
+        assert!(
+            text.contains("hit_rate            0.7500 (75.0%)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cached_bytes        2048 (2.0 KiB)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "     1         4         4     50.0%      1.0 KiB      1.0 KiB      1.50  complete"
+            ),
+            "{text}"
+        );
+    }
+}

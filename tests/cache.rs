@@ -1,0 +1,329 @@
+//! The cache through a real mount: MinIO keeps the cached fraction as every later epoch's hit
+//! rate, LRU does worse, the counters add up to what happened, and bytes are always right.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde_json::Value;
+
+const FILES: usize = 2000;
+const SIZE: usize = 20 * 1024;
+
+fn stats(mnt: &Path) -> Value {
+    let raw = xattr::get(mnt, "user.coorfs.stats").unwrap().unwrap();
+    serde_json::from_slice(&raw).unwrap()
+}
+
+fn num(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+fn wait_for_scan(mnt: &Path) {
+    assert!(wait_for(Duration::from_secs(30), || num(
+        &stats(mnt),
+        "scan_complete"
+    ) == 1));
+}
+
+/// Reads every file once, whole, in a random order fixed by `seed`, with two threads, and
+/// checks every byte against what `make_dataset` wrote.
+fn read_epoch(mnt: &Path, rels: &[PathBuf], size: usize, seed: u64) {
+    let mut order: Vec<(usize, PathBuf)> = rels.iter().cloned().enumerate().collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    std::thread::scope(|s| {
+        for part in order.chunks(order.len().div_ceil(2)) {
+            s.spawn(move || {
+                for (_, rel) in part {
+                    let got = std::fs::read(mnt.join(rel)).unwrap();
+                    let i: usize = rel.file_stem().unwrap().to_str().unwrap()[1..]
+                        .parse()
+                        .unwrap();
+                    assert!(got == bytes(i as u64, size), "{} differs", rel.display());
+                }
+            });
+        }
+    });
+}
+
+/// Runs four epochs under `policy` with a cache of half the dataset; returns the final stats.
+fn four_epochs(policy: &str) -> (Value, Vec<u64>) {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, FILES, SIZE, 20);
+    // 20 KiB is a multiple of the arena's 64-byte alignment, so exactly half the files fit.
+    let capacity = (FILES / 2 * SIZE).to_string();
+    let m = Mount::new(&src, &["--policy", policy, "--cache-size", &capacity]);
+    wait_for_scan(&m.mnt);
+    for epoch in 0..4 {
+        read_epoch(&m.mnt, &rels, SIZE, epoch);
+        let s = stats(&m.mnt);
+        assert!(
+            num(&s, "cached_bytes") <= FILES as u64 / 2 * SIZE as u64,
+            "{s}"
+        );
+        assert!(num(&s, "cache_used") <= num(&s, "cache_capacity"), "{s}");
+    }
+    let cached_per_file: Vec<u64> = rels
+        .iter()
+        .map(|r| {
+            let v = xattr::get(m.path(r), "user.coorfs.cached")
+                .unwrap()
+                .unwrap();
+            String::from_utf8(v).unwrap().parse().unwrap()
+        })
+        .collect();
+    let s = stats(&m.mnt);
+    m.unmount();
+    (s, cached_per_file)
+}
+
+#[test]
+fn minio_hit_rate_equals_the_cached_fraction_in_every_later_epoch() {
+    let (s, cached_per_file) = four_epochs("minio");
+    let cached_files = num(&s, "cached_files");
+    assert_eq!(cached_files, FILES as u64 / 2, "{s}");
+    assert_eq!(
+        cached_per_file
+            .iter()
+            .filter(|&&c| c == SIZE as u64)
+            .count() as u64,
+        cached_files
+    );
+    assert!(cached_per_file.iter().all(|&c| c == 0 || c == SIZE as u64));
+    let fraction = cached_files as f64 / FILES as f64;
+
+    assert_eq!(num(&s, "reads"), 4 * FILES as u64);
+    assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"));
+    // Every read of an uncached file offers it to the cache, which refuses it.
+    assert_eq!(num(&s, "admissions_refused"), 4 * (FILES as u64 / 2));
+    assert_eq!(num(&s, "evictions"), 0);
+    assert_eq!(num(&s, "source_errors"), 0);
+
+    let epochs = s["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 4, "{s}");
+    let dataset = (FILES * SIZE) as u64;
+    let uncached = (FILES as u64 - cached_files) * SIZE as u64;
+    for (i, e) in epochs.iter().enumerate() {
+        assert_eq!(num(e, "epoch"), i as u64 + 1);
+        assert_eq!(num(e, "files"), FILES as u64);
+        assert_eq!(num(e, "hits") + num(e, "misses"), num(e, "reads"));
+        assert_eq!(e["complete"], true);
+        let hit_rate = e["hit_rate"].as_f64().unwrap();
+        if i == 0 {
+            assert_eq!(hit_rate, 0.0);
+            assert_eq!(num(e, "bytes_from_source"), dataset);
+        } else {
+            assert!(
+                (hit_rate - fraction).abs() <= 0.01,
+                "epoch {}: {hit_rate} vs {fraction}",
+                i + 1
+            );
+            assert_eq!(num(e, "bytes_from_source"), uncached, "epoch {}", i + 1);
+            assert_eq!(
+                num(e, "bytes_from_cache"),
+                dataset - uncached,
+                "epoch {}",
+                i + 1
+            );
+        }
+    }
+    assert_eq!(num(&s, "bytes_from_source"), dataset + 3 * uncached);
+}
+
+#[test]
+fn lru_hits_less_than_minio_within_the_same_budget() {
+    let (s, _) = four_epochs("lru");
+    assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"));
+    assert!(num(&s, "evictions") > 0, "{s}");
+    let epochs = s["epochs"].as_array().unwrap();
+    for e in &epochs[1..] {
+        let hit_rate = e["hit_rate"].as_f64().unwrap();
+        assert!(
+            hit_rate < 0.4,
+            "LRU epoch {} hit rate {hit_rate}",
+            num(e, "epoch")
+        );
+        // Every miss is read from the source, whole.
+        assert_eq!(num(e, "bytes_from_source"), num(e, "misses") * SIZE as u64);
+    }
+}
+
+#[test]
+fn policy_none_caches_nothing_and_counts_every_open_a_miss() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 200, SIZE, 4);
+    let m = Mount::new(&src, &["--policy", "none"]);
+    wait_for_scan(&m.mnt);
+    read_epoch(&m.mnt, &rels, SIZE, 1);
+    let s = stats(&m.mnt);
+    assert_eq!(
+        (num(&s, "hits"), num(&s, "misses"), num(&s, "cached_bytes")),
+        (0, 200, 0)
+    );
+    assert_eq!(s["policy"], "none");
+    m.unmount();
+}
+
+#[test]
+fn large_files_are_cached_in_blocks_and_read_right_at_any_offset() {
+    use std::os::unix::fs::FileExt;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let data = bytes(9, (5 << 20) + 12345);
+    std::fs::write(src.join("shard.tfrecord"), &data).unwrap();
+    // Room for three 1 MiB blocks.
+    let m = Mount::new(&src, &["--cache-size", "3M", "--block-size", "1M"]);
+    let f = std::fs::File::open(m.path("shard.tfrecord")).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for _ in 0..300 {
+        use rand::Rng;
+        let offset = rng.random_range(0..data.len() as u64 + 100);
+        let len = rng.random_range(1..(3 << 20));
+        let mut buf = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            let n = f.read_at(&mut buf[got..], offset + got as u64).unwrap();
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let start = (offset as usize).min(data.len());
+        let end = (offset as usize + len).min(data.len());
+        assert!(buf[..got] == data[start..end], "at {offset}+{len}");
+    }
+    drop(f);
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "cached_blocks"), 3, "{s}");
+    assert_eq!(num(&s, "cached_bytes"), 3 << 20);
+    assert_eq!(num(&s, "cached_files"), 0);
+    let cached = xattr::get(m.path("shard.tfrecord"), "user.coorfs.cached")
+        .unwrap()
+        .unwrap();
+    assert_eq!(cached, (3u64 << 20).to_string().into_bytes());
+    m.unmount();
+}
+
+#[test]
+fn a_modified_source_file_is_served_with_its_new_content() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a"), b"first version").unwrap();
+    std::fs::write(src.join("b"), b"unchanged").unwrap();
+    let m = Mount::new(&src, &[]);
+    assert_eq!(std::fs::read(m.path("a")).unwrap(), b"first version");
+    assert_eq!(std::fs::read(m.path("b")).unwrap(), b"unchanged");
+    assert_eq!(std::fs::read(m.path("a")).unwrap(), b"first version");
+    let before = stats(&m.mnt);
+    assert_eq!(num(&before, "hits"), 1, "{before}");
+
+    // Same size, new bytes and mtime; then longer.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(src.join("a"), b"second versio").unwrap();
+    assert_eq!(std::fs::read(m.path("a")).unwrap(), b"second versio");
+    std::fs::write(src.join("a"), b"a third, longer version").unwrap();
+    assert_eq!(
+        std::fs::read(m.path("a")).unwrap(),
+        b"a third, longer version"
+    );
+    assert_eq!(std::fs::metadata(m.path("a")).unwrap().len(), 23);
+    // Shorter than the first.
+    std::fs::write(src.join("a"), b"4th").unwrap();
+    assert_eq!(std::fs::read(m.path("a")).unwrap(), b"4th");
+    assert_eq!(std::fs::read(m.path("b")).unwrap(), b"unchanged");
+    m.unmount();
+}
+
+#[test]
+fn attributes_follow_the_xattr_protocol_and_agree_with_coorfs_stats() {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 50, 1000, 2);
+    let m = Mount::new(&src, &[]);
+    wait_for_scan(&m.mnt);
+    read_epoch(&m.mnt, &rels, 1000, 3);
+    let root = CString::new(m.mnt.as_os_str().as_bytes()).unwrap();
+    let get = |name: &str, size: usize| -> Result<Vec<u8>, i32> {
+        let name = CString::new(name).unwrap();
+        let mut buf = vec![0u8; size];
+        // SAFETY: valid C strings and a buffer of `size` bytes.
+        let n =
+            unsafe { libc::getxattr(root.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), size) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+        }
+        buf.truncate(if size == 0 { 0 } else { n as usize });
+        Ok(if size == 0 {
+            n.to_string().into_bytes()
+        } else {
+            buf
+        })
+    };
+    // A size-0 probe answers the length; a short buffer gets ERANGE; unknown names ENODATA.
+    assert_eq!(get("user.coorfs.reads", 0).unwrap(), b"2");
+    assert_eq!(get("user.coorfs.reads", 100).unwrap(), b"50");
+    assert_eq!(get("user.coorfs.reads", 1), Err(libc::ERANGE));
+    assert_eq!(get("user.coorfs.nonsense", 100), Err(libc::ENODATA));
+    assert_eq!(get("user.other", 100), Err(libc::ENODATA));
+
+    let names: Vec<String> = xattr::list(&m.mnt)
+        .unwrap()
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    for stat in coorfs::stats::Stat::ALL {
+        assert!(
+            names.contains(&coorfs::stats::xattr_name(*stat)),
+            "{names:?}"
+        );
+    }
+    assert!(names.contains(&"user.coorfs.stats".to_string()));
+    let file_names: Vec<_> = xattr::list(m.path(&rels[0])).unwrap().collect();
+    assert_eq!(
+        file_names,
+        vec![std::ffi::OsString::from("user.coorfs.cached")]
+    );
+
+    // getfattr, coorfs stats and coorfs stats --json all say the same.
+    let dump = std::process::Command::new("getfattr")
+        .args(["-d", "-m", "-"])
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains("user.coorfs.hits=\"0\""), "{dump}");
+    assert!(dump.contains("user.coorfs.misses=\"50\""), "{dump}");
+    let table = coorfs([std::ffi::OsStr::new("stats"), m.mnt.as_os_str()]);
+    assert!(table.status.success());
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("  misses              50\n"), "{table}");
+    assert!(table.contains("  cached_files        50\n"), "{table}");
+    let json = coorfs([
+        std::ffi::OsStr::new("stats"),
+        std::ffi::OsStr::new("--json"),
+        m.mnt.as_os_str(),
+    ]);
+    let doc: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(doc["misses"], 50);
+    assert_eq!(doc["cached_files"], 50);
+    assert_eq!(doc["epochs"][0]["complete"], true);
+
+    let not_mounted = coorfs([std::ffi::OsStr::new("stats"), src.as_os_str()]);
+    assert_eq!(not_mounted.status.code(), Some(2));
+    assert_eq!(
+        stderr(&not_mounted),
+        format!("coorfs: {} is not a coorfs mount", src.display())
+    );
+    m.unmount();
+}
