@@ -1,0 +1,60 @@
+"""What the input-pipeline scripts (train-input.py, train-input-tf.py) share: their command
+line, the order-independent epoch checksum, and the per-epoch report.
+
+The checksum of an epoch is the sum, modulo 2**64, of a 64-bit hash of every sample read:
+hash(path relative to the dataset root, NUL, the file's bytes). A sum does not depend on the
+order, so the same dataset read through a mount and from its source gives the same checksum
+although each epoch is shuffled, and any changed byte, missing, extra or repeated sample
+changes it. Each framework hashes where it reads (PyTorch in its worker processes, tf.data
+in its graph); only the fold and the report are here.
+"""
+import argparse
+import json
+import sys
+
+MASK = (1 << 64) - 1
+
+
+def arguments(description, workers_help):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", help="the dataset root: one folder per class, JPEG files in them")
+    p.add_argument("--mode", choices=["bytes", "decode"], default="bytes",
+                   help="bytes: read and hash only (fetch-bound); decode: also decode, crop, "
+                        "resize to 224x224 (prep-bound) [bytes]")
+    p.add_argument("--epochs", type=int, default=3, help="epochs [3]")
+    p.add_argument("--workers", type=int, default=2, help=workers_help)
+    p.add_argument("--batch-size", type=int, default=64, help="samples per batch [64]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffles [0]")
+    p.add_argument("--json", action="store_true", help="print one JSON object per epoch")
+    a = p.parse_args()
+    if a.epochs < 1 or a.batch_size < 1 or a.workers < 0:
+        p.error("--epochs and --batch-size must be positive, --workers not negative")
+    return a
+
+
+def fold(checksum, hashes):
+    """Adds 64-bit hashes (signed or unsigned ints) to a running checksum, modulo 2**64."""
+    return (checksum + sum(int(h) & MASK for h in hashes)) & MASK
+
+
+def report(args, framework, epoch, samples, nbytes, seconds, checksum):
+    """Prints one epoch's line (or JSON object) and flushes, so a caller sees it at once."""
+    seconds = max(seconds, 1e-9)
+    row = {
+        "framework": framework,
+        "mode": args.mode,
+        "epoch": epoch,
+        "samples": samples,
+        "bytes": nbytes,
+        "seconds": round(seconds, 4),
+        "samples_per_s": round(samples / seconds, 1),
+        "bytes_per_s": round(nbytes / seconds),
+        "checksum": f"{checksum:016x}",
+    }
+    if args.json:
+        print(json.dumps(row))
+    else:
+        print(f"{framework} {args.mode} epoch {epoch}: {samples} samples, {nbytes / 2**20:.1f} MiB "
+              f"in {seconds:.2f} s: {row['samples_per_s']:.0f} samples/s, "
+              f"{nbytes / seconds / 2**20:.1f} MiB/s, checksum {row['checksum']}")
+    sys.stdout.flush()
