@@ -32,9 +32,9 @@ QUALITY = 90  # a common quality for photo datasets; ImageNet's JPEGs are mostly
 # Encoded bytes per pixel at QUALITY ~ BPP_BASE + BPP_NOISE * noise weight, fitted on this
 # generator's images (the smooth fields cost BPP_BASE, the noise the rest); the first guess
 # of the dimensions uses it, and one rescale corrects what it misses.
-BPP_BASE, BPP_NOISE = 0.17, 1.27
+BPP_BASE, BPP_NOISE = 0.176, 1.32
 SPREAD = 0.3  # sigma of the log-normal size spread: most files within 0.55x-1.8x of --size
-TOLERANCE = 0.08  # an image this close to its drawn size is kept, else rescaled once
+TOLERANCE = 0.05  # an image this close to its drawn size is kept, else rescaled once
 
 
 def size(text):
