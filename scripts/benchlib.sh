@@ -72,3 +72,9 @@ wait_scan() {
     echo "scan of $1 did not complete" >&2
     return 1
 }
+
+# file_bytes DIR: the total size of the regular files below DIR (what a reader reads in one
+# epoch; du counts directories too, and awk loses precision past 2^31 with mawk).
+file_bytes() {
+    find "$1" -type f -printf '%s\n' | python3 -c 'import sys; print(sum(int(l) for l in sys.stdin))'
+}

@@ -30,7 +30,7 @@ py=$PWD/.venv/bin/python
 cargo build --release --quiet
 coorfs=$PWD/target/release/coorfs
 "$py" scripts/make-imagefolder.py --files "$FILES" --classes "$CLASSES" "$DATA"
-dataset_bytes=$(find "$DATA" -type f -printf '%s\n' | awk '{ n += $1 } END { print n }')
+dataset_bytes=$(file_bytes "$DATA")
 
 work=$(mktemp -d /tmp/coorfs-check-frameworks.XXXXXX)
 mnt="$work/mnt"
