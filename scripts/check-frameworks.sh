@@ -43,7 +43,7 @@ trap cleanup EXIT
 
 # check FRAMEWORK MODE CACHE_BYTES: one pipeline through a fresh mount and on the source.
 check() {
-    local framework=$1 mode=$2 cache=$3 script=scripts/train-input.py reference=(--reference blake2b)
+    local framework=$1 mode=$2 cache=$3 script=scripts/train-input.py reference=(--reference)
     if [ "$framework" = tensorflow ]; then script=scripts/train-input-tf.py reference=(); fi
     local run=("$py" "$script" --mode "$mode" --epochs "$EPOCHS" --workers "$WORKERS" --json)
     $coorfs mount --cache-size "$cache" "$DATA" "$mnt"

@@ -7,7 +7,7 @@ fast it delivers samples and a checksum of everything it read.
 
 The one hook is ImageFolder's documented `loader` argument, which the DataLoader's worker
 processes call once per sample: it reads the file's bytes, hashes them with the path
-relative to DIR (blake2b, 8 bytes), and in --mode decode opens the image from those bytes
+relative to DIR (trainlib.sample_hash), and in --mode decode opens the image from those bytes
 the way torchvision's default loader does (PIL, converted to RGB), for the standard
 transforms. --mode bytes stops after the hash: no decode and no transforms, so the epoch
 measures how fast the files arrive. The hash and the size travel with the sample through
@@ -21,7 +21,6 @@ file open during an epoch is a sample. Run it with .venv/bin/python (scripts/set
     .venv/bin/python scripts/train-input.py --mode decode --json /mnt/train
 """
 import functools
-import hashlib
 import io
 import os
 import time
@@ -33,20 +32,18 @@ from torchvision import datasets, transforms
 import trainlib
 
 
-def signed64(digest):
-    """An 8-byte digest as a signed 64-bit int, which the default collate can put in a tensor."""
-    return int.from_bytes(digest, "little", signed=True)
+def signed64(value):
+    """A 64-bit unsigned int as a signed one, which the default collate can put in a tensor."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def hashing_loader(root, decode, path):
     """ImageFolder's loader: (hash, size, image or None) of the file at `path`."""
     with open(path, "rb") as f:
         data = f.read()
-    h = hashlib.blake2b(os.path.relpath(path, root).encode(), digest_size=8)
-    h.update(b"\0")
-    h.update(data)
+    digest = trainlib.sample_hash(os.path.relpath(path, root), data)
     image = Image.open(io.BytesIO(data)).convert("RGB") if decode else None
-    return signed64(h.digest()), len(data), image
+    return signed64(digest), len(data), image
 
 
 def hash_and_size(sample):
