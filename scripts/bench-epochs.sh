@@ -32,30 +32,12 @@ python3 scripts/make-dataset.py --files 20000 --size 110K --classes 100 "$DATA" 
 dev=$(device_of "$DATA")
 dataset_bytes=$(du -sb --apparent-size "$DATA" | cut -f1)
 
-work=$(mktemp -d /tmp/coorfs-bench-epochs.XXXXXX)
-mnt="$work/mnt"
-mkdir "$mnt"
-cg="coorfs-bench-$$"
-cleanup() {
-    if grep -qs " $mnt fuse.coorfs " /proc/mounts; then $coorfs umount "$mnt" || umount -l "$mnt"; fi
-    cg_destroy "$cg"
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_start bench-epochs
 samples="$work/samples.txt"
 
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
-        drop_pages "$DATA"
-        if [ "$sys" = native ]; then
-            cg_create "$cg" "$BUDGET" "$BPS" "$dev"
-            dir="$DATA"
-        else
-            cg_create "$cg" $((BUDGET + OVERHEAD)) "$BPS" "$dev"
-            cg_run "$cg" "$coorfs" mount --policy "$sys" --cache-size "$BUDGET" "$DATA" "$mnt"
-            wait_scan "$mnt"
-            dir="$mnt"
-        fi
+        bench_side "$sys" 0
         for epoch in $(seq 1 "$EPOCHS"); do
             before=$(cg_read_bytes "$cg" "$dev")
             secs=$(cg_run "$cg" "$coorfs" read --json --procs 2 --seed $((rep * 100 + epoch)) "$dir" |

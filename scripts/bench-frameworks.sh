@@ -48,16 +48,7 @@ coorfs=$PWD/target/release/coorfs
 dev=$(device_of "$DATA")
 dataset_bytes=$(file_bytes "$DATA")
 
-work=$(mktemp -d /tmp/coorfs-bench-frameworks.XXXXXX)
-mnt="$work/mnt"
-mkdir "$mnt"
-cg="coorfs-bench-fw-$$"
-cleanup() {
-    if grep -qs " $mnt fuse.coorfs " /proc/mounts; then $coorfs umount "$mnt" || umount -l "$mnt"; fi
-    cg_destroy "$cg"
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_start bench-frameworks
 samples="$work/samples.txt"
 
 # rss_peak NAME: the peak anonymous memory of the cgroup's processes in MiB: what the pipeline
@@ -76,16 +67,7 @@ rss_peak() {
 
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
-        drop_pages "$DATA"
-        if [ "$sys" = native ]; then
-            cg_create "$cg" $((BUDGET + READER)) "$BPS" "$dev"
-            dir="$DATA"
-        else
-            cg_create "$cg" $((BUDGET + OVERHEAD + READER)) "$BPS" "$dev"
-            cg_run "$cg" "$coorfs" mount --policy "$sys" --cache-size "$BUDGET" "$DATA" "$mnt"
-            wait_scan "$mnt"
-            dir="$mnt"
-        fi
+        bench_side "$sys" "$READER"
         # Each epoch's JSON report, followed by the storage bytes read since the previous one.
         rss_peak "$cg" > "$work/rss" &
         before=$(cg_read_bytes "$cg" "$dev")

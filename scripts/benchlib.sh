@@ -78,3 +78,38 @@ wait_scan() {
 file_bytes() {
     find "$1" -type f -printf '%s\n' | python3 -c 'import sys; print(sum(int(l) for l in sys.stdin))'
 }
+
+# bench_start NAME: a work directory with an empty mount point and the name of a cgroup pair
+# for the runs (sets work, mnt and cg), removed on exit with whatever is still mounted there.
+# Needs $coorfs.
+bench_start() {
+    work=$(mktemp -d "/tmp/coorfs-$1.XXXXXX")
+    mnt="$work/mnt"
+    mkdir "$mnt"
+    cg="coorfs-$1-$$"
+    trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+    if grep -qs " $mnt fuse.coorfs " /proc/mounts; then "$coorfs" umount "$mnt" || umount -l "$mnt"; fi
+    cg_destroy "$cg"
+    rm -rf "$work"
+}
+
+# bench_side SYSTEM EXTRA_BYTES: prepares one run of the memory-budget benchmarks with DATA's
+# pages dropped, and sets dir to what the reader reads. native: the cgroup pair gets BUDGET +
+# EXTRA_BYTES of memory and dir is DATA; minio, lru or none: a mount of DATA with --cache-size
+# BUDGET whose daemon runs in the pair, which gets BUDGET + OVERHEAD + EXTRA_BYTES, and dir is
+# the mount. Storage reads are throttled to BPS on device dev either way.
+bench_side() {
+    drop_pages "$DATA"
+    if [ "$1" = native ]; then
+        cg_create "$cg" $((BUDGET + $2)) "$BPS" "$dev"
+        dir="$DATA"
+    else
+        cg_create "$cg" $((BUDGET + OVERHEAD + $2)) "$BPS" "$dev"
+        cg_run "$cg" "$coorfs" mount --policy "$1" --cache-size "$BUDGET" "$DATA" "$mnt"
+        wait_scan "$mnt"
+        dir="$mnt"
+    fi
+}

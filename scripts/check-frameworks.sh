@@ -32,14 +32,7 @@ coorfs=$PWD/target/release/coorfs
 "$py" scripts/make-imagefolder.py --files "$FILES" --classes "$CLASSES" "$DATA"
 dataset_bytes=$(file_bytes "$DATA")
 
-work=$(mktemp -d /tmp/coorfs-check-frameworks.XXXXXX)
-mnt="$work/mnt"
-mkdir "$mnt"
-cleanup() {
-    if grep -qs " $mnt fuse.coorfs " /proc/mounts; then $coorfs umount "$mnt" || umount -l "$mnt"; fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_start check-frameworks
 
 # check FRAMEWORK MODE CACHE_BYTES: one pipeline through a fresh mount and on the source.
 check() {
