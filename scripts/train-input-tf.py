@@ -22,7 +22,6 @@ opening a file, so every file open during an epoch is a sample. Run it with
     .venv/bin/python scripts/train-input-tf.py --mode decode --workers 0 --json /mnt/train
 """
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
 import tensorflow as tf  # noqa: E402
@@ -62,15 +61,7 @@ def main():
     dataset = (files.map(sample_fn(root, args.mode == "decode"), num_parallel_calls=parallel)
                .batch(args.batch_size)
                .prefetch(tf.data.AUTOTUNE))
-    for epoch in range(1, args.epochs + 1):
-        start = time.perf_counter()
-        samples = nbytes = checksum = 0
-        for batch in dataset:
-            digests, sizes = batch[0].numpy(), batch[1].numpy()
-            samples += len(digests)
-            nbytes += int(sizes.sum())
-            checksum = trainlib.fold(checksum, digests.tolist())
-        trainlib.report(args, "tensorflow", epoch, samples, nbytes, time.perf_counter() - start, checksum)
+    trainlib.run_epochs(args, "tensorflow", lambda: ((batch[0].numpy(), batch[1].numpy()) for batch in dataset))
 
 
 if __name__ == "__main__":

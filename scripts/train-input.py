@@ -23,7 +23,6 @@ file open during an epoch is a sample. Run it with .venv/bin/python (scripts/set
 import functools
 import io
 import os
-import time
 
 import torch
 from PIL import Image
@@ -74,15 +73,7 @@ def main():
     dataset = datasets.ImageFolder(root, loader=functools.partial(hashing_loader, root, decode), transform=transform)
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
                                          num_workers=args.workers)
-    for epoch in range(1, args.epochs + 1):
-        start = time.perf_counter()
-        samples = nbytes = checksum = 0
-        for sample, _target in loader:
-            digests, sizes = sample[0], sample[1]
-            samples += len(digests)
-            nbytes += int(sizes.sum())
-            checksum = trainlib.fold(checksum, digests.tolist())
-        trainlib.report(args, "pytorch", epoch, samples, nbytes, time.perf_counter() - start, checksum)
+    trainlib.run_epochs(args, "pytorch", lambda: ((sample[0], sample[1]) for sample, _target in loader))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 
 MASK = (1 << 64) - 1
 
@@ -50,6 +51,20 @@ def sample_hash(relative_path, data):
 def fold(checksum, hashes):
     """Adds 64-bit hashes (signed or unsigned ints) to a running checksum, modulo 2**64."""
     return (checksum + sum(int(h) & MASK for h in hashes)) & MASK
+
+
+def run_epochs(args, framework, batches):
+    """Runs and reports args.epochs epochs. `batches()` starts a fresh pass of the pipeline,
+    yielding per batch the samples' hashes and sizes (arrays or tensors); an epoch's time runs
+    from that start (for PyTorch, the forking of the workers) to its last batch."""
+    for epoch in range(1, args.epochs + 1):
+        start = time.perf_counter()
+        samples = nbytes = checksum = 0
+        for digests, sizes in batches():
+            samples += len(digests)
+            nbytes += int(sizes.sum())
+            checksum = fold(checksum, digests.tolist())
+        report(args, framework, epoch, samples, nbytes, time.perf_counter() - start, checksum)
 
 
 def report(args, framework, epoch, samples, nbytes, seconds, checksum):
