@@ -27,7 +27,8 @@ import sys
 
 from PIL import Image
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+from units import size
+
 QUALITY = 90  # a common quality for photo datasets; ImageNet's JPEGs are mostly 75-95
 # Encoded bytes per pixel at QUALITY ~ BPP_BASE + BPP_NOISE * noise weight, fitted on this
 # generator's images (the smooth fields cost BPP_BASE, the noise the rest); the first guess
@@ -35,15 +36,6 @@ QUALITY = 90  # a common quality for photo datasets; ImageNet's JPEGs are mostly
 BPP_BASE, BPP_NOISE = 0.176, 1.32
 SPREAD = 0.3  # sigma of the log-normal size spread: most files within 0.55x-1.8x of --size
 TOLERANCE = 0.05  # an image this close to its drawn size is kept, else rescaled once
-
-
-def size(text):
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1] if t and t[-1] in UNITS else ""
-    try:
-        return int(float(t[: len(t) - len(unit)]) * UNITS[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'"{text}": expected a number with a K/M/G suffix')
 
 
 def rel_path(i, classes):
