@@ -112,6 +112,31 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
     pub block_size: u64,
 
+    /// Turn off prefetch: read only what jobs ask for.
+    #[arg(long, help_heading = "Prefetch")]
+    pub no_prefetch: bool,
+    /// The staging area for prefetched files the cache does not keep, on top of the cache
+    /// (K/M/G suffixes).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::units::parse_size, help_heading = "Prefetch")]
+    pub prefetch_memory: u64,
+    /// Prefetch reads in flight at once (a deep queue suits network storage).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024), help_heading = "Prefetch")]
+    pub prefetch_depth: u16,
+
+    /// What makes a job (one training run, with its own epochs): pgid = the process group
+    /// (a DataLoader's workers share their parent's; falls back to the session), sid = the
+    /// session, uid = the user, none = one job for all.
+    #[arg(long, value_enum, default_value_t = JobKeyArg::Pgid, help_heading = "Jobs")]
+    pub job_key: JobKeyArg,
+    /// Forget a job after this long without reading (e.g. 10m).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, help_heading = "Jobs")]
+    pub job_idle_timeout: Duration,
+
+    /// Add DURATION to every read of the source, to emulate network storage in benchmarks
+    /// (e.g. --policy none --read-delay 2ms makes a slow passthrough mount).
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_duration, help_heading = "Testing")]
+    pub read_delay: Duration,
+
     /// Append the daemon's log to FILE (without it, a background daemon logs nowhere).
     #[arg(long, value_name = "FILE", help_heading = "Logging")]
     pub log_file: Option<PathBuf>,
@@ -179,6 +204,19 @@ pub struct ReadArgs {
     /// Print one JSON object per epoch instead of a table row.
     #[arg(long)]
     pub json: bool,
+    /// Before each epoch, hand its order to the coorfs mount at DIR (DIR/.coorfs-order), so
+    /// that its prefetcher follows it exactly.
+    #[arg(long)]
+    pub hint: bool,
+}
+
+/// `--job-key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum JobKeyArg {
+    Pgid,
+    Sid,
+    Uid,
+    None,
 }
 
 /// `--policy`.
@@ -222,6 +260,7 @@ impl ReadArgs {
             seed: self.seed,
             sorted: self.sorted,
             buffer: self.buffer as usize,
+            hint: self.hint,
         }
     }
 }
@@ -245,6 +284,21 @@ impl MountArgs {
             Policy::None => PolicyKind::None,
         };
         config.cache.block_size = self.block_size;
+        config.prefetch = crate::prefetch::PrefetchConfig {
+            enabled: !self.no_prefetch,
+            memory: self.prefetch_memory,
+            depth: self.prefetch_depth as usize,
+        };
+        config.jobs = crate::jobs::JobConfig {
+            key: match self.job_key {
+                JobKeyArg::Pgid => crate::jobs::JobKeyKind::Pgid,
+                JobKeyArg::Sid => crate::jobs::JobKeyKind::Sid,
+                JobKeyArg::Uid => crate::jobs::JobKeyKind::Uid,
+                JobKeyArg::None => crate::jobs::JobKeyKind::None,
+            },
+            idle_timeout: self.job_idle_timeout,
+        };
+        config.read_delay = self.read_delay;
         let options = DaemonOptions {
             foreground: self.foreground,
             log_file: self.log_file,

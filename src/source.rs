@@ -251,7 +251,8 @@ pub fn meta_from_std(m: &std::fs::Metadata) -> SourceMeta {
     }
 }
 
-/// A source that fails or slows down reads on request, for tests.
+/// A source that fails or slows down reads on request: for tests, and for `--read-delay`
+/// (network-like latency in benchmarks).
 #[derive(Debug)]
 pub struct FaultySource<S> {
     inner: S,
