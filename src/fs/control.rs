@@ -10,7 +10,7 @@
 //! Python it is `open(path, "w").write("\n".join(paths))`, and a rejected hint raises
 //! `OSError` with its errno at `close()`:
 //! - `ENOENT`: a line names no file of the dataset (the message in the log names it);
-//! - `EINVAL`: a line holds a NUL byte or a `..`, names a directory, or nothing was written;
+//! - `EINVAL`: a line holds a NUL byte or a `..`, names a directory, or no line names a path;
 //! - `EFBIG`: the hint is larger than any order of this dataset could be (at the `write`).
 //!
 //! A rejected hint changes nothing: the job keeps its previous hint (or none), and reads are
@@ -38,8 +38,9 @@ const MAX_BYTES_PER_FILE: u64 = 128;
 pub(super) struct OrderWriter {
     buf: Vec<u8>,
     caller: Caller,
-    /// The length of `buf` when it was last applied (flush may come more than once).
-    applied: Option<usize>,
+    /// Written to since the last flush. Every close(2) of a descriptor of the open file
+    /// flushes (a forked child closing its inherited copy too); only new writes are applied.
+    dirty: bool,
     /// The hint grew past the limit: every later write and the close fail with EFBIG (the
     /// kernel may split one write(2) into several requests).
     too_large: bool,
@@ -143,7 +144,7 @@ impl DatasetFs {
             OrderWriter {
                 buf: Vec::new(),
                 caller,
-                applied: None,
+                dirty: false,
                 too_large: false,
             },
         );
@@ -189,6 +190,7 @@ impl DatasetFs {
             w.buf.resize(end, 0);
         }
         w.buf[start..end].copy_from_slice(data);
+        w.dirty = true;
         Ok(data.len() as u32)
     }
 
@@ -213,11 +215,11 @@ impl DatasetFs {
             if w.too_large {
                 return Err(FsError::TooLarge);
             }
-            if w.applied == Some(w.buf.len()) {
+            if !w.dirty {
                 return Ok(());
             }
-            w.applied = Some(w.buf.len());
-            (std::mem::take(&mut w.buf), w.caller)
+            w.dirty = false;
+            (w.buf.clone(), w.caller)
         };
         let result = self.resolve_order(&buf);
         let now = self.stats.now();
