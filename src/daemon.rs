@@ -551,7 +551,7 @@ pub fn daemon_pid(mountpoint: &Path) -> Option<u32> {
 }
 
 /// True while process `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
+pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the parenthesised command name.
         Ok(stat) => !matches!(

@@ -167,6 +167,14 @@ struct FileHandle {
     held: Mutex<Held>,
 }
 
+impl FileHandle {
+    /// Applies `change` to the records of the dataset epoch and the job epoch of this open.
+    fn update_epochs(&self, stats: &Stats, change: impl Fn(&mut EpochRecord)) {
+        stats.epochs.lock().update(self.epoch, &change);
+        self.job.lock().log.update(self.job_epoch, &change);
+    }
+}
+
 /// An open directory: a snapshot of its listing taken at `opendir`.
 #[derive(Debug)]
 struct DirHandle {
@@ -488,12 +496,6 @@ impl DatasetFs {
             changed,
             flush: false,
         })
-    }
-
-    /// Applies `change` to the records of the dataset epoch and the job epoch of an open.
-    fn update_epochs(&self, h: &FileHandle, change: impl Fn(&mut EpochRecord)) {
-        self.stats.epochs.lock().update(h.epoch, &change);
-        h.job.lock().log.update(h.job_epoch, &change);
     }
 
     /// Closes open file `fh`.

@@ -136,7 +136,7 @@ impl DatasetFs {
         if let Some(bytes) = self.cache.get(&key) {
             if !h.counted_at_open.load(Ordering::Relaxed) {
                 Counters::add(&self.stats.counters.bytes_from_cache, served);
-                self.update_epochs(h, |r| r.bytes_from_cache += served);
+                h.update_epochs(&self.stats, |r| r.bytes_from_cache += served);
             }
             return Some(Local::Cached(bytes));
         }
@@ -170,7 +170,7 @@ impl DatasetFs {
             c.bytes_from_cache
                 .fetch_sub(h.version.size, Ordering::Relaxed);
             let size = h.version.size;
-            self.update_epochs(h, |r| r.hit_became_miss(size));
+            h.update_epochs(&self.stats, |r| r.hit_became_miss(size));
         }
         let key = BlockKey {
             version: h.version,
@@ -179,15 +179,7 @@ impl DatasetFs {
         let stats = self.stats.clone();
         let accounted = h.clone();
         let account: Account = Box::new(move |n| {
-            stats
-                .epochs
-                .lock()
-                .update(accounted.epoch, |r| r.bytes_from_source += n);
-            accounted
-                .job
-                .lock()
-                .log
-                .update(accounted.job_epoch, |r| r.bytes_from_source += n);
+            accounted.update_epochs(&stats, |r| r.bytes_from_source += n);
         });
         let handle = h.clone();
         let stats = self.stats.clone();
@@ -206,15 +198,7 @@ impl DatasetFs {
                 }
                 Counters::add(&stats.counters.fetch_stall_us, waited.as_micros() as u64);
                 let secs = waited.as_secs_f64();
-                stats
-                    .epochs
-                    .lock()
-                    .update(handle.epoch, |r| r.fetch_stall_seconds += secs);
-                handle
-                    .job
-                    .lock()
-                    .log
-                    .update(handle.job_epoch, |r| r.fetch_stall_seconds += secs);
+                handle.update_epochs(&stats, |r| r.fetch_stall_seconds += secs);
                 waiter(r)
             }),
             Some(account),
