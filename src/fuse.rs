@@ -33,6 +33,9 @@
 //!   each file in the first epoch needs no LOOKUP. The daemon pays an `lstat` per entry.
 //! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and `--threads` worker threads
 //!   (one per CPU by default), each on its own cloned `/dev/fuse` descriptor.
+//! - The one writable file, the order file (`fs/control.rs`), is opened without NOFLUSH and
+//!   with direct I/O: its FLUSH at `close(2)` carries the verdict on the hint, and
+//!   `open(O_TRUNC)` arrives as a SETATTR of size 0, which it accepts.
 
 use std::ffi::OsStr;
 use std::sync::{Arc, OnceLock};
