@@ -446,6 +446,7 @@ impl DatasetFs {
                 drop(j);
                 if turned {
                     self.drop_unused_staging(&job, job_key, current);
+                    self.wake_prefetcher();
                 }
                 (epoch, job_epoch)
             }
@@ -454,7 +455,12 @@ impl DatasetFs {
                 (epoch, job.lock().epoch())
             }
         };
-        self.wake_prefetcher();
+        // A miss may leave the prefetcher work (and it should see a job become active); a
+        // hit changes nothing it plans from, and waking a thread per open costs CPU that a
+        // hot epoch needs. Claims and epoch turns wake it themselves.
+        if !hit {
+            self.wake_prefetcher();
+        }
 
         let (keep_cache, direct_io) = match self.cache.config().policy {
             PolicyKind::None => (!changed, false),
