@@ -1,0 +1,4 @@
+//! `coorfs analyze`: measure and predict data stalls before training (DS-Analyzer's what-if
+//! analysis, VLDB 2021, in one command).
+
+pub mod simulate;
