@@ -252,19 +252,97 @@ pub fn scale_capacity(capacity: u64, all: &[u64], sample: &[u64], align: u64) ->
     (capacity as f64 * share).round() as u64
 }
 
-/// The mean byte hit rate and storage fraction of the epochs after the first (the steady
-/// state), or of the first if there is only one.
-pub fn steady(epochs: &[EpochSim]) -> (f64, f64) {
+/// The rates an epoch (or a mean of epochs) came out with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Outcome {
+    /// Bytes of hits / bytes read.
+    pub hit_rate: f64,
+    /// Hits / files read.
+    pub file_hit_rate: f64,
+    /// Bytes read from storage / bytes read.
+    pub storage_fraction: f64,
+}
+
+impl EpochSim {
+    /// Its rates.
+    pub fn outcome(&self) -> Outcome {
+        Outcome {
+            hit_rate: self.byte_hit_rate(),
+            file_hit_rate: self.file_hit_rate(),
+            storage_fraction: self.storage_fraction(),
+        }
+    }
+}
+
+/// The mean rates of the epochs after the first (the steady state), or of the first if it
+/// is the only one.
+pub fn steady(epochs: &[EpochSim]) -> Outcome {
     let later = if epochs.len() > 1 {
         &epochs[1..]
     } else {
         epochs
     };
     let n = later.len().max(1) as f64;
-    (
-        later.iter().map(EpochSim::byte_hit_rate).sum::<f64>() / n,
-        later.iter().map(EpochSim::storage_fraction).sum::<f64>() / n,
-    )
+    let mean = |f: fn(&EpochSim) -> f64| later.iter().map(f).sum::<f64>() / n;
+    Outcome {
+        hit_rate: mean(EpochSim::byte_hit_rate),
+        file_hit_rate: mean(EpochSim::file_hit_rate),
+        storage_fraction: mean(EpochSim::storage_fraction),
+    }
+}
+
+impl Policy {
+    /// What a cached file takes in the store this policy models: whole pages for the page
+    /// cache and LRU's mappings, 64-byte slots in MinIO's arena.
+    pub fn align(self) -> u64 {
+        match self {
+            Policy::Lru => 4096,
+            Policy::MinIo | Policy::MinIoPrefetch { .. } => crate::cache::arena::ALIGN as u64,
+        }
+    }
+}
+
+/// A dataset to simulate: its sizes, the sample that stands for them, and the epochs.
+#[derive(Clone, Debug)]
+pub struct Workload<'a> {
+    /// Every file's size, bytes.
+    pub all: &'a [u64],
+    /// What is simulated: all of them, or a sample of [`SIM_FILES`].
+    pub sample: Vec<u64>,
+    pub epochs: u32,
+    pub seed: u64,
+}
+
+impl<'a> Workload<'a> {
+    /// The workload of `all`, sampled with `seed` if it is big.
+    pub fn new(all: &'a [u64], epochs: u32, seed: u64) -> Self {
+        Workload {
+            all,
+            sample: sample_sizes(all, SIM_FILES, seed),
+            epochs,
+            seed,
+        }
+    }
+
+    /// The epochs of a cache of `capacity` bytes (of the whole dataset) under `policy`; a
+    /// staging buffer is scaled like the capacity.
+    pub fn run(&self, policy: Policy, capacity: u64) -> Vec<EpochSim> {
+        let align = policy.align();
+        let scale = |bytes| scale_capacity(bytes, self.all, &self.sample, align);
+        let policy = match policy {
+            Policy::MinIoPrefetch { staging } => Policy::MinIoPrefetch {
+                staging: scale(staging),
+            },
+            other => other,
+        };
+        let config = SimConfig {
+            capacity: scale(capacity),
+            align,
+            epochs: self.epochs,
+            seed: self.seed,
+        };
+        simulate(&self.sample, policy, &config)
+    }
 }
 
 #[cfg(test)]
@@ -395,9 +473,9 @@ mod tests {
         assert_eq!(sample_sizes(&sizes[..10], 20_000, 3), sizes[..10].to_vec());
         let cap = total * 6 / 10;
         for (policy, align) in [(Policy::Lru, PAGE), (Policy::MinIo, SLOT)] {
-            let whole = steady(&run(&sizes, policy, cap, align)).0;
+            let whole = steady(&run(&sizes, policy, cap, align)).hit_rate;
             let scaled = scale_capacity(cap, &sizes, &sample, align);
-            let part = steady(&run(&sample, policy, scaled, align)).0;
+            let part = steady(&run(&sample, policy, scaled, align)).hit_rate;
             assert!(close(whole, part, 0.02), "{policy:?}: {whole} vs {part}");
         }
     }
