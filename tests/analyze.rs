@@ -18,10 +18,15 @@ const FILES: usize = 300;
 const SIZE: usize = 8192;
 const HALF: u64 = (FILES * SIZE / 2) as u64;
 
-fn analyze(args: &[&OsStr]) -> Output {
-    let mut all = vec![OsStr::new("analyze")];
-    all.extend_from_slice(args);
+/// Runs `coorfs analyze DATASET ARGS...`.
+fn analyze(dataset: &Path, args: &[&str]) -> Output {
+    let mut all = vec![OsStr::new("analyze"), dataset.as_os_str()];
+    all.extend(args.iter().map(OsStr::new));
     coorfs(all)
+}
+
+fn text(p: &Path) -> &str {
+    p.to_str().unwrap()
 }
 
 fn ok(out: &Output) -> String {
@@ -52,19 +57,17 @@ fn the_report_and_the_json_hold_measurement_prediction_and_verdict() {
     let (dir, src) = dataset();
     let json = dir.path().join("report.json");
     let half = HALF.to_string();
-    let out = analyze(&[
-        src.as_os_str(),
-        OsStr::new("--cache-size"),
-        OsStr::new(&half),
-        OsStr::new("--rate"),
-        OsStr::new("1000"),
-        OsStr::new("--epochs"),
-        OsStr::new("3"),
-        OsStr::new("--time"),
-        OsStr::new("1s"),
-        OsStr::new("--json"),
-        json.as_os_str(),
-    ]);
+    let args = [
+        "--cache-size",
+        &half,
+        "--rate",
+        "1000",
+        "--epochs",
+        "3",
+        "--time",
+        "1s",
+    ];
+    let out = analyze(&src, &[&args[..], &["--json", text(&json)]].concat());
     let text = ok(&out);
     for want in [
         format!("dataset   {}: 300 files, 2.3 MiB", src.display()),
@@ -135,18 +138,8 @@ fn the_report_and_the_json_hold_measurement_prediction_and_verdict() {
 fn a_sweep_goes_to_stdout_as_json_and_to_an_svg_plot() {
     let (dir, src) = dataset();
     let plot = dir.path().join("stalls.svg");
-    let out = analyze(&[
-        src.as_os_str(),
-        OsStr::new("--sweep"),
-        OsStr::new("--rate"),
-        OsStr::new("2500"),
-        OsStr::new("--time"),
-        OsStr::new("1s"),
-        OsStr::new("--json"),
-        OsStr::new("-"),
-        OsStr::new("--plot"),
-        plot.as_os_str(),
-    ]);
+    let args = ["--sweep", "--rate", "2500", "--time", "1s", "--json", "-"];
+    let out = analyze(&src, &[&args[..], &["--plot", text(&plot)]].concat());
     let r: Value = serde_json::from_str(&ok(&out)).expect("stdout is the JSON report alone");
     let sweep = r["sweep"].as_array().unwrap();
     assert_eq!(sweep.len(), 21);
@@ -180,72 +173,61 @@ fn bad_input_is_one_line_and_a_defined_exit_code() {
     let json = dir.path().join("left-behind.json");
     let missing = Path::new("/nonexistent/coorfs-data");
     let p = |p: &Path| p.display().to_string();
-    let cases: Vec<(Vec<&OsStr>, i32, String)> =
-        vec![
+    let not_a_mount = text(dir.path());
+    let cases: Vec<(&Path, Vec<&str>, String)> = vec![
         (
-            vec![missing.as_os_str()],
-            2,
+            missing,
+            vec![],
             format!("coorfs: dataset {}: no such file or directory", p(missing)),
         ),
         (
-            vec![file.as_os_str()],
-            2,
+            &file,
+            vec![],
             format!("coorfs: dataset {}: not a directory", p(&file)),
         ),
         (
-            vec![empty.as_os_str()],
-            2,
+            &empty,
+            vec![],
             format!(
                 "coorfs: dataset {} has no regular files",
                 p(&empty.canonicalize().unwrap())
             ),
         ),
         (
-            vec![
-                src.as_os_str(),
-                OsStr::new("--cache-size"),
-                OsStr::new("1G"),
-                OsStr::new("--json"),
-                json.as_os_str(),
-            ],
-            2,
+            &src,
+            vec!["--cache-size", "1G", "--json", text(&json)],
             "coorfs: cache size 1.0 GiB is larger than the dataset (2.3 MiB): it all fits, there \
              is nothing to predict (give at most 2.3 MiB, or --sweep)"
                 .into(),
         ),
         (
-            vec![src.as_os_str(), OsStr::new("--time"), OsStr::new("0")],
-            2,
+            &src,
+            vec!["--time", "0"],
             "coorfs: invalid value '0' for '--time <DURATION>': \"0\": must be more than 0, e.g. \
              10s (see coorfs --help)"
                 .into(),
         ),
         (
-            vec![src.as_os_str(), OsStr::new("--rate"), OsStr::new("0")],
-            2,
+            &src,
+            vec!["--rate", "0"],
             "coorfs: invalid value '0' for '--rate <SAMPLES_PER_SEC>': \"0\": expected samples \
              per second, more than 0 (see coorfs --help)"
                 .into(),
         ),
         (
-            vec![
-                src.as_os_str(),
-                OsStr::new("--plot"),
-                OsStr::new("/nonexistent/stalls.svg"),
-            ],
-            2,
-            "coorfs: --plot /nonexistent/stalls.svg: No such file or directory (os error 2)"
-                .into(),
+            &src,
+            vec!["--plot", "/nonexistent/stalls.svg"],
+            "coorfs: --plot /nonexistent/stalls.svg: No such file or directory (os error 2)".into(),
         ),
         (
-            vec![src.as_os_str(), OsStr::new("--mount"), dir.path().as_os_str()],
-            2,
-            format!("coorfs: --mount: {} is not a coorfs mount", p(dir.path())),
+            &src,
+            vec!["--mount", not_a_mount],
+            format!("coorfs: --mount: {not_a_mount} is not a coorfs mount"),
         ),
     ];
-    for (args, code, want) in cases {
-        let out = analyze(&args);
-        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+    for (dataset, args, want) in cases {
+        let out = analyze(dataset, &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert_eq!(stderr(&out), want, "{args:?}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
@@ -253,12 +235,16 @@ fn bad_input_is_one_line_and_a_defined_exit_code() {
 }
 
 #[test]
-fn unreadable_files_are_counted_and_skipped() {
+fn unreadable_files_and_directories_are_counted_and_skipped() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 40, SIZE, 2);
     let secret = src.join(&rels[7]);
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let locked = src.join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::write(locked.join("hidden"), b"not for nobody").unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
     // Root reads anything: run as nobody, for whom the file is unreadable.
     let out = Command::new(bin())
         .args(["analyze", "--time", "1s", "--json", "-"])
@@ -275,12 +261,17 @@ fn unreadable_files_are_counted_and_skipped() {
         "{first}"
     );
     assert_eq!(r["dataset"]["files"], 40, "the scan still counts it");
-    assert_eq!(r["warnings"].as_array().unwrap().len(), 1);
+    assert_eq!(r["dataset"]["scan_errors"], 1, "the locked directory");
+    let not_scanned = r["dataset"]["first_scan_error"].as_str().unwrap();
+    assert!(not_scanned.contains("locked"), "{not_scanned}");
+    assert_eq!(r["warnings"].as_array().unwrap().len(), 2);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("coorfs: warning: 1 of 40 sampled files could not be read and were skipped"),
-        "{err}"
-    );
+    for want in [
+        "coorfs: warning: 1 of 40 sampled files could not be read and were skipped",
+        "coorfs: warning: could not scan 1 of the dataset's entries; they are left out",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
 }
 
 #[test]
@@ -302,15 +293,8 @@ fn the_live_check_puts_the_mounts_epochs_beside_the_prediction() {
     ]);
     assert!(read.status.success(), "{}", stderr(&read));
 
-    let out = analyze(&[
-        src.as_os_str(),
-        OsStr::new("--mount"),
-        m.mnt.as_os_str(),
-        OsStr::new("--time"),
-        OsStr::new("1s"),
-        OsStr::new("--json"),
-        OsStr::new("-"),
-    ]);
+    let mnt = text(&m.mnt);
+    let out = analyze(&src, &["--mount", mnt, "--time", "1s", "--json", "-"]);
     let r: Value = serde_json::from_str(&ok(&out)).unwrap();
     assert_eq!(
         r["cache"]["cache_bytes"], HALF,
@@ -336,26 +320,18 @@ fn the_live_check_puts_the_mounts_epochs_beside_the_prediction() {
         );
     }
 
-    let text = ok(&analyze(&[
-        src.as_os_str(),
-        OsStr::new("--mount"),
-        m.mnt.as_os_str(),
-        OsStr::new("--time"),
-        OsStr::new("1s"),
-    ]));
+    let report = ok(&analyze(&src, &["--mount", mnt, "--time", "1s"]));
+    let want = format!("live      {mnt} (policy minio, cache 1.2 MiB)");
+    assert!(report.contains(&want), "{report}");
     assert!(
-        text.contains(&format!(
-            "live      {} (policy minio, cache 1.2 MiB)",
-            m.mnt.display()
-        )),
-        "{text}"
+        report.contains("hit path  cached files through"),
+        "{report}"
     );
-    assert!(text.contains("hit path  cached files through"), "{text}");
 
     // Another dataset than the mount's is refused.
     let other = dir.path().join("other");
     make_dataset(&other, 3, 100, 1);
-    let out = analyze(&[other.as_os_str(), OsStr::new("--mount"), m.mnt.as_os_str()]);
+    let out = analyze(&other, &["--mount", mnt]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),

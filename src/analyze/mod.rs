@@ -339,8 +339,7 @@ pub fn run(config: &AnalyzeConfig, out: &mut dyn Write) -> Result<Report, Analyz
         created: Vec::new(),
         done: false,
     };
-    let json_to_stdout = config.json.as_deref() == Some(Path::new("-"));
-    if let Some(p) = config.json.as_deref().filter(|_| !json_to_stdout) {
+    if let Some(p) = json_file(config) {
         outputs.create("json", p)?;
     }
     if let Some(p) = &config.plot {
@@ -350,89 +349,16 @@ pub fn run(config: &AnalyzeConfig, out: &mut dyn Write) -> Result<Report, Analyz
         Some(mnt) => Some(check_mount(mnt, &dataset)?),
         None => None,
     };
-
-    let phase = Phase::start("scan", None);
-    let scan = scan::scan(
-        &dataset,
-        SAMPLE_FILES,
-        config.seed,
-        scan::SCAN_THREADS,
-        &|f, b| {
-            phase.update(f, || format!("{f} files, {}", format_size(b)));
-        },
-    );
-    if scan.sizes.is_empty() {
-        phase.abandon();
-        return Err(AnalyzeError::Empty(dataset));
-    }
-    if let Some(c) = config.cache_size.filter(|&c| c > scan.bytes) {
-        phase.abandon();
-        return Err(AnalyzeError::CacheTooLarge {
-            cache: format_size(c),
-            dataset: format_size(scan.bytes),
-        });
-    }
-    phase.finish(&format!(
-        "{} files, {}",
-        scan.sizes.len(),
-        format_size(scan.bytes)
-    ));
+    let scan = scan_dataset(&dataset, config)?;
     let mut warnings = Vec::new();
     if scan.errors > 0 {
         warnings.push(format!(
-            "{} entries could not be scanned and are left out (first: {})",
+            "could not scan {} of the dataset's entries; they are left out (first: {})",
             scan.errors,
             scan.first_error.as_deref().unwrap_or("?")
         ));
     }
-
-    let hit_files = live
-        .as_ref()
-        .map(|(mnt, _)| cached_through(mnt, &scan.sample))
-        .unwrap_or_default();
-    let slices = DEPTHS.len() as u32 * if hit_files.is_empty() { 1 } else { 2 };
-    let per_depth = config.time / slices;
-    let storage_files: Vec<PathBuf> = scan.sample.iter().map(|f| dataset.join(&f.rel)).collect();
-    let storage = measure_path(
-        "storage",
-        "page cache bypassed".into(),
-        &storage_files,
-        per_depth,
-        ReadPath::Storage,
-    );
-    if storage.best_depth.is_none() {
-        return Err(AnalyzeError::NothingReadable {
-            dataset,
-            tried: storage.files,
-            first: storage.first_unreadable.unwrap_or_else(|| "?".into()),
-        });
-    }
-    if storage.unreadable > 0 {
-        warnings.push(format!(
-            "{} of {} sampled files could not be read and were skipped (first: {})",
-            storage.unreadable,
-            storage.files,
-            storage.first_unreadable.as_deref().unwrap_or("?")
-        ));
-    }
-    let hit_path = match &live {
-        Some((mnt, _)) if !hit_files.is_empty() => Some(measure_path(
-            "hit path",
-            format!("cached files through {}", mnt.display()),
-            &hit_files,
-            per_depth,
-            ReadPath::Cached,
-        )),
-        Some((mnt, _)) => {
-            warnings.push(format!(
-                "{} has none of the sampled files cached: read an epoch through it to measure \
-                 its hit path",
-                mnt.display()
-            ));
-            None
-        }
-        None => None,
-    };
+    let (storage, hit_path) = measure_paths(&dataset, &scan, live.as_ref(), config, &mut warnings)?;
     for w in &warnings {
         eprintln!("coorfs: warning: {w}");
     }
@@ -443,15 +369,6 @@ pub fn run(config: &AnalyzeConfig, out: &mut dyn Write) -> Result<Report, Analyz
         hit_files_per_sec: hit_path.as_ref().map(|h| h.files_per_sec),
         rate: config.rate,
     };
-    let live_capacity = live
-        .as_ref()
-        .and_then(|(_, doc)| doc.get("cache_capacity").and_then(Json::as_u64))
-        .filter(|&c| c > 0);
-    let cache_bytes = config
-        .cache_size
-        .or(live_capacity)
-        .unwrap_or_else(crate::config::default_cache_size)
-        .min(scan.bytes);
     let mut report = Report {
         dataset: DatasetReport {
             path: dataset.display().to_string(),
@@ -472,33 +389,149 @@ pub fn run(config: &AnalyzeConfig, out: &mut dyn Write) -> Result<Report, Analyz
         warnings,
         ..Default::default()
     };
+    predict_all(&mut report, &scan.sizes, config, live.as_ref(), &rates);
+    write_outputs(&report, config, out)?;
+    outputs.done = true;
+    Ok(report)
+}
 
+/// The JSON file to write, unless it is stdout.
+fn json_file(config: &AnalyzeConfig) -> Option<&Path> {
+    config.json.as_deref().filter(|p| *p != Path::new("-"))
+}
+
+/// Scans the dataset and checks what needs its size.
+fn scan_dataset(dataset: &Path, config: &AnalyzeConfig) -> Result<scan::Scan, AnalyzeError> {
+    let phase = Phase::start("scan", None);
+    let scan = scan::scan(
+        dataset,
+        SAMPLE_FILES,
+        config.seed,
+        scan::SCAN_THREADS,
+        &|f, b| phase.update(f, || format!("{f} files, {}", format_size(b))),
+    );
+    if scan.sizes.is_empty() {
+        phase.abandon();
+        return Err(AnalyzeError::Empty(dataset.to_path_buf()));
+    }
+    if let Some(c) = config.cache_size.filter(|&c| c > scan.bytes) {
+        phase.abandon();
+        return Err(AnalyzeError::CacheTooLarge {
+            cache: format_size(c),
+            dataset: format_size(scan.bytes),
+        });
+    }
+    phase.finish(&format!(
+        "{} files, {}",
+        scan.sizes.len(),
+        format_size(scan.bytes)
+    ));
+    Ok(scan)
+}
+
+/// Measures the storage and, with a live mount that has cached files, the hit path; the
+/// time is split evenly across every depth of both.
+fn measure_paths(
+    dataset: &Path,
+    scan: &scan::Scan,
+    live: Option<&(PathBuf, Json)>,
+    config: &AnalyzeConfig,
+    warnings: &mut Vec<String>,
+) -> Result<(PathReport, Option<PathReport>), AnalyzeError> {
+    let hit_files = live
+        .map(|(mnt, _)| cached_through(mnt, &scan.sample))
+        .unwrap_or_default();
+    let paths = if hit_files.is_empty() { 1 } else { 2 };
+    let per_depth = config.time / (DEPTHS.len() as u32 * paths);
+    let storage_files: Vec<PathBuf> = scan.sample.iter().map(|f| dataset.join(&f.rel)).collect();
+    let storage = measure_path(
+        "storage",
+        "page cache bypassed".into(),
+        &storage_files,
+        per_depth,
+        ReadPath::Storage,
+    );
+    if storage.best_depth.is_none() {
+        return Err(AnalyzeError::NothingReadable {
+            dataset: dataset.to_path_buf(),
+            tried: storage.files,
+            first: storage.first_unreadable.unwrap_or_else(|| "?".into()),
+        });
+    }
+    if storage.unreadable > 0 {
+        warnings.push(format!(
+            "{} of {} sampled files could not be read and were skipped (first: {})",
+            storage.unreadable,
+            storage.files,
+            storage.first_unreadable.as_deref().unwrap_or("?")
+        ));
+    }
+    let hit_path = match live {
+        Some((mnt, _)) if !hit_files.is_empty() => Some(measure_path(
+            "hit path",
+            format!("cached files through {}", mnt.display()),
+            &hit_files,
+            per_depth,
+            ReadPath::Cached,
+        )),
+        Some((mnt, _)) => {
+            warnings.push(format!(
+                "{} has none of the sampled files cached: read an epoch through it to measure \
+                 its hit path",
+                mnt.display()
+            ));
+            None
+        }
+        None => None,
+    };
+    Ok((storage, hit_path))
+}
+
+/// Simulates and predicts: the analysed cache size, the sweep, the smallest caches without
+/// a stall (with a rate), and the live mount's cache.
+fn predict_all(
+    report: &mut Report,
+    sizes: &[u64],
+    config: &AnalyzeConfig,
+    live: Option<&(PathBuf, Json)>,
+    rates: &Rates,
+) {
+    let (files, bytes) = (report.dataset.files, report.dataset.bytes);
+    let live_capacity = live
+        .and_then(|(_, doc)| doc.get("cache_capacity").and_then(Json::as_u64))
+        .filter(|&c| c > 0);
+    let cache_bytes = config
+        .cache_size
+        .or(live_capacity)
+        .unwrap_or_else(crate::config::default_cache_size)
+        .min(bytes);
     let sweep = config.sweep || config.plot.is_some();
+    // A binary search takes about log2(1000) + 2 simulations per policy (the step is 1/1000
+    // of the dataset); the bar is a guide, not a promise.
     let searches = if config.rate.is_some() { 2 * 12 } else { 0 };
     let phase = Phase::start(
         "simulate",
         Some(1 + if sweep { SWEEP_STEPS + 1 } else { 0 } + searches),
     );
-    let work = Workload::new(&scan.sizes, config.epochs, config.seed);
+    let work = Workload::new(sizes, config.epochs, config.seed);
     let sims = simulate_cache(&work, cache_bytes, config.staging);
-    let epochs = report.epoch_rows([&sims.lru, &sims.minio, &sims.prefetch], &rates);
-    let steady = steady_policies(&report, &sims, &rates);
     report.cache = CacheReport {
         cache_bytes,
-        fraction: cache_bytes as f64 / scan.bytes as f64,
-        epochs,
-        steady,
+        fraction: cache_bytes as f64 / bytes as f64,
+        epochs: report.epoch_rows([&sims.lru, &sims.minio, &sims.prefetch], rates),
+        steady: steady_policies(report, &sims, rates),
     };
     let mut done = 1;
     phase.update(done, String::new);
     if sweep {
         for step in 0..=SWEEP_STEPS {
-            let capacity = scan.bytes * step / SWEEP_STEPS;
+            let capacity = bytes * step / SWEEP_STEPS;
             let sims = simulate_cache(&work, capacity, config.staging);
+            let policies = steady_policies(report, &sims, rates);
             report.sweep.push(SweepPoint {
                 cache_bytes: capacity,
                 fraction: step as f64 / SWEEP_STEPS as f64,
-                policies: steady_policies(&report, &sims, &rates),
+                policies,
             });
             done += 1;
             phase.update(done, || format!("cache {}", format_size(capacity)));
@@ -509,32 +542,28 @@ pub fn run(config: &AnalyzeConfig, out: &mut dyn Write) -> Result<Report, Analyz
             epochs: config.epochs.min(SEARCH_EPOCHS),
             ..work.clone()
         };
-        let step = (scan.bytes / 1000).max(1 << 20);
-        let stalled = |policy: Policy, capacity: u64| {
-            let outcome = simulate::steady(&search.run(policy, capacity));
-            let coorfs = policy != Policy::Lru;
-            let p = report::predict(files, scan.bytes, &outcome, coorfs, &rates);
-            p.stall_seconds.unwrap_or(0.0) > 1e-6
-        };
-        let mut search_for = |policy: Policy| {
-            let max = scan
-                .sizes
+        let step = (bytes / 1000).max(1 << 20);
+        let mut smallest = |policy: Policy| {
+            let max = sizes
                 .iter()
                 .map(|&s| simulate::footprint(s, policy.align()))
                 .sum();
-            report::smallest_unstalled(max, step, |c| {
+            report::smallest_unstalled(max, step, |capacity| {
                 done += 1;
-                phase.update(done, || format!("searching, cache {}", format_size(c)));
-                stalled(policy, c)
+                phase.update(done, || format!("search, cache {}", format_size(capacity)));
+                let outcome = simulate::steady(&search.run(policy, capacity));
+                let coorfs = policy != Policy::Lru;
+                let p = report::predict(files, bytes, &outcome, coorfs, rates);
+                p.stall_seconds.unwrap_or(0.0) > 1e-6
             })
         };
         report.recommendation = Some(Recommendation {
-            minio_cache_bytes: search_for(Policy::MinIo),
-            page_cache_bytes: search_for(Policy::Lru),
+            minio_cache_bytes: smallest(Policy::MinIo),
+            page_cache_bytes: smallest(Policy::Lru),
         });
     }
-    if let Some((mnt, doc)) = &live {
-        report.live = Some(live_check(mnt, doc, &work, &report, &rates));
+    if let Some((mnt, doc)) = live {
+        report.live = Some(live_check(mnt, doc, &work, report, rates));
     }
     phase.finish(&format!(
         "{} epochs of {} files{}",
@@ -542,30 +571,36 @@ pub fn run(config: &AnalyzeConfig, out: &mut dyn Write) -> Result<Report, Analyz
         report.dataset.simulated_files,
         if sweep { ", 21 cache sizes" } else { "" }
     ));
+}
 
-    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-    let text = if json_to_stdout {
+/// The text or JSON to `out`, the JSON file, the plot.
+fn write_outputs(
+    report: &Report,
+    config: &AnalyzeConfig,
+    out: &mut dyn Write,
+) -> Result<(), AnalyzeError> {
+    let json = serde_json::to_string_pretty(report).unwrap_or_default();
+    let text = if config.json.as_deref() == Some(Path::new("-")) {
         format!("{json}\n")
     } else {
-        report::render(&report)
+        report::render(report)
     };
     out.write_all(text.as_bytes())
         .and_then(|_| out.flush())
         .map_err(|e| AnalyzeError::Write("stdout".into(), e))?;
-    if let Some(p) = config.json.as_deref().filter(|_| !json_to_stdout) {
+    if let Some(p) = json_file(config) {
         std::fs::write(p, format!("{json}\n"))
             .map_err(|e| AnalyzeError::Write(p.display().to_string(), e))?;
     }
     if let Some(p) = &config.plot {
         let marks = plot::Marks {
-            dataset_bytes: scan.bytes,
-            cache_bytes,
+            dataset_bytes: report.dataset.bytes,
+            cache_bytes: report.cache.cache_bytes,
             compute_seconds: report.compute_seconds,
         };
         plot::draw(p, &report.sweep, &marks).map_err(|e| AnalyzeError::Plot(p.clone(), e))?;
     }
-    outputs.done = true;
-    Ok(report)
+    Ok(())
 }
 
 fn steady_policies(report: &Report, sims: &CacheSims, rates: &Rates) -> Policies {
