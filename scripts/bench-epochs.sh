@@ -42,7 +42,8 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-samples="$work/samples.txt"
+# SAMPLES=FILE keeps the per-epoch samples for another script (bench-analyze.sh) to read.
+samples=${SAMPLES:-$work/samples.txt}
 
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
