@@ -264,7 +264,7 @@ pub struct LiveCheck {
     pub epochs: Vec<LiveEpoch>,
     /// Each job's last complete epochs, when the mount tracks jobs.
     pub jobs: Vec<LiveJob>,
-    /// The simulator's epochs for the mount's policy and cache size (None for policy none).
+    /// The simulator's epochs for the mount's policy and cache size (empty for policy none).
     pub predicted: Vec<Prediction>,
 }
 
@@ -606,7 +606,7 @@ pub fn render(r: &Report) -> String {
     match &r.recommendation {
         Some(rec) => {
             let size = |b: Option<u64>| match b {
-                Some(0) => "none: storage alone keeps up".into(),
+                Some(0) => "0 B (storage alone keeps up)".into(),
                 Some(b) => format!(
                     "{} ({} of the dataset)",
                     format_size(b),
@@ -621,7 +621,7 @@ pub fn render(r: &Report) -> String {
             );
             let _ = writeln!(
                 out,
-                "          (the page cache would need {})",
+                "          the page cache would need {}",
                 size(rec.page_cache_bytes)
             );
         }
