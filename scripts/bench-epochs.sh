@@ -67,7 +67,8 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-samples="$work/samples.txt"
+# SAMPLES=FILE keeps the per-epoch samples for another script (bench-analyze.sh) to read.
+samples=${SAMPLES:-$work/samples.txt}
 
 # coorfs mount options and reader options of each system.
 mount_opts() {

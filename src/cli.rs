@@ -71,6 +71,23 @@ it mirrors, or to warm a cache.",
         after_help = "Example:\n  coorfs read --procs 2 --epochs 3 /mnt/train"
     )]
     Read(ReadArgs),
+    /// Measure the storage, simulate the cache and predict data stalls before training.
+    #[command(
+        long_about = "Answer \"how much memory should this dataset get, and will my GPUs wait?\" \
+before training. Scans DATASET (file count, bytes, sizes); measures the storage with random \
+whole-file reads of sampled files that bypass the page cache, at queue depths 1, 4, 16 and 64; \
+simulates epochs in a fresh random order each with the real file sizes, for the page cache \
+(LRU), coorfs's MinIO cache and MinIO with prefetch; and predicts each epoch's fetch time \
+(bytes from storage / measured throughput), the samples/s storage sustains and, with --rate, \
+whether training waits for data (a fetch stall) and the smallest cache that avoids it.\n\nWith \
+--mount it also reads cached files through a live coorfs mount of DATASET (the hit path) and \
+prints the mount's last epochs beside the prediction. The sampled files' pages are dropped \
+from the page cache before and after they are read.",
+        after_help = "Examples:\n  coorfs analyze /data/imagenet --cache-size 64G --rate 2500\n  \
+coorfs analyze /data/imagenet --sweep --rate 2500 --plot stalls.svg --json report.json\n  \
+coorfs analyze /data/imagenet --mount /mnt/train --time 10s"
+    )]
+    Analyze(AnalyzeArgs),
 }
 
 /// `coorfs mount`.
@@ -217,6 +234,94 @@ pub enum JobKeyArg {
     Sid,
     Uid,
     None,
+}
+
+/// `coorfs analyze`.
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// The dataset directory (what coorfs mount would serve).
+    pub dataset: PathBuf,
+
+    /// The memory to analyse, as coorfs cache or page cache, in bytes (K/M/G/T suffixes), at
+    /// most the dataset's size [default: the --mount's cache size, else what coorfs mount
+    /// would use: half of the memory available].
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Prediction")]
+    pub cache_size: Option<u64>,
+    /// Also simulate every cache size from 0 to 100% of the dataset, in steps of 5%.
+    #[arg(long, help_heading = "Prediction")]
+    pub sweep: bool,
+    /// Samples (files) per second the GPUs consume: gives the verdict on fetch stalls and the
+    /// smallest cache without one.
+    #[arg(long, value_name = "SAMPLES_PER_SEC", value_parser = parse_rate, help_heading = "Prediction")]
+    pub rate: Option<f64>,
+    /// Epochs to simulate (epoch 1 always reads everything from storage).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=1000), help_heading = "Prediction")]
+    pub epochs: u32,
+    /// Bytes (K/M/G/T suffixes) of the prefetcher's staging buffer, beyond the cache, for the
+    /// "minio + prefetch" column.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::units::parse_size, help_heading = "Prediction")]
+    pub staging: u64,
+
+    /// Time for all read measurements together, split evenly across the queue depths (1, 4,
+    /// 16, 64) of the storage and of the --mount's hit path (e.g. 10s, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_nonzero_duration, help_heading = "Measurement")]
+    pub time: Duration,
+    /// Seed of the sampled files and of the simulated orders (epoch E in the order of
+    /// coorfs read --seed N).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Measurement"
+    )]
+    pub seed: u64,
+    /// A live coorfs mount of DATASET: measure reads of its cached files, and show its last
+    /// epochs beside the prediction for its cache size.
+    #[arg(long, value_name = "MOUNTPOINT", help_heading = "Measurement")]
+    pub mount: Option<PathBuf>,
+
+    /// Write the whole report as JSON to FILE ('-': to stdout, instead of the text).
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    pub json: Option<PathBuf>,
+    /// Draw hit rate and predicted epoch time against cache size (0-100% of the dataset) as
+    /// SVG to FILE.
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    pub plot: Option<PathBuf>,
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "\"{text}\": expected samples per second, more than 0"
+        )),
+    }
+}
+
+fn parse_nonzero_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => Err(format!("\"{text}\": must be more than 0, e.g. 10s")),
+        d => Ok(d),
+    }
+}
+
+impl AnalyzeArgs {
+    /// The analysis's configuration.
+    pub fn into_config(self) -> crate::analyze::AnalyzeConfig {
+        crate::analyze::AnalyzeConfig {
+            dataset: self.dataset,
+            cache_size: self.cache_size,
+            sweep: self.sweep,
+            rate: self.rate,
+            epochs: self.epochs,
+            staging: self.staging,
+            time: self.time,
+            seed: self.seed,
+            mount: self.mount,
+            json: self.json,
+            plot: self.plot,
+        }
+    }
 }
 
 /// `--policy`.

@@ -113,7 +113,9 @@ pub fn list_files(dir: &Path) -> Result<Vec<PathBuf>, ReadError> {
 }
 
 /// The order of epoch `epoch`: a shuffle seeded with `seed + epoch`, or the sorted order.
-pub fn epoch_order(files: &[PathBuf], seed: u64, epoch: usize, sorted: bool) -> Vec<PathBuf> {
+/// (`coorfs analyze` shuffles file indices with it, so its simulated epochs are the orders
+/// `coorfs read` would use.)
+pub fn epoch_order<T: Clone>(files: &[T], seed: u64, epoch: usize, sorted: bool) -> Vec<T> {
     let mut order = files.to_vec();
     if !sorted {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(epoch as u64));

@@ -182,7 +182,7 @@ impl DatasetSource for LocalSource {
 /// Opens a file for reading without updating its access time where the kernel allows it
 /// (`O_NOATIME` needs the file's owner or CAP_FOWNER), so that reading a dataset does not
 /// write to the disk that holds it.
-fn open_for_read(path: &Path) -> io::Result<File> {
+pub fn open_for_read(path: &Path) -> io::Result<File> {
     match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOATIME)
