@@ -348,8 +348,33 @@ impl Snapshot {
             .map(|(_, v)| *v)
     }
 
-    /// The `user.coorfs.stats` document.
-    pub fn to_json(&self) -> String {
+    /// The `user.coorfs.stats` document, at most `limit` bytes: the kernel caps an
+    /// attribute's value at 64 KiB (XATTR_SIZE_MAX), so when the epoch histories do not fit,
+    /// only the most recent epochs of each are kept, and `epochs_omitted` says how many
+    /// records were left out. Every numeric stat is always there.
+    pub fn to_json(&self, limit: usize) -> String {
+        let mut keep = usize::MAX;
+        loop {
+            let text = self.render(keep);
+            if text.len() <= limit || keep == 0 {
+                return text;
+            }
+            keep = if keep == usize::MAX {
+                EPOCH_HISTORY / 2
+            } else {
+                keep / 2
+            };
+        }
+    }
+
+    /// The document with at most `keep` epochs of every history.
+    fn render(&self, keep: usize) -> String {
+        let mut omitted = 0u64;
+        let mut recent = |list: &[serde_json::Value]| -> Vec<serde_json::Value> {
+            let skip = list.len().saturating_sub(keep);
+            omitted += skip as u64;
+            list[skip..].to_vec()
+        };
         let mut doc = serde_json::Map::new();
         for (k, v) in &self.info {
             doc.insert(k.to_string(), v.clone().into());
@@ -357,14 +382,26 @@ impl Snapshot {
         for (s, v) in &self.values {
             doc.insert(s.name().to_string(), v.json());
         }
-        doc.insert(
-            "epochs".into(),
-            serde_json::to_value(&self.epochs).unwrap_or_default(),
-        );
-        doc.insert("jobs".into(), self.jobs.clone());
+        let epochs: Vec<serde_json::Value> = self
+            .epochs
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap_or_default())
+            .collect();
+        doc.insert("epochs".into(), recent(&epochs).into());
+        let mut jobs = self.jobs.clone();
+        for job in jobs.as_array_mut().into_iter().flatten() {
+            if let Some(list) = job.get("epochs").and_then(|e| e.as_array()).cloned() {
+                job["epochs"] = recent(&list).into();
+            }
+        }
+        doc.insert("jobs".into(), jobs);
+        doc.insert("epochs_omitted".into(), omitted.into());
         serde_json::Value::Object(doc).to_string()
     }
 }
+
+/// The largest `user.coorfs.stats` value the kernel passes (XATTR_SIZE_MAX).
+pub const XATTR_SIZE_MAX: usize = 65536;
 
 /// The attribute name of `stat`.
 pub fn xattr_name(stat: Stat) -> String {
@@ -441,7 +478,7 @@ mod tests {
             epochs: vec![EpochRecord::new(1, 0.0)],
             jobs: serde_json::json!([{"job": "pgid 1"}]),
         };
-        let doc: serde_json::Value = serde_json::from_str(&snap.to_json()).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&snap.to_json(XATTR_SIZE_MAX)).unwrap();
         for s in Stat::ALL {
             assert_eq!(doc[s.name()], 7, "{}", s.name());
         }
@@ -449,5 +486,44 @@ mod tests {
         assert_eq!(doc["epochs"][0]["epoch"], 1);
         assert_eq!(doc["jobs"][0]["job"], "pgid 1");
         assert_eq!(Value::Ratio(0.123456).text(), "0.1235");
+    }
+
+    #[test]
+    fn long_histories_are_trimmed_to_fit_an_attribute() {
+        let epochs: Vec<EpochRecord> = (1..=1000).map(|e| EpochRecord::new(e, 0.0)).collect();
+        let job =
+            serde_json::json!({"job": "pgid 1", "epochs": serde_json::to_value(&epochs).unwrap()});
+        let snap = Snapshot {
+            values: Stat::ALL.iter().map(|s| (*s, Value::Count(7))).collect(),
+            info: vec![],
+            epochs,
+            jobs: serde_json::Value::Array(vec![job; 20]),
+        };
+        let text = snap.to_json(XATTR_SIZE_MAX);
+        assert!(text.len() <= XATTR_SIZE_MAX, "{}", text.len());
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for s in Stat::ALL {
+            assert_eq!(doc[s.name()], 7);
+        }
+        let kept = doc["epochs"].as_array().unwrap();
+        assert!(!kept.is_empty() && kept.len() < 1000);
+        assert_eq!(
+            kept.last().unwrap()["epoch"],
+            1000,
+            "the most recent are kept"
+        );
+        let kept_total = kept.len() * 21;
+        assert_eq!(
+            doc["epochs_omitted"].as_u64().unwrap() as usize,
+            21 * 1000 - kept_total
+        );
+        // Small histories are whole.
+        let small = Snapshot {
+            epochs: vec![EpochRecord::new(1, 0.0)],
+            jobs: serde_json::json!([]),
+            ..snap
+        };
+        let doc: serde_json::Value = serde_json::from_str(&small.to_json(XATTR_SIZE_MAX)).unwrap();
+        assert_eq!(doc["epochs_omitted"], 0);
     }
 }

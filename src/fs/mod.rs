@@ -702,7 +702,7 @@ impl DatasetFs {
         let name = name.to_str().ok_or(FsError::NoAttr)?;
         if ino == ROOT {
             if name == stats::STATS_XATTR {
-                return Ok(self.snapshot().to_json().into_bytes());
+                return Ok(self.snapshot().to_json(stats::XATTR_SIZE_MAX).into_bytes());
             }
             if let Some(stat) = stats::stat_of_xattr(name) {
                 let value = self.snapshot().get(stat).ok_or(FsError::NoAttr)?;
