@@ -1,30 +1,52 @@
 #!/usr/bin/env bash
-# The paper's experiment on this machine: a dataset twice the memory budget, read in a fresh
-# random order every epoch, from throttled storage.
+# Epochs of a dataset larger than the memory budget, read in a fresh random order each epoch
+# from slow storage: coorfs beside the native page cache, in one run.
 #
-#   20,000 files of ~110 KiB (2.2 GB); memory budget 1 GiB for every side; storage throttled
-#   to 200 MiB/s (cgroup v1 blkio); 2 reader processes; 5 epochs.
-#   - native: the reader alone in a cgroup with a 1 GiB memory limit (its page cache lives
-#     inside it);
-#   - coorfs minio / coorfs lru: --cache-size 1G, and the daemon and the reader together in
-#     one cgroup limited to 1 GiB plus the daemon's overhead (OVERHEAD, 64 MiB: measured
-#     ~12 MiB for this dataset, plus fetch buffers in flight).
-# Per epoch: time, bytes read from storage (the cgroup's blkio counter), hit rate (coorfs's
-# own per-epoch stats; for native, 1 - storage bytes / dataset bytes).
+#   scripts/bench-epochs.sh [paper|prefetch]
 #
-#   scripts/bench-epochs.sh                 # REPS=3
-#   REPS=5 BPS=$((200<<20)) scripts/bench-epochs.sh
+# paper (the default): the experiment of "Analyzing and Mitigating Data Stalls in DNN
+#   Training". 20,000 files of ~110 KiB (2.25 GB); memory budget 1 GiB for every side;
+#   storage throttled to 200 MiB/s (cgroup v1 blkio); 2 reader processes; 5 epochs.
+#   Systems: native, minio and lru (coorfs's cache alone, prefetch off).
+# prefetch: the same dataset and budget, 1 reader process, two kinds of storage:
+#   bw  - bandwidth-bound: the 200 MiB/s blkio throttle;
+#   lat - latency-bound, like network storage: the dataset behind a passthrough mount that
+#         adds 2 ms to every read (coorfs --policy none --no-prefetch --read-delay 2ms, on
+#         its own, outside the budget) and serves many reads at once; native and coorfs
+#         both read through it. This kernel has no netem, device-mapper or NFS, and a
+#         blkio IOPS limit is a rate, not a latency.
+#   Systems: native, minio (prefetch off), prefetch (remaining-set prefetch), hint
+#   (prefetch following the order that `coorfs read --hint` hands over each epoch).
+#
+# Native reads the dataset from inside a cgroup with a 1 GiB memory limit, so its page cache
+# lives within it. coorfs gets --cache-size 1G, and its daemon and the reader share one
+# cgroup limited to 1 GiB + OVERHEAD (64 MiB: the daemon's ~12 MiB measured for this
+# dataset, plus fetch buffers) + the staging area when prefetch is on (--prefetch-memory,
+# 256 MiB). Per epoch: time, bytes from storage (the cgroup's blkio counter, or the delay
+# mount's own bytes_from_source), hit rate (coorfs's per-epoch count; for native, 1 - its
+# storage bytes / its first epoch's).
+#
+#   scripts/bench-epochs.sh                 # paper, REPS=3
+#   REPS=5 scripts/bench-epochs.sh prefetch
+#   STORAGES=lat SYSTEMS="native hint" scripts/bench-epochs.sh prefetch
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
 
+SCENARIO=${1:-paper}
 REPS=${REPS:-3}
 EPOCHS=${EPOCHS:-5}
 DATA=${DATA:-/var/tmp/coorfs-bench/epochs}
 BUDGET=${BUDGET:-$((1 << 30))}
 OVERHEAD=${OVERHEAD:-$((64 << 20))}
+STAGING=${STAGING:-$((256 << 20))}
 BPS=${BPS:-$((200 << 20))}
-SYSTEMS=${SYSTEMS:-"native minio lru"}
+DELAY=${DELAY:-2ms}
+case "$SCENARIO" in
+    paper) PROCS=2; SYSTEMS=${SYSTEMS:-"native minio lru"}; STORAGES=${STORAGES:-bw} ;;
+    prefetch) PROCS=1; SYSTEMS=${SYSTEMS:-"native minio prefetch hint"}; STORAGES=${STORAGES:-"bw lat"} ;;
+    *) echo "bench-epochs.sh: unknown scenario \"$SCENARIO\" (paper or prefetch)" >&2; exit 2 ;;
+esac
 
 cargo build --release --quiet
 coorfs=$PWD/target/release/coorfs
@@ -32,34 +54,98 @@ python3 scripts/make-dataset.py --files 20000 --size 110K --classes 100 "$DATA" 
 dev=$(device_of "$DATA")
 dataset_bytes=$(du -sb --apparent-size "$DATA" | cut -f1)
 
-bench_start bench-epochs
-samples="$work/samples.txt"
-
-for rep in $(seq 1 "$REPS"); do
-    for sys in $SYSTEMS; do
-        bench_side "$sys" 0
-        for epoch in $(seq 1 "$EPOCHS"); do
-            before=$(cg_read_bytes "$cg" "$dev")
-            secs=$(cg_run "$cg" "$coorfs" read --json --procs 2 --seed $((rep * 100 + epoch)) "$dir" |
-                python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
-            after=$(cg_read_bytes "$cg" "$dev")
-            hit=-
-            if [ "$sys" != native ]; then
-                hit=$(coorfs_stat "$mnt" stats 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$epoch - 1]['hit_rate'])")
-            fi
-            echo "$sys $rep $epoch $secs $((after - before)) $hit" | tee -a "$samples" >&2
-        done
-        if [ "$sys" != native ]; then
-            echo "  $sys cached_bytes=$(coorfs_stat "$mnt" cached_bytes 2>/dev/null) of dataset $dataset_bytes;" \
-                "peak memory of daemon+reader: $(cat "$CG_MEM/$cg/memory.max_usage_in_bytes") bytes" >&2
-            $coorfs umount "$mnt"
-        fi
-        cg_destroy "$cg"
+work=$(mktemp -d /tmp/coorfs-bench-epochs.XXXXXX)
+mnt="$work/mnt"
+slow="$work/slow"
+mkdir "$mnt" "$slow"
+cg="coorfs-bench-$$"
+cleanup() {
+    for m in "$mnt" "$slow"; do
+        if grep -qs " $m fuse.coorfs " /proc/mounts; then $coorfs umount "$m" || umount -l "$m"; fi
     done
+    cg_destroy "$cg"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+# SAMPLES=FILE keeps the per-epoch samples for another script (bench-analyze.sh) to read.
+samples=${SAMPLES:-$work/samples.txt}
+
+# coorfs mount options and reader options of each system.
+mount_opts() {
+    case "$1" in
+        minio) echo "--policy minio --no-prefetch" ;;
+        lru) echo "--policy lru --no-prefetch" ;;
+        prefetch | hint) echo "--policy minio --prefetch-memory $STAGING" ;;
+    esac
+}
+memory_of() {
+    case "$1" in
+        native) echo "$BUDGET" ;;
+        prefetch | hint) echo $((BUDGET + OVERHEAD + STAGING)) ;;
+        *) echo $((BUDGET + OVERHEAD)) ;;
+    esac
+}
+
+# storage_bytes STORAGE: bytes read from storage so far by the cgroup (bw) or the delay mount.
+storage_bytes() {
+    if [ "$1" = bw ]; then cg_read_bytes "$cg" "$dev"; else coorfs_stat "$slow" bytes_from_source; fi
+}
+
+for storage in $STORAGES; do
+    if [ "$storage" = lat ]; then
+        # The delay mount reads the dataset from the page cache (warmed here, outside every
+        # budget), so that what it adds is latency alone.
+        $coorfs read --procs 2 --sorted "$DATA" >/dev/null
+        $coorfs mount --policy none --no-prefetch --read-delay "$DELAY" "$DATA" "$slow"
+        wait_scan "$slow"
+        src="$slow"; bps=0
+    else
+        src="$DATA"; bps=$BPS
+    fi
+    for rep in $(seq 1 "$REPS"); do
+        for sys in $SYSTEMS; do
+            # Nothing of the dataset in the page cache that the reader will use (for lat, the
+            # delay mount's own pages; the data under it stays warm).
+            drop_pages "$src"
+            cg_create "$cg" "$(memory_of "$sys")" "$bps" "$dev"
+            dir="$src"
+            if [ "$sys" != native ]; then
+                # shellcheck disable=SC2046
+                cg_run "$cg" "$coorfs" mount $(mount_opts "$sys") --cache-size "$BUDGET" "$src" "$mnt"
+                wait_scan "$mnt"
+                dir="$mnt"
+            fi
+            hint=; [ "$sys" = hint ] && hint=--hint
+            for epoch in $(seq 1 "$EPOCHS"); do
+                before=$(storage_bytes "$storage")
+                secs=$(cg_run "$cg" "$coorfs" read --json $hint --procs "$PROCS" --seed $((rep * 100 + epoch)) "$dir" |
+                    python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+                after=$(storage_bytes "$storage")
+                hit=-
+                if [ "$sys" != native ]; then
+                    hit=$(coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$epoch - 1]['hit_rate'])")
+                fi
+                echo "$storage/$sys $rep $epoch $secs $((after - before)) $hit" | tee -a "$samples" >&2
+            done
+            if [ "$sys" != native ]; then
+                echo "  $sys: cached_bytes=$(coorfs_stat "$mnt" cached_bytes) staging_hits=$(coorfs_stat "$mnt" staging_hits)" \
+                    "prefetched_unused=$(coorfs_stat "$mnt" prefetched_unused) fetch_stall=$(coorfs_stat "$mnt" fetch_stall_seconds)s;" \
+                    "peak memory of daemon+reader: $(cat "$CG_MEM/$cg/memory.max_usage_in_bytes") bytes" >&2
+                $coorfs umount "$mnt"
+            fi
+            cg_destroy "$cg"
+        done
+    done
+    if [ "$storage" = lat ]; then $coorfs umount "$slow"; fi
 done
 
 echo
-echo "scripts/bench-epochs.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): 20,000 files," \
-    "$((dataset_bytes / 1000000)) MB; budget $((BUDGET >> 20)) MiB; storage $((BPS >> 20)) MiB/s; 2 readers"
-echo
-python3 scripts/epochstats.py --baseline native --dataset-bytes "$dataset_bytes" < "$samples"
+echo "scripts/bench-epochs.sh $SCENARIO (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): 20,000 files," \
+    "$((dataset_bytes / 1000000)) MB; budget $((BUDGET >> 20)) MiB; $PROCS reader(s);" \
+    "bw = $((BPS >> 20)) MiB/s, lat = $DELAY a read"
+for storage in $STORAGES; do
+    echo
+    grep "^$storage/" "$samples" | sed "s|^$storage/||" |
+        python3 scripts/epochstats.py --baseline native --dataset-bytes "$dataset_bytes" |
+        sed "s/^| \([a-z]*\) |/| $storage \1 |/"
+done

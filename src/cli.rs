@@ -71,6 +71,23 @@ it mirrors, or to warm a cache.",
         after_help = "Example:\n  coorfs read --procs 2 --epochs 3 /mnt/train"
     )]
     Read(ReadArgs),
+    /// Measure the storage, simulate the cache and predict data stalls before training.
+    #[command(
+        long_about = "Answer \"how much memory should this dataset get, and will my GPUs wait?\" \
+before training. Scans DATASET (file count, bytes, sizes); measures the storage with random \
+whole-file reads of sampled files that bypass the page cache, at queue depths 1, 4, 16 and 64; \
+simulates epochs in a fresh random order each with the real file sizes, for the page cache \
+(LRU), coorfs's MinIO cache and MinIO with prefetch; and predicts each epoch's fetch time \
+(bytes from storage / measured throughput), the samples/s storage sustains and, with --rate, \
+whether training waits for data (a fetch stall) and the smallest cache that avoids it.\n\nWith \
+--mount it also reads cached files through a live coorfs mount of DATASET (the hit path) and \
+prints the mount's last epochs beside the prediction. The sampled files' pages are dropped \
+from the page cache before and after they are read.",
+        after_help = "Examples:\n  coorfs analyze /data/imagenet --cache-size 64G --rate 2500\n  \
+coorfs analyze /data/imagenet --sweep --rate 2500 --plot stalls.svg --json report.json\n  \
+coorfs analyze /data/imagenet --mount /mnt/train --time 10s"
+    )]
+    Analyze(AnalyzeArgs),
 }
 
 /// `coorfs mount`.
@@ -111,6 +128,31 @@ pub struct MountArgs {
     /// random access into big files caches only what is read.
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
     pub block_size: u64,
+
+    /// Turn off prefetch: read only what jobs ask for.
+    #[arg(long, help_heading = "Prefetch")]
+    pub no_prefetch: bool,
+    /// The staging area for prefetched files the cache does not keep, on top of the cache
+    /// (K/M/G suffixes).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::units::parse_size, help_heading = "Prefetch")]
+    pub prefetch_memory: u64,
+    /// Prefetch reads in flight at once (a deep queue suits network storage).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024), help_heading = "Prefetch")]
+    pub prefetch_depth: u16,
+
+    /// What makes a job (one training run, with its own epochs): pgid = the process group
+    /// (a DataLoader's workers share their parent's; falls back to the session), sid = the
+    /// session, uid = the user, none = one job for all.
+    #[arg(long, value_enum, default_value_t = JobKeyArg::Pgid, help_heading = "Jobs")]
+    pub job_key: JobKeyArg,
+    /// Forget a job after this long without reading (e.g. 10m).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, help_heading = "Jobs")]
+    pub job_idle_timeout: Duration,
+
+    /// Add DURATION to every read of the source, to emulate network storage in benchmarks
+    /// (e.g. --policy none --read-delay 2ms makes a slow passthrough mount).
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_duration, help_heading = "Testing")]
+    pub read_delay: Duration,
 
     /// Append the daemon's log to FILE (without it, a background daemon logs nowhere).
     #[arg(long, value_name = "FILE", help_heading = "Logging")]
@@ -179,6 +221,107 @@ pub struct ReadArgs {
     /// Print one JSON object per epoch instead of a table row.
     #[arg(long)]
     pub json: bool,
+    /// Before each epoch, hand its order to the coorfs mount at DIR (DIR/.coorfs-order), so
+    /// that its prefetcher follows it exactly.
+    #[arg(long)]
+    pub hint: bool,
+}
+
+/// `--job-key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum JobKeyArg {
+    Pgid,
+    Sid,
+    Uid,
+    None,
+}
+
+/// `coorfs analyze`.
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// The dataset directory (what coorfs mount would serve).
+    pub dataset: PathBuf,
+
+    /// The memory to analyse, as coorfs cache or page cache, in bytes (K/M/G/T suffixes), at
+    /// most the dataset's size [default: the --mount's cache size, else what coorfs mount
+    /// would use: half of the memory available].
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Prediction")]
+    pub cache_size: Option<u64>,
+    /// Also simulate every cache size from 0 to 100% of the dataset, in steps of 5%.
+    #[arg(long, help_heading = "Prediction")]
+    pub sweep: bool,
+    /// Samples (files) per second the GPUs consume: gives the verdict on fetch stalls and the
+    /// smallest cache without one.
+    #[arg(long, value_name = "SAMPLES_PER_SEC", value_parser = parse_rate, help_heading = "Prediction")]
+    pub rate: Option<f64>,
+    /// Epochs to simulate (epoch 1 always reads everything from storage).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=1000), help_heading = "Prediction")]
+    pub epochs: u32,
+    /// Bytes (K/M/G/T suffixes) of the prefetcher's staging buffer, beyond the cache, for the
+    /// "minio + prefetch" column.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::units::parse_size, help_heading = "Prediction")]
+    pub staging: u64,
+
+    /// Time for all read measurements together, split evenly across the queue depths (1, 4,
+    /// 16, 64) of the storage and of the --mount's hit path (e.g. 10s, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_nonzero_duration, help_heading = "Measurement")]
+    pub time: Duration,
+    /// Seed of the sampled files and of the simulated orders (epoch E in the order of
+    /// coorfs read --seed N).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Measurement"
+    )]
+    pub seed: u64,
+    /// A live coorfs mount of DATASET: measure reads of its cached files, and show its last
+    /// epochs beside the prediction for its cache size.
+    #[arg(long, value_name = "MOUNTPOINT", help_heading = "Measurement")]
+    pub mount: Option<PathBuf>,
+
+    /// Write the whole report as JSON to FILE ('-': to stdout, instead of the text).
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    pub json: Option<PathBuf>,
+    /// Draw hit rate and predicted epoch time against cache size (0-100% of the dataset) as
+    /// SVG to FILE.
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    pub plot: Option<PathBuf>,
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "\"{text}\": expected samples per second, more than 0"
+        )),
+    }
+}
+
+fn parse_nonzero_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => Err(format!("\"{text}\": must be more than 0, e.g. 10s")),
+        d => Ok(d),
+    }
+}
+
+impl AnalyzeArgs {
+    /// The analysis's configuration.
+    pub fn into_config(self) -> crate::analyze::AnalyzeConfig {
+        crate::analyze::AnalyzeConfig {
+            dataset: self.dataset,
+            cache_size: self.cache_size,
+            sweep: self.sweep,
+            rate: self.rate,
+            epochs: self.epochs,
+            staging: self.staging,
+            time: self.time,
+            seed: self.seed,
+            mount: self.mount,
+            json: self.json,
+            plot: self.plot,
+        }
+    }
 }
 
 /// `--policy`.
@@ -222,6 +365,7 @@ impl ReadArgs {
             seed: self.seed,
             sorted: self.sorted,
             buffer: self.buffer as usize,
+            hint: self.hint,
         }
     }
 }
@@ -245,6 +389,21 @@ impl MountArgs {
             Policy::None => PolicyKind::None,
         };
         config.cache.block_size = self.block_size;
+        config.prefetch = crate::prefetch::PrefetchConfig {
+            enabled: !self.no_prefetch,
+            memory: self.prefetch_memory,
+            depth: self.prefetch_depth as usize,
+        };
+        config.jobs = crate::jobs::JobConfig {
+            key: match self.job_key {
+                JobKeyArg::Pgid => crate::jobs::JobKeyKind::Pgid,
+                JobKeyArg::Sid => crate::jobs::JobKeyKind::Sid,
+                JobKeyArg::Uid => crate::jobs::JobKeyKind::Uid,
+                JobKeyArg::None => crate::jobs::JobKeyKind::None,
+            },
+            idle_timeout: self.job_idle_timeout,
+        };
+        config.read_delay = self.read_delay;
         let options = DaemonOptions {
             foreground: self.foreground,
             log_file: self.log_file,

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cache::{CacheConfig, PolicyKind};
+use crate::jobs::JobConfig;
+use crate::prefetch::PrefetchConfig;
 
 /// How a mount serves its source.
 #[derive(Clone, Debug)]
@@ -25,6 +27,12 @@ pub struct MountConfig {
     pub io_threads: usize,
     /// The cache: policy, budget (bytes) and block size (bytes).
     pub cache: CacheConfig,
+    /// How jobs are told apart, and forgotten.
+    pub jobs: JobConfig,
+    /// The prefetcher: on or off, staging budget (bytes), queue depth.
+    pub prefetch: PrefetchConfig,
+    /// Added to every read of the source: emulates network storage in benchmarks.
+    pub read_delay: Duration,
 }
 
 impl MountConfig {
@@ -48,6 +56,9 @@ impl MountConfig {
                 capacity: default_cache_size(),
                 block_size: DEFAULT_BLOCK_SIZE,
             },
+            jobs: JobConfig::default(),
+            prefetch: PrefetchConfig::default(),
+            read_delay: Duration::ZERO,
         }
     }
 }

@@ -363,11 +363,19 @@ fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError
     let mount_err = |e: io::Error| MountError::Mount(mountpoint.clone(), e.to_string());
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
     let drop_pages = config.cache.policy != PolicyKind::None;
-    let source = Arc::new(LocalSource::new(config.source.clone(), drop_pages));
+    let local = LocalSource::new(config.source.clone(), drop_pages);
+    let source: Arc<dyn crate::source::DatasetSource> = if config.read_delay.is_zero() {
+        Arc::new(local)
+    } else {
+        let slow = crate::source::FaultySource::new(local);
+        *slow.read_delay.lock() = config.read_delay;
+        Arc::new(slow)
+    };
     let fs = Arc::new(
         DatasetFs::new(source, &config)
             .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?,
     );
+    fs.start_prefetcher().map_err(mount_err)?;
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(fs.clone(), notifier.clone());
 
@@ -417,6 +425,20 @@ fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError
         format_size(cache.capacity),
         format_size(cache.block_size)
     );
+    let prefetch = config.prefetch;
+    if prefetch.enabled {
+        info!(
+            "prefetch: {} staging, {} in flight; jobs by {:?}",
+            format_size(prefetch.memory),
+            prefetch.depth,
+            config.jobs.key
+        );
+    } else {
+        info!("prefetch: off; jobs by {:?}", config.jobs.key);
+    }
+    if !config.read_delay.is_zero() {
+        info!("every source read is delayed by {:?}", config.read_delay);
+    }
     std::thread::Builder::new()
         .name("coorfs-scan".into())
         .spawn(move || fs.scan())
@@ -529,7 +551,7 @@ pub fn daemon_pid(mountpoint: &Path) -> Option<u32> {
 }
 
 /// True while process `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
+pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the parenthesised command name.
         Ok(stat) => !matches!(
@@ -553,13 +575,23 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| MountError::NotMounted(mountpoint.clone()))?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: `c` is a NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+    // Closing a file returns before the kernel has sent its RELEASE to the daemon, and
+    // until that is answered the mount may still count as busy: a job that just finished
+    // must not see "busy", so EBUSY is retried for a moment.
+    let busy_until = Instant::now() + Duration::from_secs(1);
+    loop {
+        // SAFETY: `c` is a NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            break;
+        }
         let e = io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::EBUSY) => MountError::Busy(mountpoint),
-            _ => MountError::Unmount(mountpoint, e),
-        });
+        match e.raw_os_error() {
+            Some(libc::EBUSY) if Instant::now() < busy_until => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Some(libc::EBUSY) => return Err(MountError::Busy(mountpoint)),
+            _ => return Err(MountError::Unmount(mountpoint, e)),
+        }
     }
     let Some(pid) = pid else { return Ok(()) };
     let start = Instant::now();

@@ -58,20 +58,22 @@ impl Fetcher {
     }
 
     /// Hands block `key` of the file at `rel` to `waiter`, fetching it unless a fetch is in
-    /// flight. If this call starts the fetch, `account` receives the bytes it read.
+    /// flight. If this call starts the fetch, `account` receives the bytes it read, and the
+    /// block is offered to the cache if `admit`.
     pub fn fetch(
         self: &Arc<Self>,
         rel: Arc<Path>,
         key: BlockKey,
         waiter: Waiter<FetchResult>,
         account: Option<Account>,
+        admit: bool,
     ) {
         if !self.inflight.join(&key, waiter) {
             return;
         }
         let this = self.clone();
         self.io.spawn_blocking(move || {
-            let result = this.read(&rel, key);
+            let result = this.read(&rel, key, admit);
             if let (Ok(bytes), Some(account)) = (&result, account) {
                 account(bytes.len() as u64);
             }
@@ -84,7 +86,7 @@ impl Fetcher {
         self.inflight.contains(key)
     }
 
-    fn read(&self, rel: &Path, key: BlockKey) -> FetchResult {
+    fn read(&self, rel: &Path, key: BlockKey, admit: bool) -> FetchResult {
         let size = key.version.size;
         let len = self.cache.block_len(size, key.block) as usize;
         let offset = key.block * self.cache.block_size();
@@ -99,7 +101,9 @@ impl Fetcher {
                     Counters::add(&counters.source_errors, 1);
                     return Err(libc::ESTALE);
                 }
-                self.cache.insert(key, &buf);
+                if admit {
+                    self.cache.insert(key, &buf);
+                }
                 Ok(Arc::new(buf))
             }
             Err(e) => {

@@ -33,6 +33,9 @@
 //!   each file in the first epoch needs no LOOKUP. The daemon pays an `lstat` per entry.
 //! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and `--threads` worker threads
 //!   (one per CPU by default), each on its own cloned `/dev/fuse` descriptor.
+//! - The one writable file, the order file (`fs/control.rs`), is opened without NOFLUSH and
+//!   with direct I/O: its FLUSH at `close(2)` carries the verdict on the hint, and
+//!   `open(O_TRUNC)` arrives as a SETATTR of size 0, which it accepts.
 
 use std::ffi::OsStr;
 use std::sync::{Arc, OnceLock};
@@ -99,6 +102,7 @@ pub fn errno(err: &FsError) -> Errno {
         FsError::Range => Errno::ERANGE,
         FsError::Invalid(_) => Errno::EINVAL,
         FsError::NotSupported => Errno::ENOTSUP,
+        FsError::TooLarge => Errno::EFBIG,
         FsError::Source(e) => e.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO),
     }
 }
@@ -231,7 +235,10 @@ impl Filesystem for FuseAdapter {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0, caller(req)) {
             Ok(o) => {
-                let mut fopen = FopenFlags::FOPEN_NOFLUSH;
+                let mut fopen = FopenFlags::empty();
+                if !o.flush {
+                    fopen |= FopenFlags::FOPEN_NOFLUSH;
+                }
                 if o.keep_cache {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
@@ -286,12 +293,15 @@ impl Filesystem for FuseAdapter {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        ino: INodeNo,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        match self.fs.flush(ino.0, fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail("flush", e, reply),
+        }
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _d: bool, reply: ReplyEmpty) {
@@ -406,11 +416,11 @@ impl Filesystem for FuseAdapter {
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        _size: Option<u64>,
+        size: Option<u64>,
         _atime: Option<TimeOrNow>,
         _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
@@ -421,7 +431,12 @@ impl Filesystem for FuseAdapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        fail("setattr", FsError::ReadOnly, reply);
+        // open(O_TRUNC) of the order file truncates it first; nothing else may change.
+        match size.map(|s| self.fs.truncate(ino.0, s)) {
+            Some(Ok(attr)) => reply.attr(&self.fs.ttl(), &file_attr(&attr)),
+            Some(Err(e)) => fail("setattr", e, reply),
+            None => fail("setattr", FsError::ReadOnly, reply),
+        }
     }
 
     fn mknod(
@@ -495,16 +510,19 @@ impl Filesystem for FuseAdapter {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        fail("write", FsError::ReadOnly, reply);
+        match self.fs.write(ino.0, fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => fail("write", e, reply),
+        }
     }
 
     fn create(

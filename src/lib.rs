@@ -10,8 +10,10 @@
 //! - `epoch`, `stats`: epoch tracking (pure) and the statistics every view renders.
 //!
 //! Around them: `cli` (clap, at the edge), `config` (plain structs), `daemon` (mount life
-//! cycle), `manpage` (generated from the CLI).
+//! cycle), `manpage` (generated from the CLI), `analyze` (`coorfs analyze`: measure the
+//! storage, simulate the cache, predict data stalls).
 
+pub mod analyze;
 pub mod cache;
 pub mod cli;
 pub mod config;
@@ -20,9 +22,11 @@ pub mod epoch;
 pub mod fetch;
 pub mod fs;
 pub mod fuse;
+pub mod jobs;
 pub mod manpage;
 pub mod mountinfo;
 pub mod namespace;
+pub mod prefetch;
 pub mod reader;
 pub mod source;
 pub mod stats;

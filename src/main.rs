@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Command::Umount(args) => daemon::unmount(&args.mountpoint, args.lazy, args.timeout),
         Command::Read(args) => return read(&args),
         Command::Stats(args) => return stats(&args),
+        Command::Analyze(args) => return analyze(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -109,6 +110,16 @@ fn stats(args: &coorfs::cli::StatsArgs) -> ExitCode {
         match args.watch {
             Some(secs) => std::thread::sleep(std::time::Duration::from_secs_f64(secs)),
             None => return ExitCode::SUCCESS,
+        }
+    }
+}
+
+fn analyze(args: coorfs::cli::AnalyzeArgs) -> ExitCode {
+    match coorfs::analyze::run(&args.into_config(), &mut std::io::stdout().lock()) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coorfs: {e}");
+            ExitCode::from(e.exit_code() as u8)
         }
     }
 }

@@ -177,7 +177,7 @@ A size-0 probe returns the value's length, a buffer too small gets ERANGE, an un
 ENODATA. They are read-only.",
     ));
     out.push_str(&format!(
-        ".TP\n\\fB{}\\fR\nEvery statistic below, and the per-epoch history (\\fBepochs\\fR), as one JSON document; what \\fBcoorfs stats \\-\\-json\\fR prints.\n",
+        ".TP\n\\fB{}\\fR\nEvery statistic below, the dataset's epochs (\\fBepochs\\fR) and every job with its epochs (\\fBjobs\\fR), as one JSON document; what \\fBcoorfs stats \\-\\-json\\fR prints. The kernel caps an attribute value at 64 KiB: when the histories do not fit, only the most recent epochs are kept, and \\fBepochs_omitted\\fR counts the records left out.\n",
         esc(crate::stats::STATS_XATTR)
     ));
     for stat in crate::stats::Stat::ALL {

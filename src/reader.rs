@@ -32,6 +32,8 @@ pub struct ReadPlan {
     pub sorted: bool,
     /// Bytes per read call.
     pub buffer: usize,
+    /// Hand each epoch's order to the coorfs mount at `dir` before reading it.
+    pub hint: bool,
 }
 
 /// One epoch's figures.
@@ -57,6 +59,35 @@ pub enum ReadError {
     Empty(PathBuf),
     #[error("starting a worker: {0}")]
     Worker(io::Error),
+    #[error("handing the order to {0}: {1}")]
+    Hint(PathBuf, io::Error),
+}
+
+/// The order file of a coorfs mount (see `fs/control.rs`).
+pub const ORDER_FILE: &str = ".coorfs-order";
+
+/// Tells the coorfs mount at `mount` that this job will read `order` (paths below `mount`)
+/// next. The daemon answers at close, so the descriptor is closed by hand to see it.
+pub fn write_hint(mount: &Path, order: &[PathBuf]) -> io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let mut text = Vec::new();
+    for path in order {
+        let rel = path.strip_prefix(mount).unwrap_or(path);
+        text.extend_from_slice(rel.as_os_str().as_bytes());
+        text.push(b'\n');
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(mount.join(ORDER_FILE))?;
+    file.write_all(&text)?;
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` came from `into_raw_fd`, so this closes a descriptor we own, once.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Every regular file below `dir`, sorted.
@@ -82,7 +113,9 @@ pub fn list_files(dir: &Path) -> Result<Vec<PathBuf>, ReadError> {
 }
 
 /// The order of epoch `epoch`: a shuffle seeded with `seed + epoch`, or the sorted order.
-pub fn epoch_order(files: &[PathBuf], seed: u64, epoch: usize, sorted: bool) -> Vec<PathBuf> {
+/// (`coorfs analyze` shuffles file indices with it, so its simulated epochs are the orders
+/// `coorfs read` would use.)
+pub fn epoch_order<T: Clone>(files: &[T], seed: u64, epoch: usize, sorted: bool) -> Vec<T> {
     let mut order = files.to_vec();
     if !sorted {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(epoch as u64));
@@ -103,6 +136,9 @@ pub fn run(
     let mut reports = Vec::new();
     for epoch in 1..=plan.epochs {
         let order = epoch_order(&files, plan.seed, epoch, plan.sorted);
+        if plan.hint {
+            write_hint(&plan.dir, &order).map_err(|e| ReadError::Hint(plan.dir.clone(), e))?;
+        }
         let r = read_epoch(&order, plan.procs.max(1), plan.buffer.max(1), epoch)?;
         report(&r);
         reports.push(r);
@@ -247,6 +283,7 @@ mod tests {
             seed: 1,
             sorted: false,
             buffer: 4096,
+            hint: false,
         };
         let reports = run(&plan, |_| {}).unwrap();
         assert_eq!(reports.len(), 2);

@@ -182,7 +182,7 @@ impl DatasetSource for LocalSource {
 /// Opens a file for reading without updating its access time where the kernel allows it
 /// (`O_NOATIME` needs the file's owner or CAP_FOWNER), so that reading a dataset does not
 /// write to the disk that holds it.
-fn open_for_read(path: &Path) -> io::Result<File> {
+pub fn open_for_read(path: &Path) -> io::Result<File> {
     match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOATIME)
@@ -251,7 +251,8 @@ pub fn meta_from_std(m: &std::fs::Metadata) -> SourceMeta {
     }
 }
 
-/// A source that fails or slows down reads on request, for tests.
+/// A source that fails or slows down reads on request: for tests, and for `--read-delay`
+/// (network-like latency in benchmarks).
 #[derive(Debug)]
 pub struct FaultySource<S> {
     inner: S,

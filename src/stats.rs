@@ -79,6 +79,15 @@ stats! {
     AdmissionsRefused => "admissions_refused", Count, "Blocks read from the source but not cached because the cache was full.";
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
+    FetchStallSeconds => "fetch_stall_seconds", Seconds, "Seconds reads waited for the source, summed over concurrent reads: the fetch stall.";
+    StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
+    PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
+    PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread when their job's epoch ended or the job went away (wasted prefetch).";
+    StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
+    PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes (--prefetch-memory; 0 with --no-prefetch).";
+    HintsAccepted => "hints_accepted", Count, "Order hints accepted (writes of the .coorfs-order file).";
+    HintsRejected => "hints_rejected", Count, "Order hints rejected (unknown paths, garbage, too large).";
+    ActiveJobs => "active_jobs", Count, "Jobs (process groups, by default) that read the mount and were not idle long enough to be forgotten.";
     DatasetFiles => "dataset_files", Count, "Regular files found in the source by the scan at mount.";
     DatasetBytes => "dataset_bytes", Bytes, "Bytes of those files.";
     ScanComplete => "scan_complete", Count, "1 once the scan of the source has finished (epochs can end only then), else 0.";
@@ -122,6 +131,13 @@ pub struct Counters {
     pub bytes_from_cache: AtomicU64,
     pub bytes_from_source: AtomicU64,
     pub source_errors: AtomicU64,
+    pub staging_hits: AtomicU64,
+    pub prefetched_blocks: AtomicU64,
+    pub prefetched_unused: AtomicU64,
+    /// Microseconds.
+    pub fetch_stall_us: AtomicU64,
+    pub hints_accepted: AtomicU64,
+    pub hints_rejected: AtomicU64,
 }
 
 impl Counters {
@@ -142,7 +158,7 @@ pub struct EpochRecord {
     pub epoch: u64,
     /// Seconds since the mount when the epoch's first file was opened.
     pub start: f64,
-    /// Seconds the epoch lasted (so far, if it is still running).
+    /// Seconds from the epoch's first open to its last (so far, if it is still running).
     pub seconds: f64,
     /// True once every file has been read (or, for a job, a file was read again).
     pub complete: bool,
@@ -154,6 +170,14 @@ pub struct EpochRecord {
     pub hit_rate: f64,
     pub bytes_from_cache: u64,
     pub bytes_from_source: u64,
+    /// Seconds reads spent waiting for the source (summed over concurrent reads).
+    pub fetch_stall_seconds: f64,
+    /// Accesses of uncached files whose bytes the prefetcher had staged in time.
+    pub staging_hits: u64,
+    /// Files the prefetcher staged or cached ahead of the reader.
+    pub prefetched_files: u64,
+    /// Staged files dropped unread when the epoch ended (wasted prefetch I/O).
+    pub prefetched_unused: u64,
 }
 
 impl EpochRecord {
@@ -163,6 +187,15 @@ impl EpochRecord {
             start,
             ..Default::default()
         }
+    }
+
+    /// Turns one hit of a file of `size` bytes into a miss: the file was wholly cached at
+    /// open, but (LRU) part of it was evicted before it was read.
+    pub fn hit_became_miss(&mut self, size: u64) {
+        self.hits = self.hits.saturating_sub(1);
+        self.misses += 1;
+        self.bytes_from_cache -= size.min(self.bytes_from_cache);
+        self.hit_rate = self.hits as f64 / self.reads.max(1) as f64;
     }
 }
 
@@ -198,12 +231,17 @@ impl EpochLog {
                 self.records.remove(0);
             }
         }
-        self.records.last_mut().unwrap()
+        let r = self.records.last_mut().unwrap();
+        if r.start.is_nan() {
+            // Created by `update` before the epoch's first open: it starts now.
+            r.start = now;
+        }
+        r
     }
 
     /// Records an open of `file` at `now` seconds since the mount, a hit or a miss of
     /// `size` bytes; `total` is the dataset's file count if known. Returns the epoch the
-    /// access belongs to.
+    /// access belongs to, and what it did to the epoch.
     pub fn open(
         &mut self,
         file: FileId,
@@ -211,7 +249,7 @@ impl EpochLog {
         size: u64,
         total: Option<usize>,
         now: f64,
-    ) -> u64 {
+    ) -> (u64, Step) {
         let before = self.tracker.epoch();
         let step = self.tracker.access(file, total);
         let epoch = match step {
@@ -239,28 +277,21 @@ impl EpochLog {
         if step == Step::Completed {
             r.complete = true;
         }
-        epoch
+        (epoch, step)
     }
 
-    /// Turns one hit of epoch `epoch` of a file of `size` bytes into a miss: the file was
-    /// wholly cached at open, but (LRU) part of it was evicted before it was read.
-    pub fn hit_became_miss(&mut self, epoch: u64, size: u64) {
-        if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == epoch) {
-            r.hits -= 1;
-            r.misses += 1;
-            r.bytes_from_cache -= size.min(r.bytes_from_cache);
-            r.hit_rate = r.hits as f64 / r.reads.max(1) as f64;
-        }
-    }
-
-    /// Adds bytes served to epoch `epoch` (if it is still in the history).
-    pub fn add_bytes(&mut self, epoch: u64, from_cache: u64, from_source: u64, now: f64) {
-        if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == epoch) {
-            r.bytes_from_cache += from_cache;
-            r.bytes_from_source += from_source;
-            if !r.complete {
-                r.seconds = now - r.start;
+    /// Applies `change` to the record of epoch `epoch`, if it is still in the history. The
+    /// current epoch's record is created if the epoch has not had an open yet (a prefetch
+    /// for it, following an order hint, can come first).
+    pub fn update(&mut self, epoch: u64, change: impl FnOnce(&mut EpochRecord)) {
+        if epoch == self.tracker.epoch() && self.records.last().map(|r| r.epoch) != Some(epoch) {
+            self.records.push(EpochRecord::new(epoch, f64::NAN));
+            if self.records.len() > EPOCH_HISTORY {
+                self.records.remove(0);
             }
+        }
+        if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == epoch) {
+            change(r);
         }
     }
 
@@ -304,6 +335,8 @@ pub struct Snapshot {
     pub info: Vec<(&'static str, String)>,
     /// The dataset-wide epochs.
     pub epochs: Vec<EpochRecord>,
+    /// Every job with its epochs (an array of `JobSummary`).
+    pub jobs: serde_json::Value,
 }
 
 impl Snapshot {
@@ -315,8 +348,33 @@ impl Snapshot {
             .map(|(_, v)| *v)
     }
 
-    /// The `user.coorfs.stats` document.
-    pub fn to_json(&self) -> String {
+    /// The `user.coorfs.stats` document, at most `limit` bytes: the kernel caps an
+    /// attribute's value at 64 KiB (XATTR_SIZE_MAX), so when the epoch histories do not fit,
+    /// only the most recent epochs of each are kept, and `epochs_omitted` says how many
+    /// records were left out. Every numeric stat is always there.
+    pub fn to_json(&self, limit: usize) -> String {
+        let mut keep = usize::MAX;
+        loop {
+            let text = self.render(keep);
+            if text.len() <= limit || keep == 0 {
+                return text;
+            }
+            keep = if keep == usize::MAX {
+                EPOCH_HISTORY / 2
+            } else {
+                keep / 2
+            };
+        }
+    }
+
+    /// The document with at most `keep` epochs of every history.
+    fn render(&self, keep: usize) -> String {
+        let mut omitted = 0u64;
+        let mut recent = |list: &[serde_json::Value]| -> Vec<serde_json::Value> {
+            let skip = list.len().saturating_sub(keep);
+            omitted += skip as u64;
+            list[skip..].to_vec()
+        };
         let mut doc = serde_json::Map::new();
         for (k, v) in &self.info {
             doc.insert(k.to_string(), v.clone().into());
@@ -324,13 +382,26 @@ impl Snapshot {
         for (s, v) in &self.values {
             doc.insert(s.name().to_string(), v.json());
         }
-        doc.insert(
-            "epochs".into(),
-            serde_json::to_value(&self.epochs).unwrap_or_default(),
-        );
+        let epochs: Vec<serde_json::Value> = self
+            .epochs
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap_or_default())
+            .collect();
+        doc.insert("epochs".into(), recent(&epochs).into());
+        let mut jobs = self.jobs.clone();
+        for job in jobs.as_array_mut().into_iter().flatten() {
+            if let Some(list) = job.get("epochs").and_then(|e| e.as_array()).cloned() {
+                job["epochs"] = recent(&list).into();
+            }
+        }
+        doc.insert("jobs".into(), jobs);
+        doc.insert("epochs_omitted".into(), omitted.into());
         serde_json::Value::Object(doc).to_string()
     }
 }
+
+/// The largest `user.coorfs.stats` value the kernel passes (XATTR_SIZE_MAX).
+pub const XATTR_SIZE_MAX: usize = 65536;
 
 /// The attribute name of `stat`.
 pub fn xattr_name(stat: Stat) -> String {
@@ -366,13 +437,13 @@ mod tests {
         let mut log = EpochLog::new(Boundary::AllRead);
         // Epoch 1: files 0..3, all misses; epoch 2: file 0 hits, 1 misses, 2 hits.
         for f in 0..3 {
-            assert_eq!(log.open(f, false, 10, Some(3), f as f64), 1);
+            assert_eq!(log.open(f, false, 10, Some(3), f as f64).0, 1);
         }
-        log.add_bytes(1, 0, 30, 3.0);
-        assert_eq!(log.open(0, true, 10, Some(3), 4.0), 2);
-        assert_eq!(log.open(1, false, 10, Some(3), 5.0), 2);
-        log.add_bytes(2, 0, 10, 5.5);
-        assert_eq!(log.open(2, true, 10, Some(3), 6.0), 2);
+        log.update(1, |r| r.bytes_from_source += 30);
+        assert_eq!(log.open(0, true, 10, Some(3), 4.0), (2, Step::First));
+        assert_eq!(log.open(1, false, 10, Some(3), 5.0).0, 2);
+        log.update(2, |r| r.bytes_from_source += 10);
+        assert_eq!(log.open(2, true, 10, Some(3), 6.0), (2, Step::Completed));
         let r = log.records();
         assert_eq!(r.len(), 2);
         assert_eq!(
@@ -405,13 +476,54 @@ mod tests {
             values: Stat::ALL.iter().map(|s| (*s, Value::Count(7))).collect(),
             info: vec![("policy", "minio".into())],
             epochs: vec![EpochRecord::new(1, 0.0)],
+            jobs: serde_json::json!([{"job": "pgid 1"}]),
         };
-        let doc: serde_json::Value = serde_json::from_str(&snap.to_json()).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&snap.to_json(XATTR_SIZE_MAX)).unwrap();
         for s in Stat::ALL {
             assert_eq!(doc[s.name()], 7, "{}", s.name());
         }
         assert_eq!(doc["policy"], "minio");
         assert_eq!(doc["epochs"][0]["epoch"], 1);
+        assert_eq!(doc["jobs"][0]["job"], "pgid 1");
         assert_eq!(Value::Ratio(0.123456).text(), "0.1235");
+    }
+
+    #[test]
+    fn long_histories_are_trimmed_to_fit_an_attribute() {
+        let epochs: Vec<EpochRecord> = (1..=1000).map(|e| EpochRecord::new(e, 0.0)).collect();
+        let job =
+            serde_json::json!({"job": "pgid 1", "epochs": serde_json::to_value(&epochs).unwrap()});
+        let snap = Snapshot {
+            values: Stat::ALL.iter().map(|s| (*s, Value::Count(7))).collect(),
+            info: vec![],
+            epochs,
+            jobs: serde_json::Value::Array(vec![job; 20]),
+        };
+        let text = snap.to_json(XATTR_SIZE_MAX);
+        assert!(text.len() <= XATTR_SIZE_MAX, "{}", text.len());
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for s in Stat::ALL {
+            assert_eq!(doc[s.name()], 7);
+        }
+        let kept = doc["epochs"].as_array().unwrap();
+        assert!(!kept.is_empty() && kept.len() < 1000);
+        assert_eq!(
+            kept.last().unwrap()["epoch"],
+            1000,
+            "the most recent are kept"
+        );
+        let kept_total = kept.len() * 21;
+        assert_eq!(
+            doc["epochs_omitted"].as_u64().unwrap() as usize,
+            21 * 1000 - kept_total
+        );
+        // Small histories are whole.
+        let small = Snapshot {
+            epochs: vec![EpochRecord::new(1, 0.0)],
+            jobs: serde_json::json!([]),
+            ..snap
+        };
+        let doc: serde_json::Value = serde_json::from_str(&small.to_json(XATTR_SIZE_MAX)).unwrap();
+        assert_eq!(doc["epochs_omitted"], 0);
     }
 }

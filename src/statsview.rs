@@ -43,7 +43,7 @@ fn show(unit: Unit, v: f64) -> String {
         Unit::Count => format!("{}", v as u64),
         Unit::Bytes => format!("{} ({})", v as u64, format_size(v as u64)),
         Unit::Ratio => format!("{v:.4} ({:.1}%)", v * 100.0),
-        Unit::Seconds => format!("{}s", v as u64),
+        Unit::Seconds => format!("{v:.2}s"),
     }
 }
 
@@ -51,25 +51,35 @@ fn show(unit: Unit, v: f64) -> String {
 pub fn epoch_table(records: &[Json], out: &mut String) {
     let _ = writeln!(
         out,
-        "{:>6} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9}  state",
-        "epoch", "files", "reads", "hit rate", "from cache", "from source", "seconds"
+        "{:>6} {:>9} {:>9} {:>9} {:>8} {:>12} {:>12} {:>9} {:>9}  state",
+        "epoch",
+        "files",
+        "reads",
+        "hit rate",
+        "staged",
+        "from cache",
+        "from source",
+        "stall s",
+        "seconds"
     );
     for r in records {
+        let state = if r.get("complete").and_then(Json::as_bool) == Some(true) {
+            "complete"
+        } else {
+            "running"
+        };
         let _ = writeln!(
             out,
-            "{:>6} {:>9} {:>9} {:>8.1}% {:>12} {:>12} {:>9.2}  {}",
+            "{:>6} {:>9} {:>9} {:>8.1}% {:>8} {:>12} {:>12} {:>9.2} {:>9.2}  {state}",
             number(r, "epoch") as u64,
             number(r, "files") as u64,
             number(r, "reads") as u64,
             number(r, "hit_rate") * 100.0,
+            number(r, "staging_hits") as u64,
             format_size(number(r, "bytes_from_cache") as u64),
             format_size(number(r, "bytes_from_source") as u64),
+            number(r, "fetch_stall_seconds"),
             number(r, "seconds"),
-            if r.get("complete").and_then(Json::as_bool) == Some(true) {
-                "complete"
-            } else {
-                "running"
-            },
         );
     }
 }
@@ -103,6 +113,29 @@ pub fn render(doc: &Json) -> String {
         out.push_str("\ndataset epochs (an epoch ends when every file has been read once more)\n");
         epoch_table(&records, &mut out);
     }
+    for job in doc
+        .get("jobs")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let active = job.get("active").and_then(Json::as_bool) == Some(true);
+        let _ = writeln!(
+            out,
+            "\njob {} ({}, epoch {}, order hint of {} files, idle {:.1}s)",
+            job.get("job").and_then(Json::as_str).unwrap_or("?"),
+            if active { "active" } else { "forgotten" },
+            number(job, "epoch") as u64,
+            number(job, "hint_files") as u64,
+            number(job, "idle_seconds"),
+        );
+        let records = job
+            .get("epochs")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_default();
+        epoch_table(&records, &mut out);
+    }
     out
 }
 
@@ -126,17 +159,17 @@ mod tests {
         for stat in Stat::ALL {
             assert!(text.contains(stat.name()), "{}", stat.name());
         }
-        assert!(
-            text.contains("hit_rate            0.7500 (75.0%)"),
-            "{text}"
-        );
-        assert!(
-            text.contains("cached_bytes        2048 (2.0 KiB)"),
-            "{text}"
-        );
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.split_whitespace().next() == Some(name))
+                .unwrap_or("")
+                .to_string()
+        };
+        assert!(line("hit_rate").ends_with(" 0.7500 (75.0%)"), "{text}");
+        assert!(line("cached_bytes").ends_with(" 2048 (2.0 KiB)"), "{text}");
         assert!(
             text.contains(
-                "     1         4         4     50.0%      1.0 KiB      1.0 KiB      1.50  complete"
+                "     1         4         4     50.0%        0      1.0 KiB      1.0 KiB      0.00      1.50  complete"
             ),
             "{text}"
         );

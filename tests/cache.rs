@@ -1,5 +1,6 @@
 //! The cache through a real mount: MinIO keeps the cached fraction as every later epoch's hit
 //! rate, LRU does worse, the counters add up to what happened, and bytes are always right.
+//! Prefetch is off here (it turns misses into hits; tests/prefetch.rs covers it).
 
 mod common;
 
@@ -41,7 +42,16 @@ fn four_epochs(policy: &str) -> (Value, Vec<u64>) {
     let rels = make_dataset(&src, FILES, SIZE, 20);
     // 20 KiB is a multiple of the arena's 64-byte alignment, so exactly half the files fit.
     let capacity = (FILES / 2 * SIZE).to_string();
-    let m = Mount::new(&src, &["--policy", policy, "--cache-size", &capacity]);
+    let m = Mount::new(
+        &src,
+        &[
+            "--no-prefetch",
+            "--policy",
+            policy,
+            "--cache-size",
+            &capacity,
+        ],
+    );
     wait_for_scan(&m.mnt);
     for epoch in 0..4 {
         read_epoch(&m.mnt, &rels, SIZE, epoch);
@@ -142,7 +152,7 @@ fn policy_none_caches_nothing_and_counts_every_open_a_miss() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 200, SIZE, 4);
-    let m = Mount::new(&src, &["--policy", "none"]);
+    let m = Mount::new(&src, &["--no-prefetch", "--policy", "none"]);
     wait_for_scan(&m.mnt);
     read_epoch(&m.mnt, &rels, SIZE, 1);
     let s = stats(&m.mnt);
@@ -202,7 +212,7 @@ fn a_modified_source_file_is_served_with_its_new_content() {
     std::fs::create_dir(&src).unwrap();
     std::fs::write(src.join("a"), b"first version").unwrap();
     std::fs::write(src.join("b"), b"unchanged").unwrap();
-    let m = Mount::new(&src, &[]);
+    let m = Mount::new(&src, &["--no-prefetch"]);
     assert_eq!(std::fs::read(m.path("a")).unwrap(), b"first version");
     assert_eq!(std::fs::read(m.path("b")).unwrap(), b"unchanged");
     assert_eq!(std::fs::read(m.path("a")).unwrap(), b"first version");
@@ -233,7 +243,7 @@ fn attributes_follow_the_xattr_protocol_and_agree_with_coorfs_stats() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 50, 1000, 2);
-    let m = Mount::new(&src, &[]);
+    let m = Mount::new(&src, &["--no-prefetch"]);
     wait_for_scan(&m.mnt);
     read_epoch(&m.mnt, &rels, 1000, 3);
     let root = CString::new(m.mnt.as_os_str().as_bytes()).unwrap();
@@ -289,8 +299,18 @@ fn attributes_follow_the_xattr_protocol_and_agree_with_coorfs_stats() {
     let table = coorfs([std::ffi::OsStr::new("stats"), m.mnt.as_os_str()]);
     assert!(table.status.success());
     let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.contains("  misses              50\n"), "{table}");
-    assert!(table.contains("  cached_files        50\n"), "{table}");
+    let line = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(line("misses").as_deref(), Some("misses 50"), "{table}");
+    assert_eq!(
+        line("cached_files").as_deref(),
+        Some("cached_files 50"),
+        "{table}"
+    );
     let json = coorfs([
         std::ffi::OsStr::new("stats"),
         std::ffi::OsStr::new("--json"),

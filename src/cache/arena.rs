@@ -16,7 +16,7 @@ use memmap2::{MmapMut, MmapOptions};
 
 /// Slots start at multiples of this many bytes: cache-line alignment keeps copies out of a
 /// slot fast, and costs under 0.1% of a 100 KiB file.
-const ALIGN: usize = 64;
+pub const ALIGN: usize = 64;
 
 /// A reserved range of the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -26,6 +26,8 @@
 //! as bytes from the cache right there (training reads files whole, and the kernel may serve
 //! them without asking); reads through a direct-I/O handle count exactly what they serve.
 
+mod control;
+mod prefetch;
 mod read;
 
 use std::ffi::OsStr;
@@ -39,10 +41,13 @@ use parking_lot::Mutex;
 
 use crate::cache::{BlockCache, CacheConfig, PolicyKind};
 use crate::config::MountConfig;
+use crate::epoch::Step;
 use crate::fetch::Fetcher;
+use crate::jobs::{Job, JobKey, Jobs};
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
+use crate::prefetch::{PrefetchConfig, Staging};
 use crate::source::{DatasetSource, DirItem, FsStats};
-use crate::stats::{self, Counters, Snapshot, Stat, Stats, Value};
+use crate::stats::{self, Counters, EpochRecord, Snapshot, Stat, Stats, Value};
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
 /// exhaustive `match`.
@@ -70,6 +75,8 @@ pub enum FsError {
     Invalid(String),
     #[error("operation not supported")]
     NotSupported,
+    #[error("file too large")]
+    TooLarge,
     #[error("source: {0}")]
     Source(#[from] io::Error),
 }
@@ -104,6 +111,8 @@ pub struct Opened {
     pub direct_io: bool,
     /// The source file changed since the kernel was last told its attributes.
     pub changed: bool,
+    /// The daemon must see `close(2)` (a FLUSH), where it answers for what was written.
+    pub flush: bool,
 }
 
 /// One directory entry, as `readdir` hands it out.
@@ -121,6 +130,26 @@ pub struct DirEntryOut<'a> {
 /// Called with the bytes of a read (or its error), possibly on another thread.
 pub type ReadDone = Box<dyn FnOnce(Result<&[u8], FsError>) + Send>;
 
+/// Blocks an open file holds outside the cache.
+#[derive(Debug, Default)]
+struct Held {
+    /// Blocks the prefetcher staged for this file, claimed by this open; freed at close.
+    claimed: Vec<(u64, Arc<Vec<u8>>)>,
+    /// The last block fetched for this handle, so that small reads through a block the
+    /// cache did not admit do not fetch it again.
+    last: Option<(u64, Arc<Vec<u8>>)>,
+}
+
+impl Held {
+    fn get(&self, block: u64) -> Option<Arc<Vec<u8>>> {
+        self.claimed
+            .iter()
+            .chain(self.last.iter())
+            .find(|(b, _)| *b == block)
+            .map(|(_, data)| data.clone())
+    }
+}
+
 /// An open file.
 #[derive(Debug)]
 struct FileHandle {
@@ -131,9 +160,19 @@ struct FileHandle {
     counted_at_open: AtomicBool,
     /// The dataset-wide epoch the open belongs to.
     epoch: u64,
-    /// The last block fetched for this handle, so that small reads through a block the
-    /// cache did not admit do not fetch it again.
-    last: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
+    /// The job that opened the file, and its epoch then.
+    job: Arc<Mutex<Job>>,
+    job_key: JobKey,
+    job_epoch: u64,
+    held: Mutex<Held>,
+}
+
+impl FileHandle {
+    /// Applies `change` to the records of the dataset epoch and the job epoch of this open.
+    fn update_epochs(&self, stats: &Stats, change: impl Fn(&mut EpochRecord)) {
+        stats.epochs.lock().update(self.epoch, &change);
+        self.job.lock().log.update(self.job_epoch, &change);
+    }
 }
 
 /// An open directory: a snapshot of its listing taken at `opendir`.
@@ -160,11 +199,16 @@ pub struct DatasetFs {
     cache: Arc<BlockCache>,
     stats: Arc<Stats>,
     fetcher: Arc<Fetcher>,
+    jobs: Jobs,
+    staging: Arc<Staging>,
+    prefetch: PrefetchConfig,
+    prefetcher: prefetch::PrefetchState,
     scan: ScanState,
     info: Vec<(&'static str, String)>,
     next_fh: AtomicU64,
     files: Mutex<std::collections::HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<std::collections::HashMap<u64, Arc<DirHandle>>>,
+    orders: Mutex<std::collections::HashMap<u64, control::OrderWriter>>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -211,11 +255,20 @@ impl DatasetFs {
             cache,
             stats,
             fetcher,
+            jobs: Jobs::new(config.jobs),
+            staging: Arc::new(Staging::new(if config.prefetch.enabled {
+                config.prefetch.memory
+            } else {
+                0
+            })),
+            prefetch: config.prefetch,
+            prefetcher: prefetch::PrefetchState::default(),
             scan: ScanState::default(),
             info,
             next_fh: AtomicU64::new(1),
             files: Mutex::new(Default::default()),
             dirs: Mutex::new(Default::default()),
+            orders: Mutex::new(Default::default()),
             _io: io,
         })
     }
@@ -268,7 +321,12 @@ impl DatasetFs {
                 }
             }
         }
+        let _ = self
+            .prefetcher
+            .disk_order
+            .set(self.ns.files_in_inode_order());
         self.scan.complete.store(true, Ordering::Release);
+        self.wake_prefetcher();
         tracing::info!(
             "scan complete: {} files, {}",
             self.scan.files.load(Ordering::Relaxed),
@@ -286,6 +344,11 @@ impl DatasetFs {
 
     /// Finds `name` in directory `parent`.
     pub fn lookup(&self, parent: NodeId, name: &OsStr) -> Result<Entry, FsError> {
+        if parent == ROOT && name == control::ORDER_FILE {
+            return Ok(Entry {
+                attr: self.control_attr(),
+            });
+        }
         let dir = self.ns.info(parent).ok_or(FsError::NotFound)?;
         if dir.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
@@ -301,6 +364,9 @@ impl DatasetFs {
 
     /// The attributes of node `ino`.
     pub fn getattr(&self, ino: NodeId) -> Result<Attr, FsError> {
+        if ino == control::ORDER_INO {
+            return Ok(self.control_attr());
+        }
         self.ns.info(ino).map(|i| i.attr).ok_or(FsError::NotFound)
     }
 
@@ -313,8 +379,12 @@ impl DatasetFs {
         Ok(self.source.read_link(&self.rel_path(ino)?)?)
     }
 
-    /// Opens file `ino` for reading. `flags` are the `open(2)` flags.
-    pub fn open(&self, ino: NodeId, flags: i32, _caller: Caller) -> Result<Opened, FsError> {
+    /// Opens file `ino` for reading (or the order file for writing). `flags` are the
+    /// `open(2)` flags.
+    pub fn open(&self, ino: NodeId, flags: i32, caller: Caller) -> Result<Opened, FsError> {
+        if ino == control::ORDER_INO {
+            return self.open_order(flags, caller);
+        }
         if flags & libc::O_ACCMODE != libc::O_RDONLY
             || flags & (libc::O_TRUNC | libc::O_APPEND) != 0
         {
@@ -328,27 +398,69 @@ impl DatasetFs {
         let meta = self.source.metadata(&rel).map_err(not_found_or_source)?;
         let changed = meta.version != info.version && self.ns.refresh(ino, meta);
         let version = meta.version;
+        let size = version.size;
+        let now = self.stats.now();
 
         let hit = self.cache.holds_file(&version);
+        let job = self.jobs.get(caller.pid, caller.uid, now);
+        let job_key = job.lock().key;
+        // The prefetcher's blocks of this file are now this open's.
+        let claimed = if hit {
+            Vec::new()
+        } else {
+            self.claim_staged(&version, job_key)
+        };
+        let staged = !claimed.is_empty() && claimed.len() as u64 == self.cache.block_count(size);
+
         let counters = &self.stats.counters;
         Counters::add(&counters.reads, 1);
         if hit {
             Counters::add(&counters.hits, 1);
-            Counters::add(&counters.bytes_from_cache, version.size);
+            Counters::add(&counters.bytes_from_cache, size);
         } else {
             Counters::add(&counters.misses, 1);
         }
-        let epoch = match info.file_id {
+        if staged {
+            Counters::add(&counters.staging_hits, 1);
+        }
+        let total = self.dataset_files();
+        let (epoch, job_epoch) = match info.file_id {
             Some(file) => {
-                let now = self.stats.now();
-                let total = self.dataset_files();
-                self.stats
-                    .epochs
-                    .lock()
-                    .open(file, hit, version.size, total, now)
+                let mut log = self.stats.epochs.lock();
+                let (epoch, _) = log.open(file, hit, size, total, now);
+                if staged {
+                    log.update(epoch, |r| r.staging_hits += 1);
+                }
+                drop(log);
+                let mut j = job.lock();
+                j.last_access = now;
+                let (job_epoch, step) = j.log.open(file, hit, size, total, now);
+                if staged {
+                    j.log.update(job_epoch, |r| r.staging_hits += 1);
+                }
+                let turned = matches!(step, Step::Completed | Step::Restarted);
+                if turned {
+                    j.epoch_changed();
+                }
+                let current = j.epoch();
+                drop(j);
+                if turned {
+                    self.drop_unused_staging(&job, job_key, current);
+                    self.wake_prefetcher();
+                }
+                (epoch, job_epoch)
             }
-            None => self.stats.epochs.lock().tracker().epoch(),
+            None => {
+                let epoch = self.stats.epochs.lock().tracker().epoch();
+                (epoch, job.lock().epoch())
+            }
         };
+        // A miss may leave the prefetcher work (and it should see a job become active); a
+        // hit changes nothing it plans from, and waking a thread per open costs CPU that a
+        // hot epoch needs. Claims and epoch turns wake it themselves.
+        if !hit {
+            self.wake_prefetcher();
+        }
 
         let (keep_cache, direct_io) = match self.cache.config().policy {
             PolicyKind::None => (!changed, false),
@@ -359,16 +471,28 @@ impl DatasetFs {
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
-            "open {} fh {fh}: {} (epoch {epoch})",
+            "open {} fh {fh} by {job_key}: {} (epoch {epoch}, job epoch {job_epoch})",
             rel.display(),
-            if hit { "hit" } else { "miss" }
+            if hit {
+                "hit"
+            } else if staged {
+                "staged"
+            } else {
+                "miss"
+            }
         );
         let handle = FileHandle {
             rel: Arc::from(rel),
             version,
             counted_at_open: AtomicBool::new(hit),
             epoch,
-            last: Mutex::new(None),
+            job,
+            job_key,
+            job_epoch,
+            held: Mutex::new(Held {
+                claimed,
+                last: None,
+            }),
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
@@ -376,12 +500,15 @@ impl DatasetFs {
             keep_cache,
             direct_io,
             changed,
+            flush: false,
         })
     }
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: u64) {
-        self.files.lock().remove(&fh);
+        if self.files.lock().remove(&fh).is_none() {
+            self.release_order(fh);
+        }
     }
 
     /// Opens directory `ino` and takes a snapshot of its listing.
@@ -537,6 +664,17 @@ impl DatasetFs {
                 Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
                 Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
                 Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
+                Stat::FetchStallSeconds => {
+                    Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6)
+                }
+                Stat::StagingHits => Value::Count(Counters::get(&c.staging_hits)),
+                Stat::PrefetchedBlocks => Value::Count(Counters::get(&c.prefetched_blocks)),
+                Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
+                Stat::StagingBytes => Value::Count(self.staging.bytes()),
+                Stat::PrefetchMemory => Value::Count(self.staging.capacity()),
+                Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
+                Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
+                Stat::ActiveJobs => Value::Count(self.jobs.live().len() as u64),
                 Stat::DatasetFiles => Value::Count(self.scan.files.load(Ordering::Relaxed)),
                 Stat::DatasetBytes => Value::Count(self.scan.bytes.load(Ordering::Relaxed)),
                 Stat::ScanComplete => {
@@ -547,10 +685,14 @@ impl DatasetFs {
                 Stat::Pid => Value::Count(std::process::id() as u64),
             }
         };
+        let values = Stat::ALL.iter().map(|s| (*s, value(*s))).collect();
+        let records = epochs.records().to_vec();
+        drop(epochs);
         Snapshot {
-            values: Stat::ALL.iter().map(|s| (*s, value(*s))).collect(),
+            values,
             info: self.info.clone(),
-            epochs: epochs.records().to_vec(),
+            epochs: records,
+            jobs: serde_json::to_value(self.jobs.summaries(self.stats.now())).unwrap_or_default(),
         }
     }
 
@@ -560,7 +702,7 @@ impl DatasetFs {
         let name = name.to_str().ok_or(FsError::NoAttr)?;
         if ino == ROOT {
             if name == stats::STATS_XATTR {
-                return Ok(self.snapshot().to_json().into_bytes());
+                return Ok(self.snapshot().to_json(stats::XATTR_SIZE_MAX).into_bytes());
             }
             if let Some(stat) = stats::stat_of_xattr(name) {
                 let value = self.snapshot().get(stat).ok_or(FsError::NoAttr)?;

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -123,8 +124,10 @@ impl DatasetFs {
         Assembly::finish_one(assembly.lock());
     }
 
-    /// Block `block` of the handle's file if it is at hand. A cache hit through a handle
-    /// whose open was a miss counts `served` bytes as coming from the cache.
+    /// Block `block` of the handle's file if it is at hand: in the cache, held by the
+    /// handle, or staged by the prefetcher (a prefetch that was in flight when the file was
+    /// opened may have landed since). A cache hit through a handle whose open was a miss
+    /// counts `served` bytes as coming from the cache.
     fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
         let key = BlockKey {
             version: h.version,
@@ -133,21 +136,26 @@ impl DatasetFs {
         if let Some(bytes) = self.cache.get(&key) {
             if !h.counted_at_open.load(Ordering::Relaxed) {
                 Counters::add(&self.stats.counters.bytes_from_cache, served);
-                let now = self.stats.now();
-                self.stats.epochs.lock().add_bytes(h.epoch, served, 0, now);
+                h.update_epochs(&self.stats, |r| r.bytes_from_cache += served);
             }
             return Some(Local::Cached(bytes));
         }
-        match &*h.last.lock() {
-            Some((b, buf)) if *b == block => Some(Local::Fetched(buf.clone())),
-            _ => None,
+        let mut held = h.held.lock();
+        if let Some(data) = held.get(block) {
+            return Some(Local::Fetched(data));
         }
+        if self.staging.contains(&key) {
+            held.claimed
+                .extend(self.claim_staged(&h.version, h.job_key));
+            return held.get(block).map(Local::Fetched);
+        }
+        None
     }
 
     /// Fetches block `block` of the handle's file for `waiter`, attributing the bytes read
-    /// from the source to the handle's epoch. If the open counted the file as a hit (it was
-    /// wholly cached then, and LRU has since evicted part of it), it becomes a miss, so that
-    /// hits never include reads of the source.
+    /// from the source and the time waited to the handle's epochs. If the open counted the
+    /// file as a hit (it was wholly cached then, and LRU has since evicted part of it), it
+    /// becomes a miss, so that hits never include reads of the source.
     fn fetch_for(
         &self,
         h: &Arc<FileHandle>,
@@ -161,32 +169,40 @@ impl DatasetFs {
             Counters::add(&c.misses, 1);
             c.bytes_from_cache
                 .fetch_sub(h.version.size, Ordering::Relaxed);
-            self.stats
-                .epochs
-                .lock()
-                .hit_became_miss(h.epoch, h.version.size);
+            let size = h.version.size;
+            h.update_epochs(&self.stats, |r| r.hit_became_miss(size));
         }
         let key = BlockKey {
             version: h.version,
             block,
         };
         let stats = self.stats.clone();
-        let epoch = h.epoch;
+        let accounted = h.clone();
         let account: Account = Box::new(move |n| {
-            let now = stats.now();
-            stats.epochs.lock().add_bytes(epoch, 0, n, now);
+            accounted.update_epochs(&stats, |r| r.bytes_from_source += n);
         });
         let handle = h.clone();
+        let stats = self.stats.clone();
+        let staging = self.staging.clone();
+        let started = Instant::now();
         self.fetcher.fetch(
             h.rel.clone(),
             key,
             Box::new(move |r| {
+                let waited = started.elapsed();
                 if let Ok(buf) = &r {
-                    *handle.last.lock() = Some((block, buf.clone()));
+                    handle.held.lock().last = Some((block, buf.clone()));
+                    // If this read joined a prefetch of the block, the bytes are read now:
+                    // the staged copy would be wasted.
+                    staging.discard(&key, handle.job_key);
                 }
+                Counters::add(&stats.counters.fetch_stall_us, waited.as_micros() as u64);
+                let secs = waited.as_secs_f64();
+                handle.update_epochs(&stats, |r| r.fetch_stall_seconds += secs);
                 waiter(r)
             }),
             Some(account),
+            true,
         );
     }
 }

@@ -102,14 +102,7 @@ impl Drop for Mount {
 
 /// True while `pid` runs (zombies count as gone).
 pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !matches!(
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.trim_start().chars().next()),
-            Some('Z') | Some('X') | None
-        ),
-        Err(_) => false,
-    }
+    coorfs::daemon::alive(pid)
 }
 
 /// Waits until `cond` holds, up to `timeout`.

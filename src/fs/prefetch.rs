@@ -1,0 +1,285 @@
+//! The prefetcher's loop: for every job that is reading, fetch what it will read next.
+//!
+//! One thread wakes when something changed (an open, a fetch that ended, the scan that
+//! completed) or every 50 ms, and for each job active in the last few seconds issues fetches
+//! until `--prefetch-depth` are in flight or the staging area is full. What to fetch comes
+//! from the job's order hint if it gave one for this epoch, else from the dataset in inode
+//! order (on-disk order on ext4/XFS), skipping what the job has read this epoch, what is
+//! cached, staged or already being fetched ([`crate::prefetch::next_candidates`]). Without
+//! a hint, an epoch is prefetched only once the job has opened its first file: the job may
+//! have finished, and prefetch must not guess that it goes on.
+//!
+//! MinIO may admit prefetched blocks while it has room (it never evicts, so a guess cannot
+//! push anything out); LRU gets them only when they are read. The rest waits in the staging
+//! area until its job opens the file.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::DatasetFs;
+use crate::cache::{BlockKey, PolicyKind};
+use crate::fetch::Account;
+use crate::jobs::{Job, JobKey};
+use crate::namespace::{FileId, FileVersion};
+use crate::prefetch::next_candidates;
+use crate::stats::Counters;
+
+/// A job that has not opened a file for this long gets no prefetch: it is between runs,
+/// validating, or gone, and what it would stage would sit unread.
+const ACTIVE_SECS: f64 = 5.0;
+
+/// How long the loop sleeps when nothing wakes it.
+const TICK: Duration = Duration::from_millis(50);
+
+/// The prefetcher's shared state.
+#[derive(Debug, Default)]
+pub(super) struct PrefetchState {
+    /// Every file id in inode order, set when the scan completes.
+    pub disk_order: OnceLock<Vec<FileId>>,
+    signals: Arc<Signals>,
+}
+
+/// What fetch completions (on I/O threads) tell the loop.
+#[derive(Debug, Default)]
+struct Signals {
+    inflight: AtomicUsize,
+    woken: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Signals {
+    fn wake(&self) {
+        *self.woken.lock() = true;
+        self.wake.notify_one();
+    }
+}
+
+impl DatasetFs {
+    /// Wakes the prefetcher: something it plans from has changed.
+    pub(super) fn wake_prefetcher(&self) {
+        self.prefetcher.signals.wake();
+    }
+
+    /// Takes the staged blocks of file `version` for an open by `job` (see
+    /// [`crate::prefetch::Staging::claim`]). LRU admits them, as it admits whatever is read.
+    pub(super) fn claim_staged(
+        &self,
+        version: &FileVersion,
+        job: JobKey,
+    ) -> Vec<(u64, Arc<Vec<u8>>)> {
+        if !self.prefetch.enabled {
+            return Vec::new();
+        }
+        let claimed = self
+            .staging
+            .claim(version, self.cache.block_count(version.size), job);
+        if self.cache.config().policy == PolicyKind::Lru {
+            for (block, data) in &claimed {
+                self.cache.insert(
+                    BlockKey {
+                        version: *version,
+                        block: *block,
+                    },
+                    data,
+                );
+            }
+        }
+        if !claimed.is_empty() {
+            self.wake_prefetcher();
+        }
+        claimed
+    }
+
+    /// Drops what `job` staged for epochs before `current` and counts it as unused.
+    pub(super) fn drop_unused_staging(&self, job: &Arc<Mutex<Job>>, key: JobKey, current: u64) {
+        let dropped = self.staging.drop_before(key, current);
+        if dropped.is_empty() {
+            return;
+        }
+        let mut j = job.lock();
+        for (epoch, d) in dropped {
+            Counters::add(&self.stats.counters.prefetched_unused, d.blocks);
+            j.log.update(epoch, |r| r.prefetched_unused += d.blocks);
+            tracing::debug!("{key}: {} staged blocks of epoch {epoch} unused", d.blocks);
+        }
+    }
+
+    /// Starts the prefetch thread. It holds the core weakly and ends when the core is gone.
+    pub fn start_prefetcher(self: &Arc<Self>) -> std::io::Result<()> {
+        let weak: Weak<DatasetFs> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("coorfs-prefetch".into())
+            .spawn(move || {
+                loop {
+                    let Some(fs) = weak.upgrade() else { break };
+                    fs.prefetch_round();
+                    let signals = fs.prefetcher.signals.clone();
+                    drop(fs);
+                    let mut woken = signals.woken.lock();
+                    if !*woken {
+                        signals.wake.wait_for(&mut woken, TICK);
+                    }
+                    *woken = false;
+                }
+            })?;
+        Ok(())
+    }
+
+    /// One pass: forget idle jobs, then fetch ahead for every active one.
+    fn prefetch_round(&self) {
+        let now = self.stats.now();
+        for job in self.jobs.expire(now) {
+            let key = job.lock().key;
+            self.drop_unused_staging(&job, key, u64::MAX);
+        }
+        if !self.prefetch.enabled {
+            return;
+        }
+        let Some(disk_order) = self.prefetcher.disk_order.get() else {
+            return;
+        };
+        for job in self.jobs.live() {
+            if now - job.lock().last_access > ACTIVE_SECS {
+                continue;
+            }
+            self.prefetch_for(&job, disk_order);
+        }
+    }
+
+    /// Issues fetches for `job` until the queue or the staging area is full, or nothing is
+    /// left to fetch this epoch.
+    fn prefetch_for(&self, job: &Arc<Mutex<Job>>, disk_order: &[FileId]) {
+        let depth = self.prefetch.depth.max(1);
+        loop {
+            let inflight = self.prefetcher.signals.inflight.load(Ordering::Relaxed);
+            if inflight >= depth {
+                return;
+            }
+            let (key, epoch, picked) = {
+                let mut j = job.lock();
+                let hinted = j.active_order();
+                // Without an order for it, an epoch is prefetched only once the job has begun
+                // it: a job that stopped after its last epoch must not leave a staging area
+                // full of files nobody will read.
+                if hinted.is_none() && j.log.tracker().read_in_epoch() == 0 {
+                    return;
+                }
+                let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
+                let (picked, cursor) =
+                    next_candidates(order, j.prefetch_cursor, depth - inflight, |f| {
+                        !j.log.tracker().has_read(f) && self.worth_prefetching(f)
+                    });
+                j.prefetch_cursor = cursor;
+                (j.key, j.epoch(), picked)
+            };
+            if picked.is_empty() {
+                return;
+            }
+            for (position, file) in picked {
+                if !self.prefetch_file(job, key, epoch, file) {
+                    // Staging is full: come back to this file when there is room.
+                    let mut j = job.lock();
+                    if j.epoch() == epoch {
+                        j.prefetch_cursor = j.prefetch_cursor.min(position);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// True if file `f` is not cached and not staged or being fetched already.
+    fn worth_prefetching(&self, f: FileId) -> bool {
+        let Some(info) = self.ns.file_node(f).and_then(|n| self.ns.info(n)) else {
+            return false;
+        };
+        let key = BlockKey {
+            version: info.version,
+            block: 0,
+        };
+        info.version.size > 0
+            && !self.cache.holds_file(&info.version)
+            && !self.staging.contains(&key)
+            && !self.fetcher.in_flight(&key)
+    }
+
+    /// Fetches the blocks of file `f` for `job`'s epoch `epoch`. Returns false if the
+    /// staging area had no room for them.
+    fn prefetch_file(&self, job: &Arc<Mutex<Job>>, key: JobKey, epoch: u64, f: FileId) -> bool {
+        let Some(node) = self.ns.file_node(f) else {
+            return true;
+        };
+        let (Some(info), Some(rel)) = (self.ns.info(node), self.ns.path(node)) else {
+            return true;
+        };
+        let rel: Arc<std::path::Path> = Arc::from(rel);
+        let version = info.version;
+        let admit = self.cache.config().policy == PolicyKind::MinIo;
+        let mut issued = false;
+        for block in 0..self.cache.block_count(version.size) {
+            let bkey = BlockKey { version, block };
+            if self.cache.contains(&bkey)
+                || self.staging.contains(&bkey)
+                || self.fetcher.in_flight(&bkey)
+            {
+                continue;
+            }
+            let len = self.cache.block_len(version.size, block);
+            // Checked and issued under the job's lock, which its opens take to mark a file
+            // read: either the job opened the file first and it is skipped, or the fetch is
+            // in flight before the job's read can start another.
+            let j = job.lock();
+            if j.epoch() != epoch || j.log.tracker().has_read(f) {
+                return true;
+            }
+            if !self.staging.reserve(len) {
+                return issued;
+            }
+            issued = true;
+            self.prefetcher
+                .signals
+                .inflight
+                .fetch_add(1, Ordering::Relaxed);
+            Counters::add(&self.stats.counters.prefetched_blocks, 1);
+            let stats = self.stats.clone();
+            let accounted = job.clone();
+            let account: Account = Box::new(move |n| {
+                let mut log = stats.epochs.lock();
+                let current = log.tracker().epoch();
+                log.update(current, |r| r.bytes_from_source += n);
+                drop(log);
+                accounted
+                    .lock()
+                    .log
+                    .update(epoch, |r| r.bytes_from_source += n);
+            });
+            let (cache, staging) = (self.cache.clone(), self.staging.clone());
+            let signals = self.prefetcher.signals.clone();
+            self.fetcher.fetch(
+                rel.clone(),
+                bkey,
+                Box::new(move |r| {
+                    // Staged even if the epoch turned meanwhile: a reader that joined this
+                    // fetch discards it right after (it comes first among the waiters), and
+                    // anything else is counted as unused when the epoch is cleaned up.
+                    match r {
+                        Ok(data) if !cache.contains(&bkey) => staging.put(bkey, data, key, epoch),
+                        _ => staging.unreserve(len),
+                    }
+                    signals.inflight.fetch_sub(1, Ordering::Relaxed);
+                    signals.wake();
+                }),
+                Some(account),
+                admit,
+            );
+            drop(j);
+        }
+        if issued {
+            job.lock().log.update(epoch, |r| r.prefetched_files += 1);
+        }
+        true
+    }
+}

@@ -1,0 +1,341 @@
+//! Jobs: who is reading, so that every training run has its own epoch clock.
+//!
+//! A job is one training run. A PyTorch DataLoader's worker processes are children of the
+//! main process and share its process group and session, so by default a job is a process
+//! group (`--job-key pgid`), falling back to the session if the group cannot be read (the
+//! process already exited). How common launchers group:
+//! - a script run from an interactive shell: the shell puts each pipeline in its own
+//!   process group, so the script and everything it starts are one job;
+//! - torchrun: every rank is a child of torchrun, in torchrun's process group: the ranks of
+//!   one run are one job (each reads its shard; together they read the dataset once per
+//!   epoch);
+//! - a Jupyter notebook: the kernel process and its DataLoader workers are one job, and
+//!   successive runs in one kernel are successive epochs of it;
+//! - jobs started by one batch script without job control share the script's group: use
+//!   `--job-key sid` if each runs under its own `setsid`, `uid` to group by user, or `none`
+//!   for one job per mount.
+//!
+//! Per job, an [`EpochLog`] with the [`Boundary::AllReadOrRepeat`] rule (every file read,
+//! or a file read a second time), per-epoch records, and the job's order hint. A job with no
+//! access for `idle_timeout` is forgotten; its last records are kept, bounded, for `stats`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::epoch::Boundary;
+use crate::namespace::FileId;
+use crate::stats::{EpochLog, EpochRecord};
+
+/// What identifies a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum JobKeyKind {
+    /// The caller's process group (falling back to its session).
+    #[default]
+    Pgid,
+    /// The caller's session.
+    Sid,
+    /// The caller's user id.
+    Uid,
+    /// One job for everybody.
+    None,
+}
+
+/// How jobs are told apart and forgotten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobConfig {
+    pub key: JobKeyKind,
+    /// A job with no access for this long is forgotten.
+    pub idle_timeout: Duration,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            key: JobKeyKind::Pgid,
+            // Longer than any pause between epochs (validation, checkpointing), short enough
+            // that a finished run's state does not linger for the life of the mount.
+            idle_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The identity of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobKey {
+    Pgid(u32),
+    Sid(u32),
+    Uid(u32),
+    All,
+}
+
+impl std::fmt::Display for JobKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobKey::Pgid(n) => write!(f, "pgid {n}"),
+            JobKey::Sid(n) => write!(f, "sid {n}"),
+            JobKey::Uid(n) => write!(f, "uid {n}"),
+            JobKey::All => write!(f, "all"),
+        }
+    }
+}
+
+/// The job of process `pid` (run by `uid`) under `kind`.
+pub fn job_of(kind: JobKeyKind, pid: u32, uid: u32) -> JobKey {
+    // SAFETY: getpgid and getsid read another process's ids; no memory is involved.
+    let pgid = || unsafe { libc::getpgid(pid as libc::pid_t) };
+    let sid = || unsafe { libc::getsid(pid as libc::pid_t) };
+    match kind {
+        JobKeyKind::Pgid => match pgid() {
+            g if g > 0 => JobKey::Pgid(g as u32),
+            _ => match sid() {
+                s if s > 0 => JobKey::Sid(s as u32),
+                _ => JobKey::Pgid(pid),
+            },
+        },
+        JobKeyKind::Sid => match sid() {
+            s if s > 0 => JobKey::Sid(s as u32),
+            _ => JobKey::Sid(pid),
+        },
+        JobKeyKind::Uid => JobKey::Uid(uid),
+        JobKeyKind::None => JobKey::All,
+    }
+}
+
+/// The order a job said it will read its files in.
+#[derive(Clone, Debug, Default)]
+pub struct Hint {
+    /// File ids, in reading order.
+    pub order: Arc<Vec<FileId>>,
+    /// The job's epoch the order is for; None until the job starts it.
+    pub epoch: Option<u64>,
+}
+
+/// One job's state.
+#[derive(Debug)]
+pub struct Job {
+    pub key: JobKey,
+    pub log: EpochLog,
+    /// Seconds since the mount of the last access.
+    pub last_access: f64,
+    /// The order hint, if the job gave one.
+    pub hint: Option<Hint>,
+    /// Where the prefetcher is in the job's hint or in the on-disk order, this epoch.
+    pub prefetch_cursor: usize,
+}
+
+impl Job {
+    fn new(key: JobKey, now: f64) -> Self {
+        Job {
+            key,
+            log: EpochLog::new(Boundary::AllReadOrRepeat),
+            last_access: now,
+            hint: None,
+            prefetch_cursor: 0,
+        }
+    }
+
+    /// The job's current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.log.tracker().epoch()
+    }
+
+    /// The active order of the current epoch, if the job gave one for it.
+    pub fn active_order(&self) -> Option<Arc<Vec<FileId>>> {
+        let hint = self.hint.as_ref()?;
+        (hint.epoch == Some(self.epoch())).then(|| hint.order.clone())
+    }
+
+    /// Takes a new order: it is for the current epoch if the job has read nothing in it
+    /// yet, else for the next one.
+    pub fn set_hint(&mut self, order: Vec<FileId>) {
+        let epoch = if self.log.tracker().read_in_epoch() == 0 {
+            Some(self.epoch())
+        } else {
+            None
+        };
+        self.hint = Some(Hint {
+            order: Arc::new(order),
+            epoch,
+        });
+        if epoch.is_some() {
+            self.prefetch_cursor = 0;
+        }
+    }
+
+    /// Called when the job's epoch changed: a waiting hint becomes the new epoch's, and the
+    /// prefetcher starts over.
+    pub fn epoch_changed(&mut self) {
+        let epoch = self.epoch();
+        if let Some(hint) = &mut self.hint {
+            match hint.epoch {
+                None => hint.epoch = Some(epoch),
+                // The order was for an epoch that is over.
+                Some(e) if e < epoch => self.hint = None,
+                Some(_) => {}
+            }
+        }
+        self.prefetch_cursor = 0;
+    }
+}
+
+/// What `stats` shows of a job.
+#[derive(Clone, Debug, Serialize)]
+pub struct JobSummary {
+    pub job: String,
+    pub epoch: u64,
+    /// Seconds since the job's last access.
+    pub idle_seconds: f64,
+    /// Files in the job's active order hint (0 without one).
+    pub hint_files: u64,
+    /// False once the job was forgotten for being idle.
+    pub active: bool,
+    pub epochs: Vec<EpochRecord>,
+}
+
+/// How many forgotten jobs `stats` keeps showing.
+const PAST_JOBS: usize = 16;
+
+/// The jobs of a mount.
+#[derive(Debug)]
+pub struct Jobs {
+    config: JobConfig,
+    live: Mutex<HashMap<JobKey, Arc<Mutex<Job>>>>,
+    past: Mutex<VecDeque<JobSummary>>,
+}
+
+impl Jobs {
+    /// No jobs yet.
+    pub fn new(config: JobConfig) -> Self {
+        Jobs {
+            config,
+            live: Mutex::new(HashMap::new()),
+            past: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> JobConfig {
+        self.config
+    }
+
+    /// The job of a caller, created on its first access.
+    pub fn get(&self, pid: u32, uid: u32, now: f64) -> Arc<Mutex<Job>> {
+        let key = job_of(self.config.key, pid, uid);
+        self.live
+            .lock()
+            .entry(key)
+            .or_insert_with(|| Arc::new(Mutex::new(Job::new(key, now))))
+            .clone()
+    }
+
+    /// The live jobs.
+    pub fn live(&self) -> Vec<Arc<Mutex<Job>>> {
+        self.live.lock().values().cloned().collect()
+    }
+
+    /// Forgets jobs idle for longer than the timeout; returns them.
+    pub fn expire(&self, now: f64) -> Vec<Arc<Mutex<Job>>> {
+        let timeout = self.config.idle_timeout.as_secs_f64();
+        let mut gone = Vec::new();
+        self.live.lock().retain(|_, job| {
+            let idle = now - job.lock().last_access > timeout;
+            if idle {
+                gone.push(job.clone());
+            }
+            !idle
+        });
+        let mut past = self.past.lock();
+        for job in &gone {
+            past.push_back(summary(&job.lock(), now, false));
+            if past.len() > PAST_JOBS {
+                past.pop_front();
+            }
+        }
+        gone
+    }
+
+    /// Every job, live first (by key), then the forgotten ones.
+    pub fn summaries(&self, now: f64) -> Vec<JobSummary> {
+        let mut live: Vec<_> = self
+            .live()
+            .iter()
+            .map(|j| summary(&j.lock(), now, true))
+            .collect();
+        live.sort_by(|a, b| a.job.cmp(&b.job));
+        live.extend(self.past.lock().iter().cloned());
+        live
+    }
+}
+
+fn summary(job: &Job, now: f64, active: bool) -> JobSummary {
+    JobSummary {
+        job: job.key.to_string(),
+        epoch: job.epoch(),
+        idle_seconds: (now - job.last_access).max(0.0),
+        hint_files: job.active_order().map(|o| o.len() as u64).unwrap_or(0),
+        active,
+        epochs: job.log.records().to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_configured_kind() {
+        let me = std::process::id();
+        // SAFETY: reads our own process group and session.
+        let (pgid, sid) = unsafe { (libc::getpgid(0) as u32, libc::getsid(0) as u32) };
+        assert_eq!(job_of(JobKeyKind::Pgid, me, 5), JobKey::Pgid(pgid));
+        assert_eq!(job_of(JobKeyKind::Sid, me, 5), JobKey::Sid(sid));
+        assert_eq!(job_of(JobKeyKind::Uid, me, 5), JobKey::Uid(5));
+        assert_eq!(job_of(JobKeyKind::None, me, 5), JobKey::All);
+        // A process that does not exist falls back to its own pid.
+        assert_eq!(
+            job_of(JobKeyKind::Pgid, 0x7fff_fff0, 0),
+            JobKey::Pgid(0x7fff_fff0)
+        );
+    }
+
+    #[test]
+    fn a_hint_waits_for_the_next_epoch_once_reading_began() {
+        let mut job = Job::new(JobKey::All, 0.0);
+        job.set_hint(vec![2, 0, 1]);
+        assert_eq!(job.active_order().unwrap().as_slice(), &[2, 0, 1]);
+        // Epoch 1 read in that order, then a new hint while epoch 2 has not begun.
+        for f in [2, 0, 1] {
+            job.log.open(f, false, 1, Some(3), 0.0);
+        }
+        job.epoch_changed();
+        assert!(job.active_order().is_none(), "the epoch-1 order is over");
+        job.set_hint(vec![1, 2, 0]);
+        assert_eq!(job.active_order().unwrap().as_slice(), &[1, 2, 0]);
+        // A hint in the middle of an epoch applies to the next one.
+        job.log.open(1, false, 1, Some(3), 0.0);
+        job.set_hint(vec![0, 1, 2]);
+        assert!(job.active_order().is_none());
+        job.log.open(1, false, 1, Some(3), 0.0); // a repeat: epoch 3 begins
+        job.epoch_changed();
+        assert_eq!(job.active_order().unwrap().as_slice(), &[0, 1, 2]);
+    }
+
+    #[test]
+    fn idle_jobs_are_forgotten_but_summarised() {
+        let jobs = Jobs::new(JobConfig {
+            key: JobKeyKind::Uid,
+            idle_timeout: Duration::from_secs(10),
+        });
+        jobs.get(1, 100, 0.0).lock().last_access = 0.0;
+        jobs.get(1, 200, 5.0).lock().last_access = 5.0;
+        assert_eq!(jobs.expire(12.0).len(), 1);
+        let s = jobs.summaries(12.0);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].job.as_str(), s[0].active), ("uid 200", true));
+        assert_eq!((s[1].job.as_str(), s[1].active), ("uid 100", false));
+    }
+}

@@ -1,0 +1,69 @@
+//! scripts/coorfs_torch.py against a real mount, with Python's standard library only (the
+//! torch parts are checked by scripts/check-frameworks.sh).
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_dataset(&src, 120, 2000, 4);
+    let m = Mount::new(&src, &["--cache-size", "0"]);
+    let stats = |m: &Mount| -> serde_json::Value {
+        serde_json::from_slice(&xattr::get(&m.mnt, "user.coorfs.stats").unwrap().unwrap()).unwrap()
+    };
+    assert!(wait_for(
+        Duration::from_secs(30),
+        || stats(&m)["scan_complete"] == 1
+    ));
+    let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
+    let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/hint_client.py");
+    let out = Command::new("python3")
+        .arg(client)
+        .arg(scripts)
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["files"], 120, "{got}");
+    assert_eq!(got["unknown"], "ENOENT");
+    assert_eq!(got["directory"], "EINVAL");
+    assert_eq!(got["outside"], "ValueError");
+    assert_eq!(got["lenient"], serde_json::json!([false, 1]));
+
+    let s = stats(&m);
+    assert_eq!(
+        (s["hints_accepted"].as_u64(), s["hints_rejected"].as_u64()),
+        (Some(2), Some(3)),
+        "{s}"
+    );
+    let job = s["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == format!("pgid {}", got["pgid"]))
+        .unwrap_or_else(|| panic!("no job for the client in {s}"));
+    let epochs = job["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 2, "{job}");
+    for e in epochs {
+        assert_eq!(
+            (e["files"].as_u64(), e["complete"].as_bool()),
+            (Some(120), Some(true)),
+            "{e}"
+        );
+        // No cache: every file came through the staging area or from the source, once.
+        assert_eq!(e["bytes_from_source"].as_u64(), Some(120 * 2000), "{e}");
+        assert_eq!(e["prefetched_unused"].as_u64(), Some(0), "{e}");
+    }
+    m.unmount();
+}

@@ -1,0 +1,271 @@
+//! Jobs, per-job epochs, prefetch and order hints, through real mounts. The slow storage is a
+//! second coorfs mount with `--policy none --read-delay`, as in the benchmarks.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn stats(mnt: &Path) -> Value {
+    let raw = xattr::get(mnt, "user.coorfs.stats").unwrap().unwrap();
+    serde_json::from_slice(&raw).unwrap()
+}
+
+fn num(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+fn wait_for_scan(mnt: &Path) {
+    assert!(wait_for(Duration::from_secs(30), || num(
+        &stats(mnt),
+        "scan_complete"
+    ) == 1));
+}
+
+/// A dataset behind a mount that delays every read by `delay`, like network storage.
+struct SlowStorage {
+    _dir: tempfile::TempDir,
+    slow: Mount,
+}
+
+fn slow_storage(files: usize, size: usize, delay: &str) -> SlowStorage {
+    let dir = open_tempdir();
+    let data = dir.path().join("data");
+    make_dataset(&data, files, size, 10);
+    let slow = Mount::new(&data, &["--policy", "none", "--read-delay", delay]);
+    SlowStorage { _dir: dir, slow }
+}
+
+/// Runs `coorfs read` in a process group of its own; returns the child (its pid is the group).
+fn reader(args: &[&str], dir: &Path) -> std::process::Child {
+    Command::new(bin())
+        .arg("read")
+        .args(args)
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
+fn job(s: &Value, pgid: u32) -> &Value {
+    s["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == format!("pgid {pgid}"))
+        .unwrap_or_else(|| panic!("no job pgid {pgid} in {s}"))
+}
+
+#[test]
+fn two_concurrent_jobs_each_keep_their_own_epochs() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_dataset(&src, 300, 4096, 3);
+    let m = Mount::new(&src, &[]);
+    wait_for_scan(&m.mnt);
+    let mut a = reader(&["--procs", "2", "--epochs", "3", "--seed", "1"], &m.mnt);
+    let mut b = reader(&["--procs", "3", "--epochs", "2", "--seed", "2"], &m.mnt);
+    let (pa, pb) = (a.id(), b.id());
+    assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "active_jobs"), 2, "{s}");
+    for (pgid, epochs) in [(pa, 3), (pb, 2)] {
+        let j = job(&s, pgid);
+        let records = j["epochs"].as_array().unwrap();
+        assert_eq!(records.len(), epochs, "{j}");
+        for (i, r) in records.iter().enumerate() {
+            assert_eq!(num(r, "epoch"), i as u64 + 1);
+            assert_eq!((num(r, "files"), num(r, "reads")), (300, 300), "{r}");
+            assert_eq!(num(r, "hits") + num(r, "misses"), 300);
+            assert_eq!(r["complete"], true, "{r}");
+        }
+        // Every epoch completed by reading everything: the next one has not begun.
+        assert_eq!(num(j, "epoch"), epochs as u64 + 1);
+    }
+    assert_eq!(num(&s, "reads"), 300 * 5);
+    let table = coorfs([OsStr::new("stats"), m.mnt.as_os_str()]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains(&format!("job pgid {pa} (active, epoch 4")),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("job pgid {pb} (active, epoch 3")),
+        "{table}"
+    );
+    m.unmount();
+}
+
+#[test]
+fn prefetch_reads_every_file_once_per_epoch_and_wastes_nothing() {
+    const FILES: usize = 400;
+    const SIZE: usize = 16 * 1024;
+    let storage = slow_storage(FILES, SIZE, "2ms");
+    // A quarter of the dataset fits in the cache (16 KiB is a multiple of the arena's
+    // alignment, so exactly 100 files do).
+    let m = Mount::new(
+        &storage.slow.mnt,
+        &["--cache-size", &(FILES / 4 * SIZE).to_string()],
+    );
+    wait_for_scan(&m.mnt);
+    let mut r = reader(&["--procs", "2", "--epochs", "3"], &m.mnt);
+    let pgid = r.id();
+    assert!(r.wait().unwrap().success());
+    let s = stats(&m.mnt);
+    let j = job(&s, pgid);
+    let cached = num(&s, "cached_files");
+    assert_eq!(cached, FILES as u64 / 4, "{s}");
+    for r in j["epochs"].as_array().unwrap() {
+        let epoch = num(r, "epoch");
+        assert_eq!(r["complete"], true);
+        assert_eq!(num(r, "prefetched_unused"), 0, "epoch {epoch}: {r}");
+        if epoch > 1 {
+            // Exactly the uncached files come from storage: none twice.
+            assert_eq!(
+                num(r, "bytes_from_source"),
+                (FILES as u64 - cached) * SIZE as u64,
+                "epoch {epoch}: {r}"
+            );
+            assert!(num(r, "staging_hits") > 0, "epoch {epoch}: {r}");
+        }
+    }
+    assert_eq!(num(&s, "prefetched_unused"), 0);
+    assert_eq!(num(&s, "source_errors"), 0);
+    m.unmount();
+    storage.slow.unmount();
+}
+
+#[test]
+fn with_an_order_hint_reads_of_uncached_files_hit_the_staging_area() {
+    const FILES: usize = 600;
+    let storage = slow_storage(FILES, 8 * 1024, "1ms");
+    // No cache at all: every file comes from storage, through the staging area if the
+    // prefetcher is in time.
+    let m = Mount::new(
+        &storage.slow.mnt,
+        &[
+            "--cache-size",
+            "0",
+            "--prefetch-depth",
+            "64",
+            "--prefetch-memory",
+            "64M",
+        ],
+    );
+    wait_for_scan(&m.mnt);
+    let mut r = reader(&["--procs", "1", "--epochs", "3", "--hint"], &m.mnt);
+    let pgid = r.id();
+    assert!(r.wait().unwrap().success());
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "hints_accepted"), 3, "{s}");
+    let j = job(&s, pgid);
+    for r in j["epochs"].as_array().unwrap() {
+        let (staged, misses) = (num(r, "staging_hits"), num(r, "misses"));
+        assert_eq!(misses, FILES as u64);
+        assert!(
+            staged as f64 >= 0.95 * misses as f64,
+            "epoch {}: {staged} of {misses} staged",
+            num(r, "epoch")
+        );
+        assert_eq!(num(r, "prefetched_unused"), 0);
+        assert_eq!(
+            num(r, "bytes_from_source"),
+            (FILES * 8 * 1024) as u64,
+            "no file twice: {r}"
+        );
+    }
+    m.unmount();
+    storage.slow.unmount();
+}
+
+#[test]
+fn bad_hints_are_rejected_with_clear_errnos_and_reads_go_on() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 50, 1000, 2);
+    let log = dir.path().join("coorfs.log");
+    let m = Mount::new(&src, &["--log-file", log.to_str().unwrap()]);
+    wait_for_scan(&m.mnt);
+    let order = m.path(".coorfs-order");
+    let send = |text: &[u8]| -> Result<(), i32> {
+        use std::io::Write;
+        use std::os::fd::IntoRawFd;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&order)
+            .unwrap();
+        for chunk in text.chunks(1 << 20) {
+            if let Err(e) = f.write_all(chunk) {
+                return Err(e.raw_os_error().unwrap());
+            }
+        }
+        let fd = f.into_raw_fd();
+        // SAFETY: closes the descriptor we own, once, to see the daemon's verdict.
+        if unsafe { libc::close(fd) } != 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+        }
+        Ok(())
+    };
+    let good: Vec<u8> = rels
+        .iter()
+        .flat_map(|r| format!("{}\n", r.display()).into_bytes())
+        .collect();
+    assert_eq!(send(&good), Ok(()));
+    assert_eq!(
+        send(b"c000/f000000.bin\nno/such/file.bin\n"),
+        Err(libc::ENOENT)
+    );
+    assert_eq!(send(b"c000/f000000.bin\nbin\0ary\xff\n"), Err(libc::EINVAL));
+    assert_eq!(send(b"c000\n"), Err(libc::EINVAL), "a directory");
+    assert_eq!(send(b"../../etc/passwd\n"), Err(libc::EINVAL));
+    assert_eq!(send(b"\n\n"), Err(libc::EINVAL), "nothing");
+    assert_eq!(send(&vec![b'a'; 70 << 20]), Err(libc::EFBIG));
+    // The order file is write-only and not listed.
+    let err = std::fs::read(&order).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+    assert!(
+        !std::fs::read_dir(&m.mnt)
+            .unwrap()
+            .any(|e| e.unwrap().file_name() == ".coorfs-order")
+    );
+
+    // Reads are undisturbed.
+    for (i, rel) in rels.iter().enumerate() {
+        let n: usize = rel.file_stem().unwrap().to_str().unwrap()[1..]
+            .parse()
+            .unwrap();
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            bytes(n as u64, 1000),
+            "{i}"
+        );
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(
+        (num(&s, "hints_accepted"), num(&s, "hints_rejected")),
+        (1, 6),
+        "{s}"
+    );
+    m.unmount();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(
+            "order hint rejected: line 2: \"no/such/file.bin\" is not a file of the dataset"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("order hint rejected: line 2: a NUL byte"),
+        "{text}"
+    );
+}
