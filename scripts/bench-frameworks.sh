@@ -10,9 +10,11 @@
 #     peak at 411 MiB of anonymous memory here, 400 on average), so that its page cache gets
 #     the budget and not much more (every MiB more is a native hit: with 512 MiB, native's
 #     page cache held ~1.1 GiB and hit 27% of bytes instead of 20%);
-#   - coorfs minio (and lru, if SYSTEMS says so): --cache-size 1G, the daemon and the
-#     pipeline in one cgroup limited to the budget + OVERHEAD (64 MiB, as bench-epochs.sh)
-#     + READER.
+#   - coorfs minio (and lru, if SYSTEMS says so): the cache alone (--no-prefetch), as in
+#     bench-epochs.sh's paper scenario: --cache-size 1G, the daemon and the pipeline in one
+#     cgroup limited to the budget + OVERHEAD (64 MiB, as bench-epochs.sh) + READER;
+#   - coorfs prefetch (if SYSTEMS says so): MinIO with remaining-set prefetch, the cgroup
+#     gets its staging area (STAGING, 256 MiB) on top.
 # The dataset's pages are dropped before each run; every run uses the seed of its repetition,
 # so native and coorfs read the same orders. Per epoch: seconds and samples/s (the pipeline's
 # own report), bytes read from storage (the cgroup's blkio counter, sampled as each epoch's
@@ -20,7 +22,7 @@
 # first epoch's). Every epoch's checksum must be the same on every side, or the run fails.
 #
 #   scripts/bench-frameworks.sh                           # REPS=3
-#   REPS=5 SYSTEMS="native minio lru" scripts/bench-frameworks.sh
+#   REPS=5 SYSTEMS="native minio lru prefetch" scripts/bench-frameworks.sh
 #   PIPELINE=scripts/train-input-tf.py READER=... scripts/bench-frameworks.sh  # tf.data; set
 #                                      # READER to its peak anonymous memory (printed per run)
 set -euo pipefail
@@ -33,6 +35,7 @@ FILES=${FILES:-20000}
 DATA=${DATA:-/var/tmp/coorfs-bench/imagefolder}
 BUDGET=${BUDGET:-$((1 << 30))}
 OVERHEAD=${OVERHEAD:-$((64 << 20))}
+STAGING=${STAGING:-$((256 << 20))}
 READER=${READER:-$((416 << 20))}
 BPS=${BPS:-$((200 << 20))}
 WORKERS=${WORKERS:-2}

@@ -98,17 +98,22 @@ bench_cleanup() {
 
 # bench_side SYSTEM EXTRA_BYTES: prepares one run of the memory-budget benchmarks with DATA's
 # pages dropped, and sets dir to what the reader reads. native: the cgroup pair gets BUDGET +
-# EXTRA_BYTES of memory and dir is DATA; minio, lru or none: a mount of DATA with --cache-size
-# BUDGET whose daemon runs in the pair, which gets BUDGET + OVERHEAD + EXTRA_BYTES, and dir is
-# the mount. Storage reads are throttled to BPS on device dev either way.
+# EXTRA_BYTES of memory and dir is DATA. Otherwise dir is a mount of DATA with --cache-size
+# BUDGET whose daemon runs in the pair, which gets BUDGET + OVERHEAD + EXTRA_BYTES: minio, lru
+# and none are that cache policy alone (--no-prefetch); prefetch is MinIO with remaining-set
+# prefetch, whose staging area (STAGING bytes) the pair gets on top. Storage reads are
+# throttled to BPS on device dev either way.
 bench_side() {
     drop_pages "$DATA"
-    if [ "$1" = native ]; then
-        cg_create "$cg" $((BUDGET + $2)) "$BPS" "$dev"
-        dir="$DATA"
-    else
-        cg_create "$cg" $((BUDGET + OVERHEAD + $2)) "$BPS" "$dev"
-        cg_run "$cg" "$coorfs" mount --policy "$1" --cache-size "$BUDGET" "$DATA" "$mnt"
+    local memory=$((BUDGET + OVERHEAD + $2)) opts=(--policy "$1" --no-prefetch)
+    case "$1" in
+        native) memory=$((BUDGET + $2)) ;;
+        prefetch) memory=$((memory + STAGING)) opts=(--policy minio --prefetch-memory "$STAGING") ;;
+    esac
+    cg_create "$cg" "$memory" "$BPS" "$dev"
+    dir="$DATA"
+    if [ "$1" != native ]; then
+        cg_run "$cg" "$coorfs" mount "${opts[@]}" --cache-size "$BUDGET" "$DATA" "$mnt"
         wait_scan "$mnt"
         dir="$mnt"
     fi
