@@ -14,7 +14,9 @@
 #     bench-epochs.sh's paper scenario: --cache-size 1G, the daemon and the pipeline in one
 #     cgroup limited to the budget + OVERHEAD (64 MiB, as bench-epochs.sh) + READER;
 #   - coorfs prefetch (if SYSTEMS says so): MinIO with remaining-set prefetch, the cgroup
-#     gets its staging area (STAGING, 256 MiB) on top.
+#     gets its staging area (STAGING, 256 MiB) on top. Its daemon holds ~60 MiB beside the
+#     cache and the staging area, which with the pipeline leaves the default OVERHEAD no room:
+#     the kernel killed it; run it with OVERHEAD=$((128 << 20)).
 # The dataset's pages are dropped before each run; every run uses the seed of its repetition,
 # so native and coorfs read the same orders. Per epoch: seconds and samples/s (the pipeline's
 # own report), bytes read from storage (the cgroup's blkio counter, sampled as each epoch's
