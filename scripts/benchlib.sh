@@ -72,3 +72,49 @@ wait_scan() {
     echo "scan of $1 did not complete" >&2
     return 1
 }
+
+# file_bytes DIR: the total size of the regular files below DIR (what a reader reads in one
+# epoch; du counts directories too, and awk loses precision past 2^31 with mawk).
+file_bytes() {
+    find "$1" -type f -printf '%s\n' | python3 -c 'import sys; print(sum(int(l) for l in sys.stdin))'
+}
+
+# bench_start NAME: a work directory with an empty mount point and the name of a cgroup pair
+# for the runs (sets work, mnt and cg), removed on exit with whatever is still mounted there.
+# Needs $coorfs.
+bench_start() {
+    work=$(mktemp -d "/tmp/coorfs-$1.XXXXXX")
+    mnt="$work/mnt"
+    mkdir "$mnt"
+    cg="coorfs-$1-$$"
+    trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+    if grep -qs " $mnt fuse.coorfs " /proc/mounts; then "$coorfs" umount "$mnt" || umount -l "$mnt"; fi
+    cg_destroy "$cg"
+    rm -rf "$work"
+}
+
+# bench_side SYSTEM EXTRA_BYTES: prepares one run of the memory-budget benchmarks with DATA's
+# pages dropped, and sets dir to what the reader reads. native: the cgroup pair gets BUDGET +
+# EXTRA_BYTES of memory and dir is DATA. Otherwise dir is a mount of DATA with --cache-size
+# BUDGET whose daemon runs in the pair, which gets BUDGET + OVERHEAD + EXTRA_BYTES: minio, lru
+# and none are that cache policy alone (--no-prefetch); prefetch is MinIO with remaining-set
+# prefetch, whose staging area (STAGING bytes) the pair gets on top. Storage reads are
+# throttled to BPS on device dev either way.
+bench_side() {
+    drop_pages "$DATA"
+    local memory=$((BUDGET + OVERHEAD + $2)) opts=(--policy "$1" --no-prefetch)
+    case "$1" in
+        native) memory=$((BUDGET + $2)) ;;
+        prefetch) memory=$((memory + STAGING)) opts=(--policy minio --prefetch-memory "$STAGING") ;;
+    esac
+    cg_create "$cg" "$memory" "$BPS" "$dev"
+    dir="$DATA"
+    if [ "$1" != native ]; then
+        cg_run "$cg" "$coorfs" mount "${opts[@]}" --cache-size "$BUDGET" "$DATA" "$mnt"
+        wait_scan "$mnt"
+        dir="$mnt"
+    fi
+}

@@ -3,8 +3,9 @@
 
 Input lines: "system rep epoch seconds storage_bytes hit_rate" (hit_rate may be "-").
 Prints, per system, the median over repetitions of each epoch's time, storage bytes and hit
-rate (the system's own count, or else 1 - storage bytes / the first epoch's storage bytes), then the speed-up of every system over --baseline for each epoch (median of
-per-repetition ratios of epoch times).
+rate (the system's own count, or else 1 - storage bytes / the first epoch's storage bytes),
+and with --samples N (samples per epoch) the median samples/s; then the speed-up of every
+system over --baseline for each epoch (median of per-repetition ratios of epoch times).
 """
 import argparse
 import collections
@@ -16,6 +17,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--baseline", default="native")
     p.add_argument("--dataset-bytes", type=float, required=True)
+    p.add_argument("--samples", type=int, help="samples per epoch: adds a samples/s column")
     a = p.parse_args()
     rows = collections.defaultdict(dict)  # (system, epoch) -> rep -> (secs, bytes, hit)
     systems, epochs = [], set()
@@ -31,8 +33,9 @@ def main():
     epochs = sorted(epochs)
     med = lambda xs: statistics.median(xs) if xs else float("nan")
 
-    print("| system | epoch | seconds | storage MiB | storage / dataset | hit rate |")
-    print("|---|---|---|---|---|---|")
+    rate = "samples/s | " if a.samples else ""
+    print(f"| system | epoch | seconds | {rate}storage MiB | storage / dataset | hit rate |")
+    print("|---|---|---|---|---|---|" + ("---|" if a.samples else ""))
     for s in systems:
         for e in epochs:
             r = rows[(s, e)].values()
@@ -43,7 +46,8 @@ def main():
             # read everything (this also cancels the partial pages read at the ends of files).
             first = med([x[1] for x in rows[(s, epochs[0])].values()])
             hit = f"{med(hits):.3f}" if hits else f"{1 - by / first:.3f} (bytes)"
-            print(f"| {s} | {e} | {secs:.2f} | {by / 2**20:.0f} | {by / a.dataset_bytes:.3f} | {hit} |")
+            rate = f"{med([a.samples / x[0] for x in r]):.0f} | " if a.samples else ""
+            print(f"| {s} | {e} | {secs:.2f} | {rate}{by / 2**20:.0f} | {by / a.dataset_bytes:.3f} | {hit} |")
     print()
     others = [s for s in systems if s != a.baseline]
     print("| epoch | " + " | ".join(f"{s} speed-up over {a.baseline}" for s in others) + " |")

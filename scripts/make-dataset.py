@@ -12,16 +12,7 @@ import os
 import random
 import sys
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def size(text):
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1] if t and t[-1] in UNITS else ""
-    try:
-        return int(float(t[: len(t) - len(unit)]) * UNITS[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'"{text}": expected a number with a K/M/G suffix')
+from units import size
 
 
 def main():

@@ -15,24 +15,6 @@ use serde_json::Value;
 const FILES: usize = 2000;
 const SIZE: usize = 20 * 1024;
 
-fn stats(mnt: &Path) -> Value {
-    let raw = xattr::get(mnt, "user.coorfs.stats").unwrap().unwrap();
-    serde_json::from_slice(&raw).unwrap()
-}
-
-fn num(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} missing in {v}"))
-}
-
-fn wait_for_scan(mnt: &Path) {
-    assert!(wait_for(Duration::from_secs(30), || num(
-        &stats(mnt),
-        "scan_complete"
-    ) == 1));
-}
-
 /// Reads every file once, whole, in a random order fixed by `seed`, with two threads, and
 /// checks every byte against what `make_dataset` wrote.
 fn read_epoch(mnt: &Path, rels: &[PathBuf], size: usize, seed: u64) {

@@ -145,6 +145,27 @@ pub fn make_dataset(root: &Path, count: usize, size: usize, classes: usize) -> V
     rels
 }
 
+/// The `user.coorfs.stats` document of a mount.
+pub fn stats(mnt: &Path) -> serde_json::Value {
+    let raw = xattr::get(mnt, "user.coorfs.stats").unwrap().unwrap();
+    serde_json::from_slice(&raw).unwrap()
+}
+
+/// A numeric field of a stats document (or of one of its epochs).
+pub fn num(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// Waits until the mount's scan of its source is complete, so that epochs are counted.
+pub fn wait_for_scan(mnt: &Path) {
+    assert!(wait_for(Duration::from_secs(30), || num(
+        &stats(mnt),
+        "scan_complete"
+    ) == 1));
+}
+
 /// Last line of stderr, trimmed.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).trim().to_string()

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Checks one input-pipeline run through a coorfs mount against the same pipeline on the
+source, and coorfs's stats against what the pipeline did (scripts/check-frameworks.sh).
+
+    check-run.py --source DIR --mount-run M.jsonl --source-run S.jsonl --stats STATS.json
+                 [--reference]
+
+The runs are train-input*.py --json output: one object per epoch. Checked:
+- every epoch, on both sides, read every file of the source once: samples and bytes equal
+  the source's file count and size, and the checksums of the two sides are equal (with
+  --reference, also equal to the checksum of a plain walk of the source, hashed the way
+  train-input.py hashes);
+- coorfs's stats account for every read: reads = epochs x files (listing the dataset
+  opened no file, every open was a sample), hits + misses = reads, one complete
+  dataset-wide epoch per pipeline epoch, each of `files` reads; epoch 1 all misses with the
+  whole dataset from the source; every later epoch hits exactly the files the cache holds
+  (MinIO never evicts) with their bytes from the cache and the rest from the source; the
+  totals are the sums of the epochs.
+  With prefetch on (prefetch_memory > 0), how epoch 1's misses split into hits and misses, and
+  which epoch a prefetched byte counts in, depend on timing; checked instead: later epochs hit
+  exactly the cached files, nothing prefetched went unread, and in all every file not cached
+  was read from the source once an epoch (epoch 1: every file).
+Standard library only. Exits 1 with every failed check listed.
+"""
+import argparse
+import json
+import os
+import sys
+
+import trainlib
+
+
+def source_files(root):
+    files = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            files[os.path.relpath(p, root)] = p
+    return files
+
+
+def walk_checksum(files):
+    """The checksum of one epoch as train-input.py computes it, from a plain walk."""
+    total = 0
+    for rel, path in files.items():
+        with open(path, "rb") as f:
+            total = trainlib.fold(total, [trainlib.sample_hash(rel, f.read())])
+    return f"{total:016x}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", required=True)
+    p.add_argument("--mount-run", required=True)
+    p.add_argument("--source-run", required=True)
+    p.add_argument("--stats", required=True)
+    p.add_argument("--reference", action="store_true",
+                   help="also compare with a plain walk of the source hashed as train-input.py does")
+    a = p.parse_args()
+
+    files = source_files(a.source)
+    n = len(files)
+    size = sum(os.path.getsize(f) for f in files.values())
+    load = lambda path: [json.loads(line) for line in open(path) if line.startswith("{")]
+    mount_run, source_run = load(a.mount_run), load(a.source_run)
+    with open(a.stats) as f:
+        s = json.load(f)
+    failures = []
+
+    def expect(what, got, want):
+        if got != want:
+            failures.append(f"{what}: got {got}, want {want}")
+
+    reference = walk_checksum(files) if a.reference else None
+    expect("epochs through the mount", len(mount_run), len(source_run))
+    for m, r in zip(mount_run, source_run):
+        e = m["epoch"]
+        for side, run in (("mount", m), ("source", r)):
+            expect(f"epoch {e} {side} samples", run["samples"], n)
+            expect(f"epoch {e} {side} bytes", run["bytes"], size)
+        expect(f"epoch {e} checksum, mount vs source", m["checksum"], r["checksum"])
+        if reference:
+            expect(f"epoch {e} checksum vs a plain walk of the source", m["checksum"], reference)
+
+    epochs = len(mount_run)
+    expect("dataset_files", s["dataset_files"], n)
+    expect("dataset_bytes", s["dataset_bytes"], size)
+    expect("reads (every open is a sample read)", s["reads"], epochs * n)
+    expect("hits + misses", s["hits"] + s["misses"], s["reads"])
+    expect("source_errors", s["source_errors"], 0)
+    expect("dataset-wide epochs", len(s["epochs"]), epochs)
+    cached_files, cached_bytes = s["cached_files"], s["cached_bytes"]
+    prefetch = s.get("prefetch_memory", 0) > 0
+    for i, ep in enumerate(s["epochs"]):
+        e = i + 1
+        expect(f"stats epoch {e} number", ep["epoch"], e)
+        expect(f"stats epoch {e} complete", ep["complete"], True)
+        expect(f"stats epoch {e} files", ep["files"], n)
+        expect(f"stats epoch {e} reads", ep["reads"], n)
+        expect(f"stats epoch {e} hits + misses", ep["hits"] + ep["misses"], n)
+        if prefetch and e == 1:
+            continue
+        want_hits = 0 if e == 1 else cached_files
+        want_cache = 0 if e == 1 else cached_bytes
+        expect(f"stats epoch {e} hits", ep["hits"], want_hits)
+        expect(f"stats epoch {e} hit_rate", round(ep["hit_rate"], 4), round(want_hits / n, 4))
+        expect(f"stats epoch {e} bytes_from_cache", ep["bytes_from_cache"], want_cache)
+        if not prefetch:
+            expect(f"stats epoch {e} bytes_from_source", ep["bytes_from_source"], size - want_cache)
+    if prefetch:
+        expect("prefetched_unused", s["prefetched_unused"], 0)
+        expect("bytes_from_source, every uncached file once an epoch", s["bytes_from_source"],
+               size + (epochs - 1) * (size - cached_bytes))
+    for total in ("hits", "misses", "bytes_from_cache", "bytes_from_source"):
+        expect(f"{total} = sum over epochs", s[total], sum(ep[total] for ep in s["epochs"]))
+    if s["cache_capacity"] >= size:
+        expect("cached_files with room for everything", cached_files, n)
+        expect("cached_bytes with room for everything", cached_bytes, size)
+
+    rates = " ".join(f"{ep['hit_rate']:.3f}" for ep in s["epochs"])
+    speeds = lambda run: " ".join(f"{r['samples_per_s']:.0f}" for r in run)
+    fw = f"{mount_run[0]['framework']} {mount_run[0]['mode']}" if mount_run else "?"
+    if failures:
+        print(f"FAIL {fw}, cache {s['cache_capacity']} B:", *failures, sep="\n  ")
+        sys.exit(1)
+    fw += f", prefetch on ({s['staging_hits']} staging hits)" if prefetch else ", prefetch off"
+    print(f"ok   {fw}, cache {s['cache_capacity'] / 2**20:.0f} MiB: {epochs} epochs x {n} files, "
+          f"checksums {' '.join(m['checksum'] for m in mount_run)} equal the source's"
+          f"{' and a plain walk' if reference else ''}; reads {s['reads']}, hit rates {rates}, "
+          f"{s['bytes_from_source']} B from the source, {s['bytes_from_cache']} B from the cache; "
+          f"samples/s through the mount {speeds(mount_run)}, on the source {speeds(source_run)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The standard PyTorch input pipeline, unchanged, pointed at a directory: per epoch, how
+fast it delivers samples and a checksum of everything it read.
+
+    torchvision.datasets.ImageFolder(DIR, loader=..., transform=RandomResizedCrop(224) + ToTensor)
+    torch.utils.data.DataLoader(dataset, batch_size=B, shuffle=True, num_workers=N)
+
+The one hook is ImageFolder's documented `loader` argument, which the DataLoader's worker
+processes call once per sample: it reads the file's bytes, hashes them with the path
+relative to DIR (trainlib.sample_hash), and in --mode decode opens the image from those bytes
+the way torchvision's default loader does (PIL, converted to RGB), for the standard
+transforms. --mode bytes stops after the hash: no decode and no transforms, so the epoch
+measures how fast the files arrive. The hash and the size travel with the sample through
+the default collate; trainlib.py explains the checksum.
+
+Prints one line per epoch (--json: one object): samples, bytes, seconds, samples/s, bytes/s,
+checksum. Listing the dataset (ImageFolder scans the class folders) opens no file, so every
+file open during an epoch is a sample. Run it with .venv/bin/python (scripts/setup-python.sh).
+
+    .venv/bin/python scripts/train-input.py --workers 2 --epochs 3 /mnt/train
+    .venv/bin/python scripts/train-input.py --mode decode --json /mnt/train
+"""
+import functools
+import io
+import os
+
+import torch
+from PIL import Image
+from torchvision import datasets, transforms
+
+import trainlib
+
+
+def signed64(value):
+    """A 64-bit unsigned int as a signed one, which the default collate can put in a tensor."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def hashing_loader(root, decode, path):
+    """ImageFolder's loader: (hash, size, image or None) of the file at `path`."""
+    with open(path, "rb") as f:
+        data = f.read()
+    digest = trainlib.sample_hash(os.path.relpath(path, root), data)
+    image = Image.open(io.BytesIO(data)).convert("RGB") if decode else None
+    return signed64(digest), len(data), image
+
+
+def hash_and_size(sample):
+    """The bytes-only transform: keeps the hash and the size, there is no image."""
+    return sample[:2]
+
+
+class OnImage:
+    """Applies the standard transforms to the image of a loader's (hash, size, image)."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __call__(self, sample):
+        digest, size, image = sample
+        return digest, size, self.transform(image)
+
+
+def main():
+    args = trainlib.arguments(__doc__, "DataLoader worker processes (num_workers) [2]")
+    torch.manual_seed(args.seed)
+    decode = args.mode == "decode"
+    root = os.path.abspath(args.dir)
+    if decode:
+        transform = OnImage(transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()]))
+    else:
+        transform = hash_and_size
+    dataset = datasets.ImageFolder(root, loader=functools.partial(hashing_loader, root, decode), transform=transform)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                                         num_workers=args.workers)
+    trainlib.run_epochs(args, "pytorch", lambda: ((sample[0], sample[1]) for sample, _target in loader))
+
+
+if __name__ == "__main__":
+    main()
