@@ -12,8 +12,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
 use crate::cache::inflight::{Inflight, Waiter};
 use crate::cache::{BlockCache, BlockKey};
+use crate::prefetch::Pacer;
 use crate::source::DatasetSource;
 use crate::stats::{Counters, Stats};
 
@@ -23,6 +29,15 @@ pub type FetchResult = Result<Arc<Vec<u8>>, i32>;
 /// Called with the bytes a fetch read from the source, by the caller that started it.
 pub type Account = Box<dyn FnOnce(u64) + Send>;
 
+/// Who asks for a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FetchKind {
+    /// A reader waits for it; the cache may admit it.
+    Demand,
+    /// The prefetcher guesses it will be read; the cache may admit it if `admit`.
+    Prefetch { admit: bool },
+}
+
 /// Reads blocks from the source for the cache and its readers.
 pub struct Fetcher {
     source: Arc<dyn DatasetSource>,
@@ -30,6 +45,11 @@ pub struct Fetcher {
     stats: Arc<Stats>,
     inflight: Inflight<BlockKey, FetchResult>,
     io: tokio::runtime::Handle,
+    /// Reads of the source in flight, all and demand only.
+    reading: AtomicUsize,
+    demand: AtomicUsize,
+    /// Learns from every read how deep a queue the storage takes (see [`Pacer`]).
+    pacer: Mutex<Pacer>,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -41,12 +61,14 @@ impl std::fmt::Debug for Fetcher {
 }
 
 impl Fetcher {
-    /// A fetcher that reads `source` on the `io` pool into `cache`.
+    /// A fetcher that reads `source` on the `io` pool into `cache`; prefetch may have up to
+    /// `depth` reads in flight.
     pub fn new(
         source: Arc<dyn DatasetSource>,
         cache: Arc<BlockCache>,
         stats: Arc<Stats>,
         io: tokio::runtime::Handle,
+        depth: usize,
     ) -> Self {
         Fetcher {
             source,
@@ -54,26 +76,69 @@ impl Fetcher {
             stats,
             inflight: Inflight::default(),
             io,
+            reading: AtomicUsize::new(0),
+            demand: AtomicUsize::new(0),
+            pacer: Mutex::new(Pacer::new(depth)),
         }
+    }
+
+    /// True once the storage was judged bandwidth-bound (see [`Pacer`]).
+    pub fn bandwidth_bound(&self) -> bool {
+        self.pacer.lock().bandwidth_bound()
+    }
+
+    /// Prefetch reads that may be in flight now: what the pacer allows beside the demand
+    /// reads in flight.
+    pub fn prefetch_allowed(&self) -> usize {
+        self.pacer
+            .lock()
+            .allowed(self.demand.load(Ordering::Relaxed))
     }
 
     /// Hands block `key` of the file at `rel` to `waiter`, fetching it unless a fetch is in
     /// flight. If this call starts the fetch, `account` receives the bytes it read, and the
-    /// block is offered to the cache if `admit`.
+    /// block is offered to the cache as `kind` allows.
     pub fn fetch(
         self: &Arc<Self>,
         rel: Arc<Path>,
         key: BlockKey,
         waiter: Waiter<FetchResult>,
         account: Option<Account>,
-        admit: bool,
+        kind: FetchKind,
     ) {
         if !self.inflight.join(&key, waiter) {
             return;
         }
+        let demand = kind == FetchKind::Demand;
+        let admit = match kind {
+            FetchKind::Demand => true,
+            FetchKind::Prefetch { admit } => admit,
+        };
+        let crowd = self.reading.fetch_add(1, Ordering::Relaxed) + 1;
+        if demand {
+            self.demand.fetch_add(1, Ordering::Relaxed);
+        }
+        let issued = Instant::now();
         let this = self.clone();
         self.io.spawn_blocking(move || {
             let result = this.read(&rel, key, admit);
+            {
+                let mut pacer = this.pacer.lock();
+                let before = pacer.window();
+                pacer.record(issued.elapsed().as_secs_f64(), crowd);
+                if pacer.window() != before {
+                    tracing::info!(
+                        "prefetch window {} -> {} ({})",
+                        before,
+                        pacer.window(),
+                        pacer.describe()
+                    );
+                }
+            }
+            this.reading.fetch_sub(1, Ordering::Relaxed);
+            if demand {
+                this.demand.fetch_sub(1, Ordering::Relaxed);
+            }
             if let (Ok(bytes), Some(account)) = (&result, account) {
                 account(bytes.len() as u64);
             }

@@ -139,7 +139,10 @@ fn with_prefetch_every_file_is_read_from_the_source_once_an_epoch_at_most() {
     let s = through_a_mount(cached, &[]);
     let (files, dataset) = (FILES as u64, (FILES * SIZE) as u64);
     let cached_bytes = (cached * SIZE) as u64;
-    assert!(num(&s, "prefetch_memory") > 0, "prefetch is on by default: {s}");
+    assert!(
+        num(&s, "prefetch_memory") > 0,
+        "prefetch is on by default: {s}"
+    );
     // The prefetcher did work: it served many of the misses (about 1,450 of 2,000 here).
     assert!(num(&s, "staging_hits") > 0, "{s}");
     assert_eq!(num(&s, "cached_files"), cached as u64, "{s}");

@@ -242,6 +242,7 @@ impl DatasetFs {
             cache.clone(),
             stats.clone(),
             io.handle().clone(),
+            config.prefetch.depth,
         ));
         let info = vec![
             ("source", config.source.display().to_string()),
@@ -455,10 +456,12 @@ impl DatasetFs {
                 (epoch, job.lock().epoch())
             }
         };
-        // A miss may leave the prefetcher work (and it should see a job become active); a
-        // hit changes nothing it plans from, and waking a thread per open costs CPU that a
-        // hot epoch needs. Claims and epoch turns wake it themselves.
-        if !hit {
+        // A staged hit freed room: refill it now. A miss may leave the prefetcher work (and
+        // it should see a job become active). A hit changes nothing it plans from, and
+        // waking a thread per open costs CPU that a hot epoch needs.
+        if staged {
+            self.refill_staging(&job);
+        } else if !hit {
             self.wake_prefetcher();
         }
 

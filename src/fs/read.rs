@@ -12,7 +12,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::{DatasetFs, FileHandle, FsError, ReadDone};
 use crate::cache::{BlockKey, CachedBytes};
-use crate::fetch::{Account, FetchResult};
+use crate::fetch::{Account, FetchKind, FetchResult};
 use crate::stats::Counters;
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
@@ -184,6 +184,7 @@ impl DatasetFs {
         let handle = h.clone();
         let stats = self.stats.clone();
         let staging = self.staging.clone();
+        let prefetcher = self.prefetcher.signals();
         let started = Instant::now();
         self.fetcher.fetch(
             h.rel.clone(),
@@ -199,10 +200,13 @@ impl DatasetFs {
                 Counters::add(&stats.counters.fetch_stall_us, waited.as_micros() as u64);
                 let secs = waited.as_secs_f64();
                 handle.update_epochs(&stats, |r| r.fetch_stall_seconds += secs);
-                waiter(r)
+                waiter(r);
+                // The storage may be idle now: on bandwidth-bound storage, that is when the
+                // prefetcher may read.
+                prefetcher.wake();
             }),
             Some(account),
-            true,
+            FetchKind::Demand,
         );
     }
 }
