@@ -86,18 +86,20 @@ impl std::fmt::Display for JobKey {
 /// The job of process `pid` (run by `uid`) under `kind`.
 pub fn job_of(kind: JobKeyKind, pid: u32, uid: u32) -> JobKey {
     // SAFETY: getpgid and getsid read another process's ids; no memory is involved.
+    // They answer -1 when the process is gone; 0 is a real answer (a process in the
+    // kernel's own session or group, as under some container runtimes and CI runners).
     let pgid = || unsafe { libc::getpgid(pid as libc::pid_t) };
     let sid = || unsafe { libc::getsid(pid as libc::pid_t) };
     match kind {
         JobKeyKind::Pgid => match pgid() {
-            g if g > 0 => JobKey::Pgid(g as u32),
+            g if g >= 0 => JobKey::Pgid(g as u32),
             _ => match sid() {
-                s if s > 0 => JobKey::Sid(s as u32),
+                s if s >= 0 => JobKey::Sid(s as u32),
                 _ => JobKey::Pgid(pid),
             },
         },
         JobKeyKind::Sid => match sid() {
-            s if s > 0 => JobKey::Sid(s as u32),
+            s if s >= 0 => JobKey::Sid(s as u32),
             _ => JobKey::Sid(pid),
         },
         JobKeyKind::Uid => JobKey::Uid(uid),
