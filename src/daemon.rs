@@ -338,21 +338,6 @@ fn answers(path: &Path) -> bool {
     rc == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
 }
 
-/// Makes every allocation of 64 KiB or more its own mapping, returned to the kernel when
-/// freed. Block buffers (fetches in flight, the staging area) churn by the thousand per
-/// second across many I/O threads; from malloc's heap arenas, freed ones stayed resident
-/// (measured: with prefetch on, a daemon with a 1 GiB cache and a 256 MiB staging area
-/// reached 1,339 MiB and was OOM-killed in its cgroup), so the memory the daemon holds
-/// would not be the memory it counts. A mapping costs a system call and a few page faults
-/// per block, nothing beside a read from storage.
-fn keep_buffers_out_of_the_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only tunes glibc's allocator; called before any thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
-    }
-}
-
 /// The signals that end a mount.
 fn stop_signals() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise the set we own.
@@ -369,7 +354,6 @@ fn stop_signals() -> libc::sigset_t {
 /// Mounts and serves until the mount ends. Writes "ready" to `ready` (and closes it) once
 /// the kernel has accepted the mount.
 fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError> {
-    keep_buffers_out_of_the_heap();
     let signals = stop_signals();
     // SAFETY: blocks the stop signals in this thread; every thread spawned from here on
     // inherits the mask, so only the sigwait thread below receives them.

@@ -185,6 +185,8 @@ impl DatasetFs {
         let stats = self.stats.clone();
         let staging = self.staging.clone();
         let prefetcher = self.prefetcher.signals();
+        let fetcher = self.fetcher.clone();
+        let prefetching = self.prefetch.enabled;
         let started = Instant::now();
         self.fetcher.fetch(
             h.rel.clone(),
@@ -202,8 +204,10 @@ impl DatasetFs {
                 handle.update_epochs(&stats, |r| r.fetch_stall_seconds += secs);
                 waiter(r);
                 // The storage may be idle now: on bandwidth-bound storage, that is when the
-                // prefetcher may read.
-                prefetcher.wake();
+                // prefetcher may read. Otherwise the wake-up would only cost CPU.
+                if prefetching && fetcher.prefetch_allowed() > 0 {
+                    prefetcher.wake();
+                }
             }),
             Some(account),
             FetchKind::Demand,
