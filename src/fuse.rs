@@ -295,10 +295,10 @@ impl Filesystem for FuseAdapter {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.fs.flush(ino.0, fh.0) {
+        match self.fs.flush(ino.0, fh.0, lock_owner.0) {
             Ok(()) => reply.ok(),
             Err(e) => fail("flush", e, reply),
         }
@@ -516,10 +516,13 @@ impl Filesystem for FuseAdapter {
         data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(ino.0, fh.0, offset, data) {
+        match self
+            .fs
+            .write(ino.0, fh.0, offset, data, lock_owner.map(|o| o.0))
+        {
             Ok(n) => reply.written(n),
             Err(e) => fail("write", e, reply),
         }

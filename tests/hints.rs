@@ -4,7 +4,6 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
 use common::*;
 
@@ -14,13 +13,7 @@ fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
     let src = dir.path().join("src");
     make_dataset(&src, 120, 2000, 4);
     let m = Mount::new(&src, &["--cache-size", "0"]);
-    let stats = |m: &Mount| -> serde_json::Value {
-        serde_json::from_slice(&xattr::get(&m.mnt, "user.coorfs.stats").unwrap().unwrap()).unwrap()
-    };
-    assert!(wait_for(
-        Duration::from_secs(30),
-        || stats(&m)["scan_complete"] == 1
-    ));
+    wait_for_scan(&m.mnt);
     let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
     let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/hint_client.py");
     let out = Command::new("python3")
@@ -41,7 +34,7 @@ fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
     assert_eq!(got["outside"], "ValueError");
     assert_eq!(got["lenient"], serde_json::json!([false, 1]));
 
-    let s = stats(&m);
+    let s = stats(&m.mnt);
     assert_eq!(
         (s["hints_accepted"].as_u64(), s["hints_rejected"].as_u64()),
         (Some(2), Some(3)),
@@ -65,5 +58,38 @@ fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
         assert_eq!(e["bytes_from_source"].as_u64(), Some(120 * 2000), "{e}");
         assert_eq!(e["prefetched_unused"].as_u64(), Some(0), "{e}");
     }
+    m.unmount();
+}
+
+#[test]
+fn a_child_spawned_while_a_hint_is_written_does_not_apply_half_of_it() {
+    use std::io::Write;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 20, 100, 2);
+    let m = Mount::new(&src, &[]);
+    wait_for_scan(&m.mnt);
+    let text: Vec<u8> = rels
+        .iter()
+        .flat_map(|r| format!("{}\n", r.display()).into_bytes())
+        .collect();
+    let (head, tail) = text.split_at(text.len() / 2 + 3); // mid-path
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path(".coorfs-order"))
+        .unwrap();
+    f.write_all(head).unwrap();
+    // The child inherits the descriptor and exec closes it: a flush from another process.
+    assert!(Command::new("true").status().unwrap().success());
+    f.write_all(tail).unwrap();
+    // SAFETY: closes the descriptor we own, once, to see the daemon's verdict.
+    let rc = unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let s = stats(&m.mnt);
+    assert_eq!(
+        (num(&s, "hints_accepted"), num(&s, "hints_rejected")),
+        (1, 0),
+        "{s}"
+    );
     m.unmount();
 }

@@ -7,28 +7,9 @@ use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-
-fn stats(mnt: &Path) -> Value {
-    let raw = xattr::get(mnt, "user.coorfs.stats").unwrap().unwrap();
-    serde_json::from_slice(&raw).unwrap()
-}
-
-fn num(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} missing in {v}"))
-}
-
-fn wait_for_scan(mnt: &Path) {
-    assert!(wait_for(Duration::from_secs(30), || num(
-        &stats(mnt),
-        "scan_complete"
-    ) == 1));
-}
 
 /// A dataset behind a mount that delays every read by `delay`, like network storage.
 struct SlowStorage {
@@ -251,13 +232,13 @@ fn bad_hints_are_rejected_with_clear_errnos_and_reads_go_on() {
         );
     }
     let s = stats(&m.mnt);
+    let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
         (num(&s, "hints_accepted"), num(&s, "hints_rejected")),
         (1, 6),
-        "{s}"
+        "{s}\n{text}"
     );
     m.unmount();
-    let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains(
             "order hint rejected: line 2: \"no/such/file.bin\" is not a file of the dataset"

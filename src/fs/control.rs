@@ -13,6 +13,9 @@
 //! - `EINVAL`: a line holds a NUL byte or a `..`, names a directory, or no line names a path;
 //! - `EFBIG`: the hint is larger than any order of this dataset could be (at the `write`).
 //!
+//! The close of the process that wrote applies the hint; a child's close of its inherited
+//! copy (at `exec`, say) does not.
+//!
 //! A rejected hint changes nothing: the job keeps its previous hint (or none), and reads are
 //! served as before.
 
@@ -38,9 +41,11 @@ const MAX_BYTES_PER_FILE: u64 = 128;
 pub(super) struct OrderWriter {
     buf: Vec<u8>,
     caller: Caller,
-    /// Written to since the last flush. Every close(2) of a descriptor of the open file
-    /// flushes (a forked child closing its inherited copy too); only new writes are applied.
+    /// Written to since the last flush: a close with nothing new applies nothing.
     dirty: bool,
+    /// Who wrote last: the kernel's lock owner, one per process (its descriptor table),
+    /// sent with every direct-I/O write and every flush.
+    writer: Option<u64>,
     /// The hint grew past the limit: every later write and the close fail with EFBIG (the
     /// kernel may split one write(2) into several requests).
     too_large: bool,
@@ -145,12 +150,15 @@ impl DatasetFs {
                 buf: Vec::new(),
                 caller,
                 dirty: false,
+                writer: None,
                 too_large: false,
             },
         );
         Ok(Opened {
             fh,
             keep_cache: false,
+            // Direct I/O: nothing to cache, and the kernel sends the writer's lock owner
+            // with each write only in this mode (see `flush`).
             direct_io: true,
             changed: false,
             flush: true,
@@ -161,8 +169,16 @@ impl DatasetFs {
         MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64
     }
 
-    /// Writes to node `ino`: only the order file takes writes, in sequence.
-    pub fn write(&self, ino: NodeId, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+    /// Writes to node `ino`: only the order file takes writes, in sequence. `owner` is the
+    /// writing process's lock owner, if the kernel sent one.
+    pub fn write(
+        &self,
+        ino: NodeId,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        owner: Option<u64>,
+    ) -> Result<u32, FsError> {
         if ino != ORDER_INO {
             return Err(FsError::ReadOnly);
         }
@@ -191,6 +207,7 @@ impl DatasetFs {
         }
         w.buf[start..end].copy_from_slice(data);
         w.dirty = true;
+        w.writer = owner;
         Ok(data.len() as u32)
     }
 
@@ -202,8 +219,14 @@ impl DatasetFs {
         Ok(self.control_attr())
     }
 
-    /// Called at every `close(2)` of a file: applies what was written to the order file.
-    pub fn flush(&self, ino: NodeId, fh: u64) -> Result<(), FsError> {
+    /// Called at every `close(2)` of a file, by process `owner` (its lock owner): applies
+    /// what was written to the order file.
+    ///
+    /// Every close of a descriptor of the open file flushes, a forked child's close of its
+    /// inherited copy too, and `exec` closes it in every child spawned while the hint is
+    /// being written. Only the writer's own close applies the hint; another process's close
+    /// would apply half a hint.
+    pub fn flush(&self, ino: NodeId, fh: u64, owner: u64) -> Result<(), FsError> {
         if ino != ORDER_INO {
             return Ok(());
         }
@@ -215,7 +238,7 @@ impl DatasetFs {
             if w.too_large {
                 return Err(FsError::TooLarge);
             }
-            if !w.dirty {
+            if !w.dirty || w.writer.is_some_and(|writer| writer != owner) {
                 return Ok(());
             }
             w.dirty = false;
