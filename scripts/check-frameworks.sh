@@ -10,8 +10,10 @@
 # the stats (reads = epochs x files, epoch 1 all misses, later epochs all hits, bytes from the
 # source = the dataset once). The bytes mode runs again with a cache of half the dataset,
 # with prefetch off (later epochs must hit exactly the files the cache holds) and with the
-# default options (prefetch on: the checks that do not depend on timing). Exits non-zero at
-# the first failed check.
+# default options (prefetch on: the checks that do not depend on timing), and for PyTorch once
+# more with the one-line change of scripts/coorfs_torch.py: HintedSampler hands every epoch's
+# order to the mount (one hint accepted an epoch, none rejected, the same checksums and hit
+# rates). Exits non-zero at the first failed check.
 #
 #   scripts/check-frameworks.sh                     # 2,000 files of ~110 KiB, 3 epochs
 #   FILES=5000 MODES=bytes scripts/check-frameworks.sh
@@ -37,22 +39,24 @@ dataset_bytes=$(file_bytes "$DATA")
 bench_start check-frameworks
 
 # check FRAMEWORK MODE CACHE_BYTES [MOUNT_OPTION...]: one pipeline through a fresh mount and on
-# the source.
+# the source. With HINTED=1, the run through the mount samples with coorfs_torch.HintedSampler.
 check() {
     local framework=$1 mode=$2 cache=$3 script=scripts/train-input.py reference=(--reference)
+    local hinted=()
     shift 3
     if [ "$framework" = tensorflow ]; then script=scripts/train-input-tf.py reference=(); fi
+    if [ "${HINTED:-0}" = 1 ]; then hinted=(--hinted); fi
     local run=("$py" "$script" --mode "$mode" --epochs "$EPOCHS" --workers "$WORKERS" --json)
     $coorfs mount --cache-size "$cache" "$@" "$DATA" "$mnt"
     wait_scan "$mnt"
-    TF_CPP_MIN_LOG_LEVEL=3 "${run[@]}" "$mnt" > "$work/mount.jsonl" 2> "$work/stderr" ||
+    TF_CPP_MIN_LOG_LEVEL=3 "${run[@]}" "${hinted[@]}" "$mnt" > "$work/mount.jsonl" 2> "$work/stderr" ||
         { cat "$work/stderr" >&2; return 1; }
     $coorfs stats --json "$mnt" > "$work/stats.json"
     $coorfs umount "$mnt"
     TF_CPP_MIN_LOG_LEVEL=3 "${run[@]}" "$DATA" > "$work/source.jsonl" 2> "$work/stderr" ||
         { cat "$work/stderr" >&2; return 1; }
     python3 scripts/check-run.py --source "$DATA" --mount-run "$work/mount.jsonl" \
-        --source-run "$work/source.jsonl" --stats "$work/stats.json" "${reference[@]}"
+        --source-run "$work/source.jsonl" --stats "$work/stats.json" "${reference[@]}" "${hinted[@]}"
 }
 
 echo "== $FILES files, $dataset_bytes bytes; $EPOCHS epochs; $WORKERS workers"
@@ -63,5 +67,6 @@ for framework in $FRAMEWORKS; do
     # Half the dataset: MinIO keeps what it admitted in epoch 1, so later epochs hit exactly that.
     check "$framework" bytes $((dataset_bytes / 2)) --no-prefetch
     check "$framework" bytes $((dataset_bytes / 2))
+    if [ "$framework" = pytorch ]; then HINTED=1 check pytorch bytes $((dataset_bytes / 2)); fi
 done
 echo "== all checks passed"

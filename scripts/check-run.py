@@ -20,6 +20,8 @@ The runs are train-input*.py --json output: one object per epoch. Checked:
   which epoch a prefetched byte counts in, depend on timing; checked instead: later epochs hit
   exactly the cached files, nothing prefetched went unread, and in all every file not cached
   was read from the source once an epoch (epoch 1: every file).
+- with --hinted (the pipeline sampled with coorfs_torch.HintedSampler): the mount accepted one
+  order hint an epoch and rejected none.
 Standard library only. Exits 1 with every failed check listed.
 """
 import argparse
@@ -56,6 +58,8 @@ def main():
     p.add_argument("--stats", required=True)
     p.add_argument("--reference", action="store_true",
                    help="also compare with a plain walk of the source hashed as train-input.py does")
+    p.add_argument("--hinted", action="store_true",
+                   help="the mount run handed each epoch's order to the mount: check the hints")
     a = p.parse_args()
 
     files = source_files(a.source)
@@ -111,6 +115,9 @@ def main():
         expect("prefetched_unused", s["prefetched_unused"], 0)
         expect("bytes_from_source, every uncached file once an epoch", s["bytes_from_source"],
                size + (epochs - 1) * (size - cached_bytes))
+    if a.hinted:
+        expect("hints_accepted (one an epoch)", s["hints_accepted"], epochs)
+        expect("hints_rejected", s["hints_rejected"], 0)
     for total in ("hits", "misses", "bytes_from_cache", "bytes_from_source"):
         expect(f"{total} = sum over epochs", s[total], sum(ep[total] for ep in s["epochs"]))
     if s["cache_capacity"] >= size:
@@ -123,7 +130,11 @@ def main():
     if failures:
         print(f"FAIL {fw}, cache {s['cache_capacity']} B:", *failures, sep="\n  ")
         sys.exit(1)
-    fw += f", prefetch on ({s['staging_hits']} staging hits)" if prefetch else ", prefetch off"
+    if prefetch:
+        hinted = f", {s['hints_accepted']} order hints" if a.hinted else ""
+        fw += f", prefetch on ({s['staging_hits']} staging hits{hinted})"
+    else:
+        fw += ", prefetch off"
     print(f"ok   {fw}, cache {s['cache_capacity'] / 2**20:.0f} MiB: {epochs} epochs x {n} files, "
           f"checksums {' '.join(m['checksum'] for m in mount_run)} equal the source's"
           f"{' and a plain walk' if reference else ''}; reads {s['reads']}, hit rates {rates}, "

@@ -17,6 +17,9 @@ Prints one line per epoch (--json: one object): samples, bytes, seconds, samples
 checksum. Listing the dataset (ImageFolder scans the class folders) opens no file, so every
 file open during an epoch is a sample. Run it with .venv/bin/python (scripts/setup-python.sh).
 
+--hinted makes the one-line change of scripts/coorfs_torch.py: the DataLoader samples with
+HintedSampler, which hands each epoch's order to the coorfs mount DIR before the epoch.
+
     .venv/bin/python scripts/train-input.py --workers 2 --epochs 3 /mnt/train
     .venv/bin/python scripts/train-input.py --mode decode --json /mnt/train
 """
@@ -62,7 +65,7 @@ class OnImage:
 
 
 def main():
-    args = trainlib.arguments(__doc__, "DataLoader worker processes (num_workers) [2]")
+    args = trainlib.arguments(__doc__, "DataLoader worker processes (num_workers) [2]", hinted=True)
     torch.manual_seed(args.seed)
     decode = args.mode == "decode"
     root = os.path.abspath(args.dir)
@@ -71,8 +74,15 @@ def main():
     else:
         transform = hash_and_size
     dataset = datasets.ImageFolder(root, loader=functools.partial(hashing_loader, root, decode), transform=transform)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                                         num_workers=args.workers)
+    if args.hinted:
+        import coorfs_torch  # beside this script
+
+        sampler = coorfs_torch.HintedSampler(dataset, mount=root, strict=True)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                                             num_workers=args.workers)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                                             num_workers=args.workers)
     trainlib.run_epochs(args, "pytorch", lambda: ((sample[0], sample[1]) for sample, _target in loader))
 
 

@@ -23,8 +23,12 @@ import time
 MASK = (1 << 64) - 1
 
 
-def arguments(description, workers_help):
+def arguments(description, workers_help, hinted=False):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if hinted:
+        p.add_argument("--hinted", action="store_true",
+                       help="sample with coorfs_torch.HintedSampler instead of shuffle=True: DIR must "
+                            "be a coorfs mount, which gets each epoch's order (a rejected order fails the run)")
     p.add_argument("dir", help="the dataset root: one folder per class, JPEG files in them")
     p.add_argument("--mode", choices=["bytes", "decode"], default="bytes",
                    help="bytes: read and hash only (fetch-bound); decode: also decode, crop, "
