@@ -1,5 +1,5 @@
 //! Jobs, per-job epochs, prefetch and order hints, through real mounts. The slow storage is a
-//! second coorfs mount with `--policy none --read-delay`, as in the benchmarks.
+//! second coorfs mount with `--policy none --no-prefetch --read-delay`, as in the benchmarks.
 
 mod common;
 
@@ -21,7 +21,10 @@ fn slow_storage(files: usize, size: usize, delay: &str) -> SlowStorage {
     let dir = open_tempdir();
     let data = dir.path().join("data");
     make_dataset(&data, files, size, 10);
-    let slow = Mount::new(&data, &["--policy", "none", "--read-delay", delay]);
+    let slow = Mount::new(
+        &data,
+        &["--policy", "none", "--no-prefetch", "--read-delay", delay],
+    );
     SlowStorage { _dir: dir, slow }
 }
 
@@ -249,4 +252,66 @@ fn bad_hints_are_rejected_with_clear_errnos_and_reads_go_on() {
         text.contains("order hint rejected: line 2: a NUL byte"),
         "{text}"
     );
+}
+
+#[test]
+fn prefetch_stops_for_a_job_that_went_idle_and_its_staging_is_freed() {
+    const FILES: usize = 1000;
+    // 40 ms a read and one or two reads in flight: at most 50 files a second, far fewer
+    // than the job leaves unread.
+    let storage = slow_storage(FILES, 8192, "40ms");
+    let m = Mount::new(
+        &storage.slow.mnt,
+        &[
+            "--cache-size",
+            "0",
+            "--prefetch-depth",
+            "1",
+            "--job-idle-timeout",
+            "8s",
+        ],
+    );
+    wait_for_scan(&m.mnt);
+    // A job that reads 20 files of its epoch and stops.
+    let first: Vec<String> = (0..20)
+        .map(|i| {
+            m.path(format!("c{:03}/f{i:06}.bin", i % 10))
+                .display()
+                .to_string()
+        })
+        .collect();
+    let status = Command::new("cat")
+        .args(&first)
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Prefetch goes on while the job counts as active (5 s), then stops; the job is forgotten
+    // after the idle timeout, and what it never read is dropped and counted.
+    assert!(
+        wait_for(std::time::Duration::from_secs(30), || {
+            stats(&m.mnt)["jobs"][0]["active"] == false
+        }),
+        "{}",
+        stats(&m.mnt)
+    );
+    let s = stats(&m.mnt);
+    let prefetched = num(&s, "prefetched_blocks");
+    assert!(prefetched > 0, "{s}");
+    assert!(
+        prefetched < (FILES - 20) as u64 / 2,
+        "prefetch did not stop: {s}"
+    );
+    // Every staged file was either read by the job (a staging hit) or dropped unused.
+    assert_eq!(
+        num(&s, "prefetched_unused") + num(&s, "staging_hits"),
+        prefetched,
+        "{s}"
+    );
+    assert_eq!(num(&s, "staging_bytes"), 0, "{s}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(num(&stats(&m.mnt), "prefetched_blocks"), prefetched);
+    m.unmount();
+    storage.slow.unmount();
 }
