@@ -133,10 +133,12 @@ pub struct MountArgs {
     #[arg(long, help_heading = "Prefetch")]
     pub no_prefetch: bool,
     /// The staging area for prefetched files the cache does not keep, on top of the cache
-    /// (K/M/G suffixes).
+    /// (K/M/G suffixes). On bandwidth-bound storage prefetch uses at most 2 MiB of it.
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::units::parse_size, help_heading = "Prefetch")]
     pub prefetch_memory: u64,
-    /// Prefetch reads in flight at once (a deep queue suits network storage).
+    /// Prefetch reads in flight at most. coorfs learns from the reads how the storage
+    /// answers: on latency-bound storage (network filesystems) it keeps N in flight; on
+    /// bandwidth-bound storage one, only while no job waits for the storage.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024), help_heading = "Prefetch")]
     pub prefetch_depth: u16,
 
