@@ -16,7 +16,11 @@
 #   - coorfs prefetch (if SYSTEMS says so): MinIO with remaining-set prefetch, the cgroup
 #     gets its staging area (STAGING, 256 MiB) on top. Its daemon holds ~60 MiB beside the
 #     cache and the staging area, which with the pipeline leaves the default OVERHEAD no room:
-#     the kernel killed it; run it with OVERHEAD=$((128 << 20)).
+#     the kernel killed it; run it with OVERHEAD=$((128 << 20)), or a smaller STAGING (on
+#     bandwidth-bound storage the prefetcher stages at most 2 MiB: STAGING=$((8 << 20)));
+#   - coorfs hint (if SYSTEMS says so): prefetch, and the pipeline with --hinted: the one-line
+#     change of coorfs_torch.HintedSampler, which hands the mount each epoch's order (the same
+#     permutations as shuffle=True draws for the seed).
 # The dataset's pages are dropped before each run; every run uses the seed of its repetition,
 # so native and coorfs read the same orders. Per epoch: seconds and samples/s (the pipeline's
 # own report), bytes read from storage (the cgroup's blkio counter, sampled as each epoch's
@@ -84,12 +88,14 @@ PY
 
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
-        bench_side "$sys" "$READER"
+        hinted=()
+        if [ "$sys" = hint ]; then hinted=(--hinted); fi
+        bench_side "${sys/#hint/prefetch}" "$READER"
         # Each epoch's JSON report, followed by the storage bytes read since the previous one.
         rss_peak "$cg" > "$work/rss" &
         before=$(cg_read_bytes "$cg" "$dev")
         TF_CPP_MIN_LOG_LEVEL=3 cg_run "$cg" "$py" "$PIPELINE" --mode "$MODE" --epochs "$EPOCHS" \
-            --workers "$WORKERS" --seed "$rep" --json "$dir" |
+            --workers "$WORKERS" --seed "$rep" "${hinted[@]}" --json "$dir" |
             while read -r report; do
                 now=$(cg_read_bytes "$cg" "$dev")
                 echo "$report $((now - before))"
