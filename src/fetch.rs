@@ -48,8 +48,9 @@ pub struct Fetcher {
     /// Reads of the source in flight, all and demand only.
     reading: AtomicUsize,
     demand: AtomicUsize,
-    /// Learns from every read how deep a queue the storage takes (see [`Pacer`]).
-    pacer: Mutex<Pacer>,
+    /// Learns from every read how deep a queue the storage takes (see [`Pacer`]); None
+    /// without prefetch, which is all it paces.
+    pacer: Option<Mutex<Pacer>>,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -62,13 +63,13 @@ impl std::fmt::Debug for Fetcher {
 
 impl Fetcher {
     /// A fetcher that reads `source` on the `io` pool into `cache`; prefetch may have up to
-    /// `depth` reads in flight.
+    /// `depth` reads in flight (None: no prefetch).
     pub fn new(
         source: Arc<dyn DatasetSource>,
         cache: Arc<BlockCache>,
         stats: Arc<Stats>,
         io: tokio::runtime::Handle,
-        depth: usize,
+        depth: Option<usize>,
     ) -> Self {
         Fetcher {
             source,
@@ -78,21 +79,23 @@ impl Fetcher {
             io,
             reading: AtomicUsize::new(0),
             demand: AtomicUsize::new(0),
-            pacer: Mutex::new(Pacer::new(depth)),
+            pacer: depth.map(|d| Mutex::new(Pacer::new(d))),
         }
     }
 
     /// True once the storage was judged bandwidth-bound (see [`Pacer`]).
     pub fn bandwidth_bound(&self) -> bool {
-        self.pacer.lock().bandwidth_bound()
+        self.pacer
+            .as_ref()
+            .is_some_and(|p| p.lock().bandwidth_bound())
     }
 
     /// Prefetch reads that may be in flight now: what the pacer allows beside the demand
-    /// reads in flight.
+    /// reads in flight (none without prefetch).
     pub fn prefetch_allowed(&self) -> usize {
         self.pacer
-            .lock()
-            .allowed(self.demand.load(Ordering::Relaxed))
+            .as_ref()
+            .map_or(0, |p| p.lock().allowed(self.demand.load(Ordering::Relaxed)))
     }
 
     /// Hands block `key` of the file at `rel` to `waiter`, fetching it unless a fetch is in
@@ -122,8 +125,8 @@ impl Fetcher {
         let this = self.clone();
         self.io.spawn_blocking(move || {
             let result = this.read(&rel, key, admit);
-            {
-                let mut pacer = this.pacer.lock();
+            if let Some(pacer) = &this.pacer {
+                let mut pacer = pacer.lock();
                 let before = pacer.window();
                 pacer.record(issued.elapsed().as_secs_f64(), crowd);
                 if pacer.window() != before {

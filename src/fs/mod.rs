@@ -242,7 +242,7 @@ impl DatasetFs {
             cache.clone(),
             stats.clone(),
             io.handle().clone(),
-            config.prefetch.depth,
+            config.prefetch.enabled.then_some(config.prefetch.depth),
         ));
         let info = vec![
             ("source", config.source.display().to_string()),

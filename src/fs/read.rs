@@ -186,7 +186,6 @@ impl DatasetFs {
         let staging = self.staging.clone();
         let prefetcher = self.prefetcher.signals();
         let fetcher = self.fetcher.clone();
-        let prefetching = self.prefetch.enabled;
         let started = Instant::now();
         self.fetcher.fetch(
             h.rel.clone(),
@@ -205,7 +204,7 @@ impl DatasetFs {
                 waiter(r);
                 // The storage may be idle now: on bandwidth-bound storage, that is when the
                 // prefetcher may read. Otherwise the wake-up would only cost CPU.
-                if prefetching && fetcher.prefetch_allowed() > 0 {
+                if fetcher.prefetch_allowed() > 0 {
                     prefetcher.wake();
                 }
             }),
