@@ -7,14 +7,19 @@
 //! waiter, whether or not the cache admitted it.
 //!
 //! Memory: a fetch holds one block-sized buffer until its waiters are done, so the bytes in
-//! flight are bounded by the I/O threads times the block size (64 x 1 MiB by default).
+//! flight are bounded by the I/O threads times the block size (64 x 1 MiB by default). The
+//! buffer is a [`Block`]: page-aligned memory of its own, rounded up to whole pages, which the
+//! source can read into with `O_DIRECT`.
 
+use std::io;
+use std::ops::Deref;
 use std::path::Path;
 use std::sync::Arc;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use memmap2::MmapMut;
 use parking_lot::Mutex;
 
 use crate::cache::inflight::{Inflight, Waiter};
@@ -24,7 +29,64 @@ use crate::source::DatasetSource;
 use crate::stats::{Counters, Stats};
 
 /// The bytes of a fetched block, or the errno of the failure.
-pub type FetchResult = Result<Arc<Vec<u8>>, i32>;
+pub type FetchResult = Result<Arc<Block>, i32>;
+
+/// What a source's buffers are aligned to and rounded up to: the page, which covers the
+/// logical block size that `O_DIRECT` asks of memory, offsets and lengths.
+pub const ALIGN: usize = 4096;
+
+/// The bytes of one block as read from the source, in an anonymous mapping of their own: page
+/// aligned, so the source can read straight into it with `O_DIRECT` (no bounce buffer, no
+/// page-cache copy), and unmapped as a whole when the last reader drops it.
+pub struct Block {
+    map: MmapMut,
+    len: usize,
+}
+
+impl Block {
+    /// `len` zero bytes, in [`Block::footprint_for`]`(len)` bytes of memory.
+    pub fn zeroed(len: usize) -> io::Result<Block> {
+        Ok(Block {
+            map: MmapMut::map_anon(Self::footprint_for(len) as usize)?,
+            len,
+        })
+    }
+
+    /// A block holding a copy of `bytes`.
+    pub fn copy_of(bytes: &[u8]) -> io::Result<Block> {
+        let mut block = Self::zeroed(bytes.len())?;
+        block.map[..bytes.len()].copy_from_slice(bytes);
+        Ok(block)
+    }
+
+    /// The memory a block of `len` bytes takes: whole pages, at least one.
+    pub fn footprint_for(len: usize) -> u64 {
+        (len.div_ceil(ALIGN).max(1) * ALIGN) as u64
+    }
+
+    /// All of the block's memory, its pages past the end included: what a source reads into.
+    pub fn whole_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
+
+    /// The memory this block takes.
+    pub fn footprint(&self) -> u64 {
+        self.map.len() as u64
+    }
+}
+
+impl Deref for Block {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map[..self.len]
+    }
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Block({} bytes)", self.len)
+    }
+}
 
 /// Called with the bytes a fetch read from the source, by the caller that started it.
 pub type Account = Box<dyn FnOnce(u64) + Send>;
@@ -159,10 +221,22 @@ impl Fetcher {
         let len = self.cache.block_len(size, key.block) as usize;
         let offset = key.block * self.cache.block_size();
         tracing::debug!("fetch {} block {} ({len} bytes)", rel.display(), key.block);
-        let mut buf = vec![0u8; len];
+        let mut block = match Block::zeroed(len) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("no memory for a block of {}: {e}", rel.display());
+                return Err(libc::ENOMEM);
+            }
+        };
         let counters = &self.stats.counters;
-        match self.source.read_block(rel, &key.version, offset, &mut buf) {
+        // The whole mapping, so that an O_DIRECT read may ask for whole pages; the file ends
+        // at `len` unless it grew, which the source's version check reports.
+        match self
+            .source
+            .read_block(rel, &key.version, offset, block.whole_mut())
+        {
             Ok(n) => {
+                let n = n.min(len);
                 Counters::add(&counters.bytes_from_source, n as u64);
                 if n < len {
                     // The file shrank since it was opened: serve nothing stale.
@@ -170,9 +244,9 @@ impl Fetcher {
                     return Err(libc::ESTALE);
                 }
                 if admit {
-                    self.cache.insert(key, &buf);
+                    self.cache.insert(key, &block);
                 }
-                Ok(Arc::new(buf))
+                Ok(Arc::new(block))
             }
             Err(e) => {
                 Counters::add(&counters.source_errors, 1);

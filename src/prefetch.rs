@@ -23,6 +23,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::cache::BlockKey;
+use crate::fetch::Block;
 use crate::jobs::JobKey;
 use crate::namespace::{FileId, FileVersion};
 
@@ -52,7 +53,7 @@ impl Default for PrefetchConfig {
 
 #[derive(Debug)]
 struct Staged {
-    data: Arc<Vec<u8>>,
+    data: Arc<Block>,
     job: JobKey,
     epoch: u64,
 }
@@ -104,10 +105,10 @@ impl Staging {
     }
 
     /// Stores a fetched block under its reservation, for `job`'s epoch `epoch`.
-    pub fn put(&self, key: BlockKey, data: Arc<Vec<u8>>, job: JobKey, epoch: u64) {
+    pub fn put(&self, key: BlockKey, data: Arc<Block>, job: JobKey, epoch: u64) {
         let mut inner = self.inner.lock();
         if let Some(old) = inner.blocks.insert(key, Staged { data, job, epoch }) {
-            inner.bytes -= (old.data.len() as u64).min(inner.bytes);
+            inner.bytes -= (old.data.footprint()).min(inner.bytes);
         }
     }
 
@@ -118,12 +119,7 @@ impl Staging {
 
     /// Takes every staged block of `version` that `job` staged (they leave the staging area)
     /// and returns them by block number; blocks other jobs staged are shared, not taken.
-    pub fn claim(
-        &self,
-        version: &FileVersion,
-        blocks: u64,
-        job: JobKey,
-    ) -> Vec<(u64, Arc<Vec<u8>>)> {
+    pub fn claim(&self, version: &FileVersion, blocks: u64, job: JobKey) -> Vec<(u64, Arc<Block>)> {
         let mut inner = self.inner.lock();
         let mut out = Vec::new();
         for block in 0..blocks {
@@ -140,7 +136,7 @@ impl Staging {
                 None => false,
             };
             if mine && let Some(s) = inner.blocks.remove(&key) {
-                inner.bytes -= (s.data.len() as u64).min(inner.bytes);
+                inner.bytes -= (s.data.footprint()).min(inner.bytes);
                 out.push((block, s.data));
             }
         }
@@ -153,7 +149,7 @@ impl Staging {
         if inner.blocks.get(key).is_some_and(|s| s.job == job)
             && let Some(s) = inner.blocks.remove(key)
         {
-            inner.bytes -= (s.data.len() as u64).min(inner.bytes);
+            inner.bytes -= (s.data.footprint()).min(inner.bytes);
         }
     }
 
@@ -167,8 +163,8 @@ impl Staging {
             if stale {
                 let d = dropped.entry(s.epoch).or_default();
                 d.blocks += 1;
-                d.bytes += s.data.len() as u64;
-                freed += s.data.len() as u64;
+                d.bytes += s.data.footprint();
+                freed += s.data.footprint();
             }
             !stale
         });
@@ -371,28 +367,37 @@ mod tests {
         }
     }
 
+    /// The memory a staged block of 100 bytes takes (a page).
+    const P: u64 = 4096;
+
+    fn block(fill: u8) -> Arc<Block> {
+        let b = Arc::new(Block::copy_of(&[fill; 100]).unwrap());
+        assert_eq!(b.footprint(), P);
+        b
+    }
+
     #[test]
     fn reservations_bound_the_staging_area() {
-        let s = Staging::new(250);
-        assert!(s.reserve(100) && s.reserve(100));
-        assert!(!s.reserve(100));
-        s.put(key(1, 0), Arc::new(vec![0; 100]), JobKey::All, 1);
-        s.unreserve(100);
-        assert!(s.reserve(100));
-        assert_eq!(s.bytes(), 200);
+        let s = Staging::new(P * 5 / 2);
+        assert!(s.reserve(P) && s.reserve(P));
+        assert!(!s.reserve(P));
+        s.put(key(1, 0), block(0), JobKey::All, 1);
+        s.unreserve(P);
+        assert!(s.reserve(P));
+        assert_eq!(s.bytes(), 2 * P);
     }
 
     #[test]
     fn claims_take_own_blocks_and_share_others() {
-        let s = Staging::new(1000);
+        let s = Staging::new(10 * P);
         let (a, b) = (JobKey::Pgid(1), JobKey::Pgid(2));
         for (k, job) in [(key(1, 0), a), (key(1, 1), a), (key(2, 0), b)] {
-            assert!(s.reserve(100));
-            s.put(k, Arc::new(vec![k.block as u8; 100]), job, 1);
+            assert!(s.reserve(P));
+            s.put(k, block(k.block as u8), job, 1);
         }
         let got = s.claim(&key(1, 0).version, 2, a);
         assert_eq!(got.iter().map(|(b, _)| *b).collect::<Vec<_>>(), vec![0, 1]);
-        assert_eq!(s.bytes(), 100);
+        assert_eq!(s.bytes(), P);
         let shared = s.claim(&key(2, 0).version, 1, a);
         assert_eq!(shared.len(), 1);
         assert!(s.contains(&key(2, 0)), "job a must not take job b's block");
@@ -404,22 +409,22 @@ mod tests {
 
     #[test]
     fn stale_blocks_are_dropped_and_counted_by_epoch() {
-        let s = Staging::new(1000);
+        let s = Staging::new(10 * P);
         let job = JobKey::All;
         for (ino, epoch) in [(1, 1), (2, 1), (3, 2)] {
-            assert!(s.reserve(100));
-            s.put(key(ino, 0), Arc::new(vec![0; 100]), job, epoch);
+            assert!(s.reserve(P));
+            s.put(key(ino, 0), block(0), job, epoch);
         }
         let dropped = s.drop_before(job, 2);
         assert_eq!(
             dropped.get(&1),
             Some(&Dropped {
                 blocks: 2,
-                bytes: 200
+                bytes: 2 * P
             })
         );
         assert_eq!(dropped.get(&2), None);
-        assert_eq!((s.blocks(), s.bytes()), (1, 100));
+        assert_eq!((s.blocks(), s.bytes()), (1, P));
     }
 
     /// Simulates reads against storage whose latency is `latency(reads in flight)`, with a

@@ -42,7 +42,7 @@ use parking_lot::Mutex;
 use crate::cache::{BlockCache, CacheConfig, PolicyKind};
 use crate::config::MountConfig;
 use crate::epoch::Step;
-use crate::fetch::Fetcher;
+use crate::fetch::{Block, Fetcher};
 use crate::jobs::{Job, JobKey, Jobs};
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
 use crate::prefetch::{PrefetchConfig, Staging};
@@ -134,14 +134,14 @@ pub type ReadDone = Box<dyn FnOnce(Result<&[u8], FsError>) + Send>;
 #[derive(Debug, Default)]
 struct Held {
     /// Blocks the prefetcher staged for this file, claimed by this open; freed at close.
-    claimed: Vec<(u64, Arc<Vec<u8>>)>,
+    claimed: Vec<(u64, Arc<Block>)>,
     /// The last block fetched for this handle, so that small reads through a block the
     /// cache did not admit do not fetch it again.
-    last: Option<(u64, Arc<Vec<u8>>)>,
+    last: Option<(u64, Arc<Block>)>,
 }
 
 impl Held {
-    fn get(&self, block: u64) -> Option<Arc<Vec<u8>>> {
+    fn get(&self, block: u64) -> Option<Arc<Block>> {
         self.claimed
             .iter()
             .chain(self.last.iter())

@@ -21,7 +21,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::DatasetFs;
 use crate::cache::{BlockKey, PolicyKind};
-use crate::fetch::{Account, FetchKind};
+use crate::fetch::{Account, Block, FetchKind};
 use crate::jobs::{Job, JobKey};
 use crate::namespace::{FileId, FileVersion};
 use crate::prefetch::next_candidates;
@@ -81,7 +81,7 @@ impl DatasetFs {
         &self,
         version: &FileVersion,
         job: JobKey,
-    ) -> Vec<(u64, Arc<Vec<u8>>)> {
+    ) -> Vec<(u64, Arc<Block>)> {
         if !self.prefetch.enabled {
             return Vec::new();
         }
@@ -248,7 +248,8 @@ impl DatasetFs {
             {
                 continue;
             }
-            let len = self.cache.block_len(version.size, block);
+            // Staging counts the memory a block takes: whole pages.
+            let len = Block::footprint_for(self.cache.block_len(version.size, block) as usize);
             // Checked and issued under the job's lock, which its opens take to mark a file
             // read: either the job opened the file first and it is skipped, or the fetch is
             // in flight before the job's read can start another.

@@ -12,13 +12,13 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::{DatasetFs, FileHandle, FsError, ReadDone};
 use crate::cache::{BlockKey, CachedBytes};
-use crate::fetch::{Account, FetchKind, FetchResult};
+use crate::fetch::{Account, Block, FetchKind, FetchResult};
 use crate::stats::Counters;
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
 enum Local<'a> {
     Cached(CachedBytes<'a>),
-    Fetched(Arc<Vec<u8>>),
+    Fetched(Arc<Block>),
 }
 
 impl std::ops::Deref for Local<'_> {
