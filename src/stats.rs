@@ -85,6 +85,8 @@ stats! {
     PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread when their job's epoch ended or the job went away (wasted prefetch).";
     StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
     PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes (--prefetch-memory; 0 with --no-prefetch).";
+    KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits then use direct I/O).";
+    KernelRefills => "kernel_refills", Count, "Reopened sentinel files whose pages the kernel had dropped and read again.";
     HintsAccepted => "hints_accepted", Count, "Order hints accepted (writes of the .coorfs-order file).";
     HintsRejected => "hints_rejected", Count, "Order hints rejected (unknown paths, garbage, too large).";
     ActiveJobs => "active_jobs", Count, "Jobs (process groups, by default) that read the mount and were not idle long enough to be forgotten.";

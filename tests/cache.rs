@@ -329,3 +329,54 @@ fn attributes_follow_the_xattr_protocol_and_agree_with_coorfs_stats() {
     );
     m.unmount();
 }
+
+/// Drops the kernel's pages of every file of the mount, as memory pressure would.
+fn drop_kernel_pages(mnt: &Path, rels: &[PathBuf]) {
+    use std::os::fd::AsRawFd;
+    for rel in rels {
+        let f = std::fs::File::open(mnt.join(rel)).unwrap();
+        // SAFETY: advice about an open descriptor's page cache.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+    }
+}
+
+#[test]
+fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
+    const FILES: usize = 1024; // 64 sentinels (one file in 16), two windows of 32
+    const SIZE: usize = 4096;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, FILES, SIZE, 8);
+    let m = Mount::new(&src, &["--no-prefetch", "--cache-size", "64M"]);
+    wait_for_scan(&m.mnt);
+    let kernel = |m: &Mount| {
+        let s = stats(&m.mnt);
+        (num(&s, "kernel_cache"), num(&s, "kernel_refills"))
+    };
+    // Epoch 1 caches every file; epoch 2 hands the sentinels' pages to the kernel, which
+    // keeps them (memory to spare): epoch 3 asks for none again.
+    for epoch in 0..3 {
+        read_epoch(&m.mnt, &rels, SIZE, epoch);
+    }
+    assert_eq!(kernel(&m), (1, 0));
+    // The kernel dropped every page before epoch 4: all 64 sentinels are read again, and
+    // the other hits go around the kernel's cache from then on, bytes still right.
+    drop_kernel_pages(&m.mnt, &rels);
+    read_epoch(&m.mnt, &rels, SIZE, 3);
+    assert_eq!(kernel(&m), (0, 64));
+    drop_kernel_pages(&m.mnt, &rels);
+    read_epoch(&m.mnt, &rels, SIZE, 4);
+    assert_eq!(kernel(&m), (0, 128));
+    // Kept again: the sentinels tell, and hits use the kernel's cache again.
+    read_epoch(&m.mnt, &rels, SIZE, 5);
+    assert_eq!(kernel(&m), (1, 128));
+    // Six epochs read and two passes that dropped pages opened every file: all hits but the
+    // first epoch, whichever way the kernel was told to cache them.
+    let s = stats(&m.mnt);
+    assert_eq!(
+        (num(&s, "misses"), num(&s, "hits")),
+        (FILES as u64, 7 * FILES as u64)
+    );
+    m.unmount();
+}

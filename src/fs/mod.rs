@@ -14,8 +14,11 @@
 //! they would push out the ones it does, and MinIO would degrade to LRU. So with a cache
 //! policy, an open decides:
 //! - every byte of the file is in coorfs's cache: `keep_cache`. The kernel may keep (and
-//!   serve from) its pages of the file, a free first level over the cache: when it reclaims
+//!   serve from) its pages of the file, a first level over the cache: when it reclaims
 //!   them, the cache still holds every byte. A hot small file then costs one round trip.
+//!   That level is free only if the kernel keeps the pages until the file is read again;
+//!   when sentinel files show that it does not (memory too tight for a second copy), hits
+//!   use `direct_io` as well ([`kernel_cache`]).
 //! - otherwise: `direct_io`. The file's bytes never enter the kernel's page cache; each read
 //!   comes to the daemon, which serves cached blocks and fetches the rest.
 //!
@@ -27,6 +30,7 @@
 //! them without asking); reads through a direct-I/O handle count exactly what they serve.
 
 mod control;
+mod kernel_cache;
 mod prefetch;
 mod read;
 
@@ -165,6 +169,8 @@ struct FileHandle {
     job_key: JobKey,
     job_epoch: u64,
     held: Mutex<Held>,
+    /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
+    watch: Option<kernel_cache::Watch>,
 }
 
 impl FileHandle {
@@ -201,6 +207,7 @@ pub struct DatasetFs {
     fetcher: Arc<Fetcher>,
     jobs: Jobs,
     staging: Arc<Staging>,
+    kernel: kernel_cache::KernelCacheGauge,
     prefetch: PrefetchConfig,
     prefetcher: prefetch::PrefetchState,
     scan: ScanState,
@@ -262,6 +269,7 @@ impl DatasetFs {
             } else {
                 0
             })),
+            kernel: Default::default(),
             prefetch: config.prefetch,
             prefetcher: prefetch::PrefetchState::default(),
             scan: ScanState::default(),
@@ -465,11 +473,14 @@ impl DatasetFs {
             self.wake_prefetcher();
         }
 
-        let (keep_cache, direct_io) = match self.cache.config().policy {
-            PolicyKind::None => (!changed, false),
+        let (keep_cache, direct_io, watch) = match self.cache.config().policy {
+            PolicyKind::None => (!changed, false, None),
             PolicyKind::MinIo | PolicyKind::Lru => {
-                let keep = hit && !changed;
-                (keep, !keep)
+                let (keep, watch) = match info.file_id {
+                    Some(file) if hit && !changed => self.kernel.open(file),
+                    _ => (false, None),
+                };
+                (keep, !keep, watch)
             }
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -496,6 +507,7 @@ impl DatasetFs {
                 claimed,
                 last: None,
             }),
+            watch,
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
@@ -509,8 +521,16 @@ impl DatasetFs {
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: u64) {
-        if self.files.lock().remove(&fh).is_none() {
-            self.release_order(fh);
+        let handle = self.files.lock().remove(&fh);
+        match handle {
+            Some(h) => {
+                if let Some(watch) = &h.watch {
+                    self.kernel.closed(watch);
+                }
+            }
+            None => {
+                self.release_order(fh);
+            }
         }
     }
 
@@ -675,6 +695,8 @@ impl DatasetFs {
                 Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
                 Stat::StagingBytes => Value::Count(self.staging.bytes()),
                 Stat::PrefetchMemory => Value::Count(self.staging.capacity()),
+                Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),
+                Stat::KernelRefills => Value::Count(self.kernel.refills()),
                 Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
                 Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
                 Stat::ActiveJobs => Value::Count(self.jobs.live().len() as u64),

@@ -62,6 +62,9 @@ impl DatasetFs {
         let Some(h) = self.files.lock().get(&fh).cloned() else {
             return done(Err(FsError::BadHandle));
         };
+        if let Some(watch) = &h.watch {
+            self.kernel.asked(watch);
+        }
         let file_size = h.version.size;
         if offset >= file_size || size == 0 {
             return done(Ok(&[]));
