@@ -104,22 +104,24 @@ impl LocalSource {
         self.direct.load(Ordering::Relaxed)
     }
 
-    /// Reads with `O_DIRECT` into `buf` (page aligned, whole pages, at a page-aligned
-    /// offset): whole pages until the end of the file.
-    fn read_direct(
-        &self,
+    /// Opens the file at `path` with `flags` added, checks that it is still `version`, and
+    /// reads `buf.len()` bytes at `offset` or up to the end of the file. With `O_DIRECT`,
+    /// `buf` must be page aligned and whole pages at a page-aligned offset, and a read that
+    /// ends off a page boundary ended at the end of the file.
+    fn read_range(
         path: &Path,
+        flags: i32,
         version: &FileVersion,
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<usize> {
-        let file = open_with(path, libc::O_DIRECT)?;
+    ) -> io::Result<(File, usize)> {
+        let file = open_with(path, flags)?;
         if meta_from_std(&file.metadata()?).version != *version {
             return Err(io::Error::from_raw_os_error(libc::ESTALE));
         }
+        let direct = flags & libc::O_DIRECT != 0;
         let mut done = 0;
-        // A read that ends off a page boundary ended at the end of the file.
-        while done < buf.len() && done % ALIGN == 0 {
+        while done < buf.len() && (!direct || done.is_multiple_of(ALIGN)) {
             match file.read_at(&mut buf[done..], offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => done += n,
@@ -127,7 +129,7 @@ impl LocalSource {
                 Err(e) => return Err(e),
             }
         }
-        Ok(done)
+        Ok((file, done))
     }
 
     fn full(&self, rel: &Path) -> PathBuf {
@@ -177,7 +179,7 @@ impl DatasetSource for LocalSource {
             && buf.len().is_multiple_of(ALIGN)
             && offset.is_multiple_of(ALIGN as u64);
         if aligned && self.direct() {
-            match self.read_direct(&path, version, offset, buf) {
+            match Self::read_range(&path, libc::O_DIRECT, version, offset, buf) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     if self.direct.swap(false, Ordering::Relaxed) {
                         tracing::info!(
@@ -186,22 +188,10 @@ impl DatasetSource for LocalSource {
                         );
                     }
                 }
-                other => return other,
+                other => return other.map(|(_, done)| done),
             }
         }
-        let file = open_for_read(&path)?;
-        if meta_from_std(&file.metadata()?).version != *version {
-            return Err(io::Error::from_raw_os_error(libc::ESTALE));
-        }
-        let mut done = 0;
-        while done < buf.len() {
-            match file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        let (file, done) = Self::read_range(&path, 0, version, offset, buf)?;
         if self.drop_pages && done > 0 {
             // SAFETY: `file` is an open descriptor for the duration of the call; fadvise only
             // gives the kernel advice about its page cache and touches no memory of ours.
