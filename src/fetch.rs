@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use memmap2::MmapMut;
 use parking_lot::Mutex;
 
 use crate::cache::inflight::{Inflight, Waiter};
@@ -35,27 +34,37 @@ pub type FetchResult = Result<Arc<Block>, i32>;
 /// logical block size that `O_DIRECT` asks of memory, offsets and lengths.
 pub const ALIGN: usize = 4096;
 
-/// The bytes of one block as read from the source, in an anonymous mapping of their own: page
-/// aligned, so the source can read straight into it with `O_DIRECT` (no bounce buffer, no
-/// page-cache copy), and unmapped as a whole when the last reader drops it.
+/// The bytes of one block as read from the source, in page-aligned memory of their own, so
+/// the source can read straight into it with `O_DIRECT` (no bounce buffer, no page-cache
+/// copy). Allocated with the page's alignment (not mapped one by one: a staging area of small
+/// files would hold tens of thousands of blocks, past the kernel's limit of mappings a process
+/// may have), and freed when the last reader drops it.
 pub struct Block {
-    map: MmapMut,
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
     len: usize,
 }
+
+// SAFETY: a Block owns its memory alone, like a Box<[u8]>; shared access is read-only.
+unsafe impl Send for Block {}
+// SAFETY: as above: `&Block` only hands out `&[u8]`.
+unsafe impl Sync for Block {}
 
 impl Block {
     /// `len` zero bytes, in [`Block::footprint_for`]`(len)` bytes of memory.
     pub fn zeroed(len: usize) -> io::Result<Block> {
-        Ok(Block {
-            map: MmapMut::map_anon(Self::footprint_for(len) as usize)?,
-            len,
-        })
+        let layout = std::alloc::Layout::from_size_align(Self::footprint_for(len) as usize, ALIGN)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: the layout's size is at least one page, never zero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(ptr).ok_or(io::ErrorKind::OutOfMemory)?;
+        Ok(Block { ptr, layout, len })
     }
 
     /// A block holding a copy of `bytes`.
     pub fn copy_of(bytes: &[u8]) -> io::Result<Block> {
         let mut block = Self::zeroed(bytes.len())?;
-        block.map[..bytes.len()].copy_from_slice(bytes);
+        block.whole_mut()[..bytes.len()].copy_from_slice(bytes);
         Ok(block)
     }
 
@@ -66,19 +75,30 @@ impl Block {
 
     /// All of the block's memory, its pages past the end included: what a source reads into.
     pub fn whole_mut(&mut self) -> &mut [u8] {
-        &mut self.map
+        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes that this block
+        // owns; `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
     }
 
     /// The memory this block takes.
     pub fn footprint(&self) -> u64 {
-        self.map.len() as u64
+        self.layout.size() as u64
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this very layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
 
 impl Deref for Block {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.map[..self.len]
+        // SAFETY: `len` <= `layout.size()` initialised bytes owned by this block, shared
+        // read-only for the borrow of `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -253,6 +273,26 @@ impl Fetcher {
                 tracing::warn!("reading {}: {e}", rel.display());
                 Err(e.raw_os_error().unwrap_or(libc::EIO))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_page_aligned_whole_pages_holding_their_bytes() {
+        for len in [0, 1, 4095, 4096, 4097, 112_640, 1 << 20] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut b = Block::copy_of(&bytes).unwrap();
+            assert_eq!(&b[..], &bytes[..]);
+            assert_eq!(b.footprint(), Block::footprint_for(len));
+            assert_eq!(b.footprint() as usize, len.div_ceil(ALIGN).max(1) * ALIGN);
+            let whole = b.whole_mut();
+            assert_eq!(whole.as_ptr() as usize % ALIGN, 0);
+            assert_eq!(whole.len() as u64, Block::footprint_for(len));
+            assert!(whole[len..].iter().all(|&x| x == 0), "past the end is zero");
         }
     }
 }
