@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use memmap2::MmapMut;
 use parking_lot::Mutex;
 
 use crate::cache::inflight::{Inflight, Waiter};
@@ -36,29 +37,55 @@ pub const ALIGN: usize = 4096;
 
 /// The bytes of one block as read from the source, in page-aligned memory of their own, so
 /// the source can read straight into it with `O_DIRECT` (no bounce buffer, no page-cache
-/// copy). Allocated with the page's alignment (not mapped one by one: a staging area of small
-/// files would hold tens of thousands of blocks, past the kernel's limit of mappings a process
-/// may have), and freed when the last reader drops it.
+/// copy), freed when the last reader drops it.
 pub struct Block {
-    ptr: std::ptr::NonNull<u8>,
-    layout: std::alloc::Layout,
+    mem: Memory,
     len: usize,
 }
 
+/// From [`MAP_FROM`] bytes up, a block is an anonymous mapping of its own: zero pages that
+/// cost nothing until read into (glibc would map an allocation this large anyway, then Rust
+/// would zero it). Smaller ones are aligned heap allocations: a staging area of small files
+/// holds tens of thousands of blocks, past the kernel's limit of mappings per process.
+const MAP_FROM: usize = 64 << 10;
+
+enum Memory {
+    Mapped(MmapMut),
+    Heap {
+        ptr: std::ptr::NonNull<u8>,
+        layout: std::alloc::Layout,
+    },
+}
+
 // SAFETY: a Block owns its memory alone, like a Box<[u8]>; shared access is read-only.
-unsafe impl Send for Block {}
+unsafe impl Send for Memory {}
 // SAFETY: as above: `&Block` only hands out `&[u8]`.
-unsafe impl Sync for Block {}
+unsafe impl Sync for Memory {}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Memory::Heap { ptr, layout } = self {
+            // SAFETY: allocated in `Block::zeroed` with this very layout, freed once.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), *layout) }
+        }
+    }
+}
 
 impl Block {
     /// `len` zero bytes, in [`Block::footprint_for`]`(len)` bytes of memory.
     pub fn zeroed(len: usize) -> io::Result<Block> {
-        let layout = std::alloc::Layout::from_size_align(Self::footprint_for(len) as usize, ALIGN)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: the layout's size is at least one page, never zero.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(ptr).ok_or(io::ErrorKind::OutOfMemory)?;
-        Ok(Block { ptr, layout, len })
+        let size = Self::footprint_for(len) as usize;
+        let mem = if size >= MAP_FROM {
+            Memory::Mapped(MmapMut::map_anon(size)?)
+        } else {
+            let layout = std::alloc::Layout::from_size_align(size, ALIGN)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+            // SAFETY: the layout's size is at least one page, never zero.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            let ptr = std::ptr::NonNull::new(ptr).ok_or(io::ErrorKind::OutOfMemory)?;
+            Memory::Heap { ptr, layout }
+        };
+        Ok(Block { mem, len })
     }
 
     /// A block holding a copy of `bytes`.
@@ -75,30 +102,37 @@ impl Block {
 
     /// All of the block's memory, its pages past the end included: what a source reads into.
     pub fn whole_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes that this block
-        // owns; `&mut self` makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+        match &mut self.mem {
+            Memory::Mapped(map) => map,
+            // SAFETY: `ptr` points to `layout.size()` zeroed bytes that this block owns;
+            // `&mut self` makes the borrow unique.
+            Memory::Heap { ptr, layout } => unsafe {
+                std::slice::from_raw_parts_mut(ptr.as_ptr(), layout.size())
+            },
+        }
+    }
+
+    /// All of the block's memory, read-only.
+    fn whole(&self) -> &[u8] {
+        match &self.mem {
+            Memory::Mapped(map) => map,
+            // SAFETY: as in `whole_mut`, shared read-only for the borrow of `self`.
+            Memory::Heap { ptr, layout } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), layout.size())
+            },
+        }
     }
 
     /// The memory this block takes.
     pub fn footprint(&self) -> u64 {
-        self.layout.size() as u64
-    }
-}
-
-impl Drop for Block {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this very layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        self.whole().len() as u64
     }
 }
 
 impl Deref for Block {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `len` <= `layout.size()` initialised bytes owned by this block, shared
-        // read-only for the borrow of `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        &self.whole()[..self.len]
     }
 }
 
