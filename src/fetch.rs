@@ -283,8 +283,8 @@ impl Fetcher {
             }
         };
         let counters = &self.stats.counters;
-        // The whole mapping, so that an O_DIRECT read may ask for whole pages; the file ends
-        // at `len` unless it grew, which the source's version check reports.
+        // All of the block's pages, so that an O_DIRECT read may ask for whole pages; the
+        // file ends at `len` unless it grew, which the source's version check reports.
         match self
             .source
             .read_block(rel, &key.version, offset, block.whole_mut())

@@ -108,7 +108,7 @@ impl Staging {
     pub fn put(&self, key: BlockKey, data: Arc<Block>, job: JobKey, epoch: u64) {
         let mut inner = self.inner.lock();
         if let Some(old) = inner.blocks.insert(key, Staged { data, job, epoch }) {
-            inner.bytes -= (old.data.footprint()).min(inner.bytes);
+            inner.bytes -= old.data.footprint().min(inner.bytes);
         }
     }
 
@@ -136,7 +136,7 @@ impl Staging {
                 None => false,
             };
             if mine && let Some(s) = inner.blocks.remove(&key) {
-                inner.bytes -= (s.data.footprint()).min(inner.bytes);
+                inner.bytes -= s.data.footprint().min(inner.bytes);
                 out.push((block, s.data));
             }
         }
@@ -149,7 +149,7 @@ impl Staging {
         if inner.blocks.get(key).is_some_and(|s| s.job == job)
             && let Some(s) = inner.blocks.remove(key)
         {
-            inner.bytes -= (s.data.footprint()).min(inner.bytes);
+            inner.bytes -= s.data.footprint().min(inner.bytes);
         }
     }
 

@@ -522,12 +522,9 @@ impl DatasetFs {
     /// Closes open file `fh`.
     pub fn release(&self, fh: u64) {
         let handle = self.files.lock().remove(&fh);
-        match handle {
-            Some(h) => {
-                if let Some(watch) = &h.watch {
-                    self.kernel.closed(watch);
-                }
-            }
+        match handle.as_ref().map(|h| &h.watch) {
+            Some(Some(watch)) => self.kernel.closed(watch),
+            Some(None) => {}
             None => {
                 self.release_order(fh);
             }

@@ -249,7 +249,7 @@ impl DatasetFs {
                 continue;
             }
             // Staging counts the memory a block takes: whole pages.
-            let len = Block::footprint_for(self.cache.block_len(version.size, block) as usize);
+            let memory = Block::footprint_for(self.cache.block_len(version.size, block) as usize);
             // Checked and issued under the job's lock, which its opens take to mark a file
             // read: either the job opened the file first and it is skipped, or the fetch is
             // in flight before the job's read can start another.
@@ -257,10 +257,10 @@ impl DatasetFs {
             if j.epoch() != epoch || j.log.tracker().has_read(f) {
                 return true;
             }
-            if self.fetcher.bandwidth_bound() && self.staging.bytes() + len > NARROW_STAGING {
+            if self.fetcher.bandwidth_bound() && self.staging.bytes() + memory > NARROW_STAGING {
                 return issued;
             }
-            if !self.staging.reserve(len) {
+            if !self.staging.reserve(memory) {
                 return issued;
             }
             issued = true;
@@ -292,7 +292,7 @@ impl DatasetFs {
                     // anything else is counted as unused when the epoch is cleaned up.
                     match r {
                         Ok(data) if !cache.contains(&bkey) => staging.put(bkey, data, key, epoch),
-                        _ => staging.unreserve(len),
+                        _ => staging.unreserve(memory),
                     }
                     signals.inflight.fetch_sub(1, Ordering::Relaxed);
                     signals.wake();
