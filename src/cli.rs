@@ -104,6 +104,13 @@ pub struct MountArgs {
     /// Let other users access the mount (the kernel still checks the source's permissions).
     #[arg(long, help_heading = "Mount")]
     pub allow_other: bool,
+    /// Let the kernel evaluate the source's POSIX ACLs, so that an ACL entry can grant what
+    /// the mode bits do not. Without it, entries that deny are still honoured (files are
+    /// opened as the reading user); with it, every permission check of a user who does not
+    /// own the file costs one more round trip to the daemon (the kernel caches no ACL of a
+    /// FUSE file).
+    #[arg(long, help_heading = "Mount")]
+    pub acl: bool,
     /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
     #[arg(long, help_heading = "Mount")]
     pub allow_non_empty: bool,
@@ -150,6 +157,11 @@ pub struct MountArgs {
     /// Forget a job after this long without reading (e.g. 10m).
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, help_heading = "Jobs")]
     pub job_idle_timeout: Duration,
+    /// Memory for order hints (MOUNTPOINT/.coorfs-order), pending and accepted, of all users
+    /// together; one user may hold half of it (K/M/G suffixes). A hint past it fails with
+    /// EDQUOT.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_nonzero_size, help_heading = "Jobs")]
+    pub hint_memory: u64,
 
     /// Add DURATION to every read of the source, to emulate network storage in benchmarks
     /// (e.g. --policy none --read-delay 2ms makes a slow passthrough mount).
@@ -381,6 +393,7 @@ impl MountArgs {
         }
         config.metadata_ttl = self.metadata_ttl;
         config.allow_other = self.allow_other;
+        config.acl = self.acl;
         config.allow_non_empty = self.allow_non_empty;
         if let Some(size) = self.cache_size {
             config.cache.capacity = size;
@@ -405,6 +418,7 @@ impl MountArgs {
             },
             idle_timeout: self.job_idle_timeout,
         };
+        config.hint_limits = crate::jobs::HintLimits::of_total(self.hint_memory);
         config.read_delay = self.read_delay;
         let options = DaemonOptions {
             foreground: self.foreground,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cache::{CacheConfig, PolicyKind};
-use crate::jobs::JobConfig;
+use crate::jobs::{HintLimits, JobConfig};
 use crate::prefetch::PrefetchConfig;
 
 /// How a mount serves its source.
@@ -21,6 +21,8 @@ pub struct MountConfig {
     pub metadata_ttl: Duration,
     /// Let users other than the mounting one use the mount (`allow_other`).
     pub allow_other: bool,
+    /// The kernel evaluates the source's POSIX ACLs (FUSE_POSIX_ACL).
+    pub acl: bool,
     /// Mount over a non-empty directory.
     pub allow_non_empty: bool,
     /// Threads that read the source for cache misses.
@@ -29,6 +31,10 @@ pub struct MountConfig {
     pub cache: CacheConfig,
     /// How jobs are told apart, and forgotten.
     pub jobs: JobConfig,
+    /// Bytes of memory that order hints may hold, in total and per user.
+    pub hint_limits: HintLimits,
+    /// The user who mounts (under `--job-key none`, the one user besides root who may hint).
+    pub owner_uid: u32,
     /// The prefetcher: on or off, staging budget (bytes), queue depth.
     pub prefetch: PrefetchConfig,
     /// Added to every read of the source: emulates network storage in benchmarks.
@@ -46,6 +52,7 @@ impl MountConfig {
             // kernel's caches while still letting a changed tree show up eventually.
             metadata_ttl: Duration::from_secs(24 * 3600),
             allow_other: false,
+            acl: false,
             allow_non_empty: false,
             // Enough concurrent source reads to keep a network filesystem's pipe full (a
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough
@@ -57,6 +64,9 @@ impl MountConfig {
                 block_size: DEFAULT_BLOCK_SIZE,
             },
             jobs: JobConfig::default(),
+            hint_limits: HintLimits::default(),
+            // SAFETY: getuid has no preconditions.
+            owner_uid: unsafe { libc::getuid() },
             prefetch: PrefetchConfig::default(),
             read_delay: Duration::ZERO,
         }

@@ -382,7 +382,8 @@ fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError
     let mount_err = |e: io::Error| MountError::Mount(mountpoint.clone(), e.to_string());
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
     let drop_pages = config.cache.policy != PolicyKind::None;
-    let local = LocalSource::new(config.source.clone(), drop_pages);
+    let local = LocalSource::new(config.source.clone(), drop_pages)
+        .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
     let source: Arc<dyn crate::source::DatasetSource> = if config.read_delay.is_zero() {
         Arc::new(local)
     } else {
@@ -396,7 +397,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError
     );
     fs.start_prefetcher().map_err(mount_err)?;
     let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs.clone(), notifier.clone());
+    let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), config.acl);
 
     let mut options = fuser::Config::default();
     options.acl = if config.allow_other {

@@ -114,6 +114,109 @@ pub struct Hint {
     pub order: Arc<Vec<FileId>>,
     /// The job's epoch the order is for; None until the job starts it.
     pub epoch: Option<u64>,
+    /// The hint memory the order holds, given back when the hint goes.
+    pub charge: Option<Arc<HintCharge>>,
+}
+
+/// Bytes of hint memory: every user's share of it, and the total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HintLimits {
+    /// Bytes all users' hints may hold together.
+    pub total: u64,
+    /// Bytes one user's hints may hold.
+    pub per_user: u64,
+}
+
+impl HintLimits {
+    /// Limits of `total` bytes, half of it for any one user: two users can always hint at
+    /// once, and no user can take it all.
+    pub fn of_total(total: u64) -> Self {
+        HintLimits {
+            total,
+            per_user: total / 2,
+        }
+    }
+}
+
+impl Default for HintLimits {
+    /// 256 MiB: an ImageNet order (1.28 M paths of about 40 bytes) is about 50 MB while it
+    /// is written and 5 MB once accepted, so several jobs of several users fit.
+    fn default() -> Self {
+        HintLimits::of_total(256 << 20)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Usage {
+    total: u64,
+    by_user: HashMap<u32, u64>,
+}
+
+/// The memory that hints hold, per user and in total.
+#[derive(Debug)]
+pub struct HintBudget {
+    limits: HintLimits,
+    usage: Arc<Mutex<Usage>>,
+}
+
+/// Bytes of hint memory held by one user's hint; given back when dropped.
+#[derive(Debug)]
+pub struct HintCharge {
+    usage: Arc<Mutex<Usage>>,
+    limits: HintLimits,
+    uid: u32,
+    bytes: u64,
+}
+
+impl HintBudget {
+    pub fn new(limits: HintLimits) -> Self {
+        HintBudget {
+            limits,
+            usage: Default::default(),
+        }
+    }
+
+    /// A charge of nothing yet, for `uid`.
+    pub fn charge(&self, uid: u32) -> HintCharge {
+        HintCharge {
+            usage: self.usage.clone(),
+            limits: self.limits,
+            uid,
+            bytes: 0,
+        }
+    }
+
+    /// Bytes held by all hints now.
+    pub fn used(&self) -> u64 {
+        self.usage.lock().total
+    }
+}
+
+impl HintCharge {
+    /// Grows or shrinks the charge to `bytes`; false (and unchanged) if the user's share or
+    /// the total would pass its limit.
+    pub fn resize(&mut self, bytes: u64) -> bool {
+        let mut usage = self.usage.lock();
+        let mine = usage.by_user.get(&self.uid).copied().unwrap_or(0);
+        let (mine, total) = (mine - self.bytes + bytes, usage.total - self.bytes + bytes);
+        if bytes > self.bytes && (mine > self.limits.per_user || total > self.limits.total) {
+            return false;
+        }
+        usage.total = total;
+        if mine == 0 {
+            usage.by_user.remove(&self.uid);
+        } else {
+            usage.by_user.insert(self.uid, mine);
+        }
+        self.bytes = bytes;
+        true
+    }
+}
+
+impl Drop for HintCharge {
+    fn drop(&mut self) {
+        self.resize(0);
+    }
 }
 
 /// One job's state.
@@ -153,7 +256,7 @@ impl Job {
 
     /// Takes a new order: it is for the current epoch if the job has read nothing in it
     /// yet, else for the next one.
-    pub fn set_hint(&mut self, order: Vec<FileId>) {
+    pub fn set_hint(&mut self, order: Vec<FileId>, charge: HintCharge) {
         let epoch = if self.log.tracker().read_in_epoch() == 0 {
             Some(self.epoch())
         } else {
@@ -162,6 +265,7 @@ impl Job {
         self.hint = Some(Hint {
             order: Arc::new(order),
             epoch,
+            charge: Some(Arc::new(charge)),
         });
         if epoch.is_some() {
             self.prefetch_cursor = 0;
@@ -289,6 +393,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hint_memory_is_bounded_per_user_and_in_total_and_given_back() {
+        let budget = HintBudget::new(HintLimits {
+            total: 100,
+            per_user: 60,
+        });
+        let mut a = budget.charge(1);
+        assert!(a.resize(60));
+        assert!(!a.resize(61), "past the user's share");
+        let mut b = budget.charge(1);
+        assert!(!b.resize(1), "the user's share is taken");
+        let mut c = budget.charge(2);
+        assert!(!c.resize(41), "past the total");
+        assert!(c.resize(40));
+        assert_eq!(budget.used(), 100);
+        assert!(a.resize(10), "shrinking always works");
+        drop(c);
+        assert_eq!(budget.used(), 10);
+        assert!(b.resize(50));
+        drop(a);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
     fn keys_follow_the_configured_kind() {
         let me = std::process::id();
         // SAFETY: reads our own process group and session.
@@ -306,8 +434,9 @@ mod tests {
 
     #[test]
     fn a_hint_waits_for_the_next_epoch_once_reading_began() {
+        let budget = HintBudget::new(HintLimits::default());
         let mut job = Job::new(JobKey::All, 0.0);
-        job.set_hint(vec![2, 0, 1]);
+        job.set_hint(vec![2, 0, 1], budget.charge(0));
         assert_eq!(job.active_order().unwrap().as_slice(), &[2, 0, 1]);
         // Epoch 1 read in that order, then a new hint while epoch 2 has not begun.
         for f in [2, 0, 1] {
@@ -315,11 +444,11 @@ mod tests {
         }
         job.epoch_changed();
         assert!(job.active_order().is_none(), "the epoch-1 order is over");
-        job.set_hint(vec![1, 2, 0]);
+        job.set_hint(vec![1, 2, 0], budget.charge(0));
         assert_eq!(job.active_order().unwrap().as_slice(), &[1, 2, 0]);
         // A hint in the middle of an epoch applies to the next one.
         job.log.open(1, false, 1, Some(3), 0.0);
-        job.set_hint(vec![0, 1, 2]);
+        job.set_hint(vec![0, 1, 2], budget.charge(0));
         assert!(job.active_order().is_none());
         job.log.open(1, false, 1, Some(3), 0.0); // a repeat: epoch 3 begins
         job.epoch_changed();

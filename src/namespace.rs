@@ -68,7 +68,10 @@ pub struct Attr {
 }
 
 /// The identity of one version of a source file. Cache keys carry it, so a source file whose
-/// size or mtime changed is a different key: a miss, never stale bytes.
+/// size, mtime or ctime changed is a different key: a miss, never stale bytes. The ctime
+/// catches what the others miss: a file rewritten in place at the same size with its mtime
+/// set back (`touch -r`), since no user can set a ctime. It also changes with `chmod`,
+/// `chown`, links and attributes, which then cost a refetch: correctness first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileVersion {
     pub dev: u64,
@@ -77,6 +80,8 @@ pub struct FileVersion {
     pub size: u64,
     /// Modification time in nanoseconds since the epoch.
     pub mtime_ns: i64,
+    /// Status-change time in nanoseconds since the epoch.
+    pub ctime_ns: i64,
 }
 
 /// What the source's `lstat` says of an entry: its attributes (with `ino` still unset) and
@@ -330,6 +335,7 @@ mod tests {
                 ino: 7,
                 size,
                 mtime_ns,
+                ctime_ns: 0,
             },
         }
     }

@@ -362,6 +362,7 @@ mod tests {
                 ino,
                 size: 100,
                 mtime_ns: 0,
+                ctime_ns: 0,
             },
             block,
         }

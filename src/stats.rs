@@ -20,6 +20,9 @@ use serde::Serialize;
 use crate::epoch::{Boundary, EpochTracker, Step};
 use crate::namespace::FileId;
 
+/// The POSIX ACL attributes, passed through from the source for the kernel to evaluate.
+pub const ACL_XATTRS: [&str; 2] = ["system.posix_acl_access", "system.posix_acl_default"];
+
 /// The prefix of every coorfs extended attribute.
 pub const XATTR_PREFIX: &str = "user.coorfs.";
 /// The attribute of the mount root that holds every stat as one JSON document.

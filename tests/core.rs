@@ -14,10 +14,9 @@ use coorfs::namespace::{Kind, ROOT};
 use coorfs::source::{FaultySource, LocalSource};
 
 fn core_over(src: &Path) -> (DatasetFs, Arc<FaultySource<LocalSource>>) {
-    let source = Arc::new(FaultySource::new(LocalSource::new(
-        src.to_path_buf(),
-        false,
-    )));
+    let source = Arc::new(FaultySource::new(
+        LocalSource::new(src.to_path_buf(), false).unwrap(),
+    ));
     let config = MountConfig::new(src.to_path_buf(), "/nonexistent".into());
     (DatasetFs::new(source.clone(), &config).unwrap(), source)
 }
@@ -39,7 +38,11 @@ fn read(fs: &DatasetFs, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, Stri
 fn lookup_path(fs: &DatasetFs, rel: &str) -> u64 {
     let mut at = ROOT;
     for part in rel.split('/') {
-        at = fs.lookup(at, OsStr::new(part)).unwrap().attr.ino;
+        at = fs
+            .lookup(at, OsStr::new(part), Caller::default())
+            .unwrap()
+            .attr
+            .ino;
     }
     at
 }
@@ -51,17 +54,23 @@ fn lookup_getattr_and_read() {
     std::fs::write(dir.path().join("d/f"), bytes(1, 10_000)).unwrap();
     let (fs, _) = core_over(dir.path());
 
-    let d = fs.lookup(ROOT, OsStr::new("d")).unwrap().attr;
+    let d = fs
+        .lookup(ROOT, OsStr::new("d"), Caller::default())
+        .unwrap()
+        .attr;
     assert_eq!(d.kind, Kind::Dir);
-    let f = fs.lookup(d.ino, OsStr::new("f")).unwrap().attr;
+    let f = fs
+        .lookup(d.ino, OsStr::new("f"), Caller::default())
+        .unwrap()
+        .attr;
     assert_eq!((f.kind, f.size), (Kind::File, 10_000));
     assert_eq!(fs.getattr(f.ino).unwrap(), f);
     assert!(matches!(
-        fs.lookup(d.ino, OsStr::new("nope")),
+        fs.lookup(d.ino, OsStr::new("nope"), Caller::default()),
         Err(FsError::NotFound)
     ));
     assert!(matches!(
-        fs.lookup(f.ino, OsStr::new("x")),
+        fs.lookup(f.ino, OsStr::new("x"), Caller::default()),
         Err(FsError::NotDir)
     ));
 
@@ -108,7 +117,7 @@ fn readdir_pages_resume_at_the_offset_they_return() {
     }
     let (fs, _) = core_over(dir.path());
     for plus in [false, true] {
-        let fh = fs.opendir(ROOT).unwrap();
+        let fh = fs.opendir(ROOT, Caller::default()).unwrap();
         let mut names = Vec::new();
         let mut offset = 0;
         loop {
@@ -151,17 +160,27 @@ fn a_changed_source_file_is_detected_at_open() {
     let unread = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
     assert_eq!(read(&fs, first.fh, 0, 100).unwrap(), b"old");
     std::fs::write(dir.path().join("f"), b"new and longer").unwrap();
-    // A handle of the old version must not serve the new bytes as if they were the old.
+    // Rewritten in place (the same inode): a handle opened before reads what the file holds
+    // now, as a local descriptor would, never the cached bytes of the old version.
     assert_eq!(
         read(&fs, unread.fh, 0, 100).unwrap(),
-        b"old",
-        "the old version is cached"
+        b"new and longer",
+        "the open file changed"
     );
     let second = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
     assert!(second.changed && !second.keep_cache && second.direct_io);
     assert_eq!(fs.getattr(ino).unwrap().size, 14);
     assert_eq!(read(&fs, second.fh, 0, 100).unwrap(), b"new and longer");
+    // Replaced by a rename: the handle keeps reading the file it opened (uncached bytes
+    // come from its open descriptor, since the path names another file now).
+    std::fs::write(dir.path().join("g"), b"replacement").unwrap();
+    std::fs::rename(dir.path().join("g"), dir.path().join("f")).unwrap();
+    assert_eq!(read(&fs, second.fh, 0, 100).unwrap(), b"new and longer");
+    let third = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap();
+    assert!(third.changed);
+    assert_eq!(read(&fs, third.fh, 0, 100).unwrap(), b"replacement");
     std::fs::remove_file(dir.path().join("f")).unwrap();
+    assert_eq!(read(&fs, third.fh, 0, 100).unwrap(), b"replacement");
     assert!(matches!(
         fs.open(ino, libc::O_RDONLY, Caller::default()),
         Err(FsError::NotFound)
@@ -247,10 +266,9 @@ fn reads_across_blocks_are_assembled_and_a_full_cache_still_serves() {
     let dir = tempfile::tempdir().unwrap();
     let data = bytes(6, 10_000);
     std::fs::write(dir.path().join("f"), &data).unwrap();
-    let source = Arc::new(FaultySource::new(LocalSource::new(
-        dir.path().to_path_buf(),
-        false,
-    )));
+    let source = Arc::new(FaultySource::new(
+        LocalSource::new(dir.path().to_path_buf(), false).unwrap(),
+    ));
     let mut config = MountConfig::new(dir.path().to_path_buf(), "/nonexistent".into());
     config.cache.block_size = 4096;
     config.cache.capacity = 4096;

@@ -167,16 +167,6 @@ fn tree_listing_stat_and_bytes_equal_the_source() {
     m.unmount();
 }
 
-/// Runs `cmd` as user and group 65534 (nobody).
-fn as_nobody(cmd: &str, args: &[&OsStr]) -> std::process::Output {
-    Command::new(cmd)
-        .args(args)
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn the_kernel_enforces_the_source_permissions() {
     let dir = open_tempdir();

@@ -379,6 +379,7 @@ mod tests {
             ino,
             size,
             mtime_ns: 0,
+            ctime_ns: 0,
         }
     }
 

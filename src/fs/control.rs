@@ -11,7 +11,22 @@
 //! `OSError` with its errno at `close()`:
 //! - `ENOENT`: a line names no file of the dataset (the message in the log names it);
 //! - `EINVAL`: a line holds a NUL byte or a `..`, names a directory, or no line names a path;
-//! - `EFBIG`: the hint is larger than any order of this dataset could be (at the `write`).
+//! - `EFBIG`: the hint is larger than any order of this dataset could be (at the `write`);
+//! - `EDQUOT`: the hints this user (or all users) are writing or have given hold more memory
+//!   than `--hint-memory` allows (at the `write` or the `close`);
+//! - `EACCES` at `open`: under `--job-key none` (one job for everybody) only the user who
+//!   mounted, or root, may hint.
+//!
+//! A hint names only files its writer may read: a name the writer could not open (its mode,
+//! an ACL, a directory on the way it may not search) gets `ENOENT`, the answer for a name that
+//! does not exist, so that hints cannot probe for files a user cannot see.
+//!
+//! # Memory
+//! Hints are the one way a user makes the daemon hold memory of the user's choosing, so
+//! they are bounded twice: one hint by the dataset's size (64 MiB plus 128 bytes a file),
+//! and all hints, pending (bytes written, not yet applied) and accepted (4 bytes a file of
+//! a job's order), by `--hint-memory` in total and by half of it per user
+//! ([`crate::jobs::HintBudget`]).
 //!
 //! The close of the process that wrote applies the hint; a child's close of its inherited
 //! copy (at `exec`, say) does not.
@@ -23,6 +38,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::time::SystemTime;
 
 use super::{Caller, DatasetFs, FsError, Opened};
+use crate::jobs::{HintCharge, JobKeyKind};
 use crate::namespace::{Attr, FileId, Kind, NodeId, ROOT};
 use crate::stats::Counters;
 
@@ -40,22 +56,26 @@ const MAX_BYTES_PER_FILE: u64 = 128;
 #[derive(Debug)]
 pub(super) struct OrderWriter {
     buf: Vec<u8>,
+    /// The hint memory `buf` holds.
+    charge: HintCharge,
     caller: Caller,
     /// Written to since the last flush: a close with nothing new applies nothing.
     dirty: bool,
     /// Who wrote last: the kernel's lock owner, one per process (its descriptor table),
     /// sent with every direct-I/O write and every flush.
     writer: Option<u64>,
-    /// The hint grew past the limit: every later write and the close fail with EFBIG (the
-    /// kernel may split one write(2) into several requests).
-    too_large: bool,
+    /// The hint grew past a limit: every later write and the close fail with this errno
+    /// (EFBIG or EDQUOT; the kernel may split one write(2) into several requests).
+    refused: Option<i32>,
 }
 
 /// Why a hint was rejected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HintError {
-    #[error("line {line}: {path:?} is not a file of the dataset")]
+    #[error("line {line}: {path:?} is not a file of the dataset (or not one the writer may read)")]
     Unknown { line: usize, path: String },
+    #[error("the hints of uid {uid} would hold more than their share of --hint-memory")]
+    OverBudget { uid: u32 },
     #[error("line {line}: {what}")]
     Invalid { line: usize, what: &'static str },
     #[error("the hint names no file")]
@@ -66,52 +86,58 @@ impl From<HintError> for FsError {
     fn from(e: HintError) -> Self {
         match e {
             HintError::Unknown { .. } => FsError::NotFound,
+            HintError::OverBudget { .. } => FsError::from_errno(libc::EDQUOT),
             HintError::Invalid { .. } | HintError::Empty => FsError::Invalid(e.to_string()),
         }
     }
 }
 
-/// A hint's paths: the line number of each and its components.
-pub type OrderLines<'a> = Vec<(usize, Vec<&'a [u8]>)>;
+/// One path of a hint: its line number and its components.
+pub type OrderLine<'a> = (usize, Vec<&'a [u8]>);
 
-/// Splits a hint into its paths (relative, as bytes), rejecting lines no path could be.
-/// Empty lines are skipped; a leading `/` or `./` is ignored.
-pub fn parse_order(buf: &[u8]) -> Result<OrderLines<'_>, HintError> {
-    let mut out = Vec::new();
-    for (i, line) in buf.split(|b| *b == b'\n').enumerate() {
-        let line_no = i + 1;
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            continue;
-        }
-        if line.contains(&0) {
-            return Err(HintError::Invalid {
-                line: line_no,
-                what: "a NUL byte",
-            });
-        }
-        let parts: Vec<&[u8]> = line
-            .split(|b| *b == b'/')
-            .filter(|p| !p.is_empty() && *p != b".")
-            .collect();
-        if parts.iter().any(|p| *p == b"..") {
-            return Err(HintError::Invalid {
-                line: line_no,
-                what: "a \"..\" component",
-            });
-        }
-        if parts.is_empty() {
-            return Err(HintError::Invalid {
-                line: line_no,
-                what: "no path",
-            });
-        }
-        out.push((line_no, parts));
-    }
-    if out.is_empty() {
+/// Splits a hint into its paths (relative, as bytes), one at a time, rejecting a line no
+/// path could be. Empty lines are skipped; a leading `/` or `./` is ignored. Lazy, so that a
+/// hint of a million lines costs no more than the order it becomes.
+pub fn order_lines(buf: &[u8]) -> impl Iterator<Item = Result<OrderLine<'_>, HintError>> {
+    buf.split(|b| *b == b'\n')
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let line_no = i + 1;
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.is_empty() {
+                return None;
+            }
+            let invalid = |what| {
+                Some(Err(HintError::Invalid {
+                    line: line_no,
+                    what,
+                }))
+            };
+            if line.contains(&0) {
+                return invalid("a NUL byte");
+            }
+            let parts: Vec<&[u8]> = line
+                .split(|b| *b == b'/')
+                .filter(|p| !p.is_empty() && *p != b".")
+                .collect();
+            if parts.iter().any(|p| *p == b"..") {
+                return invalid("a \"..\" component");
+            }
+            if parts.is_empty() {
+                return invalid("no path");
+            }
+            Some(Ok((line_no, parts)))
+        })
+}
+
+/// All of a hint's paths at once (for tests).
+#[cfg(test)]
+pub fn parse_order(buf: &[u8]) -> Result<Vec<OrderLine<'_>>, HintError> {
+    let lines = order_lines(buf).collect::<Result<Vec<_>, _>>()?;
+    if lines.is_empty() {
         return Err(HintError::Empty);
     }
-    Ok(out)
+    Ok(lines)
 }
 
 impl DatasetFs {
@@ -141,6 +167,11 @@ impl DatasetFs {
         if flags & libc::O_ACCMODE == libc::O_RDONLY {
             return Err(FsError::Access);
         }
+        // One job for everybody: a hint would steer everyone's prefetch.
+        if self.jobs.config().key == JobKeyKind::None && caller.uid != 0 && caller.uid != self.owner
+        {
+            return Err(FsError::Access);
+        }
         let fh = self
             .next_fh
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -148,10 +179,11 @@ impl DatasetFs {
             fh,
             OrderWriter {
                 buf: Vec::new(),
+                charge: self.hints.charge(caller.uid),
                 caller,
                 dirty: false,
                 writer: None,
-                too_large: false,
+                refused: None,
             },
         );
         Ok(Opened {
@@ -184,8 +216,8 @@ impl DatasetFs {
         }
         let mut orders = self.orders.lock();
         let w = orders.get_mut(&fh).ok_or(FsError::BadHandle)?;
-        if w.too_large {
-            return Err(FsError::TooLarge);
+        if let Some(errno) = w.refused {
+            return Err(FsError::from_errno(errno));
         }
         let limit = self.max_order_bytes();
         let end = offset.saturating_add(data.len() as u64);
@@ -193,7 +225,8 @@ impl DatasetFs {
             let pid = w.caller.pid;
             // Nothing of it is applied: forget what came so far.
             w.buf = Vec::new();
-            w.too_large = true;
+            w.charge.resize(0);
+            w.refused = Some(libc::EFBIG);
             drop(orders);
             Counters::add(&self.stats.counters.hints_rejected, 1);
             tracing::warn!("order hint of pid {pid} rejected: more than {limit} bytes");
@@ -203,6 +236,22 @@ impl DatasetFs {
         // either order, so each lands at its offset.
         let (start, end) = (offset as usize, end as usize);
         if w.buf.len() < end {
+            // Charged by capacity, which doubling growth may make up to twice the length.
+            let capacity = match w.buf.capacity() {
+                c if c >= end => c,
+                c => end.max(c * 2),
+            };
+            if !w.charge.resize(capacity as u64) {
+                let uid = w.caller.uid;
+                w.buf = Vec::new();
+                w.charge.resize(0);
+                w.refused = Some(libc::EDQUOT);
+                drop(orders);
+                Counters::add(&self.stats.counters.hints_rejected, 1);
+                tracing::warn!("order hint rejected: {}", HintError::OverBudget { uid });
+                return Err(HintError::OverBudget { uid }.into());
+            }
+            w.buf.reserve_exact(capacity - w.buf.len());
             w.buf.resize(end, 0);
         }
         w.buf[start..end].copy_from_slice(data);
@@ -235,28 +284,40 @@ impl DatasetFs {
             let Some(w) = orders.get_mut(&fh) else {
                 return Ok(());
             };
-            if w.too_large {
-                return Err(FsError::TooLarge);
+            if let Some(errno) = w.refused {
+                return Err(FsError::from_errno(errno));
             }
             if !w.dirty || w.writer.is_some_and(|writer| writer != owner) {
                 return Ok(());
             }
             w.dirty = false;
-            (w.buf.clone(), w.caller)
+            // The hint is applied now: its bytes are done with (the order it becomes is
+            // charged on its own below).
+            w.charge.resize(0);
+            (std::mem::take(&mut w.buf), w.caller)
         };
-        let result = self.resolve_order(&buf);
+        let result = self.resolve_order(&buf, caller).and_then(|order| {
+            // The accepted order is charged to its writer for as long as the job keeps it.
+            let mut charge = self.hints.charge(caller.uid);
+            let bytes = (order.len() * std::mem::size_of::<FileId>()) as u64;
+            if charge.resize(bytes) {
+                Ok((order, charge))
+            } else {
+                Err(HintError::OverBudget { uid: caller.uid })
+            }
+        });
         let now = self.stats.now();
         let job = self.jobs.get(caller.pid, caller.uid, now);
         let mut j = job.lock();
         match result {
-            Ok(order) => {
+            Ok((order, charge)) => {
                 tracing::info!(
                     "{}: order hint of {} files for epoch {}",
                     j.key,
                     order.len(),
                     j.epoch() + u64::from(j.log.tracker().read_in_epoch() > 0)
                 );
-                j.set_hint(order);
+                j.set_hint(order, charge);
                 j.last_access = now;
                 drop(j);
                 Counters::add(&self.stats.counters.hints_accepted, 1);
@@ -277,32 +338,65 @@ impl DatasetFs {
         self.orders.lock().remove(&fh).is_some()
     }
 
-    /// The file ids of a hint's paths, in order.
-    fn resolve_order(&self, buf: &[u8]) -> Result<Vec<FileId>, HintError> {
+    /// The file ids of a hint's paths, in order, if `caller` may read every one of them.
+    /// Names are found in the node table (the scan entered every file; a name it has not
+    /// seen is looked up in the source); permissions are checked in the source, as the caller.
+    /// Beside the order itself (4 bytes a file) this holds one line's components at a time.
+    fn resolve_order(&self, buf: &[u8], caller: Caller) -> Result<Vec<FileId>, HintError> {
+        let unknown = |line: usize, parts: &[&[u8]]| HintError::Unknown {
+            line,
+            path: String::from_utf8_lossy(&parts.join(&b'/')).into_owned(),
+        };
         let mut order = Vec::new();
-        for (line, parts) in parse_order(buf)? {
+        for parsed in order_lines(buf) {
+            let (line, parts) = parsed?;
             let mut at = ROOT;
             for part in &parts {
-                at = match self.lookup(at, std::ffi::OsStr::from_bytes(part)) {
-                    Ok(entry) => entry.attr.ino,
-                    Err(_) => {
-                        return Err(HintError::Unknown {
-                            line,
-                            path: String::from_utf8_lossy(&parts.join(&b'/')).into_owned(),
-                        });
-                    }
+                let name = std::ffi::OsStr::from_bytes(part);
+                at = match self.ns.child(at, name) {
+                    Some(id) => id,
+                    None => match self.lookup(at, name, caller) {
+                        Ok(entry) => entry.attr.ino,
+                        Err(_) => return Err(unknown(line, &parts)),
+                    },
                 };
             }
-            match self.ns.info(at).and_then(|i| i.file_id) {
-                Some(id) => order.push(id),
-                None => {
+            match self.ns.info(at) {
+                Some(info) if info.attr.kind == Kind::File => {
+                    order.push(info.file_id.ok_or_else(|| unknown(line, &parts))?);
+                }
+                Some(info) if info.attr.kind == Kind::Dir => {
                     return Err(HintError::Invalid {
                         line,
                         what: "not a regular file",
                     });
                 }
+                // A symlink, a device: the same answer as a missing name.
+                _ => return Err(unknown(line, &parts)),
             }
         }
+        if order.is_empty() {
+            return Err(HintError::Empty);
+        }
+        let creds = self.creds(caller);
+        if !creds.is_daemon() {
+            let mut paths = order.iter().map(|id| {
+                self.ns
+                    .file_node(*id)
+                    .and_then(|n| self.ns.path(n))
+                    .unwrap_or_default()
+            });
+            let refused = self.source.first_unreadable(&mut paths, &creds);
+            if let Ok(Some(i)) | Err(i) = refused.map_err(|_| 0) {
+                // Name the line of the i-th path, as a missing name would be named.
+                let (line, parts) = order_lines(buf)
+                    .nth(i)
+                    .and_then(Result::ok)
+                    .unwrap_or((0, Vec::new()));
+                return Err(unknown(line, &parts));
+            }
+        }
+        order.shrink_to_fit();
         Ok(order)
     }
 }

@@ -29,6 +29,7 @@
 //! as bytes from the cache right there (training reads files whole, and the kernel may serve
 //! them without asking); reads through a direct-I/O handle count exactly what they serve.
 
+mod callers;
 mod control;
 mod kernel_cache;
 mod prefetch;
@@ -43,14 +44,15 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::cache::{BlockCache, CacheConfig, PolicyKind};
+use crate::cache::{BlockCache, PolicyKind};
 use crate::config::MountConfig;
 use crate::epoch::Step;
 use crate::fetch::{Block, Fetcher};
 use crate::jobs::{Job, JobKey, Jobs};
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
 use crate::prefetch::{PrefetchConfig, Staging};
-use crate::source::{DatasetSource, DirItem, FsStats};
+use crate::source::beneath::is_moved;
+use crate::source::{Creds, DatasetSource, DirItem, FsStats};
 use crate::stats::{self, Counters, EpochRecord, Snapshot, Stat, Stats, Value};
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
@@ -81,6 +83,8 @@ pub enum FsError {
     NotSupported,
     #[error("file too large")]
     TooLarge,
+    #[error("the source entry changed under its name (a component became a symlink or moved)")]
+    Stale,
     #[error("source: {0}")]
     Source(#[from] io::Error),
 }
@@ -91,13 +95,17 @@ impl FsError {
     }
 }
 
-/// Who asks.
+/// Who asks: what a FUSE request says of its process.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Caller {
     pub pid: u32,
     pub uid: u32,
     pub gid: u32,
 }
+
+/// Tells the kernel to forget what it cached of a node (attributes and pages). Set by the
+/// FUSE adapter; called whenever the core finds that a source entry changed.
+pub type Invalidator = Box<dyn Fn(NodeId) + Send + Sync>;
 
 /// The answer to a lookup: the entry's attributes.
 #[derive(Clone, Copy, Debug)]
@@ -159,6 +167,10 @@ impl Held {
 struct FileHandle {
     rel: Arc<Path>,
     version: FileVersion,
+    /// The source file as opened for the caller (with the caller's credentials). Reads
+    /// check it for changes made while the file is open, and read it directly when the path
+    /// now names another file (replaced or removed), as a local open descriptor would.
+    file: std::fs::File,
     /// The open was a hit and its bytes were counted then; reads count nothing more (unless
     /// the file turns out to need the source after all, see `read.rs`).
     counted_at_open: AtomicBool,
@@ -171,6 +183,10 @@ struct FileHandle {
     held: Mutex<Held>,
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
     watch: Option<kernel_cache::Watch>,
+    /// The node opened, for invalidation.
+    ino: Option<NodeId>,
+    /// A read found the source file changed since the open.
+    changed_while_open: AtomicBool,
 }
 
 impl FileHandle {
@@ -206,6 +222,8 @@ pub struct DatasetFs {
     stats: Arc<Stats>,
     fetcher: Arc<Fetcher>,
     jobs: Jobs,
+    /// The uid that mounted: under `--job-key none`, the only user (with root) who may hint.
+    owner: u32,
     staging: Arc<Staging>,
     kernel: kernel_cache::KernelCacheGauge,
     prefetch: PrefetchConfig,
@@ -216,6 +234,11 @@ pub struct DatasetFs {
     files: Mutex<std::collections::HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<std::collections::HashMap<u64, Arc<DirHandle>>>,
     orders: Mutex<std::collections::HashMap<u64, control::OrderWriter>>,
+    hints: crate::jobs::HintBudget,
+    callers: callers::CallerCreds,
+    invalidator: std::sync::OnceLock<Invalidator>,
+    /// Nodes whose source entry changed while the kernel was not told (see `open`).
+    stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -233,7 +256,7 @@ impl DatasetFs {
     /// A core over `source` with the cache of `config`. Fails if the source root cannot be
     /// read or the cache cannot be set up.
     pub fn new(source: Arc<dyn DatasetSource>, config: &MountConfig) -> io::Result<Self> {
-        let root = source.metadata(Path::new(""))?;
+        let root = source.metadata(Path::new(""), &Creds::DAEMON)?;
         if root.attr.kind != Kind::Dir {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
         }
@@ -278,6 +301,11 @@ impl DatasetFs {
             files: Mutex::new(Default::default()),
             dirs: Mutex::new(Default::default()),
             orders: Mutex::new(Default::default()),
+            hints: crate::jobs::HintBudget::new(config.hint_limits),
+            callers: Default::default(),
+            invalidator: std::sync::OnceLock::new(),
+            stale_in_kernel: Default::default(),
+            owner: config.owner_uid,
             _io: io,
         })
     }
@@ -287,14 +315,24 @@ impl DatasetFs {
         self.ttl
     }
 
-    /// The node table.
-    pub fn namespace(&self) -> &Namespace {
-        &self.ns
+    /// Sets how the core tells the kernel to forget a changed node (once).
+    pub fn set_invalidator(&self, invalidate: Invalidator) {
+        let _ = self.invalidator.set(invalidate);
     }
 
-    /// The cache configuration.
-    pub fn cache_config(&self) -> CacheConfig {
-        self.cache.config()
+    /// Records a fresh `lstat` of node `ino`; if the source entry changed, the kernel
+    /// forgets what it cached of it. Returns true if it changed.
+    fn refresh(&self, ino: NodeId, meta: crate::namespace::SourceMeta) -> bool {
+        let changed = self.ns.refresh(ino, meta);
+        if changed && let Some(invalidate) = self.invalidator.get() {
+            invalidate(ino);
+        }
+        changed
+    }
+
+    /// The credentials to act with for `caller`.
+    fn creds(&self, caller: Caller) -> Creds {
+        self.callers.get(caller, self.stats.now())
     }
 
     fn rel_path(&self, ino: NodeId) -> Result<PathBuf, FsError> {
@@ -307,7 +345,7 @@ impl DatasetFs {
     pub fn scan(&self) {
         let mut dirs = vec![(ROOT, PathBuf::new())];
         while let Some((node, rel)) = dirs.pop() {
-            let items = match self.source.read_dir(&rel) {
+            let items = match self.source.read_dir(&rel, &Creds::DAEMON) {
                 Ok(items) => items,
                 Err(e) => {
                     tracing::warn!("scan: {}: {e}", self.source.root().join(&rel).display());
@@ -315,13 +353,10 @@ impl DatasetFs {
                 }
             };
             for item in items {
-                let child_rel = rel.join(&item.name);
-                let Ok(meta) = self.source.metadata(&child_rel) else {
-                    continue;
-                };
+                let Some(meta) = item.meta else { continue };
                 let id = self.ns.insert_child(node, &item.name, meta);
                 match meta.attr.kind {
-                    Kind::Dir => dirs.push((id, child_rel)),
+                    Kind::Dir => dirs.push((id, rel.join(&item.name))),
                     Kind::File => {
                         self.scan.files.fetch_add(1, Ordering::Relaxed);
                         self.scan.bytes.fetch_add(meta.attr.size, Ordering::Relaxed);
@@ -351,8 +386,9 @@ impl DatasetFs {
             .then(|| self.ns.file_count())
     }
 
-    /// Finds `name` in directory `parent`.
-    pub fn lookup(&self, parent: NodeId, name: &OsStr) -> Result<Entry, FsError> {
+    /// Finds `name` in directory `parent` for `caller`: a fresh `lstat` of the source,
+    /// reached with the caller's search permission on every directory on the way.
+    pub fn lookup(&self, parent: NodeId, name: &OsStr, caller: Caller) -> Result<Entry, FsError> {
         if parent == ROOT && name == control::ORDER_FILE {
             return Ok(Entry {
                 attr: self.control_attr(),
@@ -362,17 +398,38 @@ impl DatasetFs {
         if dir.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        if let Some(id) = self.ns.child(parent, name) {
-            return self.getattr(id).map(|attr| Entry { attr });
-        }
         let rel = self.rel_path(parent)?.join(name);
-        let meta = self.source.metadata(&rel).map_err(not_found_or_source)?;
-        let id = self.ns.insert_child(parent, name, meta);
-        self.getattr(id).map(|attr| Entry { attr })
+        let meta = self
+            .source
+            .metadata(&rel, &self.creds(caller))
+            .map_err(source_error)?;
+        let id = match self.ns.child(parent, name) {
+            Some(id) => {
+                self.refresh(id, meta);
+                id
+            }
+            None => self.ns.insert_child(parent, name, meta),
+        };
+        self.attr(id).map(|attr| Entry { attr })
     }
 
-    /// The attributes of node `ino`.
+    /// The attributes of node `ino`, from a fresh `lstat` of the source: the kernel asks
+    /// when those it cached are older than `--metadata-ttl`.
     pub fn getattr(&self, ino: NodeId) -> Result<Attr, FsError> {
+        if ino == control::ORDER_INO {
+            return Ok(self.control_attr());
+        }
+        let rel = self.rel_path(ino)?;
+        let meta = self
+            .source
+            .metadata(&rel, &Creds::DAEMON)
+            .map_err(source_error)?;
+        self.refresh(ino, meta);
+        self.attr(ino)
+    }
+
+    /// The attributes the node table holds for node `ino`.
+    fn attr(&self, ino: NodeId) -> Result<Attr, FsError> {
         if ino == control::ORDER_INO {
             return Ok(self.control_attr());
         }
@@ -385,7 +442,9 @@ impl DatasetFs {
         if info.attr.kind != Kind::Symlink {
             return Err(FsError::NotSymlink);
         }
-        Ok(self.source.read_link(&self.rel_path(ino)?)?)
+        self.source
+            .read_link(&self.rel_path(ino)?)
+            .map_err(source_error)
     }
 
     /// Opens file `ino` for reading (or the order file for writing). `flags` are the
@@ -404,8 +463,31 @@ impl DatasetFs {
             return Err(FsError::IsDir);
         }
         let rel = self.rel_path(ino)?;
-        let meta = self.source.metadata(&rel).map_err(not_found_or_source)?;
-        let changed = meta.version != info.version && self.ns.refresh(ino, meta);
+        // Opened as the caller: the source checks modes, ACLs and every directory's search
+        // permission now, whatever the kernel's cached attributes said.
+        let creds = self.creds(caller);
+        let (file, meta) = match self.source.open_file(&rel, &creds) {
+            Ok(opened) => opened,
+            Err(e) => {
+                // A refused open may be the first sign of a chmod. The node learns it (so
+                // `stat` shows it once the kernel's attributes expire), but the kernel is
+                // not told to forget its attributes: it would cache the refusing mode for
+                // --metadata-ttl and refuse the next open itself, even after a chmod back.
+                // What it cached of the file's pages is dropped at the next open that works.
+                if let Ok(meta) = self.source.metadata(&rel, &Creds::DAEMON)
+                    && self.ns.refresh(ino, meta)
+                {
+                    self.stale_in_kernel.lock().insert(ino);
+                }
+                return Err(source_error(e));
+            }
+        };
+        let pending =
+            !self.stale_in_kernel.lock().is_empty() && self.stale_in_kernel.lock().remove(&ino);
+        let changed = (meta.version != info.version && self.ns.refresh(ino, meta)) || pending;
+        if changed && let Some(invalidate) = self.invalidator.get() {
+            invalidate(ino);
+        }
         let version = meta.version;
         let size = version.size;
         let now = self.stats.now();
@@ -498,6 +580,7 @@ impl DatasetFs {
         let handle = FileHandle {
             rel: Arc::from(rel),
             version,
+            file,
             counted_at_open: AtomicBool::new(hit),
             epoch,
             job,
@@ -508,6 +591,8 @@ impl DatasetFs {
                 last: None,
             }),
             watch,
+            ino: Some(ino),
+            changed_while_open: AtomicBool::new(false),
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
@@ -531,13 +616,17 @@ impl DatasetFs {
         }
     }
 
-    /// Opens directory `ino` and takes a snapshot of its listing.
-    pub fn opendir(&self, ino: NodeId) -> Result<u64, FsError> {
+    /// Opens directory `ino` for `caller` (who must be allowed to read it now) and takes a
+    /// snapshot of its listing.
+    pub fn opendir(&self, ino: NodeId, caller: Caller) -> Result<u64, FsError> {
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        let items = self.source.read_dir(&self.rel_path(ino)?)?;
+        let items = self
+            .source
+            .read_dir(&self.rel_path(ino)?, &self.creds(caller))
+            .map_err(source_error)?;
         let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = DirHandle {
@@ -584,22 +673,21 @@ impl DatasetFs {
                 return Ok(());
             }
         }
-        let dir_rel = self.rel_path(dir.node)?;
         let start = offset.saturating_sub(2) as usize;
         for (i, item) in dir.items.iter().enumerate().skip(start) {
+            // Removed between the listing and its lstat: leave it out, as a fresh listing would.
+            let Some(meta) = item.meta else { continue };
             let known = self.ns.child(dir.node, &item.name);
             let (ino, attr) = match (known, plus) {
                 (Some(id), false) => (id, None),
-                (Some(id), true) => (id, Some(self.getattr(id)?)),
-                (None, _) => match self.source.metadata(&dir_rel.join(&item.name)) {
-                    Ok(meta) => {
-                        let id = self.ns.insert_child(dir.node, &item.name, meta);
-                        (id, Some(self.getattr(id)?))
-                    }
-                    // Removed since the snapshot: leave it out, as a fresh listing would.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(FsError::Source(e)),
-                },
+                (Some(id), true) => {
+                    self.refresh(id, meta);
+                    (id, Some(self.attr(id)?))
+                }
+                (None, _) => {
+                    let id = self.ns.insert_child(dir.node, &item.name, meta);
+                    (id, Some(self.attr(id)?))
+                }
             };
             let entry = DirEntryOut {
                 ino,
@@ -720,6 +808,9 @@ impl DatasetFs {
 
     /// The value of extended attribute `name` of node `ino`.
     pub fn getxattr(&self, ino: NodeId, name: &OsStr) -> Result<Vec<u8>, FsError> {
+        if ino == control::ORDER_INO {
+            return Err(FsError::NoAttr);
+        }
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         let name = name.to_str().ok_or(FsError::NoAttr)?;
         if ino == ROOT {
@@ -730,6 +821,14 @@ impl DatasetFs {
                 let value = self.snapshot().get(stat).ok_or(FsError::NoAttr)?;
                 return Ok(value.text().into_bytes());
             }
+        }
+        if let Some(acl) = stats::ACL_XATTRS.iter().find(|a| **a == name) {
+            // The kernel evaluates POSIX ACLs itself (FUSE_POSIX_ACL) from these.
+            let rel = self.rel_path(ino)?;
+            return match self.source.acl(&rel, acl).map_err(source_error)? {
+                Some(value) => Ok(value),
+                None => Err(FsError::NoAttr),
+            };
         }
         if info.attr.kind == Kind::File && name == stats::CACHED_XATTR {
             return Ok(self
@@ -743,6 +842,9 @@ impl DatasetFs {
 
     /// The names of the extended attributes of node `ino`, each followed by a NUL.
     pub fn listxattr(&self, ino: NodeId) -> Result<Vec<u8>, FsError> {
+        if ino == control::ORDER_INO {
+            return Ok(Vec::new());
+        }
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         let mut names: Vec<String> = Vec::new();
         if ino == ROOT {
@@ -761,10 +863,16 @@ impl DatasetFs {
     }
 }
 
-/// A missing source entry is ENOENT for the caller; anything else is a source fault.
-fn not_found_or_source(e: io::Error) -> FsError {
+/// What a caller is told of a source error: a missing entry is ENOENT, a refusal EACCES,
+/// a path that no longer resolves as the node table recorded it ESTALE (the kernel then
+/// looks the path up again and finds what is there now); anything else is a source fault.
+fn source_error(e: io::Error) -> FsError {
     if e.kind() == io::ErrorKind::NotFound {
         FsError::NotFound
+    } else if e.raw_os_error() == Some(libc::EACCES) {
+        FsError::Access
+    } else if is_moved(&e) || e.raw_os_error() == Some(libc::ESTALE) {
+        FsError::Stale
     } else {
         FsError::Source(e)
     }

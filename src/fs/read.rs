@@ -3,6 +3,21 @@
 //! A read inside one block (every read of a small file, and aligned reads of large ones) is
 //! answered with a slice of the cached block, or of the fetched one when the fetch ends. A
 //! read across blocks is assembled from its parts.
+//!
+//! # A file that changes while it is open
+//! Every read first asks the open source file (`fstat` of the descriptor the open made, as
+//! the caller) whether it is still the version the open saw. If it is not (truncated,
+//! rewritten in place), the cache's bytes are of another version: the read is served from
+//! that descriptor directly, up to the file's current end, and the kernel is told to forget
+//! its pages and attributes, as a local file read through an open descriptor would behave.
+//! If the path now names another file (renamed over, removed) while the open file is
+//! unchanged, a fetch by path fails its version check and the block is read from the open
+//! descriptor instead: the reader keeps reading what it opened.
+//!
+//! Wholly cached files are opened with `keep_cache`, and the kernel serves their reads from
+//! its page cache without asking: bytes it already holds can still be read through a
+//! descriptor opened before the change (close-to-open consistency, as NFS has); every read
+//! that reaches the daemon, and every later open, sees the change.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,6 +28,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::{DatasetFs, FileHandle, FsError, ReadDone};
 use crate::cache::{BlockKey, CachedBytes};
 use crate::fetch::{Account, Block, FetchKind, FetchResult};
+use crate::source::{read_at_most, stat_fd};
 use crate::stats::Counters;
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
@@ -64,6 +80,11 @@ impl DatasetFs {
         };
         if let Some(watch) = &h.watch {
             self.kernel.asked(watch);
+        }
+        match stat_fd(&h.file) {
+            Ok(now) if now.version == h.version => {}
+            Ok(_) => return self.read_changed(&h, offset, size, done),
+            Err(e) => return done(Err(FsError::Source(e))),
         }
         let file_size = h.version.size;
         if offset >= file_size || size == 0 {
@@ -125,6 +146,28 @@ impl DatasetFs {
             );
         }
         Assembly::finish_one(assembly.lock());
+    }
+
+    /// Serves a read of a file that changed since it was opened: straight from the open
+    /// descriptor, nothing cached, nothing past the current end.
+    fn read_changed(&self, h: &FileHandle, offset: u64, size: u32, done: ReadDone) {
+        if !h.changed_while_open.swap(true, Ordering::Relaxed) {
+            tracing::debug!("{}: changed while open", h.rel.display());
+            if let Some(ino) = h.ino
+                && let Some(invalidate) = self.invalidator.get()
+            {
+                invalidate(ino);
+            }
+        }
+        let mut buf = vec![0; size as usize];
+        match read_at_most(&h.file, offset, &mut buf, false) {
+            Ok(n) => {
+                Counters::add(&self.stats.counters.bytes_from_source, n as u64);
+                h.update_epochs(&self.stats, |r| r.bytes_from_source += n as u64);
+                done(Ok(&buf[..n]))
+            }
+            Err(e) => done(Err(FsError::Source(e))),
+        }
     }
 
     /// Block `block` of the handle's file if it is at hand: in the cache, held by the
@@ -190,10 +233,19 @@ impl DatasetFs {
         let prefetcher = self.prefetcher.signals();
         let fetcher = self.fetcher.clone();
         let started = Instant::now();
+        let block_size = self.cache.block_size();
+        let block_len = self.cache.block_len(h.version.size, block);
         self.fetcher.fetch(
             h.rel.clone(),
             key,
             Box::new(move |r| {
+                // The path names another file now (or none); the open one is unchanged.
+                let r = match r {
+                    Err(libc::ESTALE) | Err(libc::ENOENT) => {
+                        read_from_open_file(&handle, block * block_size, block_len as usize)
+                    }
+                    other => other,
+                };
                 let waited = started.elapsed();
                 if let Ok(buf) = &r {
                     handle.held.lock().last = Some((block, buf.clone()));
@@ -214,5 +266,21 @@ impl DatasetFs {
             Some(account),
             FetchKind::Demand,
         );
+    }
+}
+
+/// Block `len` bytes at `offset` of the handle's open source file, if that file still holds
+/// the version opened (else ESTALE: a read racing a change fails, the next one sees it).
+fn read_from_open_file(h: &FileHandle, offset: u64, len: usize) -> FetchResult {
+    match stat_fd(&h.file) {
+        Ok(now) if now.version == h.version => {}
+        Ok(_) => return Err(libc::ESTALE),
+        Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+    let mut block = Block::zeroed(len).map_err(|_| libc::ENOMEM)?;
+    match read_at_most(&h.file, offset, &mut block.whole_mut()[..len], false) {
+        Ok(n) if n == len => Ok(Arc::new(block)),
+        Ok(_) => Err(libc::ESTALE),
+        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
     }
 }

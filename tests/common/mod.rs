@@ -4,6 +4,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -169,4 +170,24 @@ pub fn wait_for_scan(mnt: &Path) {
 /// Last line of stderr, trimmed.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).trim().to_string()
+}
+
+/// The uid and gid of `nobody`, whom the permission tests act as.
+pub const NOBODY: u32 = 65534;
+
+/// Runs `cmd` as user and group 65534 (nobody), with no supplementary groups.
+pub fn as_nobody(cmd: &str, args: &[&OsStr]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap()
+}
+
+/// Runs the shell script `script` as nobody, with `args` as $1, $2, ...
+pub fn sh_as_nobody(script: &str, args: &[&Path]) -> Output {
+    let mut all: Vec<&OsStr> = vec![OsStr::new("-c"), OsStr::new(script), OsStr::new("sh")];
+    all.extend(args.iter().map(|p| p.as_os_str()));
+    as_nobody("sh", &all)
 }
