@@ -235,7 +235,7 @@ impl DatasetSource for LocalSource {
             let kind = match (meta, entry.file_type()) {
                 (Some(meta), _) => meta.attr.kind,
                 (None, rustix::fs::FileType::Unknown) => continue,
-                (None, t) => kind_from_mode(t.as_raw_mode() as u32),
+                (None, t) => kind_from_mode(t.as_raw_mode()),
             };
             items.push(DirItem {
                 name: OsStr::from_bytes(name).to_os_string(),
