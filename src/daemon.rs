@@ -63,6 +63,10 @@ pub enum MountError {
     AlreadyMounted(PathBuf),
     #[error("mount point {0}: another coorfs mount is being set up there")]
     MountInProgress(PathBuf),
+    #[error("source {0} is a coorfs mount; mount its source instead")]
+    SourceIsCoorfs(PathBuf),
+    #[error("source {dataset} is inside the coorfs mount {mount}; mount its source instead")]
+    SourceInsideCoorfs { dataset: PathBuf, mount: PathBuf },
     #[error(
         "mount point {0} is a dead FUSE mount (its daemon exited); clean it up with: umount -l {0}"
     )]
@@ -148,6 +152,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     if !source.is_dir() {
         return Err(MountError::SourceNotDir(source));
     }
+    check_source_not_coorfs(&source)?;
     if let Err(e) = std::fs::read_dir(&source) {
         return Err(MountError::SourceUnreadable(source, e));
     }
@@ -203,6 +208,35 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     config.source = source;
     config.mountpoint = mountpoint;
     Ok(lock)
+}
+
+/// Refuses a source that is a caching coorfs mount or lies inside one: a second cache in
+/// front of the first would hold the same files twice, and the first mount would count the
+/// second's reads and prefetches as a job of its own. A `--policy none` mount caches nothing
+/// and passes reads through: the tests and benchmarks mount coorfs over one with
+/// `--read-delay` to emulate network storage (and count its bytes), so it is accepted. The
+/// filesystem holding the source is found by its device number (for FUSE the kernel's,
+/// whatever the daemon answers), so a symlink to the mount or a bind mount of it is
+/// recognised too.
+fn check_source_not_coorfs(source: &Path) -> Result<(), MountError> {
+    let passthrough = |mnt: &Path| {
+        crate::statsview::fetch(mnt)
+            .ok()
+            .is_some_and(|doc| doc.get("policy").and_then(|p| p.as_str()) == Some("none"))
+    };
+    match mountinfo::containing_mount(source) {
+        Some(m) if m.fstype == mountinfo::FS_TYPE && !passthrough(&m.mountpoint) => {
+            if m.mountpoint == source {
+                Err(MountError::SourceIsCoorfs(source.to_path_buf()))
+            } else {
+                Err(MountError::SourceInsideCoorfs {
+                    dataset: source.to_path_buf(),
+                    mount: m.mountpoint,
+                })
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Makes concurrent `coorfs mount`s at one mount point agree on a single winner. The checks

@@ -457,3 +457,67 @@ fn a_daemon_kept_alive_by_a_lazy_unmount_does_not_block_a_new_mount() {
         old_pid
     )));
 }
+
+#[test]
+fn a_coorfs_mount_is_refused_as_a_source() {
+    let (dir, src) = small_source();
+    empty_dir(&src, "sub");
+    let m = Mount::new(&src, &[]);
+    let mnt2 = empty_dir(dir.path(), "mnt2");
+    let link = dir.path().join("link-to-mount");
+    std::os::unix::fs::symlink(&m.mnt, &link).unwrap();
+    let is_mount = format!(
+        "source {} is a coorfs mount; mount its source instead",
+        m.mnt.display()
+    );
+    expect_failure(
+        &[OsStr::new("mount"), m.mnt.as_os_str(), mnt2.as_os_str()],
+        2,
+        &is_mount,
+    );
+    // Through a symlink: the same mount.
+    expect_failure(
+        &[OsStr::new("mount"), link.as_os_str(), mnt2.as_os_str()],
+        2,
+        &is_mount,
+    );
+    expect_failure(
+        &[
+            OsStr::new("mount"),
+            m.path("sub").as_os_str(),
+            mnt2.as_os_str(),
+        ],
+        2,
+        &format!(
+            "source {} is inside the coorfs mount {}; mount its source instead",
+            m.path("sub").display(),
+            m.mnt.display()
+        ),
+    );
+    assert!(!is_mounted(&mnt2));
+    // Its source is fine.
+    let out = coorfs([OsStr::new("mount"), src.as_os_str(), mnt2.as_os_str()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        coorfs([OsStr::new("umount"), mnt2.as_os_str()])
+            .status
+            .success()
+    );
+    m.unmount();
+
+    // A mount that caches nothing passes reads through: it may serve as (emulated) storage.
+    let passthrough = Mount::new(&src, &["--policy", "none", "--read-delay", "1ms"]);
+    let out = coorfs([
+        OsStr::new("mount"),
+        passthrough.mnt.as_os_str(),
+        mnt2.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(mnt2.join("hello")).unwrap(), b"hello");
+    assert!(
+        coorfs([OsStr::new("umount"), mnt2.as_os_str()])
+            .status
+            .success()
+    );
+    passthrough.unmount();
+}
