@@ -81,6 +81,10 @@ pub enum MountError {
     FuseUnusable(io::Error),
     #[error("cache size {size} is more than this machine's memory ({total})")]
     CacheTooLarge { size: String, total: String },
+    #[error(
+        "--cache-size 0 leaves no room to cache anything (pass --policy none to mount without a cache)"
+    )]
+    CacheSizeZero,
     #[error("log file {0}: {1}")]
     LogFile(PathBuf, io::Error),
     #[error("mounting {0}: {1}")]
@@ -133,10 +137,13 @@ pub struct SetupLock {
     _dir: Option<OwnedFd>,
 }
 
-/// Checks the source and the mount point, and makes both paths absolute
+/// Checks the configuration, the source and the mount point, and makes both paths absolute
 /// and canonical in `config`. The returned lock keeps any other `coorfs mount` from setting
 /// up at the same mount point until it is dropped.
 pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
+    if config.cache.capacity == 0 && config.cache.policy != PolicyKind::None {
+        return Err(MountError::CacheSizeZero);
+    }
     let source = std::path::absolute(&config.source)
         .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
     let mountpoint = std::path::absolute(&config.mountpoint)

@@ -521,3 +521,41 @@ fn a_coorfs_mount_is_refused_as_a_source() {
     );
     passthrough.unmount();
 }
+
+#[test]
+fn a_cache_of_zero_bytes_needs_policy_none() {
+    let (dir, src) = small_source();
+    let mnt = empty_dir(dir.path(), "mnt");
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let want = "coorfs: --cache-size 0 leaves no room to cache anything (pass --policy none to mount without a cache)";
+    for policy in [&[][..], &["--policy", "minio"], &["--policy", "lru"]] {
+        let mut args = vec![
+            OsStr::new("mount"),
+            OsStr::new("--cache-size"),
+            OsStr::new("0"),
+        ];
+        args.extend(policy.iter().map(OsStr::new));
+        args.extend([src.as_os_str(), mnt.as_os_str()]);
+        let out = coorfs(&args);
+        assert_eq!(out.status.code(), Some(2), "{policy:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), want, "{policy:?}");
+        assert!(!is_mounted(&mnt));
+    }
+    let out = coorfs([
+        OsStr::new("mount"),
+        OsStr::new("--cache-size"),
+        OsStr::new("0"),
+        OsStr::new("--policy"),
+        OsStr::new("none"),
+        src.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(mnt.join("hello")).unwrap(), b"hello");
+    assert_eq!(stats(&mnt)["policy"], "none");
+    assert!(
+        coorfs([OsStr::new("umount"), mnt.as_os_str()])
+            .status
+            .success()
+    );
+}
