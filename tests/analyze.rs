@@ -345,3 +345,72 @@ fn the_live_check_puts_the_mounts_epochs_beside_the_prediction() {
     );
     m.unmount();
 }
+
+/// Runs `cmd` and returns what it did and how long it took; kills it and fails if it runs
+/// `limit` or longer, so that a hang is a failure rather than a test that never ends.
+fn output_within(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
+    use std::io::Read;
+    let start = std::time::Instant::now();
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let out = Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    (out, took)
+}
+
+#[test]
+fn a_dataset_on_a_pseudo_filesystem_is_refused_at_once() {
+    let mut datasets = vec!["/proc/self", "/proc"];
+    if Path::new("/sys/kernel").is_dir() {
+        datasets.push("/sys/kernel");
+    }
+    for dataset in datasets {
+        let fs = if dataset.starts_with("/sys") {
+            "sysfs"
+        } else {
+            "proc"
+        };
+        // /proc/self/pagemap says 0 bytes and reads on without end: this used to hang.
+        let (out, took) = output_within(
+            Command::new(bin()).args(["analyze", dataset, "--time", "2s"]),
+            Duration::from_secs(30),
+        );
+        assert_eq!(out.status.code(), Some(2), "{dataset}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "coorfs: dataset {dataset} is on {fs}, a pseudo filesystem whose files the kernel \
+                 makes up as they are read: there is no storage to measure"
+            )
+        );
+        assert!(out.stdout.is_empty(), "{dataset}");
+        assert!(took < Duration::from_secs(5), "{dataset}: {took:?}");
+    }
+}

@@ -96,6 +96,11 @@ pub enum AnalyzeError {
     #[error("dataset {0} has no regular files")]
     Empty(PathBuf),
     #[error(
+        "dataset {path} is on {fs}, a pseudo filesystem whose files the kernel makes up as they \
+         are read: there is no storage to measure"
+    )]
+    PseudoFilesystem { path: PathBuf, fs: &'static str },
+    #[error(
         "cache size {cache} is larger than the dataset ({dataset}): it all fits, there is nothing \
          to predict (give at most {dataset}, or --sweep)"
     )]
@@ -134,6 +139,7 @@ impl AnalyzeError {
             | AnalyzeError::NotADirectory(_)
             | AnalyzeError::Unreadable(..)
             | AnalyzeError::Empty(_)
+            | AnalyzeError::PseudoFilesystem { .. }
             | AnalyzeError::CacheTooLarge { .. }
             | AnalyzeError::Output { .. }
             | AnalyzeError::Mount(_)
@@ -238,6 +244,12 @@ fn check_dataset(dir: &Path) -> Result<PathBuf, AnalyzeError> {
     })?;
     if !meta.is_dir() {
         return Err(AnalyzeError::NotADirectory(dir.to_path_buf()));
+    }
+    if let Some(fs) = scan::pseudo_filesystem(dir) {
+        return Err(AnalyzeError::PseudoFilesystem {
+            path: dir.to_path_buf(),
+            fs,
+        });
     }
     std::fs::read_dir(dir).map_err(|e| AnalyzeError::Unreadable(dir.to_path_buf(), e))?;
     std::fs::canonicalize(dir).map_err(|e| AnalyzeError::Unreadable(dir.to_path_buf(), e))
