@@ -414,3 +414,37 @@ fn a_dataset_on_a_pseudo_filesystem_is_refused_at_once() {
         assert!(took < Duration::from_secs(5), "{dataset}: {took:?}");
     }
 }
+
+#[test]
+fn fifos_and_symlinks_in_a_dataset_are_left_out() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("data.bin"), bytes(1, SIZE)).unwrap();
+    let fifo = std::ffi::CString::new(src.join("fifo").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    std::os::unix::fs::symlink(src.join("data.bin"), src.join("link-to-data")).unwrap();
+    std::os::unix::fs::symlink(src.join("fifo"), src.join("link-to-fifo")).unwrap();
+    std::os::unix::fs::symlink("/proc/self", src.join("link-to-proc")).unwrap();
+    // Opening the FIFO to read it would wait for a writer forever.
+    let (out, _) = output_within(
+        Command::new(bin())
+            .args(["analyze", "--time", "1s", "--json", "-"])
+            .arg(&src),
+        Duration::from_secs(60),
+    );
+    let r: Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(r["dataset"]["files"], 1, "{}", r["dataset"]);
+    assert_eq!(r["dataset"]["bytes"], SIZE);
+    assert_eq!(r["dataset"]["scan_errors"], 0);
+    assert_eq!(r["storage"]["files"], 1, "one file sampled");
+    assert_eq!(r["storage"]["unreadable"], 0);
+    for d in r["storage"]["depths"].as_array().unwrap() {
+        assert!(d["files"].as_u64().unwrap() > 0, "{d}");
+        assert_eq!(
+            d["bytes"].as_u64().unwrap(),
+            d["files"].as_u64().unwrap() * SIZE as u64
+        );
+    }
+}

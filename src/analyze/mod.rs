@@ -270,8 +270,9 @@ fn check_mount(mnt: &Path, dataset: &Path) -> Result<(PathBuf, Json), AnalyzeErr
     Ok((mnt, doc))
 }
 
-/// Sampled files that the mount holds whole in its cache, as paths inside the mount.
-fn cached_through(mnt: &Path, sample: &[scan::SampledFile]) -> Vec<PathBuf> {
+/// Sampled files that the mount holds whole in its cache, as paths inside the mount, with
+/// their sizes.
+fn cached_through(mnt: &Path, sample: &[scan::SampledFile]) -> Vec<(PathBuf, u64)> {
     sample
         .iter()
         .take(HIT_CANDIDATES)
@@ -282,14 +283,14 @@ fn cached_through(mnt: &Path, sample: &[scan::SampledFile]) -> Vec<PathBuf> {
                 .and_then(|v| String::from_utf8(v).ok()?.trim().parse::<u64>().ok())
                 == Some(f.size)
         })
-        .map(|f| mnt.join(&f.rel))
+        .map(|f| (mnt.join(&f.rel), f.size))
         .collect()
 }
 
 fn measure_path(
     name: &'static str,
     what: String,
-    files: &[PathBuf],
+    files: &[(PathBuf, u64)],
     per_depth: Duration,
     path: ReadPath,
 ) -> PathReport {
@@ -455,7 +456,11 @@ fn measure_paths(
         .unwrap_or_default();
     let paths = if hit_files.is_empty() { 1 } else { 2 };
     let per_depth = config.time / (DEPTHS.len() as u32 * paths);
-    let storage_files: Vec<PathBuf> = scan.sample.iter().map(|f| dataset.join(&f.rel)).collect();
+    let storage_files: Vec<(PathBuf, u64)> = scan
+        .sample
+        .iter()
+        .map(|f| (dataset.join(&f.rel), f.size))
+        .collect();
     let storage = measure_path(
         "storage",
         "page cache bypassed".into(),

@@ -5,8 +5,9 @@
 //! filesystem all keep every thread busy. Each thread keeps its own sizes and sample and
 //! they are merged at the end: nothing is locked per file.
 //!
-//! Regular files only, as the mount's own scan counts them: symlinks are not followed. A
-//! dataset on a pseudo filesystem (proc, sysfs, ...) is refused before the
+//! Regular files only, as the mount's own scan counts them: symlinks are not followed, and
+//! FIFOs, sockets and devices are left out (the directory listing's type, no `stat`, tells
+//! them apart). A dataset on a pseudo filesystem (proc, sysfs, ...) is refused before the
 //! scan ([`pseudo_filesystem`]): its files say one size and read another.
 //!
 //! The sample is the `k` files with the smallest hash of (seed, relative path), a uniform
@@ -184,6 +185,8 @@ fn list(
             wake.notify_one();
         } else if kind.is_file() {
             let size = match entry.metadata() {
+                // Replaced by something else since the listing.
+                Ok(m) if !m.is_file() => continue,
                 Ok(m) => m.len(),
                 Err(e) => {
                     found.error(&root.join(&rel), e);
@@ -312,6 +315,23 @@ mod tests {
                 f.size
             );
         }
+    }
+
+    #[test]
+    fn fifos_sockets_and_symlinks_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data"), [7u8; 100]).unwrap();
+        let fifo =
+            std::ffi::CString::new(dir.path().join("fifo").as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("socket")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("data"), dir.path().join("link")).unwrap();
+        let scan = scan(dir.path(), 10, 0, 2, &|_, _| {});
+        assert_eq!(scan.sizes, [100]);
+        assert_eq!(scan.errors, 0);
+        assert_eq!(scan.sample.len(), 1);
+        assert_eq!(scan.sample[0].rel, Path::new("data"));
     }
 
     #[test]
