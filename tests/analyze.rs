@@ -170,6 +170,10 @@ fn bad_input_is_one_line_and_a_defined_exit_code() {
     let file = src.join("c000/f000000.bin");
     let empty = dir.path().join("empty");
     std::fs::create_dir_all(empty.join("sub")).unwrap();
+    let no_data = dir.path().join("no-data");
+    std::fs::create_dir_all(no_data.join("sub")).unwrap();
+    std::fs::write(no_data.join("a"), b"").unwrap();
+    std::fs::write(no_data.join("sub/b"), b"").unwrap();
     let json = dir.path().join("left-behind.json");
     let missing = Path::new("/nonexistent/coorfs-data");
     let p = |p: &Path| p.display().to_string();
@@ -191,6 +195,14 @@ fn bad_input_is_one_line_and_a_defined_exit_code() {
             format!(
                 "coorfs: dataset {} has no regular files",
                 p(&empty.canonicalize().unwrap())
+            ),
+        ),
+        (
+            &no_data,
+            vec![],
+            format!(
+                "coorfs: dataset {} holds no data: its 2 regular files are all empty",
+                p(&no_data.canonicalize().unwrap())
             ),
         ),
         (

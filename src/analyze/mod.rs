@@ -95,6 +95,8 @@ pub enum AnalyzeError {
     Unreadable(PathBuf, io::Error),
     #[error("dataset {0} has no regular files")]
     Empty(PathBuf),
+    #[error("dataset {path} holds no data: its {files} regular files are all empty")]
+    NoData { path: PathBuf, files: u64 },
     #[error(
         "dataset {path} is on {fs}, a pseudo filesystem whose files the kernel makes up as they \
          are read: there is no storage to measure"
@@ -139,6 +141,7 @@ impl AnalyzeError {
             | AnalyzeError::NotADirectory(_)
             | AnalyzeError::Unreadable(..)
             | AnalyzeError::Empty(_)
+            | AnalyzeError::NoData { .. }
             | AnalyzeError::PseudoFilesystem { .. }
             | AnalyzeError::CacheTooLarge { .. }
             | AnalyzeError::Output { .. }
@@ -426,6 +429,14 @@ fn scan_dataset(dataset: &Path, config: &AnalyzeConfig) -> Result<scan::Scan, An
     if scan.sizes.is_empty() {
         phase.abandon();
         return Err(AnalyzeError::Empty(dataset.to_path_buf()));
+    }
+    // Nothing to read: every throughput, hit rate and epoch time would be 0/0.
+    if scan.bytes == 0 {
+        phase.abandon();
+        return Err(AnalyzeError::NoData {
+            path: dataset.to_path_buf(),
+            files: scan.sizes.len() as u64,
+        });
     }
     if let Some(c) = config.cache_size.filter(|&c| c > scan.bytes) {
         phase.abandon();
