@@ -122,8 +122,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration, help_heading = "Mount")]
     pub metadata_ttl: Duration,
 
-    /// The cache budget: bytes of file data kept in coorfs's memory (K/M/G/T suffixes)
-    /// [default: half of the memory available at mount].
+    /// The cache budget: bytes of file data kept in coorfs's memory (K/M/G/T suffixes); 0
+    /// only with --policy none [default: half of the memory available at mount].
     #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Cache")]
     pub cache_size: Option<u64>,
     /// What the cache keeps: minio admits files while there is room and never evicts (the

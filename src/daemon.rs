@@ -61,6 +61,12 @@ pub enum MountError {
     },
     #[error("mount point {0} is already a coorfs mount (unmount it with: coorfs umount {0})")]
     AlreadyMounted(PathBuf),
+    #[error("mount point {0}: another coorfs mount is being set up there")]
+    MountInProgress(PathBuf),
+    #[error("source {0} is a coorfs mount; mount its source instead")]
+    SourceIsCoorfs(PathBuf),
+    #[error("source {dataset} is inside the coorfs mount {mount}; mount its source instead")]
+    SourceInsideCoorfs { dataset: PathBuf, mount: PathBuf },
     #[error(
         "mount point {0} is a dead FUSE mount (its daemon exited); clean it up with: umount -l {0}"
     )]
@@ -75,6 +81,10 @@ pub enum MountError {
     FuseUnusable(io::Error),
     #[error("cache size {size} is more than this machine's memory ({total})")]
     CacheTooLarge { size: String, total: String },
+    #[error(
+        "--cache-size 0 leaves no room to cache anything (pass --policy none to mount without a cache)"
+    )]
+    CacheSizeZero,
     #[error("log file {0}: {1}")]
     LogFile(PathBuf, io::Error),
     #[error("mounting {0}: {1}")]
@@ -119,8 +129,21 @@ pub struct DaemonOptions {
     pub log_level: Option<String>,
 }
 
-/// Checks source and mount point, and makes both absolute and canonical in `config`.
-pub fn preflight(config: &mut MountConfig) -> Result<(), MountError> {
+/// Held by the mount that is being set up at a mount point, from before its checks until
+/// the kernel has the mount (see [`lock_mountpoint`]).
+#[derive(Debug)]
+pub struct SetupLock {
+    /// The locked mount point directory; None where the filesystem cannot lock.
+    _dir: Option<OwnedFd>,
+}
+
+/// Checks the configuration, the source and the mount point, and makes both paths absolute
+/// and canonical in `config`. The returned lock keeps any other `coorfs mount` from setting
+/// up at the same mount point until it is dropped.
+pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
+    if config.cache.capacity == 0 && config.cache.policy != PolicyKind::None {
+        return Err(MountError::CacheSizeZero);
+    }
     let source = std::path::absolute(&config.source)
         .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
     let mountpoint = std::path::absolute(&config.mountpoint)
@@ -136,6 +159,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<(), MountError> {
     if !source.is_dir() {
         return Err(MountError::SourceNotDir(source));
     }
+    check_source_not_coorfs(&source)?;
     if let Err(e) = std::fs::read_dir(&source) {
         return Err(MountError::SourceUnreadable(source, e));
     }
@@ -171,6 +195,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<(), MountError> {
             dataset: source,
         });
     }
+    let lock = lock_mountpoint(&mountpoint)?;
     if !config.allow_non_empty {
         let mut entries = std::fs::read_dir(&mountpoint)
             .map_err(|e| MountError::MountpointUnusable(mountpoint.clone(), e))?;
@@ -189,7 +214,79 @@ pub fn preflight(config: &mut MountConfig) -> Result<(), MountError> {
     check_fuse_device()?;
     config.source = source;
     config.mountpoint = mountpoint;
-    Ok(())
+    Ok(lock)
+}
+
+/// Refuses a source that is a caching coorfs mount or lies inside one: a second cache in
+/// front of the first would hold the same files twice, and the first mount would count the
+/// second's reads and prefetches as a job of its own. A `--policy none` mount caches nothing
+/// and passes reads through: the tests and benchmarks mount coorfs over one with
+/// `--read-delay` to emulate network storage (and count its bytes), so it is accepted. The
+/// filesystem holding the source is found by its device number (for FUSE the kernel's,
+/// whatever the daemon answers), so a symlink to the mount or a bind mount of it is
+/// recognised too.
+fn check_source_not_coorfs(source: &Path) -> Result<(), MountError> {
+    let passthrough = |mnt: &Path| {
+        crate::statsview::fetch(mnt)
+            .ok()
+            .is_some_and(|doc| doc.get("policy").and_then(|p| p.as_str()) == Some("none"))
+    };
+    match mountinfo::containing_mount(source) {
+        Some(m) if m.fstype == mountinfo::FS_TYPE && !passthrough(&m.mountpoint) => {
+            if m.mountpoint == source {
+                Err(MountError::SourceIsCoorfs(source.to_path_buf()))
+            } else {
+                Err(MountError::SourceInsideCoorfs {
+                    dataset: source.to_path_buf(),
+                    mount: m.mountpoint,
+                })
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Makes concurrent `coorfs mount`s at one mount point agree on a single winner. The checks
+/// above ("not a coorfs mount yet") and the mount itself are separate steps, so two commands
+/// started together would both pass the checks and stack two mounts. Each takes an exclusive
+/// `flock` on the mount point directory, without waiting: the loser is told that a mount is
+/// being set up there. The winner holds it until the kernel has its mount
+/// ([`serve`] drops it then): from that moment the mount table refuses newcomers, and a
+/// lock held longer would refuse a new mount while an unmounted daemon is still exiting (or
+/// lives on behind a lazy unmount). Once it holds the lock it checks the mount table again:
+/// a mount that completed after the check above, but before this process opened the
+/// directory, means the descriptor is the new mount's root, which locks fine on its own.
+/// A filesystem that cannot lock (`ENOLCK`, as some network filesystems answer) gets no
+/// guard rather than a refusal.
+fn lock_mountpoint(mountpoint: &Path) -> Result<SetupLock, MountError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let unusable = |e| MountError::MountpointUnusable(mountpoint.to_path_buf(), e);
+    // std opens with O_CLOEXEC: the lock does not leak into fusermount3.
+    let dir: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(mountpoint)
+        .map_err(unusable)?
+        .into();
+    // SAFETY: flock on a descriptor we own; it touches no memory.
+    let lock = if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        SetupLock { _dir: Some(dir) }
+    } else {
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => {
+                return Err(MountError::MountInProgress(mountpoint.to_path_buf()));
+            }
+            Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => {
+                SetupLock { _dir: None }
+            }
+            _ => return Err(unusable(e)),
+        }
+    };
+    if mountinfo::is_coorfs_mount(mountpoint) {
+        return Err(MountError::AlreadyMounted(mountpoint.to_path_buf()));
+    }
+    Ok(lock)
 }
 
 fn check_fuse_device() -> Result<(), MountError> {
@@ -208,7 +305,7 @@ fn check_fuse_device() -> Result<(), MountError> {
 /// Mounts `config.source` at `config.mountpoint`. In the foreground this returns when the
 /// mount ends; otherwise once the background daemon's mount answers.
 pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), MountError> {
-    preflight(&mut config)?;
+    let lock = preflight(&mut config)?;
     let log_file = match &options.log_file {
         Some(path) => Some(
             std::fs::OpenOptions::new()
@@ -221,7 +318,7 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
     };
     if options.foreground {
         init_logging(options.log_level.as_deref(), log_file);
-        return serve(config, &mut None);
+        return serve(config, &mut None, lock);
     }
 
     let (read_end, write_end) =
@@ -239,7 +336,7 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
             init_logging(options.log_level.as_deref(), log_file);
             let mountpoint = config.mountpoint.clone();
             let mut ready = Some(File::from(write_end));
-            let code = match serve(config, &mut ready) {
+            let code = match serve(config, &mut ready, lock) {
                 Ok(()) => 0,
                 Err(e) => {
                     if let Some(mut file) = ready {
@@ -253,6 +350,8 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
             std::process::exit(code);
         }
         child => {
+            // The child holds the lock (the same open file) until the kernel has the mount.
+            drop(lock);
             drop(write_end);
             let mut report = String::new();
             let _ = File::from(read_end).read_to_string(&mut report);
@@ -370,8 +469,8 @@ fn stop_signals() -> libc::sigset_t {
 }
 
 /// Mounts and serves until the mount ends. Writes "ready" to `ready` (and closes it) once
-/// the kernel has accepted the mount.
-fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError> {
+/// the kernel has accepted the mount, and releases the mount point's `lock` then.
+fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Result<(), MountError> {
     keep_buffers_out_of_the_heap();
     let signals = stop_signals();
     // SAFETY: blocks the stop signals in this thread; every thread spawned from here on
@@ -430,6 +529,8 @@ fn serve(config: MountConfig, ready: &mut Option<File>) -> Result<(), MountError
         let unmounter = session.unmount_callable();
         (session, Unmounter::Fuser(unmounter))
     };
+    // The mount is in the mount table now, which keeps other mounts away from here.
+    drop(lock);
     let _ = notifier.set(session.notifier());
     info!(
         "mounted {} at {} ({} FUSE threads, pid {})",

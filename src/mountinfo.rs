@@ -1,27 +1,32 @@
-//! What `/proc/self/mountinfo` says of a path: is it a mount point, and of which type.
+//! What `/proc/self/mountinfo` says of a path: is it a mount point, and of which type; and
+//! which mount holds it.
 
 use std::path::{Path, PathBuf};
 
 /// The filesystem type the kernel reports for a coorfs mount (`fuse.` + the subtype).
 pub const FS_TYPE: &str = "fuse.coorfs";
 
-/// One line of mountinfo: the mount point and the filesystem type.
+/// One line of mountinfo: the filesystem's device number, the mount point and the type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountEntry {
+    /// `st_dev` of every file of the mount, as (major, minor).
+    pub dev: (u32, u32),
     pub mountpoint: PathBuf,
     pub fstype: String,
 }
 
-/// Parses mountinfo text (`man 5 proc`): field 5 is the mount point, the field after `-` the
-/// type. Octal escapes (`\040` for a space) are decoded.
+/// Parses mountinfo text (`man 5 proc`): field 3 is major:minor, field 5 the mount point, the
+/// field after `-` the type. Octal escapes (`\040` for a space) are decoded.
 pub fn parse(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
+            let (major, minor) = fields.get(2)?.split_once(':')?;
             let mountpoint = fields.get(4)?;
             let dash = fields.iter().position(|f| *f == "-")?;
             let fstype = fields.get(dash + 1)?;
             Some(MountEntry {
+                dev: (major.parse().ok()?, minor.parse().ok()?),
                 mountpoint: PathBuf::from(unescape(mountpoint)),
                 fstype: fstype.to_string(),
             })
@@ -66,6 +71,20 @@ pub fn is_coorfs_mount(path: &Path) -> bool {
     mount_type(path).as_deref() == Some(FS_TYPE)
 }
 
+/// The mount that holds `path` (which must exist): the entry with the device number of
+/// `path`; of several (bind mounts of one filesystem), the topmost whose mount point is a
+/// prefix of `path`, else the topmost. None when no entry has that device (btrfs
+/// subvolumes, for one, give their files other device numbers than the mount table's).
+pub fn containing_mount(path: &Path) -> Option<MountEntry> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let dev = (libc::major(dev), libc::minor(dev));
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let same: Vec<MountEntry> = parse(&text).into_iter().filter(|m| m.dev == dev).collect();
+    let under = same.iter().rev().find(|m| path.starts_with(&m.mountpoint));
+    under.or(same.last()).cloned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,8 +95,17 @@ mod tests {
                     37 35 98:0 / /proc rw shared:2 - proc proc rw\n";
         let entries = parse(text);
         assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].dev, (98, 0));
         assert_eq!(entries[0].mountpoint, PathBuf::from("/mnt/my data"));
         assert_eq!(entries[0].fstype, "fuse.coorfs");
         assert_eq!(entries[1].fstype, "proc");
+    }
+
+    #[test]
+    fn the_containing_mount_is_found_by_device() {
+        let proc_entry = containing_mount(Path::new("/proc/self/status")).unwrap();
+        assert_eq!(proc_entry.fstype, "proc");
+        assert_eq!(proc_entry.mountpoint, PathBuf::from("/proc"));
+        assert!(containing_mount(Path::new("/no/such/path")).is_none());
     }
 }

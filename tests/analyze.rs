@@ -170,6 +170,10 @@ fn bad_input_is_one_line_and_a_defined_exit_code() {
     let file = src.join("c000/f000000.bin");
     let empty = dir.path().join("empty");
     std::fs::create_dir_all(empty.join("sub")).unwrap();
+    let no_data = dir.path().join("no-data");
+    std::fs::create_dir_all(no_data.join("sub")).unwrap();
+    std::fs::write(no_data.join("a"), b"").unwrap();
+    std::fs::write(no_data.join("sub/b"), b"").unwrap();
     let json = dir.path().join("left-behind.json");
     let missing = Path::new("/nonexistent/coorfs-data");
     let p = |p: &Path| p.display().to_string();
@@ -191,6 +195,14 @@ fn bad_input_is_one_line_and_a_defined_exit_code() {
             format!(
                 "coorfs: dataset {} has no regular files",
                 p(&empty.canonicalize().unwrap())
+            ),
+        ),
+        (
+            &no_data,
+            vec![],
+            format!(
+                "coorfs: dataset {} holds no data: its 2 regular files are all empty",
+                p(&no_data.canonicalize().unwrap())
             ),
         ),
         (
@@ -344,4 +356,107 @@ fn the_live_check_puts_the_mounts_epochs_beside_the_prediction() {
         )
     );
     m.unmount();
+}
+
+/// Runs `cmd` and returns what it did and how long it took; kills it and fails if it runs
+/// `limit` or longer, so that a hang is a failure rather than a test that never ends.
+fn output_within(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
+    use std::io::Read;
+    let start = std::time::Instant::now();
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let out = Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    (out, took)
+}
+
+#[test]
+fn a_dataset_on_a_pseudo_filesystem_is_refused_at_once() {
+    let mut datasets = vec!["/proc/self", "/proc"];
+    if Path::new("/sys/kernel").is_dir() {
+        datasets.push("/sys/kernel");
+    }
+    for dataset in datasets {
+        let fs = if dataset.starts_with("/sys") {
+            "sysfs"
+        } else {
+            "proc"
+        };
+        // /proc/self/pagemap says 0 bytes and reads on without end: this used to hang.
+        let (out, took) = output_within(
+            Command::new(bin()).args(["analyze", dataset, "--time", "2s"]),
+            Duration::from_secs(30),
+        );
+        assert_eq!(out.status.code(), Some(2), "{dataset}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "coorfs: dataset {dataset} is on {fs}, a pseudo filesystem whose files the kernel \
+                 makes up as they are read: there is no storage to measure"
+            )
+        );
+        assert!(out.stdout.is_empty(), "{dataset}");
+        assert!(took < Duration::from_secs(5), "{dataset}: {took:?}");
+    }
+}
+
+#[test]
+fn fifos_and_symlinks_in_a_dataset_are_left_out() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("data.bin"), bytes(1, SIZE)).unwrap();
+    let fifo = std::ffi::CString::new(src.join("fifo").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    std::os::unix::fs::symlink(src.join("data.bin"), src.join("link-to-data")).unwrap();
+    std::os::unix::fs::symlink(src.join("fifo"), src.join("link-to-fifo")).unwrap();
+    std::os::unix::fs::symlink("/proc/self", src.join("link-to-proc")).unwrap();
+    // Opening the FIFO to read it would wait for a writer forever.
+    let (out, _) = output_within(
+        Command::new(bin())
+            .args(["analyze", "--time", "1s", "--json", "-"])
+            .arg(&src),
+        Duration::from_secs(60),
+    );
+    let r: Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(r["dataset"]["files"], 1, "{}", r["dataset"]);
+    assert_eq!(r["dataset"]["bytes"], SIZE);
+    assert_eq!(r["dataset"]["scan_errors"], 0);
+    assert_eq!(r["storage"]["files"], 1, "one file sampled");
+    assert_eq!(r["storage"]["unreadable"], 0);
+    for d in r["storage"]["depths"].as_array().unwrap() {
+        assert!(d["files"].as_u64().unwrap() > 0, "{d}");
+        assert_eq!(
+            d["bytes"].as_u64().unwrap(),
+            d["files"].as_u64().unwrap() * SIZE as u64
+        );
+    }
 }

@@ -12,7 +12,9 @@ fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     make_dataset(&src, 120, 2000, 4);
-    let m = Mount::new(&src, &["--cache-size", "0"]);
+    // A budget no file fits in (MinIO's slots are 64 bytes): nothing is cached, and every
+    // byte comes through the daemon, staged or from the source. (--cache-size 0 is refused.)
+    let m = Mount::new(&src, &["--cache-size", "1"]);
     wait_for_scan(&m.mnt);
     let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
     let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/hint_client.py");

@@ -355,3 +355,207 @@ fn a_missing_or_forbidden_fuse_device_is_reported() {
     );
     assert!(!is_mounted(&mnt));
 }
+
+/// Unmounts (lazily) whatever is still mounted at a path when a test ends, passed or not.
+struct UnmountOnDrop(PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        for _ in 0..8 {
+            if !is_mounted(&self.0) {
+                break;
+            }
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// How many mounts of any type /proc/mounts lists at `path`.
+fn mounts_at(path: &Path) -> usize {
+    let text = std::fs::read_to_string("/proc/mounts").unwrap();
+    let want = path.to_str().unwrap();
+    text.lines()
+        .filter(|l| l.split(' ').nth(1) == Some(want))
+        .count()
+}
+
+#[test]
+fn concurrent_mounts_at_one_mount_point_leave_exactly_one() {
+    const RACERS: usize = 4;
+    let (dir, src) = small_source();
+    let mnt = empty_dir(dir.path(), "mnt");
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let setting_up = format!(
+        "coorfs: mount point {}: another coorfs mount is being set up there",
+        mnt.display()
+    );
+    let already = format!(
+        "coorfs: mount point {} is already a coorfs mount (unmount it with: coorfs umount {})",
+        mnt.display(),
+        mnt.display()
+    );
+    // The race is decided in milliseconds; a few rounds give it several chances to go wrong.
+    for round in 0..5 {
+        let children: Vec<_> = (0..RACERS)
+            .map(|_| {
+                Command::new(bin())
+                    .args([OsStr::new("mount"), src.as_os_str(), mnt.as_os_str()])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let outs: Vec<_> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        let winners = outs.iter().filter(|o| o.status.success()).count();
+        let errors: Vec<String> = outs.iter().map(stderr).collect();
+        assert_eq!(winners, 1, "round {round}: {errors:?}");
+        for out in outs.iter().filter(|o| !o.status.success()) {
+            let err = stderr(out);
+            assert_eq!(out.status.code(), Some(2), "round {round}: {err}");
+            assert!(
+                err == setting_up || err == already,
+                "round {round}: unexpected {err:?}"
+            );
+        }
+        assert_eq!(mounts_at(&mnt), 1, "round {round}");
+        assert_eq!(std::fs::read(mnt.join("hello")).unwrap(), b"hello");
+        let out = coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+        assert!(out.status.success(), "round {round}: {}", stderr(&out));
+        assert_eq!(mounts_at(&mnt), 0, "round {round}");
+    }
+}
+
+#[test]
+fn a_daemon_kept_alive_by_a_lazy_unmount_does_not_block_a_new_mount() {
+    let (_dir, src) = small_source();
+    let old = Mount::new(&src, &[]);
+    let old_pid = old.pid();
+    let open = std::fs::File::open(old.path("hello")).unwrap();
+    assert!(
+        Command::new("umount")
+            .arg("-l")
+            .arg(&old.mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The old daemon serves the open file until it is closed.
+    assert!(!is_mounted(&old.mnt));
+    assert!(process_alive(old_pid));
+    let out = coorfs([OsStr::new("mount"), src.as_os_str(), old.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(old.path("hello")).unwrap(), b"hello");
+    assert_ne!(old.pid(), old_pid);
+    // Unmounts the new mount at the same place and checks that its daemon is gone.
+    old.unmount();
+    drop(open);
+    assert!(wait_for(Duration::from_secs(10), || !process_alive(
+        old_pid
+    )));
+}
+
+#[test]
+fn a_coorfs_mount_is_refused_as_a_source() {
+    let (dir, src) = small_source();
+    empty_dir(&src, "sub");
+    let m = Mount::new(&src, &[]);
+    let mnt2 = empty_dir(dir.path(), "mnt2");
+    let link = dir.path().join("link-to-mount");
+    std::os::unix::fs::symlink(&m.mnt, &link).unwrap();
+    let is_mount = format!(
+        "source {} is a coorfs mount; mount its source instead",
+        m.mnt.display()
+    );
+    expect_failure(
+        &[OsStr::new("mount"), m.mnt.as_os_str(), mnt2.as_os_str()],
+        2,
+        &is_mount,
+    );
+    // Through a symlink: the same mount.
+    expect_failure(
+        &[OsStr::new("mount"), link.as_os_str(), mnt2.as_os_str()],
+        2,
+        &is_mount,
+    );
+    expect_failure(
+        &[
+            OsStr::new("mount"),
+            m.path("sub").as_os_str(),
+            mnt2.as_os_str(),
+        ],
+        2,
+        &format!(
+            "source {} is inside the coorfs mount {}; mount its source instead",
+            m.path("sub").display(),
+            m.mnt.display()
+        ),
+    );
+    assert!(!is_mounted(&mnt2));
+    // Its source is fine.
+    let out = coorfs([OsStr::new("mount"), src.as_os_str(), mnt2.as_os_str()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        coorfs([OsStr::new("umount"), mnt2.as_os_str()])
+            .status
+            .success()
+    );
+    m.unmount();
+
+    // A mount that caches nothing passes reads through: it may serve as (emulated) storage.
+    let passthrough = Mount::new(&src, &["--policy", "none", "--read-delay", "1ms"]);
+    let out = coorfs([
+        OsStr::new("mount"),
+        passthrough.mnt.as_os_str(),
+        mnt2.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(mnt2.join("hello")).unwrap(), b"hello");
+    assert!(
+        coorfs([OsStr::new("umount"), mnt2.as_os_str()])
+            .status
+            .success()
+    );
+    passthrough.unmount();
+}
+
+#[test]
+fn a_cache_of_zero_bytes_needs_policy_none() {
+    let (dir, src) = small_source();
+    let mnt = empty_dir(dir.path(), "mnt");
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let want = "coorfs: --cache-size 0 leaves no room to cache anything (pass --policy none to mount without a cache)";
+    for policy in [&[][..], &["--policy", "minio"], &["--policy", "lru"]] {
+        let mut args = vec![
+            OsStr::new("mount"),
+            OsStr::new("--cache-size"),
+            OsStr::new("0"),
+        ];
+        args.extend(policy.iter().map(OsStr::new));
+        args.extend([src.as_os_str(), mnt.as_os_str()]);
+        let out = coorfs(&args);
+        assert_eq!(out.status.code(), Some(2), "{policy:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), want, "{policy:?}");
+        assert!(!is_mounted(&mnt));
+    }
+    let out = coorfs([
+        OsStr::new("mount"),
+        OsStr::new("--cache-size"),
+        OsStr::new("0"),
+        OsStr::new("--policy"),
+        OsStr::new("none"),
+        src.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(mnt.join("hello")).unwrap(), b"hello");
+    assert_eq!(stats(&mnt)["policy"], "none");
+    assert!(
+        coorfs([OsStr::new("umount"), mnt.as_os_str()])
+            .status
+            .success()
+    );
+}

@@ -132,13 +132,13 @@ fn prefetch_reads_every_file_once_per_epoch_and_wastes_nothing() {
 fn with_an_order_hint_reads_of_uncached_files_hit_the_staging_area() {
     const FILES: usize = 600;
     let storage = slow_storage(FILES, 8 * 1024, "1ms");
-    // No cache at all: every file comes from storage, through the staging area if the
-    // prefetcher is in time.
+    // No cache at all (a budget no file fits in; --cache-size 0 is refused): every file comes
+    // from storage, through the staging area if the prefetcher is in time.
     let m = Mount::new(
         &storage.slow.mnt,
         &[
             "--cache-size",
-            "0",
+            "1",
             "--prefetch-depth",
             "64",
             "--prefetch-memory",
@@ -260,11 +260,12 @@ fn prefetch_stops_for_a_job_that_went_idle_and_its_staging_is_freed() {
     // 40 ms a read and one or two reads in flight: at most 50 files a second, far fewer
     // than the job leaves unread.
     let storage = slow_storage(FILES, 8192, "40ms");
+    // Nothing cached (a budget no file fits in; --cache-size 0 is refused): only staging.
     let m = Mount::new(
         &storage.slow.mnt,
         &[
             "--cache-size",
-            "0",
+            "1",
             "--prefetch-depth",
             "1",
             "--job-idle-timeout",

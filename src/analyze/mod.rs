@@ -95,6 +95,13 @@ pub enum AnalyzeError {
     Unreadable(PathBuf, io::Error),
     #[error("dataset {0} has no regular files")]
     Empty(PathBuf),
+    #[error("dataset {path} holds no data: its {files} regular files are all empty")]
+    NoData { path: PathBuf, files: u64 },
+    #[error(
+        "dataset {path} is on {fs}, a pseudo filesystem whose files the kernel makes up as they \
+         are read: there is no storage to measure"
+    )]
+    PseudoFilesystem { path: PathBuf, fs: &'static str },
     #[error(
         "cache size {cache} is larger than the dataset ({dataset}): it all fits, there is nothing \
          to predict (give at most {dataset}, or --sweep)"
@@ -134,6 +141,8 @@ impl AnalyzeError {
             | AnalyzeError::NotADirectory(_)
             | AnalyzeError::Unreadable(..)
             | AnalyzeError::Empty(_)
+            | AnalyzeError::NoData { .. }
+            | AnalyzeError::PseudoFilesystem { .. }
             | AnalyzeError::CacheTooLarge { .. }
             | AnalyzeError::Output { .. }
             | AnalyzeError::Mount(_)
@@ -239,6 +248,12 @@ fn check_dataset(dir: &Path) -> Result<PathBuf, AnalyzeError> {
     if !meta.is_dir() {
         return Err(AnalyzeError::NotADirectory(dir.to_path_buf()));
     }
+    if let Some(fs) = scan::pseudo_filesystem(dir) {
+        return Err(AnalyzeError::PseudoFilesystem {
+            path: dir.to_path_buf(),
+            fs,
+        });
+    }
     std::fs::read_dir(dir).map_err(|e| AnalyzeError::Unreadable(dir.to_path_buf(), e))?;
     std::fs::canonicalize(dir).map_err(|e| AnalyzeError::Unreadable(dir.to_path_buf(), e))
 }
@@ -258,8 +273,9 @@ fn check_mount(mnt: &Path, dataset: &Path) -> Result<(PathBuf, Json), AnalyzeErr
     Ok((mnt, doc))
 }
 
-/// Sampled files that the mount holds whole in its cache, as paths inside the mount.
-fn cached_through(mnt: &Path, sample: &[scan::SampledFile]) -> Vec<PathBuf> {
+/// Sampled files that the mount holds whole in its cache, as paths inside the mount, with
+/// their sizes.
+fn cached_through(mnt: &Path, sample: &[scan::SampledFile]) -> Vec<(PathBuf, u64)> {
     sample
         .iter()
         .take(HIT_CANDIDATES)
@@ -270,14 +286,14 @@ fn cached_through(mnt: &Path, sample: &[scan::SampledFile]) -> Vec<PathBuf> {
                 .and_then(|v| String::from_utf8(v).ok()?.trim().parse::<u64>().ok())
                 == Some(f.size)
         })
-        .map(|f| mnt.join(&f.rel))
+        .map(|f| (mnt.join(&f.rel), f.size))
         .collect()
 }
 
 fn measure_path(
     name: &'static str,
     what: String,
-    files: &[PathBuf],
+    files: &[(PathBuf, u64)],
     per_depth: Duration,
     path: ReadPath,
 ) -> PathReport {
@@ -414,6 +430,14 @@ fn scan_dataset(dataset: &Path, config: &AnalyzeConfig) -> Result<scan::Scan, An
         phase.abandon();
         return Err(AnalyzeError::Empty(dataset.to_path_buf()));
     }
+    // Nothing to read: every throughput, hit rate and epoch time would be 0/0.
+    if scan.bytes == 0 {
+        phase.abandon();
+        return Err(AnalyzeError::NoData {
+            path: dataset.to_path_buf(),
+            files: scan.sizes.len() as u64,
+        });
+    }
     if let Some(c) = config.cache_size.filter(|&c| c > scan.bytes) {
         phase.abandon();
         return Err(AnalyzeError::CacheTooLarge {
@@ -443,7 +467,11 @@ fn measure_paths(
         .unwrap_or_default();
     let paths = if hit_files.is_empty() { 1 } else { 2 };
     let per_depth = config.time / (DEPTHS.len() as u32 * paths);
-    let storage_files: Vec<PathBuf> = scan.sample.iter().map(|f| dataset.join(&f.rel)).collect();
+    let storage_files: Vec<(PathBuf, u64)> = scan
+        .sample
+        .iter()
+        .map(|f| (dataset.join(&f.rel), f.size))
+        .collect();
     let storage = measure_path(
         "storage",
         "page cache bypassed".into(),

@@ -5,7 +5,10 @@
 //! filesystem all keep every thread busy. Each thread keeps its own sizes and sample and
 //! they are merged at the end: nothing is locked per file.
 //!
-//! Regular files only, as the mount's own scan counts them: symlinks are not followed.
+//! Regular files only, as the mount's own scan counts them: symlinks are not followed, and
+//! FIFOs, sockets and devices are left out (the directory listing's type, no `stat`, tells
+//! them apart). A dataset on a pseudo filesystem (proc, sysfs, ...) is refused before the
+//! scan ([`pseudo_filesystem`]): its files say one size and read another.
 //!
 //! The sample is the `k` files with the smallest hash of (seed, relative path), a uniform
 //! random sample that does not depend on the order in which the threads happen to find the
@@ -182,6 +185,8 @@ fn list(
             wake.notify_one();
         } else if kind.is_file() {
             let size = match entry.metadata() {
+                // Replaced by something else since the listing.
+                Ok(m) if !m.is_file() => continue,
                 Ok(m) => m.len(),
                 Err(e) => {
                     found.error(&root.join(&rel), e);
@@ -200,6 +205,50 @@ fn list(
             }
         }
     }
+}
+
+/// Pseudo filesystems by their `statfs` magic (linux/magic.h): their files are made up by
+/// the kernel as they are read, sizes say nothing (0 in /proc, 4096 in sysfs) and some read
+/// on without end (/proc/self/pagemap).
+const PSEUDO_FILESYSTEMS: &[(u32, &str)] = &[
+    (0x0000_9fa0, "proc"),
+    (0x6265_6572, "sysfs"),
+    (0x6462_6720, "debugfs"),
+    (0x7472_6163, "tracefs"),
+    (0x0027_e0eb, "cgroup"),
+    (0x6367_7270, "cgroup2"),
+    (0x0000_1cd1, "devpts"),
+    (0x7363_6673, "securityfs"),
+    (0xcafe_4a11, "bpf"),
+    (0x6165_676c, "pstore"),
+    (0xde5e_81e4, "efivarfs"),
+    (0x6265_6570, "configfs"),
+    (0xf97c_ff8c, "selinuxfs"),
+    (0x4341_5d53, "smackfs"),
+    (0x6573_5543, "fusectl"),
+    (0x4249_4e4d, "binfmt_misc"),
+    (0x1980_0202, "mqueue"),
+    (0x6e73_6673, "nsfs"),
+    (0x0765_5821, "resctrl"),
+    (0x0000_9fa1, "openpromfs"),
+];
+
+/// The name of the pseudo filesystem `path` is on, if it is on one (and `statfs` answers).
+pub fn pseudo_filesystem(path: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statfs` is plain old data; zeroed is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` a valid out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    // f_type's C type differs between architectures; the magic numbers are 32 bits.
+    let magic = st.f_type as u32;
+    PSEUDO_FILESYSTEMS
+        .iter()
+        .find(|(m, _)| *m == magic)
+        .map(|(_, name)| *name)
 }
 
 /// The hash that orders files for the sample.
@@ -266,6 +315,34 @@ mod tests {
                 f.size
             );
         }
+    }
+
+    #[test]
+    fn fifos_sockets_and_symlinks_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data"), [7u8; 100]).unwrap();
+        let fifo =
+            std::ffi::CString::new(dir.path().join("fifo").as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("socket")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("data"), dir.path().join("link")).unwrap();
+        let scan = scan(dir.path(), 10, 0, 2, &|_, _| {});
+        assert_eq!(scan.sizes, [100]);
+        assert_eq!(scan.errors, 0);
+        assert_eq!(scan.sample.len(), 1);
+        assert_eq!(scan.sample[0].rel, Path::new("data"));
+    }
+
+    #[test]
+    fn pseudo_filesystems_are_recognised() {
+        assert_eq!(pseudo_filesystem(Path::new("/proc/self")), Some("proc"));
+        if Path::new("/sys/kernel").is_dir() {
+            assert_eq!(pseudo_filesystem(Path::new("/sys/kernel")), Some("sysfs"));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(pseudo_filesystem(dir.path()), None);
+        assert_eq!(pseudo_filesystem(&dir.path().join("missing")), None);
     }
 
     #[test]
