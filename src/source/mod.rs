@@ -156,13 +156,19 @@ impl LocalSource {
         self.direct.load(Ordering::Relaxed)
     }
 
-    /// Opens regular file `rel` with `flags` (and `O_NOATIME` where the kernel allows it:
-    /// the file's owner or CAP_FOWNER, so that reading a dataset does not write to its disk).
+    /// Opens `rel` with `flags`, and `O_NOATIME` where the kernel allows it (the file's owner
+    /// or CAP_FOWNER), so that reading a dataset does not write to its disk.
+    fn open_noatime(&self, rel: &Path, flags: OFlags) -> io::Result<std::os::fd::OwnedFd> {
+        match self.beneath.open_at(rel, flags | OFlags::NOATIME) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => self.beneath.open_at(rel, flags),
+            other => other,
+        }
+    }
+
+    /// Opens regular file `rel` with `flags` (see [`LocalSource::open_noatime`]) and checks
+    /// that it is one.
     fn open_regular(&self, rel: &Path, flags: OFlags) -> io::Result<(File, SourceMeta)> {
-        let fd = match self.beneath.open_at(rel, flags | OFlags::NOATIME) {
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => self.beneath.open_at(rel, flags)?,
-            other => other?,
-        };
+        let fd = self.open_noatime(rel, flags)?;
         let meta = stat_fd(&fd)?;
         let file = File::from(fd);
         if meta.attr.kind != Kind::File {
@@ -308,10 +314,7 @@ impl DatasetSource for LocalSource {
             Kind::Dir => OFlags::RDONLY | OFlags::DIRECTORY,
             _ => return Ok(None),
         };
-        let fd = match self.beneath.open_at(rel, flags | OFlags::NOATIME) {
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => self.beneath.open_at(rel, flags)?,
-            other => other?,
-        };
+        let fd = self.open_noatime(rel, flags)?;
         let mut value = Vec::with_capacity(256);
         loop {
             value.clear();
