@@ -28,7 +28,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::{DatasetFs, FileHandle, FsError, ReadDone};
 use crate::cache::{BlockKey, CachedBytes};
 use crate::fetch::{Account, Block, FetchKind, FetchResult};
-use crate::source::{read_at_most, stat_fd};
+use crate::source::{read_open_file, stat_fd};
 use crate::stats::Counters;
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
@@ -160,7 +160,7 @@ impl DatasetFs {
             }
         }
         let mut buf = vec![0; size as usize];
-        match read_at_most(&h.file, offset, &mut buf, false) {
+        match read_open_file(&h.file, offset, &mut buf) {
             Ok(n) => {
                 Counters::add(&self.stats.counters.bytes_from_source, n as u64);
                 h.update_epochs(&self.stats, |r| r.bytes_from_source += n as u64);
@@ -278,7 +278,7 @@ fn read_from_open_file(h: &FileHandle, offset: u64, len: usize) -> FetchResult {
         Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
     }
     let mut block = Block::zeroed(len).map_err(|_| libc::ENOMEM)?;
-    match read_at_most(&h.file, offset, &mut block.whole_mut()[..len], false) {
+    match read_open_file(&h.file, offset, &mut block.whole_mut()[..len]) {
         Ok(n) if n == len => Ok(Arc::new(block)),
         Ok(_) => Err(libc::ESTALE),
         Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
