@@ -3,25 +3,29 @@
 //! The dataset is immutable while a job trains on it, so a node, once created, lives as long
 //! as the mount: the table only grows (FORGET is ignored) and a node id is a dense index into
 //! a `Vec`. That keeps `getattr` and `open` to one read-locked index, and gives every regular
-//! file a dense [`FileId`] for the per-epoch bitmaps and the prefetcher. The cost is memory
-//! proportional to the number of entries ever looked up (about 150 bytes plus the name each;
-//! ImageNet's 1.28 M files need about 250 MiB), documented in the README.
+//! file a dense [`FileId`] for the per-epoch bitmaps and the prefetcher.
 //!
-//! Children are found by hashing `(parent, name)` to a 64-bit key, so the name is stored once
-//! (in the node) instead of twice (node and map key); the rare hash collision falls back to
-//! comparing names.
+//! Memory is the point of the layout: a dataset of 1.28 M tiny files must not cost more in
+//! metadata than in data. A node is one packed 96-byte record (times as nanoseconds, the
+//! device as an index into the few devices seen, ids as `u32`); its name lives in one arena
+//! of bytes; children are found through a hash table of bare `u32` node ids keyed by the
+//! hash of `(parent, name)`, with names compared in the arena on a hit (hashbrown's
+//! `HashTable`, about 5 bytes an entry). With the list of files (4 bytes each), a node costs
+//! about 106 bytes plus its name: 126 bytes for an ImageNet name of 20, where the previous
+//! table of structs, `Arc<OsStr>` names and a `HashMap` took about 300. [`Namespace::memory`]
+//! reports what it holds.
 //!
 //! Nothing here does I/O. Callers stat the source first and then insert, so no lock is ever
 //! held across a system call.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::ffi::OsStr;
 use std::hash::BuildHasher;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use hashbrown::HashTable;
 use parking_lot::RwLock;
 
 /// A FUSE node id. 1 is the root (the kernel's `FUSE_ROOT_ID`).
@@ -92,29 +96,152 @@ pub struct SourceMeta {
     pub version: FileVersion,
 }
 
+/// One entry, packed: about 96 bytes, with its name in the table's name arena. Times are
+/// nanoseconds since the epoch; the device is an index into the table's few devices.
 #[derive(Debug)]
 struct Node {
-    parent: NodeId,
-    name: Arc<OsStr>,
-    attr: Attr,
-    version: FileVersion,
-    file_id: Option<FileId>,
+    name_at: u64,
+    size: u64,
+    blocks: u64,
+    ino: u64,
+    atime_ns: i64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    parent: u32,
+    /// [`NO_FILE`] unless the node is (or was) a regular file.
+    file_id: u32,
+    /// Type and permission bits, as `st_mode`.
+    mode: u32,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+    blksize: u32,
+    name_len: u16,
+    dev: u16,
 }
 
-/// Up to one child per key in the common case; collisions keep a short list.
-#[derive(Debug)]
-enum Slot {
-    One(NodeId),
-    Many(Vec<NodeId>),
-}
+const NO_FILE: u32 = u32::MAX;
 
 #[derive(Debug, Default)]
 struct Table {
     /// Indexed by node id; index 0 is a placeholder so that ids start at 1.
     nodes: Vec<Node>,
-    children: HashMap<(NodeId, u64), Slot>,
+    /// Every name, back to back.
+    names: Vec<u8>,
+    /// The devices seen (a dataset spans one or a few): `Node::dev` indexes this.
+    devs: Vec<u64>,
+    /// Node ids by the hash of (parent, name).
+    children: HashTable<u32>,
     /// Indexed by file id.
-    files: Vec<NodeId>,
+    files: Vec<u32>,
+}
+
+impl Table {
+    fn name(&self, id: u32) -> &OsStr {
+        let n = &self.nodes[id as usize];
+        let at = n.name_at as usize;
+        OsStr::from_bytes(&self.names[at..at + n.name_len as usize])
+    }
+
+    fn dev_index(&mut self, dev: u64) -> u16 {
+        match self.devs.iter().position(|d| *d == dev) {
+            Some(i) => i as u16,
+            None => {
+                // More than 65,535 devices under one dataset is not a dataset; the last
+                // slot is shared then, which only weakens the version check of those files.
+                if self.devs.len() < u16::MAX as usize {
+                    self.devs.push(dev);
+                }
+                (self.devs.len() - 1) as u16
+            }
+        }
+    }
+
+    fn info(&self, id: NodeId) -> NodeInfo {
+        let n = &self.nodes[id as usize];
+        let dev = self.devs[n.dev as usize];
+        NodeInfo {
+            attr: Attr {
+                ino: id,
+                size: n.size,
+                blocks: n.blocks,
+                atime: time_of(n.atime_ns),
+                mtime: time_of(n.mtime_ns),
+                ctime: time_of(n.ctime_ns),
+                kind: crate::source::kind_from_mode(n.mode),
+                perm: (n.mode & 0o7777) as u16,
+                nlink: n.nlink,
+                uid: n.uid,
+                gid: n.gid,
+                rdev: n.rdev,
+                blksize: n.blksize,
+            },
+            version: FileVersion {
+                dev,
+                ino: n.ino,
+                size: n.size,
+                mtime_ns: n.mtime_ns,
+                ctime_ns: n.ctime_ns,
+            },
+            file_id: (n.file_id != NO_FILE).then_some(n.file_id),
+        }
+    }
+
+    /// Writes `meta` into node `id`. Returns true if the file's version changed.
+    fn set(&mut self, id: u32, meta: &SourceMeta) -> bool {
+        let dev = self.dev_index(meta.version.dev);
+        let a = &meta.attr;
+        let n = &mut self.nodes[id as usize];
+        let changed = n.ino != meta.version.ino
+            || n.dev != dev
+            || n.size != meta.version.size
+            || n.mtime_ns != meta.version.mtime_ns
+            || n.ctime_ns != meta.version.ctime_ns;
+        n.size = a.size;
+        n.blocks = a.blocks;
+        n.ino = meta.version.ino;
+        n.atime_ns = nanos_of(a.atime);
+        n.mtime_ns = meta.version.mtime_ns;
+        n.ctime_ns = meta.version.ctime_ns;
+        n.mode = mode_of(a);
+        n.nlink = a.nlink;
+        n.uid = a.uid;
+        n.gid = a.gid;
+        n.rdev = a.rdev;
+        n.blksize = a.blksize;
+        n.dev = dev;
+        changed
+    }
+}
+
+fn mode_of(a: &Attr) -> u32 {
+    let kind = match a.kind {
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::CharDevice => libc::S_IFCHR,
+        Kind::BlockDevice => libc::S_IFBLK,
+    };
+    kind | u32::from(a.perm)
+}
+
+fn nanos_of(t: SystemTime) -> i64 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_nanos()).unwrap_or(i64::MAX),
+    }
+}
+
+fn time_of(ns: i64) -> SystemTime {
+    let d = Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        SystemTime::UNIX_EPOCH + d
+    } else {
+        SystemTime::UNIX_EPOCH - d
+    }
 }
 
 /// A node's current view, as the filesystem core needs it.
@@ -135,95 +262,119 @@ pub struct Namespace {
 impl Namespace {
     /// A table holding only the root, described by `root`.
     pub fn new(root: SourceMeta) -> Self {
-        let placeholder = Node {
-            parent: 0,
-            name: Arc::from(OsStr::new("")),
-            attr: root.attr,
-            version: root.version,
-            file_id: None,
-        };
-        let mut attr = root.attr;
-        attr.ino = ROOT;
-        let root_node = Node {
-            parent: ROOT,
-            name: Arc::from(OsStr::new("")),
-            attr,
-            version: root.version,
-            file_id: None,
-        };
+        let mut table = Table::default();
+        for _ in 0..=ROOT {
+            table.nodes.push(Node {
+                name_at: 0,
+                size: 0,
+                blocks: 0,
+                ino: 0,
+                atime_ns: 0,
+                mtime_ns: 0,
+                ctime_ns: 0,
+                parent: ROOT as u32,
+                file_id: NO_FILE,
+                mode: 0,
+                nlink: 0,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                blksize: 0,
+                name_len: 0,
+                dev: 0,
+            });
+        }
+        table.set(0, &root);
+        table.set(ROOT as u32, &root);
         Namespace {
-            table: RwLock::new(Table {
-                nodes: vec![placeholder, root_node],
-                children: HashMap::new(),
-                files: Vec::new(),
-            }),
+            table: RwLock::new(table),
             hasher: RandomState::new(),
         }
     }
 
-    fn key(&self, parent: NodeId, name: &OsStr) -> (NodeId, u64) {
-        (parent, self.hasher.hash_one(name))
+    fn hash(&self, parent: u32, name: &OsStr) -> u64 {
+        self.hasher.hash_one((parent, name.as_bytes()))
     }
 
     /// The child `name` of `parent`, if it has been inserted.
     pub fn child(&self, parent: NodeId, name: &OsStr) -> Option<NodeId> {
-        let key = self.key(parent, name);
+        let parent = u32::try_from(parent).ok()?;
+        let hash = self.hash(parent, name);
         let table = self.table.read();
-        find_child(&table, key, name)
+        find_child(&table, hash, parent, name).map(NodeId::from)
     }
 
     /// Inserts the child `name` of `parent` (or refreshes it if present) and returns its id.
     pub fn insert_child(&self, parent: NodeId, name: &OsStr, meta: SourceMeta) -> NodeId {
-        let key = self.key(parent, name);
+        let parent = parent as u32;
+        let hash = self.hash(parent, name);
         let mut table = self.table.write();
-        if let Some(id) = find_child(&table, key, name) {
-            refresh_node(&mut table, id, meta);
-            return id;
+        if let Some(id) = find_child(&table, hash, parent, name) {
+            table.set(id, &meta);
+            return id.into();
         }
-        let id = table.nodes.len() as NodeId;
-        let file_id = (meta.attr.kind == Kind::File).then(|| {
-            let file_id = table.files.len() as FileId;
+        let id = table.nodes.len() as u32;
+        let file_id = if meta.attr.kind == Kind::File {
+            let file_id = table.files.len() as u32;
             table.files.push(id);
             file_id
-        });
-        let mut attr = meta.attr;
-        attr.ino = id;
+        } else {
+            NO_FILE
+        };
+        let name_at = table.names.len() as u64;
+        table.names.extend_from_slice(name.as_bytes());
         table.nodes.push(Node {
+            name_at,
+            size: 0,
+            blocks: 0,
+            ino: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
             parent,
-            name: Arc::from(name),
-            attr,
-            version: meta.version,
             file_id,
+            mode: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 0,
+            // Linux names are at most 255 bytes (NAME_MAX).
+            name_len: name.len() as u16,
+            dev: 0,
         });
-        match table.children.get_mut(&key) {
-            None => {
-                table.children.insert(key, Slot::One(id));
-            }
-            Some(Slot::One(other)) => {
-                let other = *other;
-                table.children.insert(key, Slot::Many(vec![other, id]));
-            }
-            Some(Slot::Many(list)) => list.push(id),
-        }
-        id
+        table.set(id, &meta);
+        let Table {
+            nodes,
+            names,
+            children,
+            ..
+        } = &mut *table;
+        let hasher = &self.hasher;
+        children.insert_unique(hash, id, |&other| {
+            let n = &nodes[other as usize];
+            let at = n.name_at as usize;
+            hasher.hash_one((n.parent, &names[at..at + n.name_len as usize]))
+        });
+        id.into()
     }
 
     /// The node's attributes, version and file id.
     pub fn info(&self, id: NodeId) -> Option<NodeInfo> {
         let table = self.table.read();
-        let node = table.nodes.get(id as usize).filter(|_| id >= ROOT)?;
-        Some(NodeInfo {
-            attr: node.attr,
-            version: node.version,
-            file_id: node.file_id,
-        })
+        (id >= ROOT && (id as usize) < table.nodes.len()).then(|| table.info(id))
     }
 
     /// Replaces the node's attributes with a fresh `lstat` of the source. Returns true if the
-    /// file's version changed (its size, mtime or identity).
+    /// file's version changed (its size, mtime, ctime or identity).
     pub fn refresh(&self, id: NodeId, meta: SourceMeta) -> bool {
         let mut table = self.table.write();
-        refresh_node(&mut table, id, meta)
+        if id < ROOT || id as usize >= table.nodes.len() {
+            return false;
+        }
+        // A file that became a directory (or the reverse) keeps its file id; the version
+        // change makes its cached bytes unreachable, which is all that correctness needs.
+        table.set(id as u32, &meta)
     }
 
     /// The node's parent (the root is its own parent).
@@ -233,7 +384,7 @@ impl Namespace {
             .nodes
             .get(id as usize)
             .filter(|_| id >= ROOT)
-            .map(|n| n.parent)
+            .map(|n| NodeId::from(n.parent))
     }
 
     /// The node's path relative to the source root (empty for the root).
@@ -243,22 +394,25 @@ impl Namespace {
             return None;
         }
         let mut parts = Vec::new();
-        let mut at = id;
-        while at != ROOT {
-            let node = &table.nodes[at as usize];
-            parts.push(node.name.clone());
-            at = node.parent;
+        let mut at = id as u32;
+        while at != ROOT as u32 {
+            parts.push(table.name(at));
+            at = table.nodes[at as usize].parent;
         }
         let mut path = PathBuf::new();
         for part in parts.iter().rev() {
-            path.push(&**part);
+            path.push(part);
         }
         Some(path)
     }
 
     /// The node of file `file_id`.
     pub fn file_node(&self, file_id: FileId) -> Option<NodeId> {
-        self.table.read().files.get(file_id as usize).copied()
+        self.table
+            .read()
+            .files
+            .get(file_id as usize)
+            .map(|n| NodeId::from(*n))
     }
 
     /// Every file id, sorted by the source's inode number: a cheap stand-in for on-disk
@@ -269,7 +423,7 @@ impl Namespace {
             .files
             .iter()
             .enumerate()
-            .map(|(id, node)| (table.nodes[*node as usize].version.ino, id as FileId))
+            .map(|(id, node)| (table.nodes[*node as usize].ino, id as FileId))
             .collect();
         files.sort_unstable();
         files.into_iter().map(|(_, id)| id).collect()
@@ -280,32 +434,35 @@ impl Namespace {
         self.table.read().files.len()
     }
 
-    /// How many nodes (including the root) the table holds.
-    pub fn node_count(&self) -> usize {
-        self.table.read().nodes.len() - 1
+    /// Gives back the room the table's vectors grew into: called once the scan has entered
+    /// the whole dataset, after which the table grows only by what lookups find new.
+    pub fn shrink(&self) {
+        let mut t = self.table.write();
+        t.nodes.shrink_to_fit();
+        t.names.shrink_to_fit();
+        t.files.shrink_to_fit();
+    }
+
+    /// Bytes the table holds (its vectors' capacities and the child index), for the memory
+    /// budget.
+    pub fn memory(&self) -> usize {
+        let t = self.table.read();
+        t.nodes.capacity() * std::mem::size_of::<Node>()
+            + t.names.capacity()
+            + t.files.capacity() * 4
+            + t.devs.capacity() * 8
+            // hashbrown: a u32 slot and a control byte per bucket.
+            + t.children.capacity() * 5
     }
 }
 
-fn find_child(table: &Table, key: (NodeId, u64), name: &OsStr) -> Option<NodeId> {
-    let matches = |id: &NodeId| &*table.nodes[*id as usize].name == name;
-    match table.children.get(&key)? {
-        Slot::One(id) => matches(id).then_some(*id),
-        Slot::Many(list) => list.iter().copied().find(|id| matches(id)),
-    }
-}
-
-fn refresh_node(table: &mut Table, id: NodeId, meta: SourceMeta) -> bool {
-    let Some(node) = table.nodes.get_mut(id as usize) else {
-        return false;
-    };
-    let changed = node.version != meta.version;
-    let mut attr = meta.attr;
-    attr.ino = id;
-    node.attr = attr;
-    node.version = meta.version;
-    // A file that became a directory (or the reverse) keeps its file id; the version change
-    // makes its cached bytes unreachable, which is all that correctness needs.
-    changed
+fn find_child(table: &Table, hash: u64, parent: u32, name: &OsStr) -> Option<u32> {
+    table
+        .children
+        .find(hash, |&id| {
+            table.nodes[id as usize].parent == parent && table.name(id) == name
+        })
+        .copied()
 }
 
 #[cfg(test)]
@@ -372,6 +529,34 @@ mod tests {
         assert!(!ns.refresh(a, meta(Kind::File, 11, 2)));
         assert!(ns.refresh(a, meta(Kind::File, 11, 3)));
         assert_eq!(ns.file_count(), 1);
+    }
+
+    #[test]
+    fn a_node_costs_at_most_150_bytes_with_its_name() {
+        // ImageNet's shape: 1,000 directories of JPEGs named like n01440764_10026.JPEG.
+        let ns = Namespace::new(meta(Kind::Dir, 0, 0));
+        let files = 200_000;
+        let dirs: Vec<NodeId> = (0..1000)
+            .map(|d| ns.insert_child(ROOT, OsStr::new(&format!("n{d:08}")), meta(Kind::Dir, 0, 0)))
+            .collect();
+        for i in 0..files {
+            let name = format!("n{:08}_{i:05}.JPEG", i % 1000);
+            ns.insert_child(
+                dirs[i % 1000],
+                OsStr::new(&name),
+                meta(Kind::File, 110_000, 0),
+            );
+        }
+        ns.shrink();
+        let per_entry = ns.memory() / (files + 1000);
+        assert!(per_entry <= 150, "{per_entry} bytes an entry");
+        let id = ns
+            .child(dirs[7], OsStr::new("n00000007_00007.JPEG"))
+            .unwrap();
+        assert_eq!(
+            ns.path(id).unwrap(),
+            PathBuf::from("n00000007/n00000007_00007.JPEG")
+        );
     }
 
     #[test]

@@ -369,6 +369,7 @@ impl DatasetFs {
             .prefetcher
             .disk_order
             .set(self.ns.files_in_inode_order());
+        self.ns.shrink();
         self.scan.complete.store(true, Ordering::Release);
         self.wake_prefetcher();
         tracing::info!(
