@@ -55,6 +55,8 @@ enum Memory {
         ptr: std::ptr::NonNull<u8>,
         layout: std::alloc::Layout,
     },
+    /// Exactly the block's bytes, for small blocks that are kept (staged) after the read.
+    Exact(Box<[u8]>),
 }
 
 // SAFETY: a Block owns its memory alone, like a Box<[u8]>; shared access is read-only.
@@ -88,6 +90,20 @@ impl Block {
         Ok(Block { mem, len })
     }
 
+    /// A block of exactly `bytes`, in plain heap memory of that size (not page aligned: a
+    /// source cannot read into it with `O_DIRECT`).
+    ///
+    /// Why: a staging area of tiny files held each in a page-aligned allocation took about
+    /// 2.1 times what it counted (measured: 200,000 files of 0.1-4 KiB); glibc serves an
+    /// aligned allocation from a larger chunk and leaves the rest fragmented. Small blocks
+    /// are read into a per-thread scratch page and copied out at their size instead.
+    pub fn exact(bytes: &[u8]) -> Block {
+        Block {
+            mem: Memory::Exact(bytes.into()),
+            len: bytes.len(),
+        }
+    }
+
     /// A block holding a copy of `bytes`.
     pub fn copy_of(bytes: &[u8]) -> io::Result<Block> {
         let mut block = Self::zeroed(bytes.len())?;
@@ -109,6 +125,7 @@ impl Block {
             Memory::Heap { ptr, layout } => unsafe {
                 std::slice::from_raw_parts_mut(ptr.as_ptr(), layout.size())
             },
+            Memory::Exact(bytes) => bytes,
         }
     }
 
@@ -120,12 +137,17 @@ impl Block {
             Memory::Heap { ptr, layout } => unsafe {
                 std::slice::from_raw_parts(ptr.as_ptr(), layout.size())
             },
+            Memory::Exact(bytes) => bytes,
         }
     }
 
-    /// The memory this block takes.
+    /// The memory this block takes. An exact block counts what malloc gives it: its size
+    /// rounded up to 16 bytes, and a 16-byte header.
     pub fn footprint(&self) -> u64 {
-        self.whole().len() as u64
+        match &self.mem {
+            Memory::Exact(bytes) => (bytes.len().div_ceil(16) * 16 + 16) as u64,
+            _ => self.whole().len() as u64,
+        }
     }
 }
 
@@ -275,6 +297,23 @@ impl Fetcher {
         let len = self.cache.block_len(size, key.block) as usize;
         let offset = key.block * self.cache.block_size();
         tracing::debug!("fetch {} block {} ({len} bytes)", rel.display(), key.block);
+        if len < MAP_FROM {
+            // Read into this thread's scratch page(s), keep a copy of exactly `len` bytes.
+            return SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                let buf = match &mut *scratch {
+                    Some(b) => b,
+                    None => match Block::zeroed(MAP_FROM) {
+                        Ok(b) => scratch.insert(b),
+                        Err(_) => return Err(libc::ENOMEM),
+                    },
+                };
+                let whole = &mut buf.whole_mut()[..Block::footprint_for(len) as usize];
+                let n = self.read_into(rel, &key, offset, whole)?;
+                let block = Block::exact(&whole[..n.min(len)]);
+                self.finish(key, block, len, admit)
+            });
+        }
         let mut block = match Block::zeroed(len) {
             Ok(b) => b,
             Err(e) => {
@@ -282,26 +321,24 @@ impl Fetcher {
                 return Err(libc::ENOMEM);
             }
         };
+        let n = self.read_into(rel, &key, offset, block.whole_mut())?;
+        block.len = n.min(len);
+        self.finish(key, block, len, admit)
+    }
+
+    /// Reads block `key` (at `offset`) into `buf`, whole pages of it, so that an O_DIRECT
+    /// read may ask for them; the file ends at the block's length unless it grew, which the
+    /// source's version check reports. Returns the bytes read.
+    fn read_into(
+        &self,
+        rel: &Path,
+        key: &BlockKey,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, i32> {
         let counters = &self.stats.counters;
-        // All of the block's pages, so that an O_DIRECT read may ask for whole pages; the
-        // file ends at `len` unless it grew, which the source's version check reports.
-        match self
-            .source
-            .read_block(rel, &key.version, offset, block.whole_mut())
-        {
-            Ok(n) => {
-                let n = n.min(len);
-                Counters::add(&counters.bytes_from_source, n as u64);
-                if n < len {
-                    // The file shrank since it was opened: serve nothing stale.
-                    Counters::add(&counters.source_errors, 1);
-                    return Err(libc::ESTALE);
-                }
-                if admit {
-                    self.cache.insert(key, &block);
-                }
-                Ok(Arc::new(block))
-            }
+        match self.source.read_block(rel, &key.version, offset, buf) {
+            Ok(n) => Ok(n),
             Err(e) => {
                 Counters::add(&counters.source_errors, 1);
                 tracing::warn!("reading {}: {e}", rel.display());
@@ -309,11 +346,42 @@ impl Fetcher {
             }
         }
     }
+
+    /// Accounts a block read from the source and offers it to the cache; a block shorter
+    /// than `len` (the file shrank since it was opened) is an error: nothing stale is served.
+    fn finish(&self, key: BlockKey, block: Block, len: usize, admit: bool) -> FetchResult {
+        let counters = &self.stats.counters;
+        Counters::add(&counters.bytes_from_source, block.len as u64);
+        if block.len < len {
+            Counters::add(&counters.source_errors, 1);
+            return Err(libc::ESTALE);
+        }
+        if admit {
+            self.cache.insert(key, &block);
+        }
+        Ok(Arc::new(block))
+    }
+}
+
+thread_local! {
+    /// Each I/O thread's page-aligned buffer for reads of small blocks (at most 64 threads x
+    /// 64 KiB).
+    static SCRATCH: std::cell::RefCell<Option<Block>> = const { std::cell::RefCell::new(None) };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_blocks_count_what_malloc_gives_them() {
+        for (len, footprint) in [(0, 16), (1, 32), (100, 128), (4096, 4112)] {
+            let bytes = vec![7u8; len];
+            let b = Block::exact(&bytes);
+            assert_eq!(&b[..], &bytes[..]);
+            assert_eq!(b.footprint(), footprint, "{len} bytes");
+        }
+    }
 
     #[test]
     fn blocks_are_page_aligned_whole_pages_holding_their_bytes() {
