@@ -22,15 +22,20 @@ def main():
     p.add_argument("--size", type=size, default=100 << 10, help="mean file size, e.g. 100K [100K]")
     p.add_argument("--classes", type=int, default=10, help="class folders [10]")
     p.add_argument("--exact", action="store_true", help="every file exactly --size bytes")
+    p.add_argument("--max-size", type=size, default=None,
+                   help="sizes uniform between --size and this, e.g. --size 200 --max-size 600")
     p.add_argument("--seed", type=int, default=0, help="random seed [0]")
     a = p.parse_args()
     if a.files < 1 or a.classes < 1 or a.size < 1:
         sys.exit("make-dataset.py: --files, --classes and --size must be positive")
     rng = random.Random(a.seed)
-    pool = rng.randbytes(a.size * 2 + 65536)
+    pool = rng.randbytes(max(a.size, a.max_size or 0) * 2 + 65536)
     total = 0
     for i in range(a.files):
-        n = a.size if a.exact else max(1, int(a.size * rng.uniform(0.9, 1.1)))
+        if a.max_size:
+            n = rng.randint(a.size, a.max_size)
+        else:
+            n = a.size if a.exact else max(1, int(a.size * rng.uniform(0.9, 1.1)))
         d = os.path.join(a.dir, f"class{i % a.classes:04d}")
         path = os.path.join(d, f"sample{i:07d}.bin")
         total += n

@@ -770,6 +770,7 @@ impl DatasetFs {
                 Stat::CachedBlocks => Value::Count(self.cache.cached_blocks()),
                 Stat::CacheUsed => Value::Count(self.cache.used()),
                 Stat::CacheCapacity => Value::Count(self.cache.config().capacity),
+                Stat::MetadataBytes => Value::Count(self.ns.memory() as u64),
                 Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
                 Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
                 Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
