@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A million tiny files: 1,280,000 files of 200-600 bytes in 1,000 directories (ImageNet's
+# count, metadata-bound rather than byte-bound), native beside coorfs in one run:
+#   - listing: `find DIR -type f` with cold dentries (echo 2 > /proc/sys/vm/drop_caches drops
+#     the kernel's dentries and inodes; a fresh mount has none), and the mount's own scan
+#     (mount to scan_complete);
+#   - epoch 1 cold: the dataset's pages dropped (posix_fadvise per file), a fresh mount;
+#     `coorfs read --procs 2`, one epoch, random order;
+#   - epochs 2-3 hot: native from the page cache, coorfs with the whole dataset cached
+#     (--cache-size 1G);
+#   - the daemon's peak RSS (VmHWM) and its node table (metadata_bytes).
+# Not a CI test: generating the dataset takes about 10 minutes the first time, a run ~15.
+#
+#   scripts/bench-scale.sh
+#   DATA=/scratch scripts/bench-scale.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/benchlib.sh
+DATA=${DATA:-/var/tmp/coorfs-bench}
+CACHE=${CACHE:-1G}
+
+cargo build --release --quiet
+coorfs=$PWD/target/release/coorfs
+src=$DATA/tiny
+python3 scripts/make-dataset.py --files 1280000 --size 200 --max-size 600 --classes 1000 "$src" >/dev/null
+work=$(mktemp -d /tmp/coorfs-scale.XXXXXX)
+mnt=$work/mnt
+mkdir -p "$mnt"
+cleanup() {
+    grep -qs " $mnt fuse" /proc/mounts && { $coorfs umount "$mnt" || umount -l "$mnt"; }
+    rm -rf "$work"
+}
+trap cleanup EXIT
+stat_of() { getfattr -n "user.coorfs.$1" --only-values "$mnt" 2>/dev/null; }
+seconds() { python3 -c "import time; print(time.monotonic())"; }
+elapsed() { python3 -c "print(f'{$(seconds) - $1:.2f}')"; }
+epoch_secs() { # epoch_secs DIR EPOCHS: each epoch's seconds, space separated
+    $coorfs read --json --procs 2 --epochs "$2" --seed 1 "$1" \
+        | python3 -c 'import json,sys; print(" ".join(f"{json.loads(l)[\"seconds\"]:.2f}" for l in sys.stdin if l.strip()))'
+}
+
+echo "listing (cold dentries)" >&2
+sync; echo 2 > /proc/sys/vm/drop_caches
+t=$(seconds); n_native=$(find "$src" -type f | wc -l); find_native=$(elapsed "$t")
+sync; echo 2 > /proc/sys/vm/drop_caches
+drop_pages "$src"
+t=$(seconds)
+$coorfs mount --cache-size "$CACHE" "$src" "$mnt"
+until [ "$(stat_of scan_complete)" = 1 ]; do sleep 0.2; done
+scan=$(elapsed "$t")
+t=$(seconds); n_mount=$(find "$mnt" -type f | wc -l); find_mount=$(elapsed "$t")
+[ "$n_native" = "$n_mount" ] || { echo "bench-scale.sh: $n_native files natively, $n_mount through the mount" >&2; exit 1; }
+
+echo "coorfs epochs (epoch 1 cold)" >&2
+read -r -a mine <<< "$(epoch_secs "$mnt" 3)"
+pid=$(stat_of pid)
+peak=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
+metadata=$(stat_of metadata_bytes)
+hit=$(stat_of hit_rate)
+$coorfs umount "$mnt"
+
+echo "native epochs (epoch 1 cold)" >&2
+drop_pages "$src"
+read -r -a native <<< "$(epoch_secs "$src" 3)"
+
+ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
+echo
+echo "scripts/bench-scale.sh on $(nproc) CPUs, $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD): $n_native files of 200-600 B, --cache-size $CACHE"
+echo
+echo "| measure | native s | coorfs s | coorfs speed / native |"
+echo "|---|---|---|---|"
+echo "| find -type f, cold dentries | $find_native | $find_mount | $(ratio "$find_native" "$find_mount") |"
+echo "| mount to scan complete | $find_native (find) | $scan | $(ratio "$find_native" "$scan") |"
+for i in 0 1 2; do
+    echo "| epoch $((i + 1))$([ $i = 0 ] && echo ' (cold)' || echo ' (hot)') | ${native[$i]} | ${mine[$i]} | $(ratio "${native[$i]}" "${mine[$i]}") |"
+done
+echo
+echo "Daemon peak RSS $((peak >> 10)) MiB; node table $((metadata >> 20)) MiB ($((metadata / n_native)) bytes a file); coorfs hit rate over the run $hit."
