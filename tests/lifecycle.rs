@@ -757,3 +757,87 @@ fn the_default_budget_respects_the_memory_cgroup_and_a_given_one_must_fit() {
         "{text}"
     );
 }
+
+#[test]
+fn ioctl_poll_seek_and_locks_are_answered_without_a_log_line() {
+    use std::io::IsTerminal;
+    use std::os::fd::AsRawFd;
+    let (dir, src) = small_source();
+    let log = dir.path().join("coorfs.log");
+    // The default level (info), as a user runs it.
+    let m = Mount::new(&src, &["--log-file", log.to_str().unwrap()]);
+    let file = std::fs::File::open(m.path("hello")).unwrap();
+    let fd = file.as_raw_fd();
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+
+    // isatty() is ioctl(TCGETS), which Python's open() sends for every file; the kernel
+    // passes each one to the daemon.
+    for _ in 0..1000 {
+        // SAFETY: termios is plain old data; TCGETS writes one into `t`.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `t` a valid termios.
+        let rc = unsafe { libc::ioctl(fd, libc::TCGETS, &mut t) };
+        assert_eq!((rc, errno()), (-1, Some(libc::ENOTTY)));
+    }
+    assert!(!file.is_terminal());
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys\n\
+             for _ in range(200):\n    open(sys.argv[1], 'rb').read()\n\
+             fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+             try:\n    os.tcgetpgrp(fd)\nexcept OSError as e:\n    print(e.strerror)\n",
+        ])
+        .arg(m.path("hello"))
+        .output()
+        .expect("python3 is needed for this test");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "Inappropriate ioctl for device"
+    );
+
+    // SEEK_DATA and SEEK_HOLE (twice: the second time the kernel answers alone), poll, and
+    // the two kinds of locks: what a local 5-byte file answers.
+    for _ in 0..2 {
+        // SAFETY: lseek and poll on an open descriptor; `p` is a valid pollfd.
+        unsafe {
+            assert_eq!(libc::lseek(fd, 0, libc::SEEK_DATA), 0);
+            assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 5);
+            assert_eq!(
+                (libc::lseek(fd, 5, libc::SEEK_DATA), errno()),
+                (-1, Some(libc::ENXIO))
+            );
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            assert_eq!(libc::poll(&mut p, 1, 0), 1);
+            assert!(p.revents & libc::POLLIN != 0);
+        }
+    }
+    // SAFETY: flock and fcntl on an open descriptor; `lock` is a valid flock.
+    unsafe {
+        assert_eq!(libc::flock(fd, libc::LOCK_SH), 0);
+        let mut lock: libc::flock = std::mem::zeroed();
+        lock.l_type = libc::F_RDLCK as i16;
+        lock.l_whence = libc::SEEK_SET as i16;
+        assert_eq!(libc::fcntl(fd, libc::F_SETLK, &lock), 0);
+        assert_eq!(libc::fcntl(fd, libc::F_GETLK, &mut lock), 0);
+    }
+    drop(file);
+    m.unmount();
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("mounted"), "{text}");
+    for line in text.lines() {
+        let lower = line.to_lowercase();
+        assert!(
+            !["warn", "error", "ioctl", "not implemented"]
+                .iter()
+                .any(|w| lower.contains(w)),
+            "{line}\nin the log:\n{text}"
+        );
+    }
+}
