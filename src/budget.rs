@@ -196,12 +196,22 @@ pub fn parse_proc_cgroup(text: &str) -> Option<OwnCgroup> {
     v2
 }
 
+/// Where a cgroup's files are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupDir {
+    /// The cgroup's directory, e.g. `/sys/fs/cgroup/memory/kubepods/pod1`.
+    pub dir: PathBuf,
+    /// The mount point of its hierarchy: the walk up to ancestors ends there.
+    pub top: PathBuf,
+    /// The cgroup that is mounted at `top` (`/` unless a container sees only its own).
+    pub root: PathBuf,
+}
+
 /// Where `own`'s directory is: the cgroup mount of its version (v1: the one with the `memory`
 /// controller) whose root holds its path, the one with the longest root if several do. A
 /// container without its own cgroup namespace sees its cgroup mounted as the root (`/docker/
-/// ID` on `/sys/fs/cgroup/memory`), so the path is taken relative to the root. Returns the
-/// directory and the mount point, above which the walk cannot go.
-pub fn cgroup_dir(own: &OwnCgroup, mountinfo: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+/// ID` on `/sys/fs/cgroup/memory`), so the path is taken relative to the root.
+pub fn cgroup_dir(own: &OwnCgroup, mountinfo: &str) -> Option<CgroupDir> {
     let mounts = crate::mountinfo::parse(mountinfo);
     let mount = mounts
         .iter()
@@ -214,18 +224,19 @@ pub fn cgroup_dir(own: &OwnCgroup, mountinfo: &str) -> Option<(PathBuf, PathBuf,
         .filter(|m| own.path.starts_with(&m.root))
         .max_by_key(|m| m.root.components().count())?;
     let rel = own.path.strip_prefix(&mount.root).ok()?;
-    Some((
-        mount.mountpoint.join(rel),
-        mount.mountpoint.clone(),
-        mount.root.clone(),
-    ))
+    Some(CgroupDir {
+        dir: mount.mountpoint.join(rel),
+        top: mount.mountpoint.clone(),
+        root: mount.root.clone(),
+    })
 }
 
 /// Reads every cgroup from the daemon's own up to the top of its mount and returns the
 /// limited one that leaves the least free.
 fn tightest_cgroup(read: &dyn Fn(&Path) -> Option<String>) -> Option<CgroupMemory> {
     let own = parse_proc_cgroup(&read(Path::new("/proc/self/cgroup"))?)?;
-    let (dir, top, root) = cgroup_dir(&own, &read(Path::new("/proc/self/mountinfo"))?)?;
+    let mountinfo = read(Path::new("/proc/self/mountinfo"))?;
+    let CgroupDir { dir, top, root } = cgroup_dir(&own, &mountinfo)?;
     let mut found: Option<CgroupMemory> = None;
     let mut dir = dir.as_path();
     loop {
@@ -533,15 +544,36 @@ mod tests {
         );
     }
 
+    fn dir(dir: &str, top: &str, root: &str) -> CgroupDir {
+        CgroupDir {
+            dir: dir.into(),
+            top: top.into(),
+            root: root.into(),
+        }
+    }
+
     #[test]
     fn finds_the_cgroup_directory_through_the_mount_table() {
         let own = parse_proc_cgroup(HYBRID_CGROUP).unwrap();
         assert_eq!(
             cgroup_dir(&own, HYBRID_MOUNTINFO),
-            Some((
-                PathBuf::from("/sys/fs/cgroup/memory/process_api/e131"),
-                PathBuf::from("/sys/fs/cgroup/memory"),
-                PathBuf::from("/"),
+            Some(dir(
+                "/sys/fs/cgroup/memory/process_api/e131",
+                "/sys/fs/cgroup/memory",
+                "/"
+            ))
+        );
+        // v2 on a hybrid host is mounted below /sys/fs/cgroup.
+        let v2 = OwnCgroup {
+            version: Version::V2,
+            path: PathBuf::from("/user.slice"),
+        };
+        assert_eq!(
+            cgroup_dir(&v2, HYBRID_MOUNTINFO),
+            Some(dir(
+                "/sys/fs/cgroup/unified/user.slice",
+                "/sys/fs/cgroup/unified",
+                "/"
             ))
         );
         // A container without a cgroup namespace: its own cgroup is the mount's root.
@@ -552,10 +584,10 @@ mod tests {
         let mounts = "40 31 0:32 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n";
         assert_eq!(
             cgroup_dir(&docker, mounts),
-            Some((
-                PathBuf::from("/sys/fs/cgroup/memory"),
-                PathBuf::from("/sys/fs/cgroup/memory"),
-                PathBuf::from("/docker/abc"),
+            Some(dir(
+                "/sys/fs/cgroup/memory",
+                "/sys/fs/cgroup/memory",
+                "/docker/abc"
             ))
         );
         // No memory controller mounted: nothing to read.
@@ -567,7 +599,13 @@ mod tests {
     fn reads_the_tightest_limited_cgroup_of_both_versions() {
         let meminfo = ("/proc/meminfo", "MemAvailable: 23068672 kB\n");
         let unlimited = "9223372036854771712\n";
-        let cases: Vec<(&str, Vec<(&str, &str)>, Option<CgroupMemory>)> = vec![
+        // (name, the files, the cgroup that should be found)
+        type Case = (
+            &'static str,
+            Vec<(&'static str, &'static str)>,
+            Option<CgroupMemory>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "v1, own cgroup limited",
                 vec![
@@ -721,8 +759,9 @@ mod tests {
     #[test]
     fn the_default_is_half_of_what_the_tightest_bound_leaves() {
         let staging = 256 * MIB;
-        // (name, MemAvailable, cgroup, staging, want cache in MiB)
-        let cases: Vec<(&str, Option<u64>, Option<CgroupMemory>, u64, u64)> = vec![
+        // (name, MemAvailable, cgroup, staging, want cache in MiB; 0: refused)
+        type Case = (&'static str, Option<u64>, Option<CgroupMemory>, u64, u64);
+        let cases: Vec<Case> = vec![
             (
                 "host: half of MemAvailable",
                 Some(22 * GIB),

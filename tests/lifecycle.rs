@@ -579,7 +579,8 @@ impl TestCgroup {
         if own.version != Version::V1 {
             return Err("memory is accounted by cgroup v2, not v1".into());
         }
-        let (parent, _, _) = cgroup_dir(&own, &text("/proc/self/mountinfo"))
+        let parent = cgroup_dir(&own, &text("/proc/self/mountinfo"))
+            .map(|d| d.dir)
             .ok_or("no cgroup v1 memory controller mounted")?;
         if !parent.join("memory.limit_in_bytes").exists() {
             return Err(format!("{} has no memory.limit_in_bytes", parent.display()));
