@@ -123,7 +123,10 @@ pub struct MountArgs {
     pub metadata_ttl: Duration,
 
     /// The cache budget: bytes of file data kept in coorfs's memory (K/M/G/T suffixes); 0
-    /// only with --policy none [default: half of the memory available at mount].
+    /// only with --policy none. Refused when it and --prefetch-memory do not fit in what the
+    /// memory cgroup has left [default: half of what the memory cgroup (a container's limit)
+    /// leaves free after --prefetch-memory and 64 MiB for the daemon, at most half of the
+    /// memory available; the daemon logs the choice].
     #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Cache")]
     pub cache_size: Option<u64>,
     /// What the cache keeps: minio admits files while there is room and never evicts (the
@@ -258,7 +261,8 @@ pub struct AnalyzeArgs {
 
     /// The memory to analyse, as coorfs cache or page cache, in bytes (K/M/G/T suffixes), at
     /// most the dataset's size [default: the --mount's cache size, else what coorfs mount
-    /// would use: half of the memory available].
+    /// would choose here: half of what the memory cgroup leaves free, at most half of the
+    /// memory available].
     #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Prediction")]
     pub cache_size: Option<u64>,
     /// Also simulate every cache size from 0 to 100% of the dataset, in steps of 5%.
@@ -397,6 +401,7 @@ impl MountArgs {
         config.allow_non_empty = self.allow_non_empty;
         if let Some(size) = self.cache_size {
             config.cache.capacity = size;
+            config.cache_size_given = true;
         }
         config.cache.policy = match self.policy {
             Policy::Minio => PolicyKind::MinIo,

@@ -29,6 +29,11 @@ pub struct MountConfig {
     pub io_threads: usize,
     /// The cache: policy, budget (bytes) and block size (bytes).
     pub cache: CacheConfig,
+    /// The budget was given (`--cache-size`). If not, `preflight` replaces the default of
+    /// [`MountConfig::new`] with one that counts this mount's staging area.
+    pub cache_size_given: bool,
+    /// How the budget was chosen, for the daemon's log (set by `preflight`).
+    pub cache_size_why: String,
     /// How jobs are told apart, and forgotten.
     pub jobs: JobConfig,
     /// Bytes of memory that order hints may hold, in total and per user.
@@ -63,6 +68,8 @@ impl MountConfig {
                 capacity: default_cache_size(),
                 block_size: DEFAULT_BLOCK_SIZE,
             },
+            cache_size_given: false,
+            cache_size_why: "default".into(),
             jobs: JobConfig::default(),
             hint_limits: HintLimits::default(),
             // SAFETY: getuid has no preconditions.
@@ -84,32 +91,34 @@ pub fn default_threads() -> usize {
 /// read, small enough that random access into a big file does not drag in much it won't use.
 pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
 
-/// The default cache budget: half of the memory available now (MemAvailable), leaving the
-/// rest to the training job, whole MiB.
+/// The default cache budget with the default staging area: half of what the daemon's memory
+/// cgroup leaves free, at most half of the memory available (see `budget.rs`). `coorfs mount`
+/// decides again in `preflight`, with the mount's own `--prefetch-memory`. 0 when a cgroup
+/// leaves no room (the mount then refuses).
 pub fn default_cache_size() -> u64 {
-    let available = meminfo("MemAvailable:").unwrap_or(1 << 30);
-    (available / 2) >> 20 << 20
+    let staging = PrefetchConfig::default().memory;
+    crate::budget::default_cache(&crate::budget::MemoryView::probe(), staging)
+        .map(|d| d.cache)
+        .unwrap_or(0)
 }
 
 /// A field of /proc/meminfo, in bytes.
 pub fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with(field))?;
-    let kib: u64 = line[field.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+    crate::budget::meminfo_field(&text, field)
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn default_cache_is_half_of_available_memory() {
+    fn default_cache_is_at_most_half_of_available_memory() {
         let available = super::meminfo("MemAvailable:").unwrap();
         let size = super::default_cache_size();
-        assert!(size <= available / 2 && size + (1 << 20) > available / 2);
+        assert!(size <= available / 2, "{size} > {available} / 2");
+        // Without a memory cgroup limit (on this machine, outside the tests that make one),
+        // it is exactly that, in whole MiB.
+        if crate::budget::MemoryView::probe().cgroup.is_none() {
+            assert!(size + (1 << 20) > available / 2);
+        }
     }
 }

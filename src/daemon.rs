@@ -85,6 +85,8 @@ pub enum MountError {
         "--cache-size 0 leaves no room to cache anything (pass --policy none to mount without a cache)"
     )]
     CacheSizeZero,
+    #[error(transparent)]
+    Memory(#[from] crate::budget::Refusal),
     #[error("log file {0}: {1}")]
     LogFile(PathBuf, io::Error),
     #[error("mounting {0}: {1}")]
@@ -211,10 +213,35 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
             total: format_size(total),
         });
     }
+    decide_budget(config)?;
     check_fuse_device()?;
     config.source = source;
     config.mountpoint = mountpoint;
     Ok(lock)
+}
+
+/// Sets the cache budget from the memory the daemon may use (see `budget.rs`): the default
+/// counts this mount's staging area and its memory cgroup; a given `--cache-size` (with the
+/// staging area) that cannot fit the cgroup is refused.
+fn decide_budget(config: &mut MountConfig) -> Result<(), MountError> {
+    if config.cache.policy == PolicyKind::None {
+        config.cache_size_why = "--policy none caches nothing".into();
+        return Ok(());
+    }
+    let view = crate::budget::MemoryView::probe();
+    let staging = if config.prefetch.enabled {
+        config.prefetch.memory
+    } else {
+        0
+    };
+    let decision = if config.cache_size_given {
+        crate::budget::check_given(&view, config.cache.capacity, staging)?
+    } else {
+        crate::budget::default_cache(&view, staging)?
+    };
+    config.cache.capacity = decision.cache;
+    config.cache_size_why = decision.why;
+    Ok(())
 }
 
 /// Refuses a source that is a caching coorfs mount or lies inside one: a second cache in
@@ -540,12 +567,20 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
         std::process::id()
     );
     let cache = config.cache;
-    info!(
-        "cache: {}, {} budget, {} blocks",
-        cache.policy.name(),
-        format_size(cache.capacity),
-        format_size(cache.block_size)
-    );
+    if cache.policy == PolicyKind::None {
+        info!("cache: none ({})", config.cache_size_why);
+    } else {
+        info!(
+            "cache: {} ({})",
+            format_size(cache.capacity),
+            config.cache_size_why
+        );
+        info!(
+            "cache policy: {}, {} blocks",
+            cache.policy.name(),
+            format_size(cache.block_size)
+        );
+    }
     let prefetch = config.prefetch;
     if prefetch.enabled {
         info!(

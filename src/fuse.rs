@@ -36,6 +36,16 @@
 //! - The one writable file, the order file (`fs/control.rs`), is opened without NOFLUSH and
 //!   with direct I/O: its FLUSH at `close(2)` carries the verdict on the hint, and
 //!   `open(O_TRUNC)` arrives as a SETATTR of size 0, which it accepts.
+//! - Every operation the kernel may send is answered here, without a log line of its own:
+//!   fuser's defaults log three lines of WARN per request. `IOCTL` comes with every Python
+//!   `open()` (`isatty`, i.e. `TCGETS`) and the kernel asks each time, so it is answered
+//!   `ENOTTY`, what a file that is no terminal says (before: 9,000 warnings, 1.4 MB of log,
+//!   for 3 epochs of 3,000 files). `POLL` and `LSEEK` (`SEEK_DATA`/`SEEK_HOLE`) are
+//!   answered `ENOSYS`: the kernel then stops sending them on this connection and answers
+//!   itself, correctly for a read-only file (always ready; data up to the size, a hole at
+//!   it). Locks (`GETLK`, `SETLK`) stay in the kernel since coorfs does not ask for
+//!   `FUSE_POSIX_LOCKS`, and `BMAP` is for block-device mounts; both get a quiet `ENOSYS`
+//!   should they come.
 
 use std::ffi::OsStr;
 use std::sync::{Arc, OnceLock};
@@ -43,10 +53,11 @@ use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
-    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
+    Notifier, OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyBmap,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use tracing::{debug, warn};
 
@@ -413,6 +424,90 @@ impl Filesystem for FuseAdapter {
             Ok(names) => reply_xattr(names, size, reply),
             Err(e) => fail("listxattr", e, reply),
         }
+    }
+
+    // Requests that have nothing to do with the data: answered at once and quietly, since a
+    // training job may send them for every file (see the header).
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No ioctl applies to a dataset file: TCGETS (isatty) and the rest get "not a
+        // terminal" / "no such ioctl". The kernel answers FIONREAD, FIGETBSZ and the like for
+        // regular files itself, without asking.
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // ENOSYS: the kernel stops asking and reports every file ready, as for a local one.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // Only SEEK_DATA and SEEK_HOLE come here. ENOSYS: the kernel stops asking and answers
+        // from the file's size (data up to the end, one hole after it), which is true of
+        // every file the mount serves as far as a reader can tell.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        _sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn bmap(&self, _req: &Request, _ino: INodeNo, _blocksize: u32, _idx: u64, reply: ReplyBmap) {
+        reply.error(Errno::ENOSYS);
     }
 
     // Everything below would change the dataset: the mount is read-only.

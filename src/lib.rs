@@ -9,11 +9,13 @@
 //! - `source`: the dataset directory behind a trait, with a fault-injecting wrapper.
 //! - `epoch`, `stats`: epoch tracking (pure) and the statistics every view renders.
 //!
-//! Around them: `cli` (clap, at the edge), `config` (plain structs), `daemon` (mount life
-//! cycle), `manpage` (generated from the CLI), `analyze` (`coorfs analyze`: measure the
-//! storage, simulate the cache, predict data stalls).
+//! Around them: `cli` (clap, at the edge), `config` (plain structs), `budget` (how much
+//! memory the cache may take: the memory cgroup), `daemon` (mount life cycle), `manpage`
+//! (generated from the CLI), `analyze` (`coorfs analyze`: measure the storage, simulate the
+//! cache, predict data stalls).
 
 pub mod analyze;
+pub mod budget;
 pub mod cache;
 pub mod cli;
 pub mod config;

@@ -11,24 +11,33 @@ pub const FS_TYPE: &str = "fuse.coorfs";
 pub struct MountEntry {
     /// `st_dev` of every file of the mount, as (major, minor).
     pub dev: (u32, u32),
+    /// The directory of the filesystem that is mounted (`/` unless a subtree is: a bind
+    /// mount, or a cgroup hierarchy seen from a container).
+    pub root: PathBuf,
     pub mountpoint: PathBuf,
     pub fstype: String,
+    /// The filesystem's own options (the last field; for cgroup v1, its controllers).
+    pub super_options: String,
 }
 
-/// Parses mountinfo text (`man 5 proc`): field 3 is major:minor, field 5 the mount point, the
-/// field after `-` the type. Octal escapes (`\040` for a space) are decoded.
+/// Parses mountinfo text (`man 5 proc`): field 3 is major:minor, field 4 the root, field 5
+/// the mount point, the field after `-` the type and the one after the source the super
+/// options. Octal escapes (`\040` for a space) are decoded.
 pub fn parse(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
             let (major, minor) = fields.get(2)?.split_once(':')?;
+            let root = fields.get(3)?;
             let mountpoint = fields.get(4)?;
             let dash = fields.iter().position(|f| *f == "-")?;
             let fstype = fields.get(dash + 1)?;
             Some(MountEntry {
                 dev: (major.parse().ok()?, minor.parse().ok()?),
+                root: PathBuf::from(unescape(root)),
                 mountpoint: PathBuf::from(unescape(mountpoint)),
                 fstype: fstype.to_string(),
+                super_options: fields.get(dash + 3).unwrap_or(&"").to_string(),
             })
         })
         .collect()
@@ -96,9 +105,12 @@ mod tests {
         let entries = parse(text);
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[0].dev, (98, 0));
+        assert_eq!(entries[0].root, PathBuf::from("/mnt1"));
         assert_eq!(entries[0].mountpoint, PathBuf::from("/mnt/my data"));
         assert_eq!(entries[0].fstype, "fuse.coorfs");
+        assert_eq!(entries[0].super_options, "rw");
         assert_eq!(entries[1].fstype, "proc");
+        assert_eq!(entries[1].root, PathBuf::from("/"));
     }
 
     #[test]

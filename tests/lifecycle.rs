@@ -559,3 +559,286 @@ fn a_cache_of_zero_bytes_needs_policy_none() {
             .success()
     );
 }
+
+/// A v1 memory cgroup made for a test below the test's own, with a limit; the processes in
+/// it must be gone when it is dropped, which removes it.
+struct TestCgroup {
+    /// Its directory, e.g. /sys/fs/cgroup/memory/process_api/ID/coorfs-test-PID.
+    dir: PathBuf,
+    /// Its path in the hierarchy, as /proc/self/cgroup and coorfs name it.
+    path: String,
+}
+
+impl TestCgroup {
+    /// Makes one limited to `limit` bytes, or says why it cannot.
+    fn new(limit: u64) -> Result<TestCgroup, String> {
+        use coorfs::budget::{Version, cgroup_dir, parse_proc_cgroup};
+        let text = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let own = parse_proc_cgroup(&text("/proc/self/cgroup"))
+            .ok_or("no memory cgroup in /proc/self/cgroup")?;
+        if own.version != Version::V1 {
+            return Err("memory is accounted by cgroup v2, not v1".into());
+        }
+        let parent = cgroup_dir(&own, &text("/proc/self/mountinfo"))
+            .map(|d| d.dir)
+            .ok_or("no cgroup v1 memory controller mounted")?;
+        if !parent.join("memory.limit_in_bytes").exists() {
+            return Err(format!("{} has no memory.limit_in_bytes", parent.display()));
+        }
+        let name = format!("coorfs-test-{}", std::process::id());
+        let dir = parent.join(&name);
+        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let cg = TestCgroup {
+            dir,
+            path: own.path.join(&name).display().to_string(),
+        };
+        std::fs::write(cg.dir.join("memory.limit_in_bytes"), limit.to_string())
+            .map_err(|e| format!("limiting {}: {e}", cg.dir.display()))?;
+        Ok(cg)
+    }
+
+    /// Runs `coorfs ARGS` inside the cgroup (a shell moves itself in, then becomes coorfs).
+    fn coorfs(&self, args: &[&OsStr]) -> std::process::Output {
+        let script = format!(
+            "echo $$ > '{}' && exec \"$0\" \"$@\"",
+            self.dir.join("cgroup.procs").display()
+        );
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(bin())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // The daemon exits just after its unmount; rmdir fails while a process is inside.
+        let procs = self.dir.join("cgroup.procs");
+        wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(&procs).is_ok_and(|p| p.trim().is_empty())
+        });
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            eprintln!("removing {}: {e}", self.dir.display());
+        }
+    }
+}
+
+#[test]
+fn the_default_budget_respects_the_memory_cgroup_and_a_given_one_must_fit() {
+    use coorfs::budget::{DAEMON_OVERHEAD, MemoryView, default_cache};
+    use coorfs::units::format_size;
+    const MIB: u64 = 1 << 20;
+    const LIMIT: u64 = 1 << 30;
+    const STAGING: u64 = 256 << 20;
+
+    // What runs everywhere: this process's own view decides without failing.
+    let view = MemoryView::probe();
+    let host = default_cache(&view, STAGING);
+    println!("this process: {view:?}: {host:?}");
+    if let Some(cg) = &view.cgroup
+        && cg.free() < 2 * LIMIT
+    {
+        println!("SKIP: the tests run in memory cgroup {cg:?}, which leaves less than 2 GiB");
+        return;
+    }
+    let cg = match TestCgroup::new(LIMIT) {
+        Ok(cg) => cg,
+        Err(why) => {
+            println!("SKIP: {why}: only the pure parts ran (cargo test --lib budget)");
+            return;
+        }
+    };
+    let (dir, src) = small_source();
+    let mnt = empty_dir(dir.path(), "mnt");
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let log = dir.path().join("coorfs.log");
+    let mount = |extra: &[&str]| {
+        let mut args: Vec<&OsStr> = vec![OsStr::new("mount")];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([
+            OsStr::new("--log-file"),
+            log.as_os_str(),
+            src.as_os_str(),
+            mnt.as_os_str(),
+        ]);
+        cg.coorfs(&args)
+    };
+    let capacity = || -> u64 {
+        let raw = xattr::get(&mnt, "user.coorfs.cache_capacity")
+            .unwrap()
+            .unwrap();
+        String::from_utf8(raw).unwrap().trim().parse().unwrap()
+    };
+    let umount = || {
+        let out = coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+
+    // (a) Default options: half of what the 1 GiB leaves after the staging area and the
+    // daemon's allowance, less what was in use at mount (coorfs itself: a few MiB).
+    let out = mount(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cache = capacity();
+    let most = ((LIMIT - STAGING - DAEMON_OVERHEAD) / 2) >> 20 << 20;
+    assert!(
+        cache <= most && cache + 16 * MIB >= most,
+        "{cache} vs {most}"
+    );
+    assert!(cache % MIB == 0 && cache < LIMIT);
+    umount();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let want = format!(
+        "cache: {} (default: half of what memory cgroup {} leaves free: limit 1.0 GiB, used ",
+        format_size(cache),
+        cg.path
+    );
+    assert!(text.contains(&want), "want {want:?} in {text}");
+    assert!(
+        text.contains(", staging 256 MiB, daemon 64.0 MiB)"),
+        "{text}"
+    );
+
+    // Prefetch off: no staging area to leave room for.
+    let out = mount(&["--no-prefetch"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cache = capacity();
+    let most = ((LIMIT - DAEMON_OVERHEAD) / 2) >> 20 << 20;
+    assert!(
+        cache <= most && cache + 16 * MIB >= most,
+        "{cache} vs {most}"
+    );
+    umount();
+
+    // (b) A cache that cannot fit is refused with one line, and nothing is mounted.
+    for (extra, head) in [
+        (
+            &["--cache-size", "2G"][..],
+            "coorfs: cache size 2.0 GiB + prefetch memory 256 MiB do not fit",
+        ),
+        (
+            &["--cache-size", "2G", "--no-prefetch"][..],
+            "coorfs: cache size 2.0 GiB does not fit",
+        ),
+        (
+            &["--cache-size", "900M"][..],
+            "coorfs: cache size 900 MiB + prefetch memory 256 MiB do not fit",
+        ),
+    ] {
+        let out = mount(extra);
+        let line = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {line}");
+        assert_eq!(line.lines().count(), 1, "{line}");
+        let prefix = format!("{head} the memory cgroup {} (limit 1.0 GiB, ", cg.path);
+        let in_use = line
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(" in use)"))
+            .unwrap_or_else(|| panic!("{extra:?}: want {prefix:?}... in use) in {line:?}"));
+        let (number, unit) = in_use.split_once(' ').unwrap();
+        assert!(
+            number.parse::<f64>().is_ok() && ["B", "KiB", "MiB"].contains(&unit),
+            "{in_use}"
+        );
+        assert!(!is_mounted(&mnt));
+    }
+
+    // (c) One that fits is taken as given.
+    let out = mount(&["--cache-size", "512M"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(capacity(), 512 * MIB);
+    umount();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "cache: 512 MiB (--cache-size; memory cgroup {}: limit 1.0 GiB, used ",
+            cg.path
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn ioctl_poll_seek_and_locks_are_answered_without_a_log_line() {
+    use std::io::IsTerminal;
+    use std::os::fd::AsRawFd;
+    let (dir, src) = small_source();
+    let log = dir.path().join("coorfs.log");
+    // The default level (info), as a user runs it.
+    let m = Mount::new(&src, &["--log-file", log.to_str().unwrap()]);
+    let file = std::fs::File::open(m.path("hello")).unwrap();
+    let fd = file.as_raw_fd();
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+
+    // isatty() is ioctl(TCGETS), which Python's open() sends for every file; the kernel
+    // passes each one to the daemon.
+    for _ in 0..1000 {
+        // SAFETY: termios is plain old data; TCGETS writes one into `t`.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `t` a valid termios.
+        let rc = unsafe { libc::ioctl(fd, libc::TCGETS, &mut t) };
+        assert_eq!((rc, errno()), (-1, Some(libc::ENOTTY)));
+    }
+    assert!(!file.is_terminal());
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys\n\
+             for _ in range(200):\n    open(sys.argv[1], 'rb').read()\n\
+             fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+             try:\n    os.tcgetpgrp(fd)\nexcept OSError as e:\n    print(e.strerror)\n",
+        ])
+        .arg(m.path("hello"))
+        .output()
+        .expect("python3 is needed for this test");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "Inappropriate ioctl for device"
+    );
+
+    // SEEK_DATA and SEEK_HOLE (twice: the second time the kernel answers alone), poll, and
+    // the two kinds of locks: what a local 5-byte file answers.
+    for _ in 0..2 {
+        // SAFETY: lseek and poll on an open descriptor; `p` is a valid pollfd.
+        unsafe {
+            assert_eq!(libc::lseek(fd, 0, libc::SEEK_DATA), 0);
+            assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 5);
+            assert_eq!(
+                (libc::lseek(fd, 5, libc::SEEK_DATA), errno()),
+                (-1, Some(libc::ENXIO))
+            );
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            assert_eq!(libc::poll(&mut p, 1, 0), 1);
+            assert!(p.revents & libc::POLLIN != 0);
+        }
+    }
+    // SAFETY: flock and fcntl on an open descriptor; `lock` is a valid flock.
+    unsafe {
+        assert_eq!(libc::flock(fd, libc::LOCK_SH), 0);
+        let mut lock: libc::flock = std::mem::zeroed();
+        lock.l_type = libc::F_RDLCK as i16;
+        lock.l_whence = libc::SEEK_SET as i16;
+        assert_eq!(libc::fcntl(fd, libc::F_SETLK, &lock), 0);
+        assert_eq!(libc::fcntl(fd, libc::F_GETLK, &mut lock), 0);
+    }
+    drop(file);
+    m.unmount();
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("mounted"), "{text}");
+    for line in text.lines() {
+        let lower = line.to_lowercase();
+        assert!(
+            !["warn", "error", "ioctl", "not implemented"]
+                .iter()
+                .any(|w| lower.contains(w)),
+            "{line}\nin the log:\n{text}"
+        );
+    }
+}
