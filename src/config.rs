@@ -36,6 +36,9 @@ pub struct MountConfig {
     pub cache_size_why: String,
     /// How jobs are told apart, and forgotten.
     pub jobs: JobConfig,
+    /// Bytes the node table may take before the daemon would outgrow its memory (the scan
+    /// warns past it); None if unknown.
+    pub metadata_room: Option<u64>,
     /// Bytes of memory that order hints may hold, in total and per user.
     pub hint_limits: HintLimits,
     /// The user who mounts (under `--job-key none`, the one user besides root who may hint).
@@ -72,6 +75,7 @@ impl MountConfig {
             cache_size_why: "default".into(),
             jobs: JobConfig::default(),
             hint_limits: HintLimits::default(),
+            metadata_room: None,
             // SAFETY: getuid has no preconditions.
             owner_uid: unsafe { libc::getuid() },
             prefetch: PrefetchConfig::default(),

@@ -241,8 +241,20 @@ fn decide_budget(config: &mut MountConfig) -> Result<(), MountError> {
     };
     config.cache.capacity = decision.cache;
     config.cache_size_why = decision.why;
+    // What the node table may grow to before cache, staging and node table together pass
+    // what the machine or the cgroup leaves (the scan warns then).
+    let room = match &view.cgroup {
+        Some(cgroup) => Some(cgroup.free()),
+        None => view.mem_available,
+    };
+    config.metadata_room =
+        room.map(|r| r.saturating_sub(config.cache.capacity + staging + DAEMON_ALLOWANCE));
     Ok(())
 }
+
+/// Memory the daemon needs beside cache, staging and node table (threads, buffers in
+/// flight): the allowance the budget's default leaves it.
+const DAEMON_ALLOWANCE: u64 = 64 << 20;
 
 /// Refuses a source that is a caching coorfs mount or lies inside one: a second cache in
 /// front of the first would hold the same files twice, and the first mount would count the

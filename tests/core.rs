@@ -297,3 +297,19 @@ fn reads_across_blocks_are_assembled_and_a_full_cache_still_serves() {
         Some(coorfs::stats::Value::Count(2))
     );
 }
+
+#[test]
+fn a_node_table_past_its_room_is_reported_by_the_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_dataset(dir.path(), 300, 10, 3);
+    let source = Arc::new(LocalSource::new(dir.path().to_path_buf(), false).unwrap());
+    let mut config = MountConfig::new(dir.path().to_path_buf(), "/nonexistent".into());
+    config.metadata_room = Some(1 << 20);
+    let roomy = DatasetFs::new(source.clone(), &config).unwrap();
+    roomy.scan();
+    assert!(!roomy.metadata_over_room(), "300 entries fit in a MiB");
+    config.metadata_room = Some(4096);
+    let tight = DatasetFs::new(source, &config).unwrap();
+    tight.scan();
+    assert!(tight.metadata_over_room());
+}

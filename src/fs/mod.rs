@@ -237,6 +237,8 @@ pub struct DatasetFs {
     hints: crate::jobs::HintBudget,
     callers: callers::CallerCreds,
     invalidator: std::sync::OnceLock<Invalidator>,
+    metadata_room: Option<u64>,
+    metadata_warned: AtomicBool,
     /// Nodes whose source entry changed while the kernel was not told (see `open`).
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
@@ -305,6 +307,8 @@ impl DatasetFs {
             callers: Default::default(),
             invalidator: std::sync::OnceLock::new(),
             stale_in_kernel: Default::default(),
+            metadata_room: config.metadata_room,
+            metadata_warned: AtomicBool::new(false),
             owner: config.owner_uid,
             _io: io,
         })
@@ -352,6 +356,7 @@ impl DatasetFs {
                     continue;
                 }
             };
+            self.check_metadata_room();
             for item in items {
                 let Some(meta) = item.meta else { continue };
                 let id = self.ns.insert_child(node, &item.name, meta);
@@ -377,6 +382,30 @@ impl DatasetFs {
             self.scan.files.load(Ordering::Relaxed),
             crate::units::format_size(self.scan.bytes.load(Ordering::Relaxed))
         );
+    }
+
+    /// Warns (once) when the node table grows past the room the budget left it: the daemon
+    /// is then on its way past its memory (cgroup) limit, and the kernel would kill it.
+    fn check_metadata_room(&self) {
+        let Some(room) = self.metadata_room else {
+            return;
+        };
+        let used = self.ns.memory() as u64;
+        if used > room && !self.metadata_warned.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "the node table of {} entries holds {}, more than the {} that --cache-size and \
+                 --prefetch-memory leave of the daemon's memory; the kernel may kill the \
+                 daemon: mount with a smaller --cache-size",
+                self.ns.file_count(),
+                crate::units::format_size(used),
+                crate::units::format_size(room)
+            );
+        }
+    }
+
+    /// True once the node table outgrew the room the budget left it (and the daemon said so).
+    pub fn metadata_over_room(&self) -> bool {
+        self.metadata_warned.load(Ordering::Relaxed)
     }
 
     /// The dataset's file count, once the scan is complete.
