@@ -246,7 +246,7 @@ impl Fetcher {
                 let before = pacer.window();
                 pacer.record(issued.elapsed().as_secs_f64(), crowd);
                 if pacer.window() != before {
-                    tracing::info!(
+                    tracing::debug!(
                         "prefetch window {} -> {} ({})",
                         before,
                         pacer.window(),

@@ -206,6 +206,8 @@ impl Staging {
 /// prefetch narrows to one read, only while no demand read is in flight, into a small
 /// staging area. If it takes about the base (latency-bound) the window is the depth. The
 /// verdict is probed again every [`PROBE_EVERY`] reads, so storage that changes is followed.
+/// A verdict turns only when the growth passes the other side by a margin (hysteresis:
+/// [`SERIAL_ON`], [`SERIAL_OFF`]); the window's changes are logged at DEBUG.
 ///
 /// Pure: the caller reports each read's latency and the reads in flight when it was issued.
 #[derive(Clone, Debug)]
@@ -223,11 +225,17 @@ pub struct Pacer {
 
 /// Samples a verdict rests on.
 const SAMPLES: usize = 16;
-/// At least this many of each kind before a verdict.
+/// At least this many of each kind before a verdict, and after a verdict changed before it
+/// is judged again.
 const MIN_SAMPLES: usize = 4;
 /// Growth per extra read above which reads are taken to queue one behind the other: 0 for
 /// storage that serves all at once, 1 for storage that serves one at a time.
 const SERIAL: f64 = 0.5;
+/// Once there is a verdict, the growth must pass these to turn it: hysteresis. With one
+/// threshold, storage whose growth hovers near it (a disk that is partly busy, noisy samples)
+/// flipped the window between 1 and 16 ten times within milliseconds.
+const SERIAL_ON: f64 = 0.7;
+const SERIAL_OFF: f64 = 0.3;
 /// Reads after which a bandwidth-bound verdict is probed again with a deep queue.
 pub const PROBE_EVERY: u64 = 4096;
 
@@ -277,7 +285,16 @@ impl Pacer {
             }
             self.growth.push_back(growth);
             if self.growth.len() >= MIN_SAMPLES {
-                let serial = median(&self.growth) > SERIAL;
+                let growth = median(&self.growth);
+                let serial = match self.verdict {
+                    None => growth > SERIAL,
+                    Some(true) => growth > SERIAL_OFF,
+                    Some(false) => growth > SERIAL_ON,
+                };
+                if self.verdict.is_some() && self.verdict != Some(serial) {
+                    // The new verdict is judged again on samples taken under it.
+                    self.growth.clear();
+                }
                 if self.verdict != Some(serial) {
                     self.since = 0;
                 }
@@ -486,6 +503,30 @@ mod tests {
             (p.window(), p.allowed(0), p.allowed(3), p.allowed(9)),
             (4, 4, 1, 0)
         );
+    }
+
+    #[test]
+    fn a_window_near_the_threshold_does_not_flap() {
+        // Deep-queue reads whose growth is 0.4 or 0.6 at random: the median hovers around
+        // the threshold of 0.5. The window settles once and stays.
+        let mut p = Pacer::new(16);
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut changes = 0;
+        let mut last = p.window();
+        for i in 0..3000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = if i % 2 == 0 { 1 } else { 16 };
+            let growth = if x.is_multiple_of(2) { 0.4 } else { 0.6 };
+            p.record(0.001 * (1.0 + growth * (n - 1) as f64), n);
+            if p.window() != last {
+                changes += 1;
+                last = p.window();
+            }
+        }
+        // Probing (1), a deep queue once the base is known (16), then one verdict.
+        assert!(changes <= 2, "{changes} changes");
     }
 
     #[test]
