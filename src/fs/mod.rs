@@ -515,21 +515,21 @@ impl DatasetFs {
             Counters::add(&counters.staging_hits, 1);
         }
         let total = self.dataset_files();
-        let (epoch, job_epoch) = match info.file_id {
+        let (epoch, job_epoch, step) = match info.file_id {
             Some(file) => {
                 let mut log = self.stats.epochs.lock();
-                let (epoch, _) = log.open(file, hit, size, total, now);
+                let (epoch, _) = log.open(file, caller.pid, hit, size, total, now);
                 if staged {
                     log.update(epoch, |r| r.staging_hits += 1);
                 }
                 drop(log);
                 let mut j = job.lock();
                 j.last_access = now;
-                let (job_epoch, step) = j.log.open(file, hit, size, total, now);
+                let (job_epoch, step) = j.log.open(file, caller.pid, hit, size, total, now);
                 if staged {
                     j.log.update(job_epoch, |r| r.staging_hits += 1);
                 }
-                let turned = matches!(step, Step::Completed | Step::Restarted);
+                let turned = matches!(step, Step::Completed | Step::Restarted { .. });
                 if turned {
                     j.epoch_changed();
                 }
@@ -539,11 +539,11 @@ impl DatasetFs {
                     self.drop_unused_staging(&job, job_key, current);
                     self.wake_prefetcher();
                 }
-                (epoch, job_epoch)
+                (epoch, job_epoch, Some(step))
             }
             None => {
                 let epoch = self.stats.epochs.lock().tracker().epoch();
-                (epoch, job.lock().epoch())
+                (epoch, job.lock().epoch(), None)
             }
         };
         // A staged hit freed room: refill it now. A miss may leave the prefetcher work (and
@@ -567,8 +567,9 @@ impl DatasetFs {
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
-            "open {} fh {fh} by {job_key}: {} (epoch {epoch}, job epoch {job_epoch})",
+            "open {} fh {fh} by {job_key} (pid {}): {} (epoch {epoch}, job epoch {job_epoch}, {step:?})",
             rel.display(),
+            caller.pid,
             if hit {
                 "hit"
             } else if staged {

@@ -4,8 +4,9 @@
 //! completed) or every 50 ms, and for each job active in the last few seconds issues fetches
 //! until `--prefetch-depth` are in flight or the staging area is full. What to fetch comes
 //! from the job's order hint if it gave one for this epoch, else from the dataset in inode
-//! order (on-disk order on ext4/XFS), skipping what the job has read this epoch, what is
-//! cached, staged or already being fetched ([`crate::prefetch::next_candidates`]). Without
+//! order (on-disk order on ext4/XFS), skipping what the job has read (or may have read) this
+//! epoch, what is cached, staged or already being fetched
+//! ([`crate::prefetch::next_candidates`]). Without
 //! a hint, an epoch is prefetched only once the job has opened its first file: the job may
 //! have finished, and prefetch must not guess that it goes on.
 //!
@@ -189,7 +190,7 @@ impl DatasetFs {
                 let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
                 let (picked, cursor) =
                     next_candidates(order, j.prefetch_cursor, allowed - inflight, |f| {
-                        !j.log.tracker().has_read(f) && self.worth_prefetching(f)
+                        !j.log.tracker().may_have_read(f) && self.worth_prefetching(f)
                     });
                 j.prefetch_cursor = cursor;
                 (j.key, j.epoch(), picked)
@@ -254,7 +255,7 @@ impl DatasetFs {
             // read: either the job opened the file first and it is skipped, or the fetch is
             // in flight before the job's read can start another.
             let j = job.lock();
-            if j.epoch() != epoch || j.log.tracker().has_read(f) {
+            if j.epoch() != epoch || j.log.tracker().may_have_read(f) {
                 return true;
             }
             if self.fetcher.bandwidth_bound() && self.staging.bytes() + memory > NARROW_STAGING {
