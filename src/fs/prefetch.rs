@@ -89,15 +89,17 @@ impl DatasetFs {
         let claimed = self
             .staging
             .claim(version, self.cache.block_count(version.size), job);
-        if self.cache.config().policy == PolicyKind::Lru {
-            for (block, data) in &claimed {
-                self.cache.insert(
-                    BlockKey {
-                        version: *version,
-                        block: *block,
-                    },
-                    data,
-                );
+        let lru = self.cache.config().policy == PolicyKind::Lru;
+        for (block, data) in &claimed {
+            let key = BlockKey {
+                version: *version,
+                block: *block,
+            };
+            if lru {
+                self.cache.insert(key, data);
+            } else {
+                // A second open moments from now finds them here (see `crate::cache::recent`).
+                self.recent.put(key, data);
             }
         }
         claimed
