@@ -18,7 +18,8 @@
 //! Per job, an [`EpochLog`] with the [`Boundary::Coverage`] rule (every file read, or a new
 //! pass over what it read: re-reads moments apart are one access; see [`crate::epoch`]),
 //! per-epoch records, and the job's order hint. A job with no access for `idle_timeout` is
-//! forgotten; its last records are kept, bounded, for `stats`.
+//! forgotten; its last records are kept, bounded, for `stats`. (Its staging area is released
+//! long before, once it has not read for a few seconds: see [`crate::fs`]'s prefetcher.)
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -270,6 +271,24 @@ impl Job {
         });
         if epoch.is_some() {
             self.prefetch_cursor = 0;
+        }
+    }
+
+    /// The epoch that a block of `file` prefetched for epoch `fetched_for` belongs to, with a
+    /// dataset of `total` files: `fetched_for` if that is the current epoch, or if it read the
+    /// file after all (a read that joined the prefetch in flight, maybe the read that ended
+    /// it); else the current epoch if the job reads the whole dataset (it will read the file
+    /// in it).
+    pub fn staging_epoch(&self, fetched_for: u64, file: FileId, total: usize) -> u64 {
+        let t = self.log.tracker();
+        let read_then = fetched_for + 1 == self.epoch() && t.read_in_last_epoch(file);
+        if self.epoch() != fetched_for
+            && !read_then
+            && crate::prefetch::reads_the_dataset(t.last_epoch_files(), total, t.covered_dataset())
+        {
+            self.epoch()
+        } else {
+            fetched_for
         }
     }
 

@@ -85,7 +85,7 @@ stats! {
     FetchStallSeconds => "fetch_stall_seconds", Seconds, "Seconds reads waited for the source, summed over concurrent reads: the fetch stall.";
     StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
     PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
-    PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread when their job's epoch ended or the job went away (wasted prefetch).";
+    PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread: their job's epoch ended without them, or the job stopped reading (wasted prefetch).";
     StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
     PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes (--prefetch-memory; 0 with --no-prefetch).";
     KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits then use direct I/O).";
@@ -181,7 +181,8 @@ pub struct EpochRecord {
     pub staging_hits: u64,
     /// Files the prefetcher staged or cached ahead of the reader.
     pub prefetched_files: u64,
-    /// Staged files dropped unread when the epoch ended (wasted prefetch I/O).
+    /// Staged blocks dropped unread: the epoch ended without them, or the job stopped reading
+    /// (wasted prefetch I/O).
     pub prefetched_unused: u64,
 }
 

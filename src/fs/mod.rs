@@ -542,7 +542,7 @@ impl DatasetFs {
         let current = j.epoch();
         drop(j);
         if turned {
-            self.drop_unused_staging(&job, job_key, current);
+            self.staging_after_epoch(&job, job_key, current);
             self.wake_prefetcher();
         }
 
