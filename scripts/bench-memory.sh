@@ -8,7 +8,8 @@
 #     metadata  the node table (stat metadata_bytes, about 106 bytes plus the name an entry)
 #               and the epoch bitmaps (one bit a file, for the dataset and each job);
 #     in flight blocks being fetched: (prefetch depth + 2 x FUSE threads) x block size for
-#               large files, a 64 KiB scratch page per I/O thread used for small ones.
+#               large files, a 64 KiB scratch page per I/O thread used for small ones, and
+#               16 MiB of blocks read moments ago that the cache did not keep (re-reads).
 #
 # Each scenario mounts its dataset, reads EPOCHS epochs with `coorfs read --procs 2`, takes
 # the daemon's peak RSS (VmHWM in /proc/PID/status) and prints it beside the formula; a peak
@@ -74,9 +75,9 @@ for scenario in $SCENARIOS; do
     metadata=$(( $(stat_of "$work/mnt" metadata_bytes) + files / 8 * jobs ))
     threads=$(nproc)
     if [ "$scenario" = tiny ] || [ "$scenario" = small4k ]; then
-        inflight=$(( 64 * 65536 ))
+        inflight=$(( 64 * 65536 + (16 << 20) ))
     else
-        inflight=$(( (16 + 2 * threads) << 20 ))
+        inflight=$(( (16 + 2 * threads + 16) << 20 ))
     fi
     formula=$(( base + cache + staging + metadata + inflight ))
     ratio=$(python3 -c "print(f'{$peak / $formula:.3f}')")

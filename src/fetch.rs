@@ -4,7 +4,9 @@
 //! hits. Concurrent fetches of one block are merged ([`Inflight`]): a demand read that finds
 //! a prefetch (or another reader) already fetching the block waits for that fetch instead of
 //! reading the source again. A fetched block is offered to the cache, then handed to every
-//! waiter, whether or not the cache admitted it.
+//! waiter, whether or not the cache admitted it. A block a reader asked for that the cache
+//! did not admit is also kept a moment ([`RecentBlocks`]), before the waiters run, so that a
+//! second open of the file right after finds it (see [`crate::cache::recent`]).
 //!
 //! Memory: a fetch holds one block-sized buffer until its waiters are done, so the bytes in
 //! flight are bounded by the I/O threads times the block size (64 x 1 MiB by default). The
@@ -23,6 +25,7 @@ use memmap2::MmapMut;
 use parking_lot::Mutex;
 
 use crate::cache::inflight::{Inflight, Waiter};
+use crate::cache::recent::RecentBlocks;
 use crate::cache::{BlockCache, BlockKey};
 use crate::prefetch::Pacer;
 use crate::source::DatasetSource;
@@ -180,6 +183,7 @@ pub enum FetchKind {
 pub struct Fetcher {
     source: Arc<dyn DatasetSource>,
     cache: Arc<BlockCache>,
+    recent: Arc<RecentBlocks>,
     stats: Arc<Stats>,
     inflight: Inflight<BlockKey, FetchResult>,
     io: tokio::runtime::Handle,
@@ -200,11 +204,13 @@ impl std::fmt::Debug for Fetcher {
 }
 
 impl Fetcher {
-    /// A fetcher that reads `source` on the `io` pool into `cache`; prefetch may have up to
-    /// `depth` reads in flight (None: no prefetch).
+    /// A fetcher that reads `source` on the `io` pool into `cache` (and `recent`, what it
+    /// does not admit of demand reads); prefetch may have up to `depth` reads in flight
+    /// (None: no prefetch).
     pub fn new(
         source: Arc<dyn DatasetSource>,
         cache: Arc<BlockCache>,
+        recent: Arc<RecentBlocks>,
         stats: Arc<Stats>,
         io: tokio::runtime::Handle,
         depth: Option<usize>,
@@ -212,6 +218,7 @@ impl Fetcher {
         Fetcher {
             source,
             cache,
+            recent,
             stats,
             inflight: Inflight::default(),
             io,
@@ -268,7 +275,7 @@ impl Fetcher {
                 let before = pacer.window();
                 pacer.record(issued.elapsed().as_secs_f64(), crowd);
                 if pacer.window() != before {
-                    tracing::info!(
+                    tracing::debug!(
                         "prefetch window {} -> {} ({})",
                         before,
                         pacer.window(),
@@ -282,6 +289,12 @@ impl Fetcher {
             }
             if let (Ok(bytes), Some(account)) = (&result, account) {
                 account(bytes.len() as u64);
+            }
+            if demand
+                && let Ok(bytes) = &result
+                && !this.cache.contains(&key)
+            {
+                this.recent.put(key, bytes);
             }
             this.inflight.complete(&key, result);
         });

@@ -15,9 +15,11 @@
 //!   `--job-key sid` if each runs under its own `setsid`, `uid` to group by user, or `none`
 //!   for one job per mount.
 //!
-//! Per job, an [`EpochLog`] with the [`Boundary::AllReadOrRepeat`] rule (every file read,
-//! or a file read a second time), per-epoch records, and the job's order hint. A job with no
-//! access for `idle_timeout` is forgotten; its last records are kept, bounded, for `stats`.
+//! Per job, an [`EpochLog`] with the [`Boundary::Coverage`] rule (every file read, or a new
+//! pass over what it read: re-reads moments apart are one access; see [`crate::epoch`]),
+//! per-epoch records, and the job's order hint. A job with no access for `idle_timeout` is
+//! forgotten; its last records are kept, bounded, for `stats`. (Its staging area is released
+//! long before, once it has not read for a few seconds: see [`crate::fs`]'s prefetcher.)
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -236,7 +238,7 @@ impl Job {
     fn new(key: JobKey, now: f64) -> Self {
         Job {
             key,
-            log: EpochLog::new(Boundary::AllReadOrRepeat),
+            log: EpochLog::new(Boundary::Coverage),
             last_access: now,
             hint: None,
             prefetch_cursor: 0,
@@ -257,7 +259,7 @@ impl Job {
     /// Takes a new order: it is for the current epoch if the job has read nothing in it
     /// yet, else for the next one.
     pub fn set_hint(&mut self, order: Vec<FileId>, charge: HintCharge) {
-        let epoch = if self.log.tracker().read_in_epoch() == 0 {
+        let epoch = if self.log.tracker().files_in_epoch() == 0 {
             Some(self.epoch())
         } else {
             None
@@ -269,6 +271,24 @@ impl Job {
         });
         if epoch.is_some() {
             self.prefetch_cursor = 0;
+        }
+    }
+
+    /// The epoch that a block of `file` prefetched for epoch `fetched_for` belongs to, with a
+    /// dataset of `total` files: `fetched_for` if that is the current epoch, or if it read the
+    /// file after all (a read that joined the prefetch in flight, maybe the read that ended
+    /// it); else the current epoch if the job reads the whole dataset (it will read the file
+    /// in it).
+    pub fn staging_epoch(&self, fetched_for: u64, file: FileId, total: usize) -> u64 {
+        let t = self.log.tracker();
+        let read_then = fetched_for + 1 == self.epoch() && t.read_in_last_epoch(file);
+        if self.epoch() != fetched_for
+            && !read_then
+            && crate::prefetch::reads_the_dataset(t.last_epoch_files(), total, t.covered_dataset())
+        {
+            self.epoch()
+        } else {
+            fetched_for
         }
     }
 
@@ -438,19 +458,27 @@ mod tests {
         let mut job = Job::new(JobKey::All, 0.0);
         job.set_hint(vec![2, 0, 1], budget.charge(0));
         assert_eq!(job.active_order().unwrap().as_slice(), &[2, 0, 1]);
-        // Epoch 1 read in that order, then a new hint while epoch 2 has not begun.
-        for f in [2, 0, 1] {
-            job.log.open(f, false, 1, Some(3), 0.0);
+        // Epoch 1 read, then a new hint while epoch 2 has not begun.
+        let total = Some(100);
+        for f in 0..100 {
+            job.log.open(f, 1, false, 1, total, 0.0);
         }
         job.epoch_changed();
         assert!(job.active_order().is_none(), "the epoch-1 order is over");
+        // The second open of the last file belongs to epoch 1: epoch 2 has not begun.
+        job.log.open(99, 1, false, 1, total, 0.0);
         job.set_hint(vec![1, 2, 0], budget.charge(0));
         assert_eq!(job.active_order().unwrap().as_slice(), &[1, 2, 0]);
         // A hint in the middle of an epoch applies to the next one.
-        job.log.open(1, false, 1, Some(3), 0.0);
+        for f in 0..50 {
+            job.log.open(f, 2, false, 1, total, 0.0);
+        }
         job.set_hint(vec![0, 1, 2], budget.charge(0));
         assert!(job.active_order().is_none());
-        job.log.open(1, false, 1, Some(3), 0.0); // a repeat: epoch 3 begins
+        for f in 50..100 {
+            job.log.open(f, 2, false, 1, total, 0.0);
+        }
+        assert_eq!(job.epoch(), 3);
         job.epoch_changed();
         assert_eq!(job.active_order().unwrap().as_slice(), &[0, 1, 2]);
     }

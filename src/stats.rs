@@ -85,7 +85,7 @@ stats! {
     FetchStallSeconds => "fetch_stall_seconds", Seconds, "Seconds reads waited for the source, summed over concurrent reads: the fetch stall.";
     StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
     PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
-    PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread when their job's epoch ended or the job went away (wasted prefetch).";
+    PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread: their job's epoch ended without them, or the job stopped reading (wasted prefetch).";
     StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
     PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes (--prefetch-memory; 0 with --no-prefetch).";
     KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits then use direct I/O).";
@@ -166,7 +166,7 @@ pub struct EpochRecord {
     pub start: f64,
     /// Seconds from the epoch's first open to its last (so far, if it is still running).
     pub seconds: f64,
-    /// True once every file has been read (or, for a job, a file was read again).
+    /// True once the epoch ended: every file was read, or (a job's) a new pass began.
     pub complete: bool,
     /// Distinct files read.
     pub files: u64,
@@ -182,7 +182,8 @@ pub struct EpochRecord {
     pub staging_hits: u64,
     /// Files the prefetcher staged or cached ahead of the reader.
     pub prefetched_files: u64,
-    /// Staged files dropped unread when the epoch ended (wasted prefetch I/O).
+    /// Staged blocks dropped unread: the epoch ended without them, or the job stopped reading
+    /// (wasted prefetch I/O).
     pub prefetched_unused: u64,
 }
 
@@ -214,6 +215,9 @@ pub const EPOCH_HISTORY: usize = 1000;
 pub struct EpochLog {
     tracker: EpochTracker,
     records: Vec<EpochRecord>,
+    /// The last accesses (epoch recorded in, hit, size), so that those of a new epoch that
+    /// the tracker recognised late can be moved to it (see [`Step::Restarted`]).
+    accesses: std::collections::VecDeque<(u64, bool, u64)>,
 }
 
 impl EpochLog {
@@ -222,6 +226,7 @@ impl EpochLog {
         EpochLog {
             tracker: EpochTracker::new(rule),
             records: Vec::new(),
+            accesses: Default::default(),
         }
     }
 
@@ -230,73 +235,101 @@ impl EpochLog {
         &self.tracker
     }
 
-    fn record(&mut self, epoch: u64, now: f64) -> &mut EpochRecord {
-        if self.records.last().map(|r| r.epoch) != Some(epoch) {
+    /// The record of `epoch`: created if it is the current epoch's and has none yet, else
+    /// found in the history (None once it left it).
+    fn record(&mut self, epoch: u64, now: f64) -> Option<&mut EpochRecord> {
+        if epoch == self.tracker.epoch() && self.records.last().map(|r| r.epoch) != Some(epoch) {
             self.records.push(EpochRecord::new(epoch, now));
             if self.records.len() > EPOCH_HISTORY {
                 self.records.remove(0);
             }
         }
-        let r = self.records.last_mut().unwrap();
+        let r = self.records.iter_mut().rev().find(|r| r.epoch == epoch)?;
         if r.start.is_nan() {
             // Created by `update` before the epoch's first open: it starts now.
             r.start = now;
         }
-        r
+        Some(r)
     }
 
-    /// Records an open of `file` at `now` seconds since the mount, a hit or a miss of
-    /// `size` bytes; `total` is the dataset's file count if known. Returns the epoch the
-    /// access belongs to, and what it did to the epoch.
+    /// Records an open of `file` by process `reader` at `now` seconds since the mount, a hit
+    /// or a miss of `size` bytes; `total` is the dataset's file count if known. Returns the
+    /// epoch the access belongs to, and what it did to the epoch.
     pub fn open(
         &mut self,
         file: FileId,
+        reader: u32,
         hit: bool,
         size: u64,
         total: Option<usize>,
         now: f64,
     ) -> (u64, Step) {
         let before = self.tracker.epoch();
-        let step = self.tracker.access(file, total);
+        let step = self.tracker.access(file, reader, total);
         let epoch = match step {
-            Step::Restarted => {
-                if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == before) {
-                    r.complete = true;
-                }
-                self.tracker.epoch()
+            Step::Trailing => before - 1,
+            Step::Restarted { moved } => {
+                let after = self.tracker.epoch();
+                self.move_accesses(before, after, moved as usize, now);
+                after
             }
             _ => before,
         };
-        let r = self.record(epoch, now);
-        r.reads += 1;
-        if matches!(step, Step::First | Step::Completed | Step::Restarted) {
-            r.files += 1;
+        if self.tracker.epoch() != before {
+            let files = self.tracker.last_epoch_files() as u64;
+            if let Some(r) = self.record(before, now) {
+                r.files = files;
+                r.complete = true;
+            }
         }
-        if hit {
-            r.hits += 1;
-            r.bytes_from_cache += size;
-        } else {
-            r.misses += 1;
+        if let Some(r) = self.record(epoch, now) {
+            count_access(r, hit, size, 1);
+            if step != Step::Trailing {
+                r.seconds = now - r.start;
+            }
         }
-        r.hit_rate = r.hits as f64 / r.reads as f64;
-        r.seconds = now - r.start;
-        if step == Step::Completed {
-            r.complete = true;
+        let current = self.tracker.files_in_epoch() as u64;
+        if epoch == self.tracker.epoch()
+            && let Some(r) = self.record(epoch, now)
+        {
+            r.files = current;
+        }
+        self.accesses.push_back((epoch, hit, size));
+        if self.accesses.len() > crate::epoch::HISTORY + 1 {
+            self.accesses.pop_front();
         }
         (epoch, step)
+    }
+
+    /// Moves the last `moved` accesses before the current one that were recorded in epoch
+    /// `from` to epoch `to`.
+    fn move_accesses(&mut self, from: u64, to: u64, moved: usize, now: f64) {
+        let skip = self.accesses.len().saturating_sub(moved);
+        let mut taken = Vec::new();
+        for a in self.accesses.iter_mut().skip(skip) {
+            if a.0 == from {
+                a.0 = to;
+                taken.push((a.1, a.2));
+            }
+        }
+        if let Some(r) = self.record(from, now) {
+            for &(hit, size) in &taken {
+                count_access(r, hit, size, -1);
+            }
+        }
+        if let Some(r) = self.record(to, now) {
+            for &(hit, size) in &taken {
+                count_access(r, hit, size, 1);
+            }
+        }
     }
 
     /// Applies `change` to the record of epoch `epoch`, if it is still in the history. The
     /// current epoch's record is created if the epoch has not had an open yet (a prefetch
     /// for it, following an order hint, can come first).
     pub fn update(&mut self, epoch: u64, change: impl FnOnce(&mut EpochRecord)) {
-        if epoch == self.tracker.epoch() && self.records.last().map(|r| r.epoch) != Some(epoch) {
-            self.records.push(EpochRecord::new(epoch, f64::NAN));
-            if self.records.len() > EPOCH_HISTORY {
-                self.records.remove(0);
-            }
-        }
-        if let Some(r) = self.records.iter_mut().rev().find(|r| r.epoch == epoch) {
+        // Not started: the epoch's first open sets its start.
+        if let Some(r) = self.record(epoch, f64::NAN) {
             change(r);
         }
     }
@@ -305,6 +338,25 @@ impl EpochLog {
     pub fn records(&self) -> &[EpochRecord] {
         &self.records
     }
+}
+
+/// Adds (`sign` 1) or takes back (-1) one access, a hit or a miss of `size` bytes.
+fn count_access(r: &mut EpochRecord, hit: bool, size: u64, sign: i64) {
+    let add = |n: &mut u64, by: u64| {
+        *n = if sign > 0 {
+            *n + by
+        } else {
+            n.saturating_sub(by)
+        }
+    };
+    add(&mut r.reads, 1);
+    if hit {
+        add(&mut r.hits, 1);
+        add(&mut r.bytes_from_cache, size);
+    } else {
+        add(&mut r.misses, 1);
+    }
+    r.hit_rate = r.hits as f64 / r.reads.max(1) as f64;
 }
 
 /// A mount's stats: counters, plus the dataset-wide epoch log.
@@ -443,13 +495,13 @@ mod tests {
         let mut log = EpochLog::new(Boundary::AllRead);
         // Epoch 1: files 0..3, all misses; epoch 2: file 0 hits, 1 misses, 2 hits.
         for f in 0..3 {
-            assert_eq!(log.open(f, false, 10, Some(3), f as f64).0, 1);
+            assert_eq!(log.open(f, 1, false, 10, Some(3), f as f64).0, 1);
         }
         log.update(1, |r| r.bytes_from_source += 30);
-        assert_eq!(log.open(0, true, 10, Some(3), 4.0), (2, Step::First));
-        assert_eq!(log.open(1, false, 10, Some(3), 5.0).0, 2);
+        assert_eq!(log.open(0, 1, true, 10, Some(3), 4.0), (2, Step::First));
+        assert_eq!(log.open(1, 1, false, 10, Some(3), 5.0).0, 2);
         log.update(2, |r| r.bytes_from_source += 10);
-        assert_eq!(log.open(2, true, 10, Some(3), 6.0), (2, Step::Completed));
+        assert_eq!(log.open(2, 1, true, 10, Some(3), 6.0), (2, Step::Completed));
         let r = log.records();
         assert_eq!(r.len(), 2);
         assert_eq!(
@@ -474,6 +526,49 @@ mod tests {
         );
         assert!((r[1].hit_rate - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(r[1].seconds, 2.0);
+    }
+
+    #[test]
+    fn a_job_log_gives_trailing_accesses_to_the_old_epoch_and_a_new_pass_to_the_new() {
+        let mut log = EpochLog::new(Boundary::Coverage);
+        let total = Some(200);
+        for f in 0..200 {
+            log.open(f, 1, false, 10, total, 0.0);
+        }
+        // The last file's second open, after epoch 1 completed.
+        assert_eq!(log.open(199, 1, false, 10, total, 1.0), (1, Step::Trailing));
+        for f in 0..100 {
+            assert_eq!(log.open(f, 2, true, 10, total, 2.0), (2, Step::First));
+        }
+        // A restart: 5 was read long ago, 150 was not, 6 was: epoch 3 began at 5.
+        assert_eq!(log.open(5, 3, true, 10, total, 3.0), (2, Step::Repeat));
+        assert_eq!(log.open(150, 3, false, 10, total, 3.0), (2, Step::First));
+        assert_eq!(
+            log.open(6, 3, true, 10, total, 4.0),
+            (3, Step::Restarted { moved: 2 })
+        );
+        let summary: Vec<_> = log
+            .records()
+            .iter()
+            .map(|r| {
+                (
+                    r.epoch,
+                    r.files,
+                    r.reads,
+                    r.hits,
+                    r.bytes_from_cache,
+                    r.complete,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (1, 200, 201, 0, 0, true),
+                (2, 100, 100, 100, 1000, true),
+                (3, 3, 3, 2, 20, false),
+            ]
+        );
     }
 
     #[test]

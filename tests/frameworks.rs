@@ -7,11 +7,21 @@
 //! since it turns an unpredictable share of misses into hits); with prefetch on (the default),
 //! the totals that do not depend on timing.
 //!
+//! Then the patterns that real jobs add and that must not confuse a job's epochs (see
+//! `src/epoch.rs`): every sample opened twice, two workers sharing each file, a
+//! `DistributedSampler` shard of two (a different half every epoch), a loop stopped halfway
+//! through an epoch and restarted. For each, with prefetch on and part of the dataset cached:
+//! the job has one epoch per epoch the script ran, with the files the script read in it;
+//! nothing prefetched went unread; and each epoch read from the source the bytes of its files
+//! that the cache does not hold, within 2%.
+//!
 //! The real libraries (torch, torchvision, tensorflow) are too heavy for CI; they are checked
 //! by `scripts/check-frameworks.sh`, which asserts the same through the same stats.
 
 mod common;
 
+use std::collections::HashSet;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -27,15 +37,27 @@ const EPOCHS: usize = 3;
 
 /// Runs the pattern over `dir`; returns its per-epoch reports.
 fn dataloader_pattern(dir: &Path) -> Vec<Value> {
+    let workers = WORKERS.to_string();
+    pattern(dir, &["--workers", &workers]).1
+}
+
+/// Runs `tests/dataloader_pattern.py` with `args` (and `EPOCHS` epochs, seed 7) over `dir`, in
+/// a process group of its own (one job); returns the group and the per-epoch reports.
+fn pattern(dir: &Path, args: &[&str]) -> (u32, Vec<Value>) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/dataloader_pattern.py");
-    let out = Command::new("python3")
+    let child = Command::new("python3")
         .arg(script)
-        .args(["--workers", &WORKERS.to_string()])
         .args(["--epochs", &EPOCHS.to_string()])
         .args(["--seed", "7"])
+        .args(args)
         .arg(dir)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
         .expect("python3 is needed to run tests/dataloader_pattern.py");
+    let pgid = child.id();
+    let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "dataloader_pattern.py on {} failed: {}",
@@ -48,7 +70,7 @@ fn dataloader_pattern(dir: &Path) -> Vec<Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(epochs.len(), EPOCHS);
-    epochs
+    (pgid, epochs)
 }
 
 /// Mounts a fresh dataset with room for `cached` of its files (and `extra` mount options), runs
@@ -169,4 +191,162 @@ fn with_prefetch_every_file_is_read_from_the_source_once_an_epoch_at_most() {
         assert_eq!(num(e, "hits"), cached as u64, "{e}");
         assert_eq!(num(e, "bytes_from_cache"), cached_bytes, "{e}");
     }
+}
+
+/// How one of the patterns below went: the mount's stats, the job's epoch records, what the
+/// script read each epoch (relative paths), and the bytes of each file the cache holds.
+struct JobRun {
+    stats: Value,
+    records: Vec<Value>,
+    /// The job's current epoch.
+    epoch: u64,
+    read: Vec<Vec<String>>,
+    cached: std::collections::HashMap<String, u64>,
+}
+
+/// Mounts a fresh dataset of `FILES` files with room for `cached` of them (prefetch on) and
+/// runs the pattern with `args` through it; checks the bytes against a run on the source.
+fn job_run(cached: usize, args: &[&str]) -> JobRun {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, FILES, SIZE, 10);
+    let capacity = (cached * SIZE).to_string();
+    let m = Mount::new(&src, &["--cache-size", &capacity]);
+    wait_for_scan(&m.mnt);
+    let mut all = vec!["--list"];
+    all.extend(args);
+    let (pgid, through_mount) = pattern(&m.mnt, &all);
+    let stats = stats(&m.mnt);
+    let cached = rels
+        .iter()
+        .map(|rel| {
+            let bytes = xattr::get(m.path(rel), "user.coorfs.cached")
+                .unwrap()
+                .unwrap();
+            let bytes: u64 = String::from_utf8(bytes).unwrap().parse().unwrap();
+            (rel.display().to_string(), bytes)
+        })
+        .collect();
+    m.unmount();
+    let (_, on_source) = pattern(&src, &all);
+    for (got, want) in through_mount.iter().zip(&on_source) {
+        assert_eq!(got["checksum"], want["checksum"], "epoch {}", got["epoch"]);
+        assert_eq!(got["files"], want["files"], "epoch {}", got["epoch"]);
+    }
+    let job = stats["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == format!("pgid {pgid}"))
+        .unwrap_or_else(|| panic!("no job pgid {pgid}: {stats}"))
+        .clone();
+    let read = through_mount
+        .iter()
+        .map(|e| {
+            e["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f.as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    JobRun {
+        records: job["epochs"].as_array().unwrap().clone(),
+        epoch: num(&job, "epoch"),
+        stats,
+        read,
+        cached,
+    }
+}
+
+impl JobRun {
+    /// The bytes epoch `e` (0-based) of the script had to read from the source: in the first
+    /// all of its files (the cache starts empty), later those the cache does not hold (MinIO
+    /// keeps what it admitted, and the first epoch filled it).
+    fn uncached_bytes(&self, e: usize) -> u64 {
+        let files: HashSet<&String> = self.read[e].iter().collect();
+        files
+            .iter()
+            .map(|f| SIZE as u64 - if e == 0 { 0 } else { self.cached[*f] })
+            .sum()
+    }
+
+    /// Checks what holds for every pattern: one job epoch per epoch the script ran, each with
+    /// the files the script read in it (within `slack` of them: the few a new pass may read
+    /// before its re-reads show it began), nothing prefetched unread, and each epoch's bytes
+    /// from the source within 2% of its uncached bytes. `complete` says whether the last
+    /// epoch read the whole dataset (then it is over, and the job's next epoch has begun).
+    fn assert_epochs_follow_the_script(&self, slack: u64, complete: bool) {
+        let s = &self.stats;
+        assert_eq!(num(s, "prefetched_unused"), 0, "{s}");
+        assert_eq!(num(s, "source_errors"), 0, "{s}");
+        assert_eq!(self.records.len(), EPOCHS, "{s}");
+        assert_eq!(self.epoch, EPOCHS as u64 + u64::from(complete), "{s}");
+        for (e, r) in self.records.iter().enumerate() {
+            let what = format!("epoch {}: {r}", e + 1);
+            assert_eq!(num(r, "epoch"), e as u64 + 1, "{what}");
+            assert_eq!(r["complete"], e + 1 < EPOCHS || complete, "{what}");
+            assert_eq!(num(r, "prefetched_unused"), 0, "{what}");
+            let files = self.read[e].len() as u64;
+            assert!(
+                num(r, "files").abs_diff(files) <= slack,
+                "{files} files read: {what}"
+            );
+            let want = self.uncached_bytes(e);
+            let got = num(r, "bytes_from_source");
+            assert!(
+                got.abs_diff(want) as f64 <= 0.02 * want as f64,
+                "{want} bytes uncached, {got} from the source: {what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_job_that_opens_every_sample_twice_has_one_epoch_an_epoch() {
+    // A dataset whose __getitem__ checks a file and then decodes it: two opens a sample, by
+    // 4 workers. It once made an "epoch" of every two files.
+    let run = job_run(FILES / 2, &["--workers", "4", "--double-open"]);
+    run.assert_epochs_follow_the_script(0, true);
+    for r in &run.records {
+        assert_eq!(num(r, "files"), FILES as u64, "{r}");
+        assert!(num(r, "reads") >= 2 * FILES as u64 - 8, "{r}");
+    }
+    assert!(num(&run.stats, "staging_hits") > 0, "{}", run.stats);
+}
+
+#[test]
+fn two_workers_that_share_every_file_have_one_epoch_an_epoch() {
+    // Both workers of a 2-worker DataLoader load every batch: each file is read by two
+    // processes at about the same time, as much as 2 batches of 8 apart.
+    let run = job_run(
+        FILES / 2,
+        &["--workers", "2", "--shared", "--batch-size", "8"],
+    );
+    run.assert_epochs_follow_the_script(0, true);
+    for r in &run.records {
+        assert_eq!(num(r, "files"), FILES as u64, "{r}");
+    }
+}
+
+#[test]
+fn a_shard_of_two_has_its_half_as_its_epoch_and_gets_no_guessed_prefetch() {
+    // Rank 0 of a DistributedSampler over 2 ranks: a different half of the files every
+    // epoch, so "every file read" never happens. Its epochs still turn where its passes do,
+    // and the prefetcher, which cannot know which half comes next, reads nothing ahead for it.
+    let run = job_run(FILES / 4, &["--workers", "2", "--shard", "0/2"]);
+    run.assert_epochs_follow_the_script(10, false);
+    assert_eq!(num(&run.stats, "prefetched_blocks"), 0, "{}", run.stats);
+}
+
+#[test]
+fn a_loop_stopped_halfway_and_restarted_starts_a_new_epoch() {
+    // Epoch 2 breaks out after half of its batches; epoch 3 starts at once with a fresh
+    // order. What the prefetcher staged for epoch 2 is read in epoch 3.
+    let run = job_run(FILES / 4, &["--workers", "4", "--stop", "2:0.5"]);
+    run.assert_epochs_follow_the_script(10, true);
+    assert_eq!(num(&run.records[0], "files"), FILES as u64);
+    assert_eq!(num(&run.records[2], "files"), FILES as u64);
+    assert!(num(&run.stats, "staging_hits") > 0, "{}", run.stats);
 }

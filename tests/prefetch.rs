@@ -254,63 +254,166 @@ fn bad_hints_are_rejected_with_clear_errnos_and_reads_go_on() {
     );
 }
 
+/// Runs `cat` on `files` (paths below the mount) in a process group of its own.
+fn cat(m: &Mount, files: impl IntoIterator<Item = String>) {
+    let paths: Vec<_> = files.into_iter().map(|rel| m.path(rel)).collect();
+    let status = Command::new("cat")
+        .args(&paths)
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// The dataset file `i` of `make_dataset` with 10 classes.
+fn file(i: usize) -> String {
+    format!("c{:03}/f{i:06}.bin", i % 10)
+}
+
 #[test]
-fn prefetch_stops_for_a_job_that_went_idle_and_its_staging_is_freed() {
-    const FILES: usize = 1000;
-    // 40 ms a read and one or two reads in flight: at most 50 files a second, far fewer
-    // than the job leaves unread.
-    let storage = slow_storage(FILES, 8192, "40ms");
+fn a_glance_at_a_file_prefetches_nothing() {
+    const FILES: usize = 300;
+    const SIZE: usize = 64 * 1024;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_dataset(&src, FILES, SIZE, 10);
+    let log = dir.path().join("coorfs.log");
+    // One job for everyone (uid), so that the glance at the end joins a job that has read
+    // the whole dataset in an epoch: even then, one file is no epoch under way.
+    let m = Mount::new(
+        &src,
+        &[
+            "--cache-size",
+            "1",
+            "--job-key",
+            "uid",
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+    );
+    wait_for_scan(&m.mnt);
+    let glance = |m: &Mount, i: usize| {
+        let status = Command::new("head")
+            .args(["-c", "100"])
+            .arg(m.path(file(i)))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        // The prefetcher wakes at once on a miss; give it time to do the wrong thing.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    glance(&m, 7);
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "prefetched_blocks"), 0, "{s}");
+    assert_eq!(num(&s, "staging_bytes"), 0, "{s}");
+    assert_eq!(
+        num(&s, "bytes_from_source"),
+        SIZE as u64,
+        "one file, not the dataset: {s}"
+    );
+
+    // A whole epoch, then another glance.
+    let mut r = reader(&["--procs", "2", "--epochs", "1"], &m.mnt);
+    assert!(r.wait().unwrap().success());
+    let before = stats(&m.mnt);
+    assert_eq!(before["jobs"][0]["epoch"], 2, "{before}");
+    glance(&m, 8);
+    let s = stats(&m.mnt);
+    assert_eq!(
+        num(&s, "prefetched_blocks"),
+        num(&before, "prefetched_blocks"),
+        "{s}"
+    );
+    assert_eq!(num(&s, "staging_bytes"), 0, "{s}");
+    assert_eq!(
+        num(&s, "bytes_from_source") - num(&before, "bytes_from_source"),
+        SIZE as u64,
+        "{s}"
+    );
+    m.unmount();
+    // The prefetch window's changes are DEBUG lines, not INFO.
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("prefetch window"), "{text}");
+}
+
+#[test]
+fn a_job_that_stops_reading_has_its_staging_released_within_seconds() {
+    const FILES: usize = 400;
+    // 20 ms a read: the prefetcher (4 in flight) stages about 200 files a second, and the
+    // job leaves 360 unread.
+    let storage = slow_storage(FILES, 8192, "20ms");
     // Nothing cached (a budget no file fits in; --cache-size 0 is refused): only staging.
+    // One job for everyone, so that `coorfs read` and `cat` are one job; it is forgotten
+    // only after the default --job-idle-timeout of 10 minutes.
     let m = Mount::new(
         &storage.slow.mnt,
         &[
             "--cache-size",
             "1",
             "--prefetch-depth",
-            "1",
-            "--job-idle-timeout",
-            "8s",
+            "4",
+            "--job-key",
+            "uid",
         ],
     );
     wait_for_scan(&m.mnt);
-    // A job that reads 20 files of its epoch and stops.
-    let first: Vec<String> = (0..20)
+    // A whole epoch shows that the job reads the dataset; then 40 files of the next one, and
+    // the job stops. They are the last 40 in inode order, the order the prefetcher reads in,
+    // so that it fetches none of them while the job reads them.
+    let mut r = reader(&["--procs", "4", "--epochs", "1"], &m.mnt);
+    assert!(r.wait().unwrap().success());
+    let mut by_inode: Vec<(u64, usize)> = (0..FILES)
         .map(|i| {
-            m.path(format!("c{:03}/f{i:06}.bin", i % 10))
-                .display()
-                .to_string()
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::symlink_metadata(storage.slow.mnt.join(file(i))).unwrap();
+            (meta.ino(), i)
         })
         .collect();
-    let status = Command::new("cat")
-        .args(&first)
-        .stdout(std::process::Stdio::null())
-        .process_group(0)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    // Prefetch goes on while the job counts as active (5 s), then stops; the job is forgotten
-    // after the idle timeout, and what it never read is dropped and counted.
+    by_inode.sort();
+    cat(&m, by_inode[FILES - 40..].iter().map(|(_, i)| file(*i)));
+    let stopped = std::time::Instant::now();
+    let s = stats(&m.mnt);
+    assert_eq!(s["jobs"][0]["epoch"], 2, "{s}");
     assert!(
-        wait_for(std::time::Duration::from_secs(30), || {
-            stats(&m.mnt)["jobs"][0]["active"] == false
+        num(&s, "staging_bytes") > 0,
+        "prefetch of epoch 2 began: {s}"
+    );
+    // Released within seconds (5 s without a read, and a tick), the job still live.
+    assert!(
+        wait_for(std::time::Duration::from_secs(20), || {
+            num(&stats(&m.mnt), "staging_bytes") == 0
         }),
         "{}",
         stats(&m.mnt)
     );
-    let s = stats(&m.mnt);
-    let prefetched = num(&s, "prefetched_blocks");
-    assert!(prefetched > 0, "{s}");
+    let released = stopped.elapsed();
     assert!(
-        prefetched < (FILES - 20) as u64 / 2,
-        "prefetch did not stop: {s}"
+        released < std::time::Duration::from_secs(8),
+        "released after {released:?}"
     );
-    // Every staged file was either read by the job (a staging hit) or dropped unused.
+    let s = stats(&m.mnt);
+    assert_eq!(s["jobs"][0]["active"], true, "{s}");
+    let prefetched = num(&s, "prefetched_blocks");
+    assert!(
+        prefetched < (FILES + FILES - 40) as u64,
+        "prefetch stopped: {s}"
+    );
+    // Every file staged for epoch 2 (one block each) was dropped unused.
+    let epoch2 = &s["jobs"][0]["epochs"][1];
+    assert_eq!(num(epoch2, "epoch"), 2, "{s}");
+    assert!(num(epoch2, "prefetched_unused") > 0, "{s}");
     assert_eq!(
-        num(&s, "prefetched_unused") + num(&s, "staging_hits"),
-        prefetched,
+        num(epoch2, "prefetched_unused"),
+        num(epoch2, "prefetched_files"),
         "{s}"
     );
-    assert_eq!(num(&s, "staging_bytes"), 0, "{s}");
+    assert_eq!(
+        num(epoch2, "prefetched_unused"),
+        num(&s, "prefetched_unused"),
+        "{s}"
+    );
     std::thread::sleep(std::time::Duration::from_secs(1));
     assert_eq!(num(&stats(&m.mnt), "prefetched_blocks"), prefetched);
     m.unmount();

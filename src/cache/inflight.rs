@@ -1,5 +1,10 @@
 //! Merges concurrent fetches of the same key into one (foyer's `inflight.rs` idea): the first
-//! caller of a key starts the fetch, later callers wait for its result.
+//! caller of a key starts the fetch, later callers wait for its result. The key stays in
+//! flight until its waiters have run, and a caller that comes meanwhile gets the result
+//! after them, without a fetch of its own: a waiter that puts the result somewhere (the
+//! prefetcher's staging area) has done so before anyone can miss the key and fetch it again,
+//! and before a later caller that takes it from there (a reader that discards the staged
+//! copy of what it read).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -9,9 +14,16 @@ use parking_lot::Mutex;
 /// A caller waiting for a key's result.
 pub type Waiter<V> = Box<dyn FnOnce(V) + Send>;
 
+/// A fetch in flight: its waiters, or its result while they run, with the callers that
+/// came meanwhile.
+enum State<V> {
+    Waiting(Vec<Waiter<V>>),
+    Done(V, Vec<Waiter<V>>),
+}
+
 /// Fetches in flight, by key.
 pub struct Inflight<K, V> {
-    waiting: Mutex<HashMap<K, Vec<Waiter<V>>>>,
+    waiting: Mutex<HashMap<K, State<V>>>,
 }
 
 impl<K, V> std::fmt::Debug for Inflight<K, V> {
@@ -36,12 +48,16 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
     pub fn join(&self, key: &K, waiter: Waiter<V>) -> bool {
         let mut waiting = self.waiting.lock();
         match waiting.get_mut(key) {
-            Some(list) => {
+            Some(State::Waiting(list)) => {
                 list.push(waiter);
                 false
             }
+            Some(State::Done(_, late)) => {
+                late.push(waiter);
+                false
+            }
             None => {
-                waiting.insert(key.clone(), vec![waiter]);
+                waiting.insert(key.clone(), State::Waiting(vec![waiter]));
                 true
             }
         }
@@ -52,11 +68,31 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
         self.waiting.lock().contains_key(key)
     }
 
-    /// Ends the fetch of `key`: every waiter receives `value` (outside the lock).
+    /// Ends the fetch of `key`: every waiter receives `value` (outside the lock), then those
+    /// that joined meanwhile, and then the key is no longer in flight.
     pub fn complete(&self, key: &K, value: V) {
-        let waiters = self.waiting.lock().remove(key).unwrap_or_default();
-        for w in waiters {
-            w(value.clone());
+        let mut waiters = match self
+            .waiting
+            .lock()
+            .insert(key.clone(), State::Done(value.clone(), Vec::new()))
+        {
+            Some(State::Waiting(list)) => list,
+            _ => Vec::new(),
+        };
+        loop {
+            for w in waiters {
+                w(value.clone());
+            }
+            let mut waiting = self.waiting.lock();
+            match waiting.get_mut(key) {
+                Some(State::Done(_, late)) if !late.is_empty() => {
+                    waiters = std::mem::take(late);
+                }
+                _ => {
+                    waiting.remove(key);
+                    return;
+                }
+            }
         }
     }
 
@@ -100,5 +136,32 @@ mod tests {
         assert!(inflight.is_empty());
         // A new fetch after completion starts afresh.
         assert!(inflight.join(&7, Box::new(|_| {})));
+    }
+
+    #[test]
+    fn a_caller_that_comes_while_the_waiters_run_gets_the_result_after_them() {
+        let inflight: Arc<Inflight<u32, u32>> = Arc::new(Inflight::default());
+        // got: the late caller's value; done: the first waiter finished.
+        let (got, done) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (again, seen, first_done) = (inflight.clone(), got.clone(), done.clone());
+        assert!(inflight.join(
+            &7,
+            Box::new(move |_| {
+                // The first waiter runs: the key is still in flight, and a newcomer joins.
+                assert!(again.contains(&7));
+                let (seen, after) = (seen.clone(), first_done.clone());
+                assert!(!again.join(
+                    &7,
+                    Box::new(move |v| {
+                        assert_eq!(after.load(Ordering::Relaxed), 1, "after the first");
+                        seen.store(v, Ordering::Relaxed);
+                    })
+                ));
+                first_done.store(1, Ordering::Relaxed);
+            }),
+        ));
+        inflight.complete(&7, 10);
+        assert_eq!(got.load(Ordering::Relaxed), 10);
+        assert!(inflight.is_empty());
     }
 }

@@ -21,6 +21,7 @@
 pub mod arena;
 pub mod inflight;
 pub mod policy;
+pub mod recent;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -315,7 +315,7 @@ impl DatasetFs {
                     "{}: order hint of {} files for epoch {}",
                     j.key,
                     order.len(),
-                    j.epoch() + u64::from(j.log.tracker().read_in_epoch() > 0)
+                    j.epoch() + u64::from(j.log.tracker().files_in_epoch() > 0)
                 );
                 j.set_hint(order, charge);
                 j.last_access = now;

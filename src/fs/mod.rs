@@ -28,6 +28,13 @@
 //! The accounting follows: an open of a wholly cached file is a hit, and its size is counted
 //! as bytes from the cache right there (training reads files whole, and the kernel may serve
 //! them without asking); reads through a direct-I/O handle count exactly what they serve.
+//!
+//! Every open of a dataset file is an access of its job's epoch ([`crate::epoch`]). An open
+//! that re-reads what the job read moments ago (a check and a decode, two workers sharing a
+//! file) is the same access: its reads may take the blocks read then, which the cache did not
+//! keep, from [`crate::cache::recent`] instead of the source. The job's lock is held from
+//! taking the file's staged blocks to counting the access, so that of two such opens the one
+//! counted first takes them.
 
 mod callers;
 mod control;
@@ -44,6 +51,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::cache::recent::RecentBlocks;
 use crate::cache::{BlockCache, PolicyKind};
 use crate::config::MountConfig;
 use crate::epoch::Step;
@@ -145,7 +153,8 @@ pub type ReadDone = Box<dyn FnOnce(Result<&[u8], FsError>) + Send>;
 /// Blocks an open file holds outside the cache.
 #[derive(Debug, Default)]
 struct Held {
-    /// Blocks the prefetcher staged for this file, claimed by this open; freed at close.
+    /// Blocks the prefetcher staged for this file, claimed by this open, or taken from the
+    /// blocks read moments ago; freed at close.
     claimed: Vec<(u64, Arc<Block>)>,
     /// The last block fetched for this handle, so that small reads through a block the
     /// cache did not admit do not fetch it again.
@@ -180,6 +189,9 @@ struct FileHandle {
     job: Arc<Mutex<Job>>,
     job_key: JobKey,
     job_epoch: u64,
+    /// This open re-reads what the job read moments ago: it is the same access and may take
+    /// the blocks read then (see [`crate::cache::recent`]).
+    same_access: bool,
     held: Mutex<Held>,
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
     watch: Option<kernel_cache::Watch>,
@@ -225,6 +237,8 @@ pub struct DatasetFs {
     /// The uid that mounted: under `--job-key none`, the only user (with root) who may hint.
     owner: u32,
     staging: Arc<Staging>,
+    /// Blocks read moments ago that the cache did not keep, for re-reads (a double open).
+    recent: Arc<RecentBlocks>,
     kernel: kernel_cache::KernelCacheGauge,
     prefetch: PrefetchConfig,
     prefetcher: prefetch::PrefetchState,
@@ -268,10 +282,12 @@ impl DatasetFs {
             .thread_name("coorfs-io")
             .build()?;
         let cache = Arc::new(BlockCache::new(config.cache)?);
+        let recent = Arc::new(RecentBlocks::new(config.cache.policy != PolicyKind::None));
         let stats = Arc::new(Stats::default());
         let fetcher = Arc::new(Fetcher::new(
             source.clone(),
             cache.clone(),
+            recent.clone(),
             stats.clone(),
             io.handle().clone(),
             config.prefetch.enabled.then_some(config.prefetch.depth),
@@ -294,6 +310,7 @@ impl DatasetFs {
             } else {
                 0
             })),
+            recent,
             kernel: Default::default(),
             prefetch: config.prefetch,
             prefetcher: prefetch::PrefetchState::default(),
@@ -523,8 +540,13 @@ impl DatasetFs {
         let now = self.stats.now();
 
         let hit = self.cache.holds_file(&version);
+        let total = self.dataset_files();
         let job = self.jobs.get(caller.pid, caller.uid, now);
-        let job_key = job.lock().key;
+        // The job's lock is held from taking the staged blocks to counting the access: of two
+        // opens of a file by one job (a check and a decode, two workers sharing it), the one
+        // its epoch counts first takes them, and the other finds them among the recent blocks.
+        let mut j = job.lock();
+        let job_key = j.key;
         // The prefetcher's blocks of this file are now this open's.
         let claimed = if hit {
             Vec::new()
@@ -532,6 +554,27 @@ impl DatasetFs {
             self.claim_staged(&version, job_key)
         };
         let staged = !claimed.is_empty() && claimed.len() as u64 == self.cache.block_count(size);
+        let (job_epoch, step) = match info.file_id {
+            Some(file) => {
+                j.last_access = now;
+                let (job_epoch, step) = j.log.open(file, caller.pid, hit, size, total, now);
+                if staged {
+                    j.log.update(job_epoch, |r| r.staging_hits += 1);
+                }
+                (job_epoch, Some(step))
+            }
+            None => (j.epoch(), None),
+        };
+        let turned = matches!(step, Some(Step::Completed | Step::Restarted { .. }));
+        if turned {
+            j.epoch_changed();
+        }
+        let current = j.epoch();
+        drop(j);
+        if turned {
+            self.staging_after_epoch(&job, job_key, current);
+            self.wake_prefetcher();
+        }
 
         let counters = &self.stats.counters;
         Counters::add(&counters.reads, 1);
@@ -544,38 +587,18 @@ impl DatasetFs {
         if staged {
             Counters::add(&counters.staging_hits, 1);
         }
-        let total = self.dataset_files();
-        let (epoch, job_epoch) = match info.file_id {
-            Some(file) => {
-                let mut log = self.stats.epochs.lock();
-                let (epoch, _) = log.open(file, hit, size, total, now);
-                if staged {
-                    log.update(epoch, |r| r.staging_hits += 1);
-                }
-                drop(log);
-                let mut j = job.lock();
-                j.last_access = now;
-                let (job_epoch, step) = j.log.open(file, hit, size, total, now);
-                if staged {
-                    j.log.update(job_epoch, |r| r.staging_hits += 1);
-                }
-                let turned = matches!(step, Step::Completed | Step::Restarted);
-                if turned {
-                    j.epoch_changed();
-                }
-                let current = j.epoch();
-                drop(j);
-                if turned {
-                    self.drop_unused_staging(&job, job_key, current);
-                    self.wake_prefetcher();
-                }
-                (epoch, job_epoch)
-            }
-            None => {
-                let epoch = self.stats.epochs.lock().tracker().epoch();
-                (epoch, job.lock().epoch())
-            }
+        let mut log = self.stats.epochs.lock();
+        let epoch = match info.file_id {
+            Some(file) => log.open(file, caller.pid, hit, size, total, now).0,
+            None => log.tracker().epoch(),
         };
+        if staged {
+            log.update(epoch, |r| r.staging_hits += 1);
+        }
+        drop(log);
+        // A re-read within the epoch, or a second look right after it ended; not a read that
+        // may be the new epoch's first of the file.
+        let same_access = matches!(step, Some(Step::Repeat | Step::Trailing));
         // A staged hit freed room: refill it now. A miss may leave the prefetcher work (and
         // it should see a job become active). A hit changes nothing it plans from, and
         // waking a thread per open costs CPU that a hot epoch needs.
@@ -597,8 +620,9 @@ impl DatasetFs {
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
-            "open {} fh {fh} by {job_key}: {} (epoch {epoch}, job epoch {job_epoch})",
+            "open {} fh {fh} by {job_key} (pid {}): {} (epoch {epoch}, job epoch {job_epoch}, {step:?})",
             rel.display(),
+            caller.pid,
             if hit {
                 "hit"
             } else if staged {
@@ -616,6 +640,7 @@ impl DatasetFs {
             job,
             job_key,
             job_epoch,
+            same_access,
             held: Mutex::new(Held {
                 claimed,
                 last: None,

@@ -4,10 +4,17 @@
 //! completed) or every 50 ms, and for each job active in the last few seconds issues fetches
 //! until `--prefetch-depth` are in flight or the staging area is full. What to fetch comes
 //! from the job's order hint if it gave one for this epoch, else from the dataset in inode
-//! order (on-disk order on ext4/XFS), skipping what the job has read this epoch, what is
-//! cached, staged or already being fetched ([`crate::prefetch::next_candidates`]). Without
-//! a hint, an epoch is prefetched only once the job has opened its first file: the job may
-//! have finished, and prefetch must not guess that it goes on.
+//! order (on-disk order on ext4/XFS), skipping what the job has read (or may have read) this
+//! epoch, what is cached, staged or already being fetched
+//! ([`crate::prefetch::next_candidates`]). Without a hint, a job is prefetched only while its
+//! reads say that it reads the whole dataset and its epoch is under way
+//! ([`crate::prefetch::may_prefetch_remaining`]): never for a glance, never for a shard.
+//!
+//! A job that has not opened a file for [`ACTIVE_SECS`] gets no prefetch, and what it staged
+//! is released then, counted as unused: it stopped (between runs, validating, gone), and its
+//! staging area would otherwise sit until `--job-idle-timeout` forgets it. When a job's epoch
+//! ends, what it staged for it and did not read moves to the new epoch if the job reads the
+//! whole dataset (it will read those files in the new one), and is released as unused if not.
 //!
 //! MinIO may admit prefetched blocks while it has room (it never evicts, so a guess cannot
 //! push anything out); LRU gets them only when they are read. The rest waits in the staging
@@ -24,11 +31,12 @@ use crate::cache::{BlockKey, PolicyKind};
 use crate::fetch::{Account, Block, FetchKind};
 use crate::jobs::{Job, JobKey};
 use crate::namespace::{FileId, FileVersion};
-use crate::prefetch::next_candidates;
+use crate::prefetch::{may_prefetch_remaining, next_candidates, reads_the_dataset};
 use crate::stats::Counters;
 
-/// A job that has not opened a file for this long gets no prefetch: it is between runs,
-/// validating, or gone, and what it would stage would sit unread.
+/// A job that has not opened a file for this long gets no prefetch and its staging area is
+/// released: it is between runs, validating, or gone, and what it staged would sit unread.
+/// Longer than a DataLoader takes to start the next epoch's workers.
 const ACTIVE_SECS: f64 = 5.0;
 
 /// The staging area's size while the storage is bandwidth-bound: a few files, to fill the
@@ -88,15 +96,17 @@ impl DatasetFs {
         let claimed = self
             .staging
             .claim(version, self.cache.block_count(version.size), job);
-        if self.cache.config().policy == PolicyKind::Lru {
-            for (block, data) in &claimed {
-                self.cache.insert(
-                    BlockKey {
-                        version: *version,
-                        block: *block,
-                    },
-                    data,
-                );
+        let lru = self.cache.config().policy == PolicyKind::Lru;
+        for (block, data) in &claimed {
+            let key = BlockKey {
+                version: *version,
+                block: *block,
+            };
+            if lru {
+                self.cache.insert(key, data);
+            } else {
+                // A second open moments from now finds them here (see `crate::cache::recent`).
+                self.recent.put(key, data);
             }
         }
         claimed
@@ -109,6 +119,48 @@ impl DatasetFs {
     pub(super) fn refill_staging(&self, job: &Arc<Mutex<Job>>) {
         if let Some(disk_order) = self.prefetcher.disk_order.get() {
             self.prefetch_for(job, disk_order);
+        }
+    }
+
+    /// The files in the dataset, for the prefetcher's rules (0 until the scan completes).
+    fn prefetch_total(&self) -> usize {
+        self.prefetcher.disk_order.get().map_or(0, |o| o.len())
+    }
+
+    /// `job`'s epoch turned to `current`. What it staged for the epochs before moves to the
+    /// new one if the job reads the whole dataset (it will read those files in this epoch),
+    /// with the bytes read for them; otherwise it is dropped and counted as unused.
+    pub(super) fn staging_after_epoch(&self, job: &Arc<Mutex<Job>>, key: JobKey, current: u64) {
+        let keep = {
+            let j = job.lock();
+            let t = j.log.tracker();
+            reads_the_dataset(
+                t.last_epoch_files(),
+                self.prefetch_total(),
+                t.covered_dataset(),
+            )
+        };
+        if !keep {
+            return self.drop_unused_staging(job, key, current);
+        }
+        let moved = self.staging.retag_before(key, current);
+        if moved.is_empty() {
+            return;
+        }
+        let mut j = job.lock();
+        for (epoch, m) in moved {
+            j.log.update(epoch, |r| {
+                r.bytes_from_source -= m.read.min(r.bytes_from_source);
+                r.prefetched_files -= m.files.min(r.prefetched_files);
+            });
+            j.log.update(current, |r| {
+                r.bytes_from_source += m.read;
+                r.prefetched_files += m.files;
+            });
+            tracing::debug!(
+                "{key}: {} staged blocks of epoch {epoch} kept for epoch {current}",
+                m.blocks
+            );
         }
     }
 
@@ -161,7 +213,15 @@ impl DatasetFs {
             return;
         };
         for job in self.jobs.live() {
-            if now - job.lock().last_access > ACTIVE_SECS {
+            let (idle, key) = {
+                let j = job.lock();
+                (now - j.last_access > ACTIVE_SECS, j.key)
+            };
+            if idle {
+                // Released, and again if a fetch in flight then lands.
+                if self.staging.held_by(key) > 0 {
+                    self.drop_unused_staging(&job, key, u64::MAX);
+                }
                 continue;
             }
             self.prefetch_for(&job, disk_order);
@@ -180,16 +240,23 @@ impl DatasetFs {
             let (key, epoch, picked) = {
                 let mut j = job.lock();
                 let hinted = j.active_order();
-                // Without an order for it, an epoch is prefetched only once the job has begun
-                // it: a job that stopped after its last epoch must not leave a staging area
-                // full of files nobody will read.
-                if hinted.is_none() && j.log.tracker().read_in_epoch() == 0 {
+                let t = j.log.tracker();
+                // Without an order for it, only what the job's reads say it will read: a
+                // glance, a shard, a job that stopped after its last epoch must not leave a
+                // staging area full of files nobody will read.
+                if hinted.is_none()
+                    && !may_prefetch_remaining(
+                        t.read_in_epoch(),
+                        disk_order.len(),
+                        t.covered_dataset(),
+                    )
+                {
                     return;
                 }
                 let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
                 let (picked, cursor) =
                     next_candidates(order, j.prefetch_cursor, allowed - inflight, |f| {
-                        !j.log.tracker().has_read(f) && self.worth_prefetching(f)
+                        !t.may_have_read(f) && self.worth_prefetching(f)
                     });
                 j.prefetch_cursor = cursor;
                 (j.key, j.epoch(), picked)
@@ -254,7 +321,7 @@ impl DatasetFs {
             // read: either the job opened the file first and it is skipped, or the fetch is
             // in flight before the job's read can start another.
             let j = job.lock();
-            if j.epoch() != epoch || j.log.tracker().has_read(f) {
+            if j.epoch() != epoch || j.log.tracker().may_have_read(f) {
                 return true;
             }
             if self.fetcher.bandwidth_bound() && self.staging.bytes() + memory > NARROW_STAGING {
@@ -270,28 +337,34 @@ impl DatasetFs {
                 .fetch_add(1, Ordering::Relaxed);
             Counters::add(&self.stats.counters.prefetched_blocks, 1);
             let stats = self.stats.clone();
+            let total = self.prefetch_total();
             let accounted = job.clone();
             let account: Account = Box::new(move |n| {
                 let mut log = stats.epochs.lock();
                 let current = log.tracker().epoch();
                 log.update(current, |r| r.bytes_from_source += n);
                 drop(log);
-                accounted
-                    .lock()
-                    .log
-                    .update(epoch, |r| r.bytes_from_source += n);
+                let mut j = accounted.lock();
+                let target = j.staging_epoch(epoch, f, total);
+                j.log.update(target, |r| r.bytes_from_source += n);
             });
             let (cache, staging) = (self.cache.clone(), self.staging.clone());
             let signals = self.prefetcher.signals.clone();
+            let owner = job.clone();
             self.fetcher.fetch(
                 rel.clone(),
                 bkey,
                 Box::new(move |r| {
-                    // Staged even if the epoch turned meanwhile: a reader that joined this
-                    // fetch discards it right after (it comes first among the waiters), and
-                    // anything else is counted as unused when the epoch is cleaned up.
+                    // Staged even if the epoch turned meanwhile: for the new epoch if the
+                    // job will read the file in it, else for the old one, and then a reader
+                    // that joined this fetch discards it right after (it comes first among
+                    // the waiters), and anything else is counted as unused when the epoch is
+                    // cleaned up.
                     match r {
-                        Ok(data) if !cache.contains(&bkey) => staging.put(bkey, data, key, epoch),
+                        Ok(data) if !cache.contains(&bkey) => {
+                            let target = owner.lock().staging_epoch(epoch, f, total);
+                            staging.put(bkey, data, key, target)
+                        }
                         _ => staging.unreserve(memory),
                     }
                     signals.inflight.fetch_sub(1, Ordering::Relaxed);

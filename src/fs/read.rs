@@ -171,9 +171,10 @@ impl DatasetFs {
     }
 
     /// Block `block` of the handle's file if it is at hand: in the cache, held by the
-    /// handle, or staged by the prefetcher (a prefetch that was in flight when the file was
-    /// opened may have landed since). A cache hit through a handle whose open was a miss
-    /// counts `served` bytes as coming from the cache.
+    /// handle, staged by the prefetcher (a prefetch that was in flight when the file was
+    /// opened may have landed since), or, for an open that re-reads what its job read
+    /// moments ago, read then (see [`crate::cache::recent`]). A cache hit through a handle
+    /// whose open was a miss counts `served` bytes as coming from the cache.
     fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
         let key = BlockKey {
             version: h.version,
@@ -195,7 +196,12 @@ impl DatasetFs {
                 .extend(self.claim_staged(&h.version, h.job_key));
             return held.get(block).map(Local::Fetched);
         }
-        None
+        if !h.same_access {
+            return None;
+        }
+        let data = self.recent.get(&key)?;
+        held.claimed.push((block, data.clone()));
+        Some(Local::Fetched(data))
     }
 
     /// Fetches block `block` of the handle's file for `waiter`, attributing the bytes read
@@ -230,6 +236,7 @@ impl DatasetFs {
         let handle = h.clone();
         let stats = self.stats.clone();
         let staging = self.staging.clone();
+        let (cache, recent) = (self.cache.clone(), self.recent.clone());
         let prefetcher = self.prefetcher.signals();
         let fetcher = self.fetcher.clone();
         let started = Instant::now();
@@ -250,7 +257,11 @@ impl DatasetFs {
                 if let Ok(buf) = &r {
                     handle.held.lock().last = Some((block, buf.clone()));
                     // If this read joined a prefetch of the block, the bytes are read now:
-                    // the staged copy would be wasted.
+                    // the staged copy would be wasted. They are kept a moment, as the
+                    // fetcher keeps what a demand read fetched (a re-open finds them).
+                    if !cache.contains(&key) {
+                        recent.put(key, buf);
+                    }
                     staging.discard(&key, handle.job_key);
                 }
                 Counters::add(&stats.counters.fetch_stall_us, waited.as_micros() as u64);
