@@ -1,5 +1,5 @@
 # Helpers shared by the benchmarks (sourced, not run). cgroup v1 controllers are used as
-# ../shared/DESIGN.md describes: the memory controller bounds a reader's page cache, the blkio
+# the benchmarks use them: the memory controller bounds a reader's page cache, the blkio
 # controller throttles storage and counts the bytes read from it.
 
 CG_MEM=/sys/fs/cgroup/memory

@@ -1,7 +1,7 @@
 //! Epoch-aware prefetch: the staging area and the choice of what to fetch next.
 //!
 //! The files a job has not read yet in its epoch will all be read before the epoch ends
-//! (CoorDL; ../shared/DESIGN.md). Prefetching from that remaining set wastes no I/O: every
+//! (CoorDL, VLDB 2021). Prefetching from that remaining set wastes no I/O: every
 //! staged byte is read by the job this epoch. With a staging area of S files and U uncached
 //! files, a random order still turns about S(1 + ln(U/S)) misses per epoch into hits, and
 //! the prefetcher reads in on-disk (inode) order with a deep queue, which storage likes.

@@ -11,7 +11,7 @@
 //!   bytes. The prefetcher is modelled as infinitely fast, so this is an upper bound: the
 //!   buffer is always full of remaining files, taken in an order unrelated to the job's
 //!   (on-disk order is as good as random for that). It turns about S(1 + ln(U/S)) of U misses
-//!   into hits for a buffer of S files (../shared/DESIGN.md). It does not reduce the bytes read
+//!   into hits for a buffer of S files. It does not reduce the bytes read
 //!   from storage (every staged file is read from it, once), only when they are read.
 //!
 //! Pure: no I/O, no clock, no threads; sizes, capacity and seed come in as arguments. The
@@ -376,7 +376,7 @@ mod tests {
         (got - want).abs() <= tol
     }
 
-    /// ../shared/DESIGN.md's table: 20,000 files of 100 KiB, random order each epoch.
+    /// The measured table of the README's introduction: 20,000 files of 100 KiB, random order each epoch.
     #[test]
     fn reproduces_the_design_table() {
         let sizes = vec![100 << 10; 20_000];
