@@ -1,6 +1,6 @@
-# Helpers shared by the benchmarks (sourced, not run). cgroup v1 controllers are used as
-# the benchmarks use them: the memory controller bounds a reader's page cache, the blkio
-# controller throttles storage and counts the bytes read from it.
+# Helpers shared by the benchmarks (sourced, not run), on cgroup v1 controllers: the memory
+# controller bounds a reader's page cache, the blkio controller throttles storage and counts
+# the bytes read from it.
 
 CG_MEM=/sys/fs/cgroup/memory
 CG_BLKIO=/sys/fs/cgroup/blkio
