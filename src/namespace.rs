@@ -123,6 +123,32 @@ struct Node {
 
 const NO_FILE: u32 = u32::MAX;
 
+impl Node {
+    /// A node of `parent` whose name is `name_len` bytes at `name_at` of the arena, with no
+    /// attributes yet ([`Table::set`] gives them).
+    fn named(parent: u32, name_at: u64, name_len: u16, file_id: u32) -> Node {
+        Node {
+            name_at,
+            size: 0,
+            blocks: 0,
+            ino: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            parent,
+            file_id,
+            mode: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 0,
+            name_len,
+            dev: 0,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Table {
     /// Indexed by node id; index 0 is a placeholder so that ids start at 1.
@@ -264,25 +290,7 @@ impl Namespace {
     pub fn new(root: SourceMeta) -> Self {
         let mut table = Table::default();
         for _ in 0..=ROOT {
-            table.nodes.push(Node {
-                name_at: 0,
-                size: 0,
-                blocks: 0,
-                ino: 0,
-                atime_ns: 0,
-                mtime_ns: 0,
-                ctime_ns: 0,
-                parent: ROOT as u32,
-                file_id: NO_FILE,
-                mode: 0,
-                nlink: 0,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
-                blksize: 0,
-                name_len: 0,
-                dev: 0,
-            });
+            table.nodes.push(Node::named(ROOT as u32, 0, 0, NO_FILE));
         }
         table.set(0, &root);
         table.set(ROOT as u32, &root);
@@ -323,26 +331,9 @@ impl Namespace {
         };
         let name_at = table.names.len() as u64;
         table.names.extend_from_slice(name.as_bytes());
-        table.nodes.push(Node {
-            name_at,
-            size: 0,
-            blocks: 0,
-            ino: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            parent,
-            file_id,
-            mode: 0,
-            nlink: 0,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: 0,
-            // Linux names are at most 255 bytes (NAME_MAX).
-            name_len: name.len() as u16,
-            dev: 0,
-        });
+        // Linux names are at most 255 bytes (NAME_MAX).
+        let node = Node::named(parent, name_at, name.len() as u16, file_id);
+        table.nodes.push(node);
         table.set(id, &meta);
         let Table {
             nodes,
