@@ -36,7 +36,7 @@ seconds() { python3 -c "import time; print(time.monotonic())"; }
 elapsed() { python3 -c "print(f'{$(seconds) - $1:.2f}')"; }
 epoch_secs() { # epoch_secs DIR EPOCHS: each epoch's seconds, space separated
     $coorfs read --json --procs 2 --epochs "$2" --seed 1 "$1" \
-        | python3 -c 'import json,sys; print(" ".join(f"{json.loads(l)[\"seconds\"]:.2f}" for l in sys.stdin if l.strip()))'
+        | python3 -c 'import json,sys; print(" ".join("%.2f" % json.loads(l)["seconds"] for l in sys.stdin if l.strip()))'
 }
 
 echo "listing (cold dentries)" >&2

@@ -76,17 +76,33 @@ impl FuseAdapter {
     /// An adapter over `fs`. `notifier` is filled in once the session exists, so that the
     /// adapter can tell the kernel to drop what it cached of a changed file.
     pub fn new(fs: Arc<DatasetFs>, notifier: Arc<OnceLock<Notifier>>, acl: bool) -> Self {
-        fs.set_invalidator(Box::new(move |ino| {
-            if let Some(notifier) = notifier.get().cloned() {
-                // Not from the FUSE thread: the kernel may need this thread to answer a
-                // request before the notification completes.
-                std::thread::spawn(move || {
-                    if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, -1) {
+        // One thread sends the notifications, not the FUSE thread that found the change:
+        // the kernel may need that thread to answer a request before a notification
+        // completes. One thread, not one per change: a listing after a `chmod -R` of the
+        // source finds a million changes.
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let spawned = std::thread::Builder::new()
+            .name("coorfs-inval".into())
+            .spawn(move || {
+                for ino in rx {
+                    if let Some(notifier) = notifier.get()
+                        && let Err(e) = notifier.inval_inode(INodeNo(ino), 0, -1)
+                    {
                         debug!("invalidating inode {ino}: {e}");
                     }
-                });
+                }
+            });
+        match spawned {
+            Ok(_) => {
+                let tx = std::sync::Mutex::new(tx);
+                fs.set_invalidator(Box::new(move |ino| {
+                    if let Ok(tx) = tx.lock() {
+                        let _ = tx.send(ino);
+                    }
+                }));
             }
-        }));
+            Err(e) => warn!("no thread to tell the kernel of changed files: {e}"),
+        }
         FuseAdapter { fs, acl }
     }
 }
