@@ -69,6 +69,16 @@ pub(super) struct OrderWriter {
     refused: Option<i32>,
 }
 
+impl OrderWriter {
+    /// Refuses the hint: nothing of it is applied, what came so far is forgotten (and its
+    /// memory given back), and every later write and the close fail with `errno`.
+    fn refuse(&mut self, errno: i32) {
+        self.buf = Vec::new();
+        self.charge.resize(0);
+        self.refused = Some(errno);
+    }
+}
+
 /// Why a hint was rejected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HintError {
@@ -223,10 +233,7 @@ impl DatasetFs {
         let end = offset.saturating_add(data.len() as u64);
         if end > limit {
             let pid = w.caller.pid;
-            // Nothing of it is applied: forget what came so far.
-            w.buf = Vec::new();
-            w.charge.resize(0);
-            w.refused = Some(libc::EFBIG);
+            w.refuse(libc::EFBIG);
             drop(orders);
             Counters::add(&self.stats.counters.hints_rejected, 1);
             tracing::warn!("order hint of pid {pid} rejected: more than {limit} bytes");
@@ -243,9 +250,7 @@ impl DatasetFs {
             };
             if !w.charge.resize(capacity as u64) {
                 let uid = w.caller.uid;
-                w.buf = Vec::new();
-                w.charge.resize(0);
-                w.refused = Some(libc::EDQUOT);
+                w.refuse(libc::EDQUOT);
                 drop(orders);
                 Counters::add(&self.stats.counters.hints_rejected, 1);
                 tracing::warn!("order hint rejected: {}", HintError::OverBudget { uid });
@@ -386,8 +391,13 @@ impl DatasetFs {
                     .and_then(|n| self.ns.path(n))
                     .unwrap_or_default()
             });
-            let refused = self.source.first_unreadable(&mut paths, &creds);
-            if let Ok(Some(i)) | Err(i) = refused.map_err(|_| 0) {
+            // A check that fails to run refuses the hint (at its first line) rather than let
+            // names through unchecked.
+            let refused = match self.source.first_unreadable(&mut paths, &creds) {
+                Ok(first) => first,
+                Err(_) => Some(0),
+            };
+            if let Some(i) = refused {
                 // Name the line of the i-th path, as a missing name would be named.
                 let (line, parts) = order_lines(buf)
                     .nth(i)

@@ -196,7 +196,7 @@ struct FileHandle {
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
     watch: Option<kernel_cache::Watch>,
     /// The node opened, for invalidation.
-    ino: Option<NodeId>,
+    ino: NodeId,
     /// A read found the source file changed since the open.
     changed_while_open: AtomicBool,
 }
@@ -375,7 +375,7 @@ impl DatasetFs {
             };
             self.check_metadata_room();
             for item in items {
-                let Some(meta) = item.meta else { continue };
+                let meta = item.meta;
                 let id = self.ns.insert_child(node, &item.name, meta);
                 match meta.attr.kind {
                     Kind::Dir => dirs.push((id, rel.join(&item.name))),
@@ -529,8 +529,7 @@ impl DatasetFs {
                 return Err(source_error(e));
             }
         };
-        let pending =
-            !self.stale_in_kernel.lock().is_empty() && self.stale_in_kernel.lock().remove(&ino);
+        let pending = self.stale_in_kernel.lock().remove(&ino);
         let changed = (meta.version != info.version && self.ns.refresh(ino, meta)) || pending;
         if changed && let Some(invalidate) = self.invalidator.get() {
             invalidate(ino);
@@ -646,7 +645,7 @@ impl DatasetFs {
                 last: None,
             }),
             watch,
-            ino: Some(ino),
+            ino,
             changed_while_open: AtomicBool::new(false),
         };
         self.files.lock().insert(fh, Arc::new(handle));
@@ -730,8 +729,7 @@ impl DatasetFs {
         }
         let start = offset.saturating_sub(2) as usize;
         for (i, item) in dir.items.iter().enumerate().skip(start) {
-            // Removed between the listing and its lstat: leave it out, as a fresh listing would.
-            let Some(meta) = item.meta else { continue };
+            let meta = item.meta;
             let known = self.ns.child(dir.node, &item.name);
             let (ino, attr) = match (known, plus) {
                 (Some(id), false) => (id, None),
@@ -747,7 +745,7 @@ impl DatasetFs {
             let entry = DirEntryOut {
                 ino,
                 next: i as u64 + 3,
-                kind: item.kind,
+                kind: meta.attr.kind,
                 name: &item.name,
                 attr: if plus { attr } else { None },
             };

@@ -153,10 +153,8 @@ impl DatasetFs {
     fn read_changed(&self, h: &FileHandle, offset: u64, size: u32, done: ReadDone) {
         if !h.changed_while_open.swap(true, Ordering::Relaxed) {
             tracing::debug!("{}: changed while open", h.rel.display());
-            if let Some(ino) = h.ino
-                && let Some(invalidate) = self.invalidator.get()
-            {
-                invalidate(ino);
+            if let Some(invalidate) = self.invalidator.get() {
+                invalidate(h.ino);
             }
         }
         let mut buf = vec![0; size as usize];

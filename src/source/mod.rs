@@ -49,9 +49,8 @@ use std::os::fd::AsFd;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirItem {
     pub name: OsString,
-    pub kind: Kind,
-    /// Its `lstat` when the directory was read (None if it went away in between).
-    pub meta: Option<SourceMeta>,
+    /// Its `lstat` when the directory was read.
+    pub meta: SourceMeta,
 }
 
 /// Capacity figures of the filesystem holding the source (`statvfs`).
@@ -79,7 +78,8 @@ pub trait DatasetSource: Send + Sync + 'static {
     /// `lstat` of an entry, reached with `who`'s search permission on every directory.
     fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta>;
     /// The entries of a directory that `who` may read, without `.` and `..`, in the order
-    /// the source lists them, each with its `lstat`.
+    /// the source lists them, each with its `lstat` (an entry gone between the listing and
+    /// its `lstat` is left out, as a fresh listing would).
     fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<Vec<DirItem>>;
     /// The target of a symbolic link.
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
@@ -136,17 +136,6 @@ impl LocalSource {
     pub fn new(root: PathBuf, drop_pages: bool) -> io::Result<Self> {
         Ok(LocalSource {
             beneath: Beneath::open(&root)?,
-            root,
-            drop_pages,
-            direct: AtomicBool::new(drop_pages),
-        })
-    }
-
-    /// As [`LocalSource::new`], resolving paths with the component walk that stands in for
-    /// `openat2` on old kernels (for tests).
-    pub fn new_walking(root: PathBuf, drop_pages: bool) -> io::Result<Self> {
-        Ok(LocalSource {
-            beneath: Beneath::open_walking(&root)?,
             root,
             drop_pages,
             direct: AtomicBool::new(drop_pages),
@@ -256,15 +245,11 @@ impl DatasetSource for LocalSource {
             }
             // One statx of a single component relative to the open directory: confined, and
             // one system call an entry (the scan and READDIRPLUS need every entry's attributes).
-            let meta = stat_at(&fd, entry.file_name()).ok();
-            let kind = match (meta, entry.file_type()) {
-                (Some(meta), _) => meta.attr.kind,
-                (None, rustix::fs::FileType::Unknown) => continue,
-                (None, t) => kind_from_mode(t.as_raw_mode()),
+            let Ok(meta) = stat_at(&fd, entry.file_name()) else {
+                continue;
             };
             items.push(DirItem {
                 name: OsStr::from_bytes(name).to_os_string(),
-                kind,
                 meta,
             });
         }
