@@ -29,8 +29,13 @@
 //!   kernel's page cache); `FUSE_DIRECT_IO_ALLOW_MMAP` keeps such files mappable.
 //! - Entries and attributes are cached for `--metadata-ttl` (a day by default): the dataset
 //!   is immutable while training, and every LOOKUP or GETATTR saved is a round trip saved.
-//! - `FUSE_DO_READDIRPLUS`: a listing carries every entry's attributes, so the first open of
-//!   each file in the first epoch needs no LOOKUP. The daemon pays an `lstat` per entry.
+//! - `FUSE_DO_READDIRPLUS` with `FUSE_READDIRPLUS_AUTO`: the kernel asks for entries with
+//!   their attributes for a directory's first chunk and after lookups in it, plain names
+//!   otherwise. A listing that only lists (`find`, `os.scandir` with `d_type`) then creates
+//!   no kernel inode per entry: 128,000 files, cold, `find -type f` took 0.51-0.56 s against
+//!   0.92-1.13 s with every entry's attributes, while the first epoch's opens, which now
+//!   send a LOOKUP each, took 20.3-21.3 s against 19.4-20.0 s (no prefetch, `--fast-open`).
+//!   The daemon pays an `lstat` only for entries sent with attributes.
 //! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and `--threads` worker threads
 //!   (one per CPU by default), each on its own cloned `/dev/fuse` descriptor.
 //! - The one writable file, the order file (`fs/control.rs`), is opened without NOFLUSH and
@@ -224,6 +229,7 @@ fn reply_xattr(value: Vec<u8>, size: u32, reply: ReplyXattr) {
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;

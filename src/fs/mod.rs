@@ -60,7 +60,7 @@ use crate::jobs::{Job, JobKey, Jobs};
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
 use crate::prefetch::{PrefetchConfig, Staging};
 use crate::source::beneath::is_moved;
-use crate::source::{Creds, DatasetSource, DirItem, FsStats};
+use crate::source::{Creds, DatasetSource, FsStats, Listing};
 use crate::stats::{self, Counters, EpochRecord, Snapshot, Stat, Stats, Value};
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
@@ -214,7 +214,7 @@ impl FileHandle {
 struct DirHandle {
     node: NodeId,
     parent: NodeId,
-    items: Vec<DirItem>,
+    listing: Listing,
 }
 
 /// What the scan of the source found.
@@ -677,16 +677,16 @@ impl DatasetFs {
         if info.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        let items = self
+        let listing = self
             .source
-            .read_dir(&self.rel_path(ino)?, &self.creds(caller))
+            .list_dir(&self.rel_path(ino)?, &self.creds(caller))
             .map_err(source_error)?;
         let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = DirHandle {
             node: ino,
             parent,
-            items,
+            listing,
         };
         self.dirs.lock().insert(fh, Arc::new(handle));
         Ok(fh)
@@ -728,26 +728,38 @@ impl DatasetFs {
             }
         }
         let start = offset.saturating_sub(2) as usize;
-        for (i, item) in dir.items.iter().enumerate().skip(start) {
-            let meta = item.meta;
-            let known = self.ns.child(dir.node, &item.name);
-            let (ino, attr) = match (known, plus) {
-                (Some(id), false) => (id, None),
+        for (i, (name, listed_kind)) in dir.listing.names.iter().enumerate().skip(start) {
+            // An entry's lstat only when the kernel asks for its attributes or coorfs does
+            // not know it yet; one gone since the listing is left out.
+            let known = self.ns.child(dir.node, name);
+            let (ino, kind, attr) = match (known, plus) {
+                (Some(id), false) => {
+                    let kind = listed_kind
+                        .or_else(|| self.ns.info(id).map(|i| i.attr.kind))
+                        .unwrap_or(Kind::File);
+                    (id, kind, None)
+                }
                 (Some(id), true) => {
+                    let Ok(meta) = dir.listing.stat(name) else {
+                        continue;
+                    };
                     self.refresh(id, meta);
-                    (id, Some(self.attr(id)?))
+                    (id, meta.attr.kind, Some(self.attr(id)?))
                 }
                 (None, _) => {
-                    let id = self.ns.insert_child(dir.node, &item.name, meta);
-                    (id, Some(self.attr(id)?))
+                    let Ok(meta) = dir.listing.stat(name) else {
+                        continue;
+                    };
+                    let id = self.ns.insert_child(dir.node, name, meta);
+                    (id, meta.attr.kind, plus.then(|| self.attr(id)).transpose()?)
                 }
             };
             let entry = DirEntryOut {
                 ino,
                 next: i as u64 + 3,
-                kind: meta.attr.kind,
-                name: &item.name,
-                attr: if plus { attr } else { None },
+                kind,
+                name,
+                attr,
             };
             if add(entry) {
                 return Ok(());
