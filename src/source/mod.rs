@@ -280,7 +280,7 @@ impl DatasetSource for LocalSource {
             }
             let kind = match entry.file_type() {
                 rustix::fs::FileType::Unknown => None,
-                t => Some(kind_from_mode(t.as_raw_mode() as u32)),
+                t => Some(kind_from_mode(t.as_raw_mode())),
             };
             names.push((OsStr::from_bytes(name).to_os_string(), kind));
         }
