@@ -41,7 +41,9 @@ def _project():
 
 def _read_simple_toml(path):
     tables, table = {}, None
-    for line in open(path, encoding="utf-8"):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
