@@ -162,7 +162,7 @@ PY
 
 echo
 echo "== what coorfs saw (coorfs stats $mnt, its dataset-wide epochs)"
-"$coorfs" stats "$mnt" | sed -n '/^dataset epochs/,/^$/p' | sed 's/^/   /'
+"$coorfs" stats "$mnt" | sed -n '/^dataset epochs/,/^$/p' | sed '/^$/d; s/^/   /'
 
 echo "== checks"
 failed=0
