@@ -111,6 +111,13 @@ pub struct MountArgs {
     /// FUSE file).
     #[arg(long, help_heading = "Mount")]
     pub acl: bool,
+    /// Let the kernel open files without asking the daemon: it checks permissions from the
+    /// mode bits it caches, and a file whose pages it holds costs no round trip (a million
+    /// tiny files read hot at page-cache speed). A chmod or change on the source then takes
+    /// effect within --metadata-ttl, ACL entries only with --acl, order hints are refused,
+    /// and reads the page cache serves are not counted.
+    #[arg(long, help_heading = "Mount")]
+    pub fast_open: bool,
     /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
     #[arg(long, help_heading = "Mount")]
     pub allow_non_empty: bool,
@@ -398,6 +405,7 @@ impl MountArgs {
         config.metadata_ttl = self.metadata_ttl;
         config.allow_other = self.allow_other;
         config.acl = self.acl;
+        config.fast_open = self.fast_open;
         config.allow_non_empty = self.allow_non_empty;
         if let Some(size) = self.cache_size {
             config.cache.capacity = size;

@@ -23,6 +23,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// The kernel evaluates the source's POSIX ACLs (FUSE_POSIX_ACL).
     pub acl: bool,
+    /// The kernel opens files without asking the daemon (`--fast-open`).
+    pub fast_open: bool,
     /// Mount over a non-empty directory.
     pub allow_non_empty: bool,
     /// Threads that read the source for cache misses.
@@ -61,6 +63,7 @@ impl MountConfig {
             metadata_ttl: Duration::from_secs(24 * 3600),
             allow_other: false,
             acl: false,
+            fast_open: false,
             allow_non_empty: false,
             // Enough concurrent source reads to keep a network filesystem's pipe full (a
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough

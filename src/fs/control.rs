@@ -224,6 +224,9 @@ impl DatasetFs {
         if ino != ORDER_INO {
             return Err(FsError::ReadOnly);
         }
+        if self.fast_open {
+            return Err(FsError::NotSupported);
+        }
         let mut orders = self.orders.lock();
         let w = orders.get_mut(&fh).ok_or(FsError::BadHandle)?;
         if let Some(errno) = w.refused {
@@ -269,6 +272,10 @@ impl DatasetFs {
     pub fn truncate(&self, ino: NodeId, size: u64) -> Result<Attr, FsError> {
         if ino != ORDER_INO || size != 0 {
             return Err(FsError::ReadOnly);
+        }
+        // Without opens the kernel truncates at open(O_TRUNC): the hint fails there.
+        if self.fast_open {
+            return Err(FsError::NotSupported);
         }
         Ok(self.control_attr())
     }

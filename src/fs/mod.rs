@@ -60,7 +60,7 @@ use crate::jobs::{Job, JobKey, Jobs};
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
 use crate::prefetch::{PrefetchConfig, Staging};
 use crate::source::beneath::is_moved;
-use crate::source::{Creds, DatasetSource, DirItem, FsStats};
+use crate::source::{Creds, DatasetSource, FsStats, Listing};
 use crate::stats::{self, Counters, EpochRecord, Snapshot, Stat, Stats, Value};
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
@@ -199,6 +199,19 @@ struct FileHandle {
     ino: NodeId,
     /// A read found the source file changed since the open.
     changed_while_open: AtomicBool,
+    /// Opened for one read under `--fast-open` that is not the file's access (see
+    /// [`Access::Silent`]): it counts the bytes it moves, never a hit or a miss.
+    silent: bool,
+}
+
+/// How an open of a file is accounted. A FUSE OPEN is the job's access of the file. Under
+/// `--fast-open` the kernel sends no OPEN and each READ that misses the kernel's page cache
+/// opens the file for itself: the READ at offset 0 (where the kernel starts a file) is the
+/// access, the others are [`Access::Silent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    Counted,
+    Silent,
 }
 
 impl FileHandle {
@@ -214,7 +227,7 @@ impl FileHandle {
 struct DirHandle {
     node: NodeId,
     parent: NodeId,
-    items: Vec<DirItem>,
+    listing: Listing,
 }
 
 /// What the scan of the source found.
@@ -253,6 +266,8 @@ pub struct DatasetFs {
     invalidator: std::sync::OnceLock<Invalidator>,
     metadata_room: Option<u64>,
     metadata_warned: AtomicBool,
+    /// `--fast-open`: the kernel opens files without asking (see [`DatasetFs::fast_open`]).
+    fast_open: bool,
     /// Nodes whose source entry changed while the kernel was not told (see `open`).
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
@@ -326,6 +341,7 @@ impl DatasetFs {
             stale_in_kernel: Default::default(),
             metadata_room: config.metadata_room,
             metadata_warned: AtomicBool::new(false),
+            fast_open: config.fast_open,
             owner: config.owner_uid,
             _io: io,
         })
@@ -334,6 +350,14 @@ impl DatasetFs {
     /// How long the kernel may cache entries and attributes.
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// `--fast-open`: OPEN and FLUSH are answered `ENOSYS`, so the kernel stops sending them
+    /// (and RELEASE): it checks permissions itself from the attributes it caches
+    /// (`default_permissions`) and keeps every file's pages. A hot file then costs no round
+    /// trip at all; each READ opens its file for itself ([`DatasetFs::read_unopened`]).
+    pub fn fast_open(&self) -> bool {
+        self.fast_open
     }
 
     /// Sets how the core tells the kernel to forget a changed node (once).
@@ -497,6 +521,17 @@ impl DatasetFs {
     /// Opens file `ino` for reading (or the order file for writing). `flags` are the
     /// `open(2)` flags.
     pub fn open(&self, ino: NodeId, flags: i32, caller: Caller) -> Result<Opened, FsError> {
+        self.open_file(ino, flags, caller, Access::Counted)
+    }
+
+    /// [`DatasetFs::open`], accounted as `access` says.
+    pub(crate) fn open_file(
+        &self,
+        ino: NodeId,
+        flags: i32,
+        caller: Caller,
+        access: Access,
+    ) -> Result<Opened, FsError> {
         if ino == control::ORDER_INO {
             return self.open_order(flags, caller);
         }
@@ -541,6 +576,29 @@ impl DatasetFs {
         let hit = self.cache.holds_file(&version);
         let total = self.dataset_files();
         let job = self.jobs.get(caller.pid, caller.uid, now);
+        if access == Access::Silent {
+            let (job_key, job_epoch) = {
+                let j = job.lock();
+                (j.key, j.epoch())
+            };
+            let epoch = self.stats.epochs.lock().tracker().epoch();
+            return Ok(self.new_handle(FileHandle {
+                rel: Arc::from(rel),
+                version,
+                file,
+                counted_at_open: AtomicBool::new(hit),
+                epoch,
+                job,
+                job_key,
+                job_epoch,
+                same_access: true,
+                held: Mutex::default(),
+                watch: None,
+                ino,
+                changed_while_open: AtomicBool::new(false),
+                silent: true,
+            }));
+        }
         // The job's lock is held from taking the staged blocks to counting the access: of two
         // opens of a file by one job (a check and a decode, two workers sharing it), the one
         // its epoch counts first takes them, and the other finds them among the recent blocks.
@@ -647,6 +705,7 @@ impl DatasetFs {
             watch,
             ino,
             changed_while_open: AtomicBool::new(false),
+            silent: false,
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
@@ -656,6 +715,19 @@ impl DatasetFs {
             changed,
             flush: false,
         })
+    }
+
+    /// Enters an open file of no kernel open (see [`Access::Silent`]) in the handle table.
+    fn new_handle(&self, handle: FileHandle) -> Opened {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.lock().insert(fh, Arc::new(handle));
+        Opened {
+            fh,
+            keep_cache: true,
+            direct_io: false,
+            changed: false,
+            flush: false,
+        }
     }
 
     /// Closes open file `fh`.
@@ -677,16 +749,16 @@ impl DatasetFs {
         if info.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        let items = self
+        let listing = self
             .source
-            .read_dir(&self.rel_path(ino)?, &self.creds(caller))
+            .list_dir(&self.rel_path(ino)?, &self.creds(caller))
             .map_err(source_error)?;
         let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = DirHandle {
             node: ino,
             parent,
-            items,
+            listing,
         };
         self.dirs.lock().insert(fh, Arc::new(handle));
         Ok(fh)
@@ -728,26 +800,38 @@ impl DatasetFs {
             }
         }
         let start = offset.saturating_sub(2) as usize;
-        for (i, item) in dir.items.iter().enumerate().skip(start) {
-            let meta = item.meta;
-            let known = self.ns.child(dir.node, &item.name);
-            let (ino, attr) = match (known, plus) {
-                (Some(id), false) => (id, None),
+        for (i, (name, listed_kind)) in dir.listing.names.iter().enumerate().skip(start) {
+            // An entry's lstat only when the kernel asks for its attributes or coorfs does
+            // not know it yet; one gone since the listing is left out.
+            let known = self.ns.child(dir.node, name);
+            let (ino, kind, attr) = match (known, plus) {
+                (Some(id), false) => {
+                    let kind = listed_kind
+                        .or_else(|| self.ns.info(id).map(|i| i.attr.kind))
+                        .unwrap_or(Kind::File);
+                    (id, kind, None)
+                }
                 (Some(id), true) => {
+                    let Ok(meta) = dir.listing.stat(name) else {
+                        continue;
+                    };
                     self.refresh(id, meta);
-                    (id, Some(self.attr(id)?))
+                    (id, meta.attr.kind, Some(self.attr(id)?))
                 }
                 (None, _) => {
-                    let id = self.ns.insert_child(dir.node, &item.name, meta);
-                    (id, Some(self.attr(id)?))
+                    let Ok(meta) = dir.listing.stat(name) else {
+                        continue;
+                    };
+                    let id = self.ns.insert_child(dir.node, name, meta);
+                    (id, meta.attr.kind, plus.then(|| self.attr(id)).transpose()?)
                 }
             };
             let entry = DirEntryOut {
                 ino,
                 next: i as u64 + 3,
-                kind: meta.attr.kind,
-                name: &item.name,
-                attr: if plus { attr } else { None },
+                kind,
+                name,
+                attr,
             };
             if add(entry) {
                 return Ok(());

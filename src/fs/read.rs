@@ -25,9 +25,10 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{DatasetFs, FileHandle, FsError, ReadDone};
+use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, control};
 use crate::cache::{BlockKey, CachedBytes};
 use crate::fetch::{Account, Block, FetchKind, FetchResult};
+use crate::namespace::NodeId;
 use crate::source::{read_open_file, stat_fd};
 use crate::stats::Counters;
 
@@ -72,6 +73,35 @@ impl Assembly {
 }
 
 impl DatasetFs {
+    /// A read under `--fast-open`, where the kernel sends no OPEN: the file is opened for
+    /// this read alone, as the caller (the source still checks its permissions), and the read
+    /// at offset 0 is the job's access of the file (see [`Access`]). The order file takes no
+    /// hints without opens.
+    pub fn read_unopened(
+        &self,
+        ino: NodeId,
+        offset: u64,
+        size: u32,
+        caller: Caller,
+        done: ReadDone,
+    ) {
+        if ino == control::ORDER_INO {
+            return done(Err(FsError::NotSupported));
+        }
+        let access = if offset == 0 {
+            Access::Counted
+        } else {
+            Access::Silent
+        };
+        match self.open_file(ino, libc::O_RDONLY, caller, access) {
+            Ok(opened) => {
+                self.read(opened.fh, offset, size, done);
+                self.release(opened.fh);
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
     /// Reads `size` bytes at `offset` of open file `fh`; `done` receives the bytes, on this
     /// thread if they are at hand, else on an I/O thread when the fetch ends.
     pub fn read(&self, fh: u64, offset: u64, size: u32, done: ReadDone) {
@@ -212,7 +242,7 @@ impl DatasetFs {
         block: u64,
         waiter: Box<dyn FnOnce(FetchResult) + Send>,
     ) {
-        if h.counted_at_open.swap(false, Ordering::Relaxed) {
+        if !h.silent && h.counted_at_open.swap(false, Ordering::Relaxed) {
             tracing::debug!("{}: the hit at open became a miss", h.rel.display());
             let c = &self.stats.counters;
             c.hits.fetch_sub(1, Ordering::Relaxed);

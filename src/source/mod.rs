@@ -53,6 +53,25 @@ pub struct DirItem {
     pub meta: SourceMeta,
 }
 
+/// A directory of the source, open, and the names it held when it was read: what a FUSE
+/// listing serves. An entry's attributes are read only when asked for ([`Listing::stat`]):
+/// a listing that only lists (`find`, `os.scandir`) costs no `lstat` per entry.
+#[derive(Debug)]
+pub struct Listing {
+    dir: std::os::fd::OwnedFd,
+    /// Each entry's name, and its type if the directory said (`d_type`).
+    pub names: Vec<(OsString, Option<Kind>)>,
+}
+
+impl Listing {
+    /// `lstat` of entry `name`: one `statx` relative to the open directory, so confined.
+    pub fn stat(&self, name: &OsStr) -> io::Result<SourceMeta> {
+        let name = std::ffi::CString::new(name.as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        stat_at(&self.dir, &name)
+    }
+}
+
 /// Capacity figures of the filesystem holding the source (`statvfs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FsStats {
@@ -77,10 +96,26 @@ pub trait DatasetSource: Send + Sync + 'static {
     fn root(&self) -> &Path;
     /// `lstat` of an entry, reached with `who`'s search permission on every directory.
     fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta>;
-    /// The entries of a directory that `who` may read, without `.` and `..`, in the order
-    /// the source lists them, each with its `lstat` (an entry gone between the listing and
-    /// its `lstat` is left out, as a fresh listing would).
-    fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<Vec<DirItem>>;
+    /// Opens a directory that `who` may read and reads its names, without `.` and `..`, in
+    /// the order the source lists them.
+    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing>;
+    /// The entries of a directory that `who` may read (see [`DatasetSource::list_dir`]), each
+    /// with its `lstat` (an entry gone between the listing and its `lstat` is left out, as a
+    /// fresh listing would).
+    fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<Vec<DirItem>> {
+        let listing = self.list_dir(rel, who)?;
+        Ok(listing
+            .names
+            .iter()
+            .filter_map(|(name, _)| {
+                let meta = listing.stat(name).ok()?;
+                Some(DirItem {
+                    name: name.clone(),
+                    meta,
+                })
+            })
+            .collect())
+    }
     /// The target of a symbolic link.
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
     /// Opens regular file `rel` for reading as `who`: the source applies its modes, ACLs and
@@ -230,12 +265,12 @@ impl DatasetSource for LocalSource {
         as_user(who, || stat_fd(&self.beneath.open_at(rel, OFlags::PATH)?))
     }
 
-    fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<Vec<DirItem>> {
+    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
         let fd = as_user(who, || {
             self.beneath
                 .open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NONBLOCK)
         })?;
-        let mut items = Vec::new();
+        let mut names = Vec::new();
         let mut dir = rustix::fs::Dir::read_from(&fd)?;
         while let Some(entry) = dir.read() {
             let entry = entry?;
@@ -243,17 +278,13 @@ impl DatasetSource for LocalSource {
             if name == b"." || name == b".." {
                 continue;
             }
-            // One statx of a single component relative to the open directory: confined, and
-            // one system call an entry (the scan and READDIRPLUS need every entry's attributes).
-            let Ok(meta) = stat_at(&fd, entry.file_name()) else {
-                continue;
+            let kind = match entry.file_type() {
+                rustix::fs::FileType::Unknown => None,
+                t => Some(kind_from_mode(t.as_raw_mode())),
             };
-            items.push(DirItem {
-                name: OsStr::from_bytes(name).to_os_string(),
-                meta,
-            });
+            names.push((OsStr::from_bytes(name).to_os_string(), kind));
         }
-        Ok(items)
+        Ok(Listing { dir: fd, names })
     }
 
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
@@ -525,8 +556,8 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
     fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta> {
         self.inner.metadata(rel, who)
     }
-    fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<Vec<DirItem>> {
-        self.inner.read_dir(rel, who)
+    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
+        self.inner.list_dir(rel, who)
     }
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         self.inner.read_link(rel)
