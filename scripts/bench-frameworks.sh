@@ -19,7 +19,7 @@
 #     the kernel killed it; run it with OVERHEAD=$((128 << 20)), or a smaller STAGING (on
 #     bandwidth-bound storage the prefetcher stages at most 2 MiB: STAGING=$((8 << 20)));
 #   - coorfs hint (if SYSTEMS says so): prefetch, and the pipeline with --hinted: the one-line
-#     change of coorfs_torch.HintedSampler, which hands the mount each epoch's order (the same
+#     change of coorfs.HintedSampler (python/), which hands the mount each epoch's order (the same
 #     permutations as shuffle=True draws for the seed).
 # The dataset's pages are dropped before each run; every run uses the seed of its repetition,
 # so native and coorfs read the same orders. Per epoch: seconds and samples/s (the pipeline's

@@ -1,43 +1,92 @@
-# Helpers shared by the benchmarks (sourced, not run), on cgroup v1 controllers: the memory
-# controller bounds a reader's page cache, the blkio controller throttles storage and counts
-# the bytes read from it.
+# Helpers shared by the benchmarks and the demo (sourced, not run). A memory cgroup bounds a
+# reader's page cache (and a daemon's memory) and an I/O cgroup throttles storage and counts
+# the bytes read from it: cgroup v1's memory and blkio controllers where the machine has them
+# (the benchmark machine), else cgroup v2's memory and io controllers (one unified hierarchy,
+# as on current distributions). Other benchmarks read some v1 files directly (peak memory).
 
 CG_MEM=/sys/fs/cgroup/memory
 CG_BLKIO=/sys/fs/cgroup/blkio
+CG_V2=/sys/fs/cgroup
+if [ -e "$CG_MEM/memory.limit_in_bytes" ]; then
+    CG_VERSION=1
+elif [ -e "$CG_V2/cgroup.controllers" ]; then
+    CG_VERSION=2
+else
+    CG_VERSION=0
+fi
 
-# cg_create NAME MEMORY_BYTES READ_BPS DEVICE: a memory + blkio cgroup pair. MEMORY_BYTES 0 or
-# READ_BPS 0 leaves that limit off.
+# cg_create NAME MEMORY_BYTES READ_BPS DEVICE: a cgroup (v1: a memory + blkio pair) limited to
+# MEMORY_BYTES of memory, reads from DEVICE throttled to READ_BPS. MEMORY_BYTES 0 or READ_BPS
+# 0 leaves that limit off. Fails (with the kernel's complaint on stderr) if a step fails.
 cg_create() {
     local name=$1 mem=$2 bps=$3 dev=$4
-    mkdir -p "$CG_MEM/$name" "$CG_BLKIO/$name"
-    if [ "$mem" != 0 ]; then echo "$mem" > "$CG_MEM/$name/memory.limit_in_bytes"; fi
-    if [ "$bps" != 0 ]; then echo "$dev $bps" > "$CG_BLKIO/$name/blkio.throttle.read_bps_device"; fi
+    case $CG_VERSION in
+    1)
+        mkdir -p "$CG_MEM/$name" "$CG_BLKIO/$name" || return 1
+        if [ "$mem" != 0 ]; then echo "$mem" > "$CG_MEM/$name/memory.limit_in_bytes" || return 1; fi
+        if [ "$bps" != 0 ]; then echo "$dev $bps" > "$CG_BLKIO/$name/blkio.throttle.read_bps_device" || return 1; fi
+        ;;
+    2)
+        # A child of the root has the controllers the root hands down (systemd hands down both).
+        local c
+        for c in memory io; do
+            if grep -qw "$c" "$CG_V2/cgroup.controllers" && ! grep -qw "$c" "$CG_V2/cgroup.subtree_control"; then
+                echo "+$c" > "$CG_V2/cgroup.subtree_control" || return 1
+            fi
+        done
+        mkdir -p "$CG_V2/$name" || return 1
+        if [ "$mem" != 0 ]; then echo "$mem" > "$CG_V2/$name/memory.max" || return 1; fi
+        if [ "$bps" != 0 ]; then echo "$dev rbps=$bps" > "$CG_V2/$name/io.max" || return 1; fi
+        ;;
+    *)
+        echo "no cgroup filesystem at /sys/fs/cgroup" >&2
+        return 1
+        ;;
+    esac
 }
 
-# cg_run NAME CMD...: runs CMD inside the cgroup pair (its children stay in it).
+# cg_run NAME CMD...: runs CMD inside the cgroup (its children stay in it).
 cg_run() {
     local name=$1; shift
     (
-        echo "$BASHPID" > "$CG_MEM/$name/cgroup.procs"
-        echo "$BASHPID" > "$CG_BLKIO/$name/cgroup.procs"
+        if [ "$CG_VERSION" = 1 ]; then
+            echo "$BASHPID" > "$CG_MEM/$name/cgroup.procs"
+            echo "$BASHPID" > "$CG_BLKIO/$name/cgroup.procs"
+        else
+            echo "$BASHPID" > "$CG_V2/$name/cgroup.procs"
+        fi
         exec "$@"
     )
 }
 
 # cg_read_bytes NAME DEVICE: bytes the cgroup has read from DEVICE so far.
 cg_read_bytes() {
-    awk -v dev="$2" '$1 == dev && $2 == "Read" { print $3; found = 1 } END { if (!found) print 0 }' \
-        "$CG_BLKIO/$1/blkio.throttle.io_service_bytes"
+    if [ "$CG_VERSION" = 1 ]; then
+        awk -v dev="$2" '$1 == dev && $2 == "Read" { print $3; found = 1 } END { if (!found) print 0 }' \
+            "$CG_BLKIO/$1/blkio.throttle.io_service_bytes"
+    else
+        awk -v dev="$2" '$1 == dev { for (i = 2; i <= NF; i++) if ($i ~ /^rbytes=/) { print substr($i, 8); found = 1 } }
+            END { if (!found) print 0 }' "$CG_V2/$1/io.stat"
+    fi
 }
 
-# cg_destroy NAME: removes the pair (its processes must have exited).
+# cg_destroy NAME: removes the cgroup (its processes must have exited).
 cg_destroy() {
-    rmdir "$CG_MEM/$1" "$CG_BLKIO/$1" 2>/dev/null || true
+    if [ "$CG_VERSION" = 1 ]; then
+        rmdir "$CG_MEM/$1" "$CG_BLKIO/$1" 2>/dev/null || true
+    else
+        rmdir "$CG_V2/$1" 2>/dev/null || true
+    fi
 }
 
-# device_of DIR: MAJ:MIN of the block device holding DIR (for blkio rules).
+# device_of DIR: MAJ:MIN of the disk holding DIR (for throttling rules, which take a whole
+# disk: a partition's MAJ:MIN becomes its disk's), or the filesystem's own MAJ:MIN when it is
+# on no block device (tmpfs, overlay: nothing to throttle).
 device_of() {
-    findmnt -no MAJ:MIN -T "$1" | tr -d ' '
+    local dev
+    dev=$(findmnt -no MAJ:MIN -T "$1" | tr -d ' ')
+    if [ -e "/sys/dev/block/$dev/partition" ]; then dev=$(cat "/sys/dev/block/$dev/../dev"); fi
+    echo "$dev"
 }
 
 # drop_pages DIR: drops DIR's files from the page cache (posix_fadvise DONTNEED per file),
@@ -58,18 +107,18 @@ for root, _, files in os.walk(sys.argv[1]):
 PY
 }
 
-# coorfs_stat MNT NAME: one numeric stat of a mount.
+# coorfs_stat MNT NAME: one stat of a mount (its user.coorfs.NAME attribute; no getfattr).
 coorfs_stat() {
-    getfattr --absolute-names -n "user.coorfs.$2" --only-values "$1"
+    python3 -c 'import os, sys; print(os.getxattr(sys.argv[1], "user.coorfs." + sys.argv[2]).decode())' "$1" "$2"
 }
 
-# wait_scan MNT: waits until the mount's scan of its source is complete.
+# wait_scan MNT: waits (at most a minute) until the mount's scan of its source is complete.
 wait_scan() {
     for _ in $(seq 1 600); do
         [ "$(coorfs_stat "$1" scan_complete 2>/dev/null)" = 1 ] && return 0
         sleep 0.1
     done
-    echo "scan of $1 did not complete" >&2
+    echo "the mount at $1 did not finish scanning its source within 60 s" >&2
     return 1
 }
 
@@ -79,11 +128,11 @@ file_bytes() {
     find "$1" -type f -printf '%s\n' | python3 -c 'import sys; print(sum(int(l) for l in sys.stdin))'
 }
 
-# bench_start NAME: a work directory with an empty mount point and the name of a cgroup pair
-# for the runs (sets work, mnt and cg), removed on exit with whatever is still mounted there.
-# Needs $coorfs.
+# bench_start NAME [BASE]: a work directory in BASE (default /tmp) with an empty mount point and
+# the name of a cgroup for the runs (sets work, mnt and cg), removed on exit with whatever is
+# still mounted there. Needs $coorfs.
 bench_start() {
-    work=$(mktemp -d "/tmp/coorfs-$1.XXXXXX")
+    work=$(mktemp -d "${2:-/tmp}/coorfs-$1.XXXXXX")
     mnt="$work/mnt"
     mkdir "$mnt"
     cg="coorfs-$1-$$"

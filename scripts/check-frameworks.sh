@@ -11,9 +11,10 @@
 # source = the dataset once). The bytes mode runs again with a cache of half the dataset,
 # with prefetch off (later epochs must hit exactly the files the cache holds) and with the
 # default options (prefetch on: the checks that do not depend on timing), and for PyTorch once
-# more with the one-line change of scripts/coorfs_torch.py: HintedSampler hands every epoch's
-# order to the mount (one hint accepted an epoch, none rejected, the same checksums and hit
-# rates). Exits non-zero at the first failed check.
+# more with the one-line change of the coorfs package (python/): coorfs.HintedSampler hands
+# every epoch's order to the mount (one hint accepted an epoch, none rejected, the same
+# checksums and hit rates). First, the package's unit tests run with torch installed, where
+# the sampler's own tests run too. Exits non-zero at the first failed check.
 #
 #   scripts/check-frameworks.sh                     # 2,000 files of ~110 KiB, 3 epochs
 #   FILES=5000 MODES=bytes scripts/check-frameworks.sh
@@ -39,7 +40,7 @@ dataset_bytes=$(file_bytes "$DATA")
 bench_start check-frameworks
 
 # check FRAMEWORK MODE CACHE_BYTES [MOUNT_OPTION...]: one pipeline through a fresh mount and on
-# the source. With HINTED=1, the run through the mount samples with coorfs_torch.HintedSampler.
+# the source. With HINTED=1, the run through the mount samples with coorfs.HintedSampler.
 check() {
     local framework=$1 mode=$2 cache=$3 script=scripts/train-input.py reference=(--reference)
     local hinted=()
@@ -58,6 +59,9 @@ check() {
     python3 scripts/check-run.py --source "$DATA" --mount-run "$work/mount.jsonl" \
         --source-run "$work/source.jsonl" --stats "$work/stats.json" "${reference[@]}" "${hinted[@]}"
 }
+
+echo "== the coorfs package's unit tests, with torch"
+(cd python && PYTHONPATH=$PWD PYTHONDONTWRITEBYTECODE=1 "$py" -m unittest discover -s tests)
 
 echo "== $FILES files, $dataset_bytes bytes; $EPOCHS epochs; $WORKERS workers"
 for framework in $FRAMEWORKS; do

@@ -20,7 +20,7 @@ The runs are train-input*.py --json output: one object per epoch. Checked:
   which epoch a prefetched byte counts in, depend on timing; checked instead: later epochs hit
   exactly the cached files, nothing prefetched went unread, and in all every file not cached
   was read from the source once an epoch (epoch 1: every file).
-- with --hinted (the pipeline sampled with coorfs_torch.HintedSampler): the mount accepted one
+- with --hinted (the pipeline sampled with coorfs.HintedSampler): the mount accepted one
   order hint an epoch and rejected none.
 Standard library only. Exits 1 with every failed check listed.
 """

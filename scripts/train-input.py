@@ -17,8 +17,9 @@ Prints one line per epoch (--json: one object): samples, bytes, seconds, samples
 checksum. Listing the dataset (ImageFolder scans the class folders) opens no file, so every
 file open during an epoch is a sample. Run it with .venv/bin/python (scripts/setup-python.sh).
 
---hinted makes the one-line change of scripts/coorfs_torch.py: the DataLoader samples with
-HintedSampler, which hands each epoch's order to the coorfs mount DIR before the epoch.
+--hinted makes the one-line change of the coorfs package (python/, this checkout's): the
+DataLoader samples with coorfs.HintedSampler, which hands each epoch's order to the coorfs
+mount DIR before the epoch.
 
     .venv/bin/python scripts/train-input.py --workers 2 --epochs 3 /mnt/train
     .venv/bin/python scripts/train-input.py --mode decode --json /mnt/train
@@ -26,6 +27,7 @@ HintedSampler, which hands each epoch's order to the coorfs mount DIR before the
 import functools
 import io
 import os
+import sys
 
 import torch
 from PIL import Image
@@ -75,9 +77,11 @@ def main():
         transform = hash_and_size
     dataset = datasets.ImageFolder(root, loader=functools.partial(hashing_loader, root, decode), transform=transform)
     if args.hinted:
-        import coorfs_torch  # beside this script
+        # This checkout's package, not whatever version the venv may hold: it is what is checked.
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import coorfs
 
-        sampler = coorfs_torch.HintedSampler(dataset, mount=root, strict=True)
+        sampler = coorfs.HintedSampler(dataset, mount=root, strict=True)
         loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
                                              num_workers=args.workers)
     else:

@@ -32,7 +32,7 @@ def arguments(description, workers_help, hinted=False):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if hinted:
         p.add_argument("--hinted", action="store_true",
-                       help="sample with coorfs_torch.HintedSampler instead of shuffle=True: DIR must "
+                       help="sample with coorfs.HintedSampler instead of shuffle=True: DIR must "
                             "be a coorfs mount, which gets each epoch's order (a rejected order fails the run)")
     p.add_argument("dir", help="the dataset root: one folder per class, JPEG files in them")
     p.add_argument("--mode", choices=["bytes", "decode"], default="bytes",

@@ -206,14 +206,18 @@ ENODATA. They are read-only.",
         ".SH NOTES\n\
          The mount is read\\-only: every operation that would change the dataset fails with EROFS, \
          and coorfs never writes to the source. The kernel checks the source's permission bits \
-         (\\fBdefault_permissions\\fR). A file whose size or modification time changes while \
-         mounted is detected when it is next opened and served with its new content.\n\
+         (\\fBdefault_permissions\\fR). A source file that changes while mounted (its inode, \
+         size, modification or change time) is detected when it is next opened and served with \
+         its new content.\n\
          .PP\n\
          Memory: the cache never holds more than \\fB\\-\\-cache\\-size\\fR bytes of file data. \
-         Beyond it the daemon needs about 150 bytes plus the name for every entry of the dataset \
-         (its node table), one block per fetch in flight (at most 64 x \\fB\\-\\-block\\-size\\fR) \
-         and one block per open file. The kernel may also keep page\\-cache copies of wholly \
-         cached files; it reclaims them under memory pressure, and the cache still holds those bytes.\n",
+         Beyond it the daemon needs the staging area (\\fB\\-\\-prefetch\\-memory\\fR, with \
+         prefetch on), about 106 bytes plus the name for every entry of the dataset (its node \
+         table), the blocks being fetched (at most (\\fB\\-\\-prefetch\\-depth\\fR + 2 x \
+         \\fB\\-\\-threads\\fR) x \\fB\\-\\-block\\-size\\fR), up to 16 MiB of blocks read \
+         moments ago, and order hints (at most \\fB\\-\\-hint\\-memory\\fR). The kernel may also \
+         keep page\\-cache copies of wholly cached files; it reclaims them under memory pressure, \
+         and the cache still holds those bytes.\n",
     );
     out.push_str(
         ".SH SEE ALSO\n\

@@ -1,5 +1,6 @@
-//! scripts/coorfs_torch.py against a real mount, with Python's standard library only (the
-//! torch parts are checked by scripts/check-frameworks.sh).
+//! The `coorfs` Python package (python/) against a real mount, with Python's standard library
+//! only (its tests without a mount run from tests/python.rs; the torch parts are checked by
+//! scripts/check-frameworks.sh).
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::process::Command;
 use common::*;
 
 #[test]
-fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
+fn the_python_package_hands_orders_to_the_mount_and_reads_its_stats() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     make_dataset(&src, 120, 2000, 4);
@@ -16,11 +17,12 @@ fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
     // byte comes through the daemon, staged or from the source. (--cache-size 0 is refused.)
     let m = Mount::new(&src, &["--cache-size", "1"]);
     wait_for_scan(&m.mnt);
-    let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
+    let package = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
     let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/hint_client.py");
     let out = Command::new("python3")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .arg(client)
-        .arg(scripts)
+        .arg(package)
         .arg(&m.mnt)
         .output()
         .unwrap();
@@ -35,6 +37,14 @@ fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
     assert_eq!(got["directory"], "EINVAL");
     assert_eq!(got["outside"], "ValueError");
     assert_eq!(got["lenient"], serde_json::json!([false, 1]));
+    // coorfs.read_stats and coorfs.cached_bytes, read through os.getxattr: the dataset as the
+    // scan found it, and nothing cached (the budget holds no file).
+    assert_eq!(
+        (got["stats_files"].as_u64(), got["stats_bytes"].as_u64()),
+        (Some(120), Some(120 * 2000)),
+        "{got}"
+    );
+    assert_eq!(got["cached"], 0, "{got}");
 
     let s = stats(&m.mnt);
     assert_eq!(

@@ -376,7 +376,8 @@ mod tests {
         (got - want).abs() <= tol
     }
 
-    /// The measured table of the README's introduction: 20,000 files of 100 KiB, random order each epoch.
+    /// The table of docs/DESIGN.md ("The problem, in numbers"): 20,000 files of 100 KiB, random
+    /// order each epoch.
     #[test]
     fn reproduces_the_design_table() {
         let sizes = vec![100 << 10; 20_000];

@@ -1,0 +1,89 @@
+"""Order hints: tell a coorfs mount the order in which a job reads its files next.
+
+A job writes the coming epoch's order, one path per line relative to the mount root, to the
+write-only file MOUNT/.coorfs-order; the daemon answers at close(): a hint it rejects raises
+OSError with its errno (ENOENT: a path that is no file of the mount, or not one the writer may
+read; EINVAL: garbage or nothing; EFBIG: too large; EDQUOT: past the mount's hint memory). With
+the order known, the prefetcher follows it exactly, as far ahead as its staging area allows.
+Standard library only: torch's sampler is in `coorfs.sampler`.
+"""
+
+import os
+import random
+import warnings
+
+ORDER_FILE = ".coorfs-order"
+
+
+def sample_paths(dataset):
+    """The file path of every sample of `dataset`, by index.
+
+    Knows torchvision's ImageFolder/DatasetFolder (`samples`), datasets with `imgs`, `paths`
+    or `files`, and plain sequences of paths.
+    """
+    for attr in ("samples", "imgs"):
+        items = getattr(dataset, attr, None)
+        if items is not None:
+            return [item[0] if isinstance(item, (tuple, list)) else item for item in items]
+    for attr in ("paths", "files"):
+        items = getattr(dataset, attr, None)
+        if items is not None:
+            return list(items)
+    if isinstance(dataset, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in dataset):
+        return list(dataset)
+    raise TypeError(
+        "coorfs: cannot tell the file of each sample of %r; pass paths=[...]" % type(dataset).__name__
+    )
+
+
+def write_order(mount, paths):
+    """Tells the coorfs mount at `mount` that this job reads `paths` next, in this order.
+
+    Paths may be absolute (below `mount`) or relative to it. Raises OSError with coorfs's
+    errno if it rejects the hint (see the module docstring), ValueError for a path outside the
+    mount.
+    """
+    mount = os.fspath(mount)
+    lines = []
+    for p in paths:
+        p = os.fspath(p)
+        rel = os.path.relpath(p, mount) if os.path.isabs(p) else p
+        if rel == ".." or rel.startswith(".." + os.sep):
+            raise ValueError("coorfs: %s is not below the mount %s" % (p, mount))
+        lines.append(rel)
+    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+    # The verdict comes at close(): a rejected hint raises OSError here.
+    with open(os.path.join(mount, ORDER_FILE), "wb") as f:
+        f.write(data)
+
+
+class HintedOrder:
+    """Per-epoch random orders over `paths`, each handed to the mount before it is used.
+
+    The torch-free core of HintedSampler: `next_epoch()` returns the indices of the coming
+    epoch after writing their paths to the mount. A hint the mount rejects warns and training
+    goes on without it, unless `strict`, which raises.
+    """
+
+    def __init__(self, paths, mount, seed=None, strict=False):
+        self.paths = list(paths)
+        self.mount = os.fspath(mount)
+        self.strict = strict
+        self._rng = random.Random(seed)
+
+    def hint(self, order):
+        """Hands the paths of `order` (indices) to the mount; True if it took them."""
+        try:
+            write_order(self.mount, [self.paths[i] for i in order])
+            return True
+        except (OSError, ValueError) as e:
+            if self.strict:
+                raise
+            warnings.warn("coorfs: the order hint was not taken (%s); reading without it" % e)
+            return False
+
+    def next_epoch(self):
+        order = list(range(len(self.paths)))
+        self._rng.shuffle(order)
+        self.hint(order)
+        return order

@@ -1,0 +1,47 @@
+"""HintedSampler: PyTorch's RandomSampler, telling a coorfs mount each epoch's order.
+
+It draws a fresh permutation every epoch (like `RandomSampler`), writes the paths of the
+samples in that order to the mount (`coorfs.write_order`), and yields the indices. It runs in
+the main process when the DataLoader starts an epoch, and the workers, in the same process
+group, are the same coorfs job. A hint that coorfs rejects (a path outside the mount, a file
+missing from it) raises nothing by default: training goes on without it, with a warning.
+"""
+
+try:
+    import torch
+    from torch.utils.data import Sampler
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "coorfs.HintedSampler needs torch (pip install torch); coorfs.HintedOrder does not"
+    ) from e
+
+from .order import HintedOrder, sample_paths
+
+
+class HintedSampler(Sampler):
+    """A RandomSampler that tells coorfs each epoch's order (see the module docstring).
+
+    Arguments: the dataset; `mount`, the coorfs mount point the dataset's files are under;
+    `paths`, the file of each sample if `coorfs.sample_paths` cannot tell; `generator`, a
+    torch.Generator for the permutations; `strict`, to raise instead of warn when coorfs
+    rejects a hint.
+    """
+
+    def __init__(self, data_source, mount, paths=None, generator=None, strict=False):
+        self.data_source = data_source
+        self.generator = generator
+        self._order = HintedOrder(paths if paths is not None else sample_paths(data_source), mount, strict=strict)
+        if len(self._order.paths) != len(data_source):
+            raise ValueError("coorfs: %d paths for %d samples" % (len(self._order.paths), len(data_source)))
+
+    def __len__(self):
+        return len(self.data_source)
+
+    def __iter__(self):
+        generator = self.generator
+        if generator is None:
+            generator = torch.Generator()
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        order = torch.randperm(len(self.data_source), generator=generator).tolist()
+        self._order.hint(order)
+        yield from order

@@ -1,0 +1,100 @@
+"""coorfs.order without a mount: the hint's text, the paths of a dataset, per-epoch orders."""
+
+import os
+import tempfile
+import unittest
+import warnings
+
+import coorfs
+
+
+class FakeImageFolder:
+    def __init__(self, paths):
+        self.samples = [(p, i % 3) for i, p in enumerate(paths)]
+
+    def __len__(self):
+        return len(self.samples)
+
+
+def order_file(mount):
+    with open(os.path.join(mount, coorfs.ORDER_FILE), "rb") as f:
+        return f.read()
+
+
+class SamplePaths(unittest.TestCase):
+    def test_known_dataset_shapes(self):
+        paths = ["/m/a/1.jpg", "/m/b/2.jpg"]
+        self.assertEqual(coorfs.sample_paths(FakeImageFolder(paths)), paths)
+        self.assertEqual(coorfs.sample_paths(type("D", (), {"imgs": [(p, 0) for p in paths]})()), paths)
+        self.assertEqual(coorfs.sample_paths(type("D", (), {"files": tuple(paths)})()), paths)
+        self.assertEqual(coorfs.sample_paths(tuple(paths)), paths)
+
+    def test_unknown_dataset_says_what_to_pass(self):
+        with self.assertRaisesRegex(TypeError, "pass paths="):
+            coorfs.sample_paths([1, 2, 3])
+
+
+class WriteOrder(unittest.TestCase):
+    """A plain directory stands in for the mount: the order file is then an ordinary file."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.mount = self.dir.name
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_paths_become_lines_relative_to_the_mount(self):
+        coorfs.write_order(self.mount, [os.path.join(self.mount, "b", "2.jpg"), "a/1.jpg"])
+        self.assertEqual(order_file(self.mount), b"b/2.jpg\na/1.jpg\n")
+
+    def test_names_that_are_not_utf8_keep_their_bytes(self):
+        name = os.fsdecode(b"caf\xe9.jpg")
+        coorfs.write_order(self.mount, [name])
+        self.assertEqual(order_file(self.mount), b"caf\xe9.jpg\n")
+
+    def test_a_path_outside_the_mount_is_refused_and_nothing_written(self):
+        with self.assertRaisesRegex(ValueError, "not below the mount"):
+            coorfs.write_order(self.mount, ["a/1.jpg", "/etc/passwd"])
+        self.assertFalse(os.path.exists(os.path.join(self.mount, coorfs.ORDER_FILE)))
+
+
+class HintedOrderEpochs(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.mount = self.dir.name
+        self.paths = ["c%d/f%03d.bin" % (i % 4, i) for i in range(50)]
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_every_epoch_is_a_fresh_permutation_handed_over_first(self):
+        order = coorfs.HintedOrder(self.paths, self.mount, seed=7, strict=True)
+        first = order.next_epoch()
+        self.assertEqual(sorted(first), list(range(50)))
+        self.assertEqual(order_file(self.mount).decode().split(), [self.paths[i] for i in first])
+        second = order.next_epoch()
+        self.assertEqual(sorted(second), list(range(50)))
+        self.assertNotEqual(first, second)
+        self.assertEqual(order_file(self.mount).decode().split(), [self.paths[i] for i in second])
+
+    def test_a_seed_gives_the_same_orders(self):
+        a = coorfs.HintedOrder(self.paths, self.mount, seed=3)
+        b = coorfs.HintedOrder(self.paths, self.mount, seed=3)
+        self.assertEqual([a.next_epoch() for _ in range(3)], [b.next_epoch() for _ in range(3)])
+
+    def test_a_rejected_hint_warns_unless_strict(self):
+        missing = os.path.join(self.mount, "no", "such", "dir")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            order = coorfs.HintedOrder(self.paths, missing)
+            self.assertEqual(sorted(order.next_epoch()), list(range(50)))
+            self.assertFalse(order.hint([0]))
+        self.assertEqual(len(caught), 2)
+        self.assertIn("not taken", str(caught[0].message))
+        with self.assertRaises(OSError):
+            coorfs.HintedOrder(self.paths, missing, strict=True).hint([0])
+
+
+if __name__ == "__main__":
+    unittest.main()
