@@ -6,7 +6,8 @@
 //! reading the source again. A fetched block is offered to the cache, then handed to every
 //! waiter, whether or not the cache admitted it. A block a reader asked for that the cache
 //! did not admit is also kept a moment ([`RecentBlocks`]), before the waiters run, so that a
-//! second open of the file right after finds it (see [`crate::cache::recent`]).
+//! second open of the file right after finds it (see [`crate::cache::recent`]). A fetch
+//! whose read panics still ends: its waiters get EIO and the block is no longer in flight.
 //!
 //! Memory: a fetch holds one block-sized buffer until its waiters are done, so the bytes in
 //! flight are bounded by the I/O threads times the block size (64 x 1 MiB by default). The
@@ -269,6 +270,13 @@ impl Fetcher {
         let issued = Instant::now();
         let this = self.clone();
         self.io.spawn_blocking(move || {
+            let mut running = Running {
+                fetcher: &this,
+                key,
+                demand,
+                counted: true,
+                done: false,
+            };
             let result = this.read(&rel, key, admit);
             if let Some(pacer) = &this.pacer {
                 let mut pacer = pacer.lock();
@@ -283,10 +291,7 @@ impl Fetcher {
                     );
                 }
             }
-            this.reading.fetch_sub(1, Ordering::Relaxed);
-            if demand {
-                this.demand.fetch_sub(1, Ordering::Relaxed);
-            }
+            running.uncount();
             if let (Ok(bytes), Some(account)) = (&result, account) {
                 account(bytes.len() as u64);
             }
@@ -296,7 +301,7 @@ impl Fetcher {
             {
                 this.recent.put(key, bytes);
             }
-            this.inflight.complete(&key, result);
+            running.complete(result);
         });
     }
 
@@ -373,6 +378,52 @@ impl Fetcher {
             self.cache.insert(key, &block);
         }
         Ok(Arc::new(block))
+    }
+}
+
+/// A fetch on the I/O pool, from its start to the end of its waiters. However the closure
+/// ends, dropping this releases the key: if the read panicked (a bug in a source), the
+/// waiters get EIO instead of waiting forever, and a later read of the block fetches again.
+struct Running<'a> {
+    fetcher: &'a Fetcher,
+    key: BlockKey,
+    demand: bool,
+    /// Still counted among the reads in flight.
+    counted: bool,
+    /// The waiters have been handed a result.
+    done: bool,
+}
+
+impl Running<'_> {
+    /// The read is over: it no longer counts among the reads in flight.
+    fn uncount(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            self.fetcher.reading.fetch_sub(1, Ordering::Relaxed);
+            if self.demand {
+                self.fetcher.demand.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Hands `result` to the waiters and releases the key.
+    fn complete(mut self, result: FetchResult) {
+        self.done = true;
+        self.fetcher.inflight.complete(&self.key, result);
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.uncount();
+        if !self.done {
+            Counters::add(&self.fetcher.stats.counters.source_errors, 1);
+            tracing::error!(
+                "the fetch of block {} of inode {} panicked; its readers get EIO",
+                self.key.block,
+                self.key.version.ino
+            );
+            self.fetcher.inflight.complete(&self.key, Err(libc::EIO));
+        }
     }
 }
 
