@@ -137,7 +137,7 @@ pub struct MountArgs {
     /// Files up to this size are cached whole; larger ones in blocks of this size, so that
     /// random access into big files caches only what is read.
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
-    pub block_size: u64,
+    pub block_size: std::num::NonZeroU64,
 
     /// Turn off prefetch: read only what jobs ask for.
     #[arg(long, help_heading = "Prefetch")]
@@ -350,14 +350,14 @@ pub enum Policy {
     None,
 }
 
-fn parse_block_size(text: &str) -> Result<u64, String> {
+fn parse_block_size(text: &str) -> Result<std::num::NonZeroU64, String> {
     let size = crate::units::parse_size(text)?;
     // A page at least (smaller blocks only add overhead); at most what one FUSE reply and
     // one source read sensibly move.
-    if !(4096..=(256 << 20)).contains(&size) {
-        return Err(format!("\"{text}\": must be between 4K and 256M"));
+    match std::num::NonZeroU64::new(size) {
+        Some(size) if (4096..=(256 << 20)).contains(&size.get()) => Ok(size),
+        _ => Err(format!("\"{text}\": must be between 4K and 256M")),
     }
-    Ok(size)
 }
 
 fn parse_nonzero_size(text: &str) -> Result<u64, String> {

@@ -590,7 +590,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
         info!(
             "cache policy: {}, {} blocks",
             cache.policy.name(),
-            format_size(cache.block_size)
+            format_size(cache.block_size.get())
         );
     }
     let prefetch = config.prefetch;

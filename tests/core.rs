@@ -309,7 +309,7 @@ fn reads_across_blocks_are_assembled_and_a_full_cache_still_serves() {
         LocalSource::new(dir.path().to_path_buf(), false).unwrap(),
     ));
     let mut config = MountConfig::new(dir.path().to_path_buf(), "/nonexistent".into());
-    config.cache.block_size = 4096;
+    config.cache.block_size = std::num::NonZeroU64::new(4096).unwrap();
     config.cache.capacity = 4096;
     let fs = DatasetFs::new(source.clone(), &config).unwrap();
     let ino = lookup_path(&fs, "f");

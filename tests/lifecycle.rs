@@ -234,6 +234,11 @@ fn bad_input_is_one_clear_line() {
             "--threads".into(),
         ),
         (
+            vec![s("mount"), s("--block-size"), s("0"), o(&src), o(&mnt)],
+            2,
+            "\"0\": must be between 4K and 256M".into(),
+        ),
+        (
             vec![s("mount"), s("--log-level"), s("=[bad"), o(&src), o(&mnt)],
             2,
             "--log-level".into(),

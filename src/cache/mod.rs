@@ -24,6 +24,7 @@ pub mod policy;
 pub mod recent;
 
 use std::collections::HashMap;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -62,8 +63,9 @@ pub struct CacheConfig {
     pub policy: PolicyKind,
     /// Bytes the cache may hold.
     pub capacity: u64,
-    /// Bytes per block of a large file; files up to this size are cached whole.
-    pub block_size: u64,
+    /// Bytes per block of a large file; files up to this size are cached whole. Never zero:
+    /// every block count and offset divides or multiplies by it.
+    pub block_size: NonZeroU64,
 }
 
 /// One block of one version of a file.
@@ -240,31 +242,29 @@ impl BlockCache {
 
     /// The blocks of a file of `size` bytes: how many, and the byte range of block `i`.
     pub fn block_count(&self, size: u64) -> u64 {
-        if size <= self.config.block_size {
+        let block_size = self.block_size();
+        if size <= block_size {
             1
         } else {
-            size.div_ceil(self.config.block_size)
+            size.div_ceil(block_size)
         }
     }
 
     /// The size of the block that holds byte `block * block_size` of a file of `size` bytes
     /// (a file no larger than a block is one block of its own size).
     pub fn block_len(&self, size: u64, block: u64) -> u64 {
-        if size <= self.config.block_size {
+        let block_size = self.block_size();
+        if size <= block_size {
             size
         } else {
-            let start = block * self.config.block_size;
-            self.config.block_size.min(size.saturating_sub(start))
+            let start = block * block_size;
+            block_size.min(size.saturating_sub(start))
         }
     }
 
     /// Bytes per block.
     pub fn block_size(&self) -> u64 {
-        if self.config.block_size == 0 {
-            1
-        } else {
-            self.config.block_size
-        }
+        self.config.block_size.get()
     }
 
     /// The cached bytes of `key`, if any.
@@ -405,7 +405,7 @@ mod tests {
         BlockCache::new(CacheConfig {
             policy,
             capacity,
-            block_size: 1000,
+            block_size: NonZeroU64::new(1000).unwrap(),
         })
         .unwrap()
     }
