@@ -99,6 +99,7 @@ impl Arena {
     }
 
     /// Bytes reserved so far, alignment included.
+    #[cfg(test)]
     pub fn used(&self) -> usize {
         self.next.load(Ordering::Relaxed)
     }

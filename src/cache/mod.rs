@@ -185,8 +185,6 @@ impl Index {
 /// Counters the cache keeps about itself.
 #[derive(Debug, Default)]
 pub struct CacheCounters {
-    /// Blocks admitted.
-    pub admitted: AtomicU64,
     /// Blocks refused because the cache was full.
     pub refused: AtomicU64,
     /// Blocks evicted (LRU).
@@ -338,7 +336,6 @@ impl BlockCache {
             return false;
         };
         index.add(key, stored);
-        self.counters.admitted.fetch_add(1, Ordering::Relaxed);
         true
     }
 

@@ -33,8 +33,6 @@ pub trait CachePolicy<K>: Send {
     fn remove(&mut self, key: &K, size: u64);
     /// Bytes the policy holds.
     fn used(&self) -> u64;
-    /// Bytes it may hold.
-    fn capacity(&self) -> u64;
 }
 
 /// Admit while there is room; never evict.
@@ -66,9 +64,6 @@ impl<K> CachePolicy<K> for MinIoPolicy {
     }
     fn used(&self) -> u64 {
         self.used
-    }
-    fn capacity(&self) -> u64 {
-        self.capacity
     }
 }
 
@@ -131,9 +126,6 @@ impl<K: Hash + Eq + Clone + Send> CachePolicy<K> for LruPolicy<K> {
     fn used(&self) -> u64 {
         self.used
     }
-    fn capacity(&self) -> u64 {
-        self.capacity
-    }
 }
 
 /// Admits nothing.
@@ -147,9 +139,6 @@ impl<K> CachePolicy<K> for NoCachePolicy {
     fn touch(&mut self, _key: &K) {}
     fn remove(&mut self, _key: &K, _size: u64) {}
     fn used(&self) -> u64 {
-        0
-    }
-    fn capacity(&self) -> u64 {
         0
     }
 }
