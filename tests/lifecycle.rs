@@ -269,6 +269,17 @@ fn bad_input_is_one_clear_line() {
             2,
             format!("{} is not a coorfs mount", mnt.display()),
         ),
+        (
+            vec![s("stats"), o(&mnt)],
+            2,
+            format!("{} is not a coorfs mount", mnt.display()),
+        ),
+        (
+            vec![s("read"), o(&missing)],
+            2,
+            format!("{}: No such file or directory", missing.display()),
+        ),
+        (vec![s("read"), o(&mnt)], 2, "no regular files".into()),
     ];
     for (args, code, want) in &cases {
         let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
