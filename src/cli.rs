@@ -1,15 +1,22 @@
 //! The command line. clap stays here: each subcommand's arguments convert into the plain
 //! config structs of the library. The man page (`man/coorfs.1`) is generated from these
 //! definitions (see `manpage.rs`), so `--help` and the man page cannot disagree.
+//!
+//! Every way a command fails is a [`CommandError`]: one line for the user and one exit
+//! status, decided in one place ([`CommandError::exit_code`]), which the man page's EXIT
+//! STATUS describes.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::analyze::AnalyzeError;
 use crate::cache::PolicyKind;
 use crate::config::MountConfig;
-use crate::daemon::DaemonOptions;
+use crate::daemon::{DaemonOptions, MountError};
+use crate::reader::ReadError;
+use crate::statsview::StatsError;
 use crate::units::parse_duration;
 
 /// The whole command line.
@@ -144,7 +151,7 @@ pub struct MountArgs {
     /// Files up to this size are cached whole; larger ones in blocks of this size, so that
     /// random access into big files caches only what is read.
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
-    pub block_size: u64,
+    pub block_size: std::num::NonZeroU64,
 
     /// Turn off prefetch: read only what jobs ask for.
     #[arg(long, help_heading = "Prefetch")]
@@ -357,14 +364,14 @@ pub enum Policy {
     None,
 }
 
-fn parse_block_size(text: &str) -> Result<u64, String> {
+fn parse_block_size(text: &str) -> Result<std::num::NonZeroU64, String> {
     let size = crate::units::parse_size(text)?;
     // A page at least (smaller blocks only add overhead); at most what one FUSE reply and
     // one source read sensibly move.
-    if !(4096..=(256 << 20)).contains(&size) {
-        return Err(format!("\"{text}\": must be between 4K and 256M"));
+    match std::num::NonZeroU64::new(size) {
+        Some(size) if (4096..=(256 << 20)).contains(&size.get()) => Ok(size),
+        _ => Err(format!("\"{text}\": must be between 4K and 256M")),
     }
-    Ok(size)
 }
 
 fn parse_nonzero_size(text: &str) -> Result<u64, String> {
@@ -439,5 +446,98 @@ impl MountArgs {
             log_level: self.log_level,
         };
         (config, options)
+    }
+}
+
+/// Why a command failed: the line the user reads (after "coorfs: ") and the exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The command line itself: clap's first line.
+    #[error("{0} (see coorfs --help)")]
+    Usage(String),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// `coorfs read` read every epoch, but some files failed (each is counted in its report).
+    #[error("some files could not be read")]
+    FilesUnreadable,
+    #[error(transparent)]
+    Stats(#[from] StatsError),
+    #[error(transparent)]
+    Analyze(#[from] AnalyzeError),
+}
+
+impl CommandError {
+    /// The exit status of bad input: a command line, path, value or mount that cannot work.
+    pub const BAD_INPUT: u8 = 2;
+    /// The exit status of a failure of the system: the kernel, a daemon or a file refused.
+    pub const FAILED: u8 = 1;
+
+    /// The process exit status for this error ([`Self::BAD_INPUT`] or [`Self::FAILED`]).
+    pub fn exit_code(&self) -> u8 {
+        let bad_input = match self {
+            CommandError::Usage(_) => true,
+            CommandError::Mount(e) => match e {
+                MountError::Mount(..)
+                | MountError::Unmount(..)
+                | MountError::DaemonLingers { .. }
+                | MountError::FuseUnusable(_) => false,
+                MountError::SourceMissing(_)
+                | MountError::SourceNotDir(_)
+                | MountError::SourceUnreadable(..)
+                | MountError::MountpointMissing(_)
+                | MountError::MountpointNotDir(_)
+                | MountError::MountpointUnusable(..)
+                | MountError::MountpointNotEmpty(_)
+                | MountError::MountpointInsideSource { .. }
+                | MountError::SourceInsideMountpoint { .. }
+                | MountError::AlreadyMounted(_)
+                | MountError::MountInProgress(_)
+                | MountError::SourceIsCoorfs(_)
+                | MountError::SourceInsideCoorfs { .. }
+                | MountError::DeadMount(_)
+                | MountError::NoFuseDevice
+                | MountError::FuseDenied
+                | MountError::CacheTooLarge { .. }
+                | MountError::CacheSizeZero
+                | MountError::Memory(_)
+                | MountError::LogFile(..)
+                | MountError::NotMounted(_)
+                | MountError::Busy(_) => true,
+            },
+            // A directory that cannot be listed or holds nothing, an order the mount refuses;
+            // a worker that cannot be started is the system's.
+            CommandError::Read(e) => match e {
+                ReadError::List(..) | ReadError::Empty(_) | ReadError::Hint(..) => true,
+                ReadError::Worker(_) => false,
+            },
+            CommandError::FilesUnreadable => false,
+            // A path that is no coorfs mount or cannot be read; a daemon that answers garbage
+            // is the system's.
+            CommandError::Stats(e) => match e {
+                StatsError::NotMounted(_) | StatsError::Read(..) => true,
+                StatsError::Garbled(..) => false,
+            },
+            CommandError::Analyze(e) => match e {
+                AnalyzeError::Missing(_)
+                | AnalyzeError::NotADirectory(_)
+                | AnalyzeError::Unreadable(..)
+                | AnalyzeError::Empty(_)
+                | AnalyzeError::NoData { .. }
+                | AnalyzeError::PseudoFilesystem { .. }
+                | AnalyzeError::CacheTooLarge { .. }
+                | AnalyzeError::Output { .. }
+                | AnalyzeError::Mount(_)
+                | AnalyzeError::OtherDataset { .. }
+                | AnalyzeError::NothingReadable { .. } => true,
+                AnalyzeError::Write(..) | AnalyzeError::Plot(..) => false,
+            },
+        };
+        if bad_input {
+            Self::BAD_INPUT
+        } else {
+            Self::FAILED
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Plain configuration of a mount. The CLI (`cli.rs`) fills these in; nothing below the CLI
 //! sees clap. Every field says its unit.
 
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -96,7 +97,7 @@ pub fn default_threads() -> usize {
 
 /// Bytes per cache block of a large file: big enough that a block is one efficient source
 /// read, small enough that random access into a big file does not drag in much it won't use.
-pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
+pub const DEFAULT_BLOCK_SIZE: NonZeroU64 = NonZeroU64::new(1 << 20).unwrap();
 
 /// The default cache budget with the default staging area: half of what the daemon's memory
 /// cgroup leaves free, at most half of the memory available (see `budget.rs`). `coorfs mount`

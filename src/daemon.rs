@@ -107,19 +107,6 @@ pub enum MountError {
     },
 }
 
-impl MountError {
-    /// The process exit code for this error: 2 for bad input, 1 for a failure of the system.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            MountError::Mount(..)
-            | MountError::Unmount(..)
-            | MountError::DaemonLingers { .. }
-            | MountError::FuseUnusable(_) => 1,
-            _ => 2,
-        }
-    }
-}
-
 /// How the daemon runs and logs.
 #[derive(Clone, Debug, Default)]
 pub struct DaemonOptions {
@@ -375,6 +362,8 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
             init_logging(options.log_level.as_deref(), log_file);
             let mountpoint = config.mountpoint.clone();
             let mut ready = Some(File::from(write_end));
+            // The daemon's own status, which only the parent waits for: the user sees the
+            // parent's, which reports a failure before "ready" as MountError::Mount.
             let code = match serve(config, &mut ready, lock) {
                 Ok(()) => 0,
                 Err(e) => {
@@ -590,7 +579,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
         info!(
             "cache policy: {}, {} blocks",
             cache.policy.name(),
-            format_size(cache.block_size)
+            format_size(cache.block_size.get())
         );
     }
     let prefetch = config.prefetch;

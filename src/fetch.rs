@@ -6,7 +6,8 @@
 //! reading the source again. A fetched block is offered to the cache, then handed to every
 //! waiter, whether or not the cache admitted it. A block a reader asked for that the cache
 //! did not admit is also kept a moment ([`RecentBlocks`]), before the waiters run, so that a
-//! second open of the file right after finds it (see [`crate::cache::recent`]).
+//! second open of the file right after finds it (see [`crate::cache::recent`]). A fetch
+//! whose read panics still ends: its waiters get EIO and the block is no longer in flight.
 //!
 //! Memory: a fetch holds one block-sized buffer until its waiters are done, so the bytes in
 //! flight are bounded by the I/O threads times the block size (64 x 1 MiB by default). The
@@ -299,6 +300,13 @@ impl Fetcher {
             );
         let this = self.clone();
         let work = move || {
+            let mut running = Running {
+                fetcher: &this,
+                key,
+                demand,
+                counted: true,
+                done: false,
+            };
             let result = this.read(&rel, key, admit);
             if demand {
                 // An average over the last few reads: a slow one alone does not move it far.
@@ -322,10 +330,7 @@ impl Fetcher {
                     );
                 }
             }
-            this.reading.fetch_sub(1, Ordering::Relaxed);
-            if demand {
-                this.demand.fetch_sub(1, Ordering::Relaxed);
-            }
+            running.uncount();
             if let (Ok(bytes), Some(account)) = (&result, account) {
                 account(bytes.len() as u64);
             }
@@ -335,10 +340,12 @@ impl Fetcher {
             {
                 this.recent.put(key, bytes);
             }
-            this.inflight.complete(&key, result);
+            running.complete(result);
         };
         if inline {
-            work();
+            // A panic in the read is the pool's to contain when it runs there; here, the
+            // FUSE thread's. Its readers get EIO either way (`Running`).
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
         } else {
             self.io.spawn_blocking(work);
         }
@@ -417,6 +424,52 @@ impl Fetcher {
             self.cache.insert(key, &block);
         }
         Ok(Arc::new(block))
+    }
+}
+
+/// A fetch on the I/O pool, from its start to the end of its waiters. However the closure
+/// ends, dropping this releases the key: if the read panicked (a bug in a source), the
+/// waiters get EIO instead of waiting forever, and a later read of the block fetches again.
+struct Running<'a> {
+    fetcher: &'a Fetcher,
+    key: BlockKey,
+    demand: bool,
+    /// Still counted among the reads in flight.
+    counted: bool,
+    /// The waiters have been handed a result.
+    done: bool,
+}
+
+impl Running<'_> {
+    /// The read is over: it no longer counts among the reads in flight.
+    fn uncount(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            self.fetcher.reading.fetch_sub(1, Ordering::Relaxed);
+            if self.demand {
+                self.fetcher.demand.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Hands `result` to the waiters and releases the key.
+    fn complete(mut self, result: FetchResult) {
+        self.done = true;
+        self.fetcher.inflight.complete(&self.key, result);
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.uncount();
+        if !self.done {
+            Counters::add(&self.fetcher.stats.counters.source_errors, 1);
+            tracing::error!(
+                "the fetch of block {} of inode {} panicked; its readers get EIO",
+                self.key.block,
+                self.key.version.ino
+            );
+            self.fetcher.inflight.complete(&self.key, Err(libc::EIO));
+        }
     }
 }
 

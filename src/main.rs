@@ -1,9 +1,10 @@
-//! The `coorfs` command: parses the command line and reports failures as one line.
+//! The `coorfs` command: parses the command line and reports failures as one line, with the
+//! exit status of [`CommandError::exit_code`].
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use coorfs::cli::{Cli, Command};
+use coorfs::cli::{Cli, Command, CommandError};
 use coorfs::daemon;
 
 fn main() -> ExitCode {
@@ -14,54 +15,57 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Mount(args) => {
             let (config, options) = args.into_config();
-            daemon::mount(config, options)
+            daemon::mount(config, options).map_err(CommandError::from)
         }
-        Command::Umount(args) => daemon::unmount(&args.mountpoint, args.lazy, args.timeout),
-        Command::Read(args) => return read(&args),
-        Command::Stats(args) => return stats(&args),
-        Command::Analyze(args) => return analyze(args),
+        Command::Umount(args) => {
+            daemon::unmount(&args.mountpoint, args.lazy, args.timeout).map_err(CommandError::from)
+        }
+        Command::Read(args) => read(&args),
+        Command::Stats(args) => stats(&args),
+        Command::Analyze(args) => analyze(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("coorfs: {e}");
-            ExitCode::from(e.exit_code() as u8)
-        }
+        Err(e) => failure(&e),
     }
+}
+
+/// Prints the one line of `e` and gives its exit status.
+fn failure(e: &CommandError) -> ExitCode {
+    eprintln!("coorfs: {e}");
+    ExitCode::from(e.exit_code())
 }
 
 /// Help and version go to stdout as clap prints them; a usage error becomes one line.
 fn clap_failure(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
-        ErrorKind::DisplayHelp
-        | ErrorKind::DisplayVersion
-        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = e.print();
-            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            }
+            ExitCode::SUCCESS
+        }
+        // `coorfs` alone: the help, and the status of a usage error.
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::from(CommandError::BAD_INPUT)
         }
         _ => {
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or("invalid command line");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("coorfs: {first} (see coorfs --help)");
-            ExitCode::from(2)
+            failure(&CommandError::Usage(first.to_string()))
         }
     }
 }
 
-fn read(args: &coorfs::cli::ReadArgs) -> ExitCode {
+fn read(args: &coorfs::cli::ReadArgs) -> Result<(), CommandError> {
     if !args.json {
         println!(
             "{:>5} {:>8} {:>12} {:>6} {:>9} {:>10} {:>9}",
             "epoch", "files", "bytes", "errors", "seconds", "files/s", "MiB/s"
         );
     }
-    let result = coorfs::reader::run(&args.plan(), |r| {
+    let reports = coorfs::reader::run(&args.plan(), |r| {
         if args.json {
             println!("{}", serde_json::to_string(r).unwrap_or_default());
         } else {
@@ -70,30 +74,17 @@ fn read(args: &coorfs::cli::ReadArgs) -> ExitCode {
                 r.epoch, r.files, r.bytes, r.errors, r.seconds, r.files_per_sec, r.mib_per_sec
             );
         }
-    });
-    match result {
-        Ok(reports) if reports.iter().any(|r| r.errors > 0) => {
-            eprintln!("coorfs: some files could not be read");
-            ExitCode::from(1)
-        }
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("coorfs: {e}");
-            ExitCode::from(2)
-        }
+    })?;
+    if reports.iter().any(|r| r.errors > 0) {
+        return Err(CommandError::FilesUnreadable);
     }
+    Ok(())
 }
 
-fn stats(args: &coorfs::cli::StatsArgs) -> ExitCode {
+fn stats(args: &coorfs::cli::StatsArgs) -> Result<(), CommandError> {
     use std::io::{IsTerminal, Write};
     loop {
-        let doc = match coorfs::statsview::fetch(&args.mountpoint) {
-            Ok(doc) => doc,
-            Err(e) => {
-                eprintln!("coorfs: {e}");
-                return ExitCode::from(2);
-            }
-        };
+        let doc = coorfs::statsview::fetch(&args.mountpoint)?;
         let text = if args.json {
             format!("{doc}\n")
         } else {
@@ -105,21 +96,17 @@ fn stats(args: &coorfs::cli::StatsArgs) -> ExitCode {
             let _ = write!(out, "\x1b[2J\x1b[H");
         }
         if write!(out, "{text}").and_then(|_| out.flush()).is_err() {
-            return ExitCode::SUCCESS;
+            // The reader went away (a pipe into `head`): nothing left to show.
+            return Ok(());
         }
         match args.watch {
             Some(secs) => std::thread::sleep(std::time::Duration::from_secs_f64(secs)),
-            None => return ExitCode::SUCCESS,
+            None => return Ok(()),
         }
     }
 }
 
-fn analyze(args: coorfs::cli::AnalyzeArgs) -> ExitCode {
-    match coorfs::analyze::run(&args.into_config(), &mut std::io::stdout().lock()) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("coorfs: {e}");
-            ExitCode::from(e.exit_code() as u8)
-        }
-    }
+fn analyze(args: coorfs::cli::AnalyzeArgs) -> Result<(), CommandError> {
+    coorfs::analyze::run(&args.into_config(), &mut std::io::stdout().lock())?;
+    Ok(())
 }

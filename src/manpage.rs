@@ -193,9 +193,11 @@ ENODATA. They are read-only.",
     ));
     out.push_str(
         ".SH EXIT STATUS\n\
-         0 on success; 2 for bad input (a missing or unsuitable source or mount point, an unknown \
-         option, a malformed value), with one line on standard error that says what is wrong; 1 \
-         when the system refuses (the mount or unmount itself fails, a daemon does not exit).\n",
+         0 on success; 2 for bad input (an unknown option, a malformed value, a missing or \
+         unsuitable source, mount point or dataset, a path that is not a coorfs mount), with one \
+         line on standard error that says what is wrong; 1 when the system fails (the mount or \
+         unmount itself, a daemon that does not exit, files that \\fBcoorfs read\\fR could not \
+         read, output that \\fBcoorfs analyze\\fR could not write), also with one line.\n",
     );
     out.push_str(
         ".SH ENVIRONMENT\n\

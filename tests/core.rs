@@ -6,6 +6,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
+use std::time::Duration;
 
 use common::bytes;
 use coorfs::config::MountConfig;
@@ -21,6 +22,10 @@ fn core_over(src: &Path) -> (DatasetFs, Arc<FaultySource<LocalSource>>) {
     (DatasetFs::new(source.clone(), &config).unwrap(), source)
 }
 
+/// How long a read through the core may take before the test calls it hung: far beyond
+/// the slowest read here (a 200 ms injected delay).
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
 /// Reads through the core and waits for the answer.
 fn read(fs: &DatasetFs, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, String> {
     let (tx, rx) = mpsc::channel();
@@ -32,7 +37,9 @@ fn read(fs: &DatasetFs, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, Stri
             let _ = tx.send(r.map(|b| b.to_vec()).map_err(|e| e.to_string()));
         }),
     );
-    rx.recv().unwrap()
+    rx.recv_timeout(ANSWER_WITHIN).unwrap_or_else(|_| {
+        panic!("a read of {size} bytes at {offset} got no answer within {ANSWER_WITHIN:?}")
+    })
 }
 
 fn lookup_path(fs: &DatasetFs, rel: &str) -> u64 {
@@ -202,6 +209,36 @@ fn source_errors_reach_the_reader() {
 }
 
 #[test]
+fn a_fetch_that_panics_answers_eio_and_releases_its_block() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("boom"), bytes(3, 5000)).unwrap();
+    let (fs, source) = core_over(dir.path());
+    *source.panic_paths_containing.lock() = Some("boom".into());
+    let ino = lookup_path(&fs, "boom");
+    let fh = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap().fh;
+    assert_eq!(
+        read(&fs, fh, 0, 10),
+        Err("source: Input/output error (os error 5)".into())
+    );
+    // The block leaves flight once its waiters have run (a read that comes meanwhile gets
+    // their EIO too): then a read fetches it again, and gets it.
+    *source.panic_paths_containing.lock() = None;
+    let started = std::time::Instant::now();
+    let got = loop {
+        match read(&fs, fh, 0, 5000) {
+            Ok(got) => break got,
+            Err(e) if started.elapsed() < ANSWER_WITHIN => {
+                assert_eq!(e, "source: Input/output error (os error 5)");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("the block is still in flight after {ANSWER_WITHIN:?}: {e}"),
+        }
+    };
+    assert_eq!(got, bytes(3, 5000));
+    assert_eq!(source.reads(), 2);
+}
+
+#[test]
 fn symlinks_access_and_xattrs() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f"), b"x").unwrap();
@@ -255,7 +292,9 @@ fn concurrent_misses_on_one_block_read_the_source_once() {
         );
     }
     for _ in 0..8 {
-        let (i, got) = rx.recv().unwrap();
+        let (i, got) = rx
+            .recv_timeout(ANSWER_WITHIN)
+            .expect("every concurrent read answered within ANSWER_WITHIN");
         assert_eq!(got.unwrap(), bytes(4, 50_000)[i as usize * 1000..][..1000]);
     }
     assert_eq!(source.reads(), 1);
@@ -270,7 +309,7 @@ fn reads_across_blocks_are_assembled_and_a_full_cache_still_serves() {
         LocalSource::new(dir.path().to_path_buf(), false).unwrap(),
     ));
     let mut config = MountConfig::new(dir.path().to_path_buf(), "/nonexistent".into());
-    config.cache.block_size = 4096;
+    config.cache.block_size = std::num::NonZeroU64::new(4096).unwrap();
     config.cache.capacity = 4096;
     let fs = DatasetFs::new(source.clone(), &config).unwrap();
     let ino = lookup_path(&fs, "f");

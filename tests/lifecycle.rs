@@ -234,6 +234,11 @@ fn bad_input_is_one_clear_line() {
             "--threads".into(),
         ),
         (
+            vec![s("mount"), s("--block-size"), s("0"), o(&src), o(&mnt)],
+            2,
+            "\"0\": must be between 4K and 256M".into(),
+        ),
+        (
             vec![s("mount"), s("--log-level"), s("=[bad"), o(&src), o(&mnt)],
             2,
             "--log-level".into(),
@@ -264,6 +269,17 @@ fn bad_input_is_one_clear_line() {
             2,
             format!("{} is not a coorfs mount", mnt.display()),
         ),
+        (
+            vec![s("stats"), o(&mnt)],
+            2,
+            format!("{} is not a coorfs mount", mnt.display()),
+        ),
+        (
+            vec![s("read"), o(&missing)],
+            2,
+            format!("{}: No such file or directory", missing.display()),
+        ),
+        (vec![s("read"), o(&mnt)], 2, "no regular files".into()),
     ];
     for (args, code, want) in &cases {
         let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();

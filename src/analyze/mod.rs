@@ -133,26 +133,6 @@ pub enum AnalyzeError {
     Plot(PathBuf, String),
 }
 
-impl AnalyzeError {
-    /// The process exit code: 2 for bad input, 1 for a failure of the system.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            AnalyzeError::Missing(_)
-            | AnalyzeError::NotADirectory(_)
-            | AnalyzeError::Unreadable(..)
-            | AnalyzeError::Empty(_)
-            | AnalyzeError::NoData { .. }
-            | AnalyzeError::PseudoFilesystem { .. }
-            | AnalyzeError::CacheTooLarge { .. }
-            | AnalyzeError::Output { .. }
-            | AnalyzeError::Mount(_)
-            | AnalyzeError::OtherDataset { .. }
-            | AnalyzeError::NothingReadable { .. } => 2,
-            AnalyzeError::Write(..) | AnalyzeError::Plot(..) => 1,
-        }
-    }
-}
-
 /// Progress on stderr: a bar while a phase runs (on a terminal), a summary line when it ends.
 struct Phase {
     bar: Option<ProgressBar>,

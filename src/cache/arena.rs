@@ -9,10 +9,16 @@
 //!
 //! A slot is written once, by the thread that allocated it, before it is published in the
 //! cache index (under the index's lock, which orders the write before any read of it).
+//!
+//! Writers and readers share the mapping, so it is held as a [`MmapRaw`] and reached only
+//! through raw pointers: no reference ever spans the whole mapping. A reader's `&[u8]`
+//! covers its own slot alone, which nobody writes again; a writer's copy covers its fresh
+//! slot alone, which nobody reads yet. (A `&[u8]` of the whole `MmapMut` beside a write
+//! through a pointer cast to `*mut` would alias the written bytes.)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use memmap2::{MmapMut, MmapOptions};
+use memmap2::{MmapOptions, MmapRaw};
 
 /// Slots start at multiples of this many bytes: cache-line alignment keeps copies out of a
 /// slot fast, and costs under 0.1% of a 100 KiB file.
@@ -28,7 +34,7 @@ pub struct Slot {
 /// The arena.
 #[derive(Debug)]
 pub struct Arena {
-    map: MmapMut,
+    map: MmapRaw,
     next: AtomicUsize,
 }
 
@@ -38,7 +44,7 @@ impl Arena {
         // memmap2 refuses empty mappings; a zero-capacity cache still needs a valid arena.
         let map = MmapOptions::new().len(capacity.max(ALIGN)).map_anon()?;
         Ok(Arena {
-            map,
+            map: MmapRaw::from(map),
             next: AtomicUsize::new(0),
         })
     }
@@ -74,19 +80,26 @@ impl Arena {
         assert!(slot.offset + slot.len <= self.map.len());
         // SAFETY: the range is inside the mapping (checked above) and belongs to one slot,
         // handed out once by `alloc`; nobody reads it before the cache index publishes it,
-        // which happens after this copy. So this is the only access to these bytes now.
+        // which happens after this copy, and no reference spans it (see the module header).
+        // So this is the only access to these bytes now.
         unsafe {
-            let dst = self.map.as_ptr().add(slot.offset) as *mut u8;
+            let dst = self.map.as_mut_ptr().add(slot.offset);
             std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
         }
     }
 
-    /// The bytes of a written slot.
+    /// The bytes of a written slot, which must come from [`Arena::alloc`] on this arena and
+    /// have been written by [`Arena::write`] (before it was published to this reader).
     pub fn get(&self, slot: Slot) -> &[u8] {
-        &self.map[slot.offset..slot.offset + slot.len]
+        assert!(slot.offset + slot.len <= self.map.len());
+        // SAFETY: the range is inside the mapping (checked above) and is one written slot:
+        // nobody writes it again while the arena lives (the borrow of `self`), and writes to
+        // other slots touch other bytes through raw pointers, never through a reference.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(slot.offset), slot.len) }
     }
 
     /// Bytes reserved so far, alignment included.
+    #[cfg(test)]
     pub fn used(&self) -> usize {
         self.next.load(Ordering::Relaxed)
     }
@@ -110,6 +123,41 @@ mod tests {
         assert!(arena.alloc(1000).is_none());
         assert!(arena.alloc(768).is_some());
         assert!(arena.alloc(1).is_none());
+    }
+
+    #[test]
+    fn readers_hold_slots_while_writers_fill_others() {
+        // Under Miri (`cargo +nightly miri test --lib cache::arena`) this checks the aliasing
+        // model: every reader keeps slices of written slots while other threads write theirs.
+        const SLOTS: usize = 64;
+        let arena = std::sync::Arc::new(Arena::new(SLOTS * ALIGN).unwrap());
+        let first = arena.alloc(ALIGN).unwrap();
+        arena.write(first, &[0xAA; ALIGN]);
+        let held = arena.get(first);
+        let handles: Vec<_> = (1..4u8)
+            .map(|t| {
+                let arena = arena.clone();
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    for _ in 0..SLOTS / 4 {
+                        let slot = arena.alloc(ALIGN).unwrap();
+                        arena.write(slot, &[t; ALIGN]);
+                        mine.push(slot);
+                        // Read back everything this thread wrote, while others write.
+                        for s in &mine {
+                            assert!(arena.get(*s).iter().all(|&b| b == t));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..100 {
+            assert!(held.iter().all(|&b| b == 0xAA));
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert!(held.iter().all(|&b| b == 0xAA));
     }
 
     #[test]

@@ -97,11 +97,13 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
     }
 
     /// Fetches in flight.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.waiting.lock().len()
     }
 
     /// True if nothing is in flight.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -24,6 +24,7 @@ pub mod policy;
 pub mod recent;
 
 use std::collections::HashMap;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -62,8 +63,9 @@ pub struct CacheConfig {
     pub policy: PolicyKind,
     /// Bytes the cache may hold.
     pub capacity: u64,
-    /// Bytes per block of a large file; files up to this size are cached whole.
-    pub block_size: u64,
+    /// Bytes per block of a large file; files up to this size are cached whole. Never zero:
+    /// every block count and offset divides or multiplies by it.
+    pub block_size: NonZeroU64,
 }
 
 /// One block of one version of a file.
@@ -183,8 +185,6 @@ impl Index {
 /// Counters the cache keeps about itself.
 #[derive(Debug, Default)]
 pub struct CacheCounters {
-    /// Blocks admitted.
-    pub admitted: AtomicU64,
     /// Blocks refused because the cache was full.
     pub refused: AtomicU64,
     /// Blocks evicted (LRU).
@@ -198,6 +198,9 @@ pub struct BlockCache {
     index: RwLock<Index>,
     arena: Option<Arena>,
     pub counters: CacheCounters,
+    /// Makes the next mapping fail, as an exhausted address space or memory would.
+    #[cfg(test)]
+    fail_next_mapping: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for BlockCache {
@@ -225,6 +228,8 @@ impl BlockCache {
             index: RwLock::new(Index::default()),
             arena,
             counters: CacheCounters::default(),
+            #[cfg(test)]
+            fail_next_mapping: Default::default(),
         })
     }
 
@@ -235,31 +240,29 @@ impl BlockCache {
 
     /// The blocks of a file of `size` bytes: how many, and the byte range of block `i`.
     pub fn block_count(&self, size: u64) -> u64 {
-        if size <= self.config.block_size {
+        let block_size = self.block_size();
+        if size <= block_size {
             1
         } else {
-            size.div_ceil(self.config.block_size)
+            size.div_ceil(block_size)
         }
     }
 
     /// The size of the block that holds byte `block * block_size` of a file of `size` bytes
     /// (a file no larger than a block is one block of its own size).
     pub fn block_len(&self, size: u64, block: u64) -> u64 {
-        if size <= self.config.block_size {
+        let block_size = self.block_size();
+        if size <= block_size {
             size
         } else {
-            let start = block * self.config.block_size;
-            self.config.block_size.min(size.saturating_sub(start))
+            let start = block * block_size;
+            block_size.min(size.saturating_sub(start))
         }
     }
 
     /// Bytes per block.
     pub fn block_size(&self) -> u64 {
-        if self.config.block_size == 0 {
-            1
-        } else {
-            self.config.block_size
-        }
+        self.config.block_size.get()
     }
 
     /// The cached bytes of `key`, if any.
@@ -303,35 +306,46 @@ impl BlockCache {
             Some(arena) => match arena.alloc(data.len()) {
                 Some(slot) => {
                     arena.write(slot, data);
-                    Stored::Arena(slot)
+                    Some(Stored::Arena(slot))
                 }
                 // Unreachable while the policy's capacity equals the arena's; refuse rather
                 // than trust that.
-                None => {
-                    self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                    return false;
-                }
+                None => None,
             },
-            None => match MappedBlock::new(data) {
-                Ok(block) => Stored::Mapped(Arc::new(block)),
+            None => match self.map_block(data) {
+                Ok(block) => Some(Stored::Mapped(Arc::new(block))),
                 Err(e) => {
-                    // Out of address space or memory: give back what the policy counted.
                     tracing::warn!("caching a block: {e}");
-                    self.policy.lock().admit(&key, 0);
-                    self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                    return false;
+                    None
                 }
             },
         };
         let mut index = self.index.write();
+        // What the policy evicted goes even if the newcomer cannot be stored: the policy no
+        // longer counts it, and the budget holds only while the index holds what it counts.
         for (k, _) in &evict {
             if index.remove(k) {
                 self.counters.evicted.fetch_add(1, Ordering::Relaxed);
             }
         }
+        let Some(stored) = stored else {
+            // Out of arena, address space or memory: the policy stops counting the newcomer.
+            drop(index);
+            self.policy.lock().remove(&key, footprint);
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
         index.add(key, stored);
-        self.counters.admitted.fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// A mapping of its own holding `data` (LRU's store).
+    fn map_block(&self, data: &[u8]) -> std::io::Result<MappedBlock> {
+        #[cfg(test)]
+        if self.fail_next_mapping.swap(false, Ordering::Relaxed) {
+            return Err(std::io::ErrorKind::OutOfMemory.into());
+        }
+        MappedBlock::new(data)
     }
 
     /// Cached bytes of file `version`.
@@ -388,7 +402,7 @@ mod tests {
         BlockCache::new(CacheConfig {
             policy,
             capacity,
-            block_size: 1000,
+            block_size: NonZeroU64::new(1000).unwrap(),
         })
         .unwrap()
     }
@@ -503,6 +517,31 @@ mod tests {
             (2, 2000, 8192)
         );
         assert_eq!(c.counters.evicted.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn lru_keeps_its_budget_when_a_mapping_fails() {
+        // Two 4 KiB pages of budget; each 1000-byte block takes a page.
+        let c = cache(PolicyKind::Lru, 8192);
+        let key = |ino| BlockKey {
+            version: version(ino, 1000),
+            block: 0,
+        };
+        assert!(c.insert(key(1), &[1; 1000]));
+        assert!(c.insert(key(2), &[2; 1000]));
+        // Admitting 3 evicts 1, then 3's mapping fails.
+        c.fail_next_mapping.store(true, Ordering::Relaxed);
+        assert!(!c.insert(key(3), &[3; 1000]));
+        assert!(c.get(&key(1)).is_none(), "the evicted block is gone");
+        assert!(c.get(&key(3)).is_none());
+        assert_eq!((c.cached_blocks(), c.used()), (1, 4096));
+        // The policy counts exactly what the index holds, so the budget holds from here on.
+        for ino in 4..10 {
+            assert!(c.insert(key(ino), &[4; 1000]));
+            assert_eq!(c.used(), c.cached_blocks() * 4096, "after {ino}");
+            assert!(c.cached_blocks() * 4096 <= 8192, "after {ino}");
+        }
+        assert_eq!(c.counters.refused.load(Ordering::Relaxed), 1);
     }
 
     #[test]

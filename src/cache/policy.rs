@@ -27,10 +27,12 @@ pub trait CachePolicy<K>: Send {
     fn admit(&mut self, key: &K, size: u64) -> Admission<K>;
     /// Records a hit on a cached `key`.
     fn touch(&mut self, key: &K);
+    /// Forgets `key`, admitted with `size` bytes (what `admit` was told) and no longer
+    /// stored: the store could not hold it after all. A policy that keeps no record per key
+    /// (MinIO) gives back `size`; one that does (LRU) drops its record.
+    fn remove(&mut self, key: &K, size: u64);
     /// Bytes the policy holds.
     fn used(&self) -> u64;
-    /// Bytes it may hold.
-    fn capacity(&self) -> u64;
 }
 
 /// Admit while there is room; never evict.
@@ -57,11 +59,11 @@ impl<K> CachePolicy<K> for MinIoPolicy {
         }
     }
     fn touch(&mut self, _key: &K) {}
+    fn remove(&mut self, _key: &K, size: u64) {
+        self.used -= size.min(self.used);
+    }
     fn used(&self) -> u64 {
         self.used
-    }
-    fn capacity(&self) -> u64 {
-        self.capacity
     }
 }
 
@@ -116,11 +118,13 @@ impl<K: Hash + Eq + Clone + Send> CachePolicy<K> for LruPolicy<K> {
     fn touch(&mut self, key: &K) {
         self.order.promote(key);
     }
+    fn remove(&mut self, key: &K, _size: u64) {
+        if let Some(size) = self.order.pop(key) {
+            self.used -= size;
+        }
+    }
     fn used(&self) -> u64 {
         self.used
-    }
-    fn capacity(&self) -> u64 {
-        self.capacity
     }
 }
 
@@ -133,10 +137,8 @@ impl<K> CachePolicy<K> for NoCachePolicy {
         Admission::Refuse
     }
     fn touch(&mut self, _key: &K) {}
+    fn remove(&mut self, _key: &K, _size: u64) {}
     fn used(&self) -> u64 {
-        0
-    }
-    fn capacity(&self) -> u64 {
         0
     }
 }
@@ -166,6 +168,31 @@ mod tests {
             );
         }
         assert_eq!(CachePolicy::<u32>::used(&p), 250);
+    }
+
+    #[test]
+    fn remove_gives_back_what_admit_counted() {
+        let mut minio = MinIoPolicy::new(250);
+        assert_eq!(minio.admit(&1u32, 200), Admission::Admit { evict: vec![] });
+        assert_eq!(minio.admit(&2u32, 100), Admission::Refuse);
+        minio.remove(&1, 200);
+        assert_eq!(CachePolicy::<u32>::used(&minio), 0);
+        assert_eq!(minio.admit(&2u32, 100), Admission::Admit { evict: vec![] });
+
+        let mut lru = LruPolicy::new(300);
+        for k in 1..=3u32 {
+            assert_eq!(lru.admit(&k, 100), Admission::Admit { evict: vec![] });
+        }
+        lru.remove(&2, 100);
+        lru.remove(&9, 100); // never admitted: nothing to give back
+        assert_eq!(lru.used(), 200);
+        // The removed key is gone from the order: 1 is evicted first, not 2.
+        assert_eq!(
+            lru.admit(&4, 200),
+            Admission::Admit {
+                evict: vec![(1, 100)]
+            }
+        );
     }
 
     #[test]
@@ -240,18 +267,25 @@ mod tests {
 
     proptest! {
         #[test]
-        fn lru_matches_a_reference_model(ops in prop::collection::vec((0u8..20, 1u64..60, any::<bool>()), 1..200)) {
+        fn lru_matches_a_reference_model(ops in prop::collection::vec((0u8..20, 1u64..60, 0u8..3), 1..200)) {
             let cap = 200;
             let mut p = LruPolicy::new(cap);
             let mut m = Model::default();
             let mut sizes = HashMap::new();
-            for (key, size, is_touch) in ops {
-                if is_touch {
+            for (key, size, op) in ops {
+                // 0: admit, 1: touch, 2: remove.
+                if op == 1 {
                     p.touch(&key);
                     if let Some(i) = m.queue.iter().position(|(k, _)| *k == key) {
                         let e = m.queue.remove(i).unwrap();
                         m.queue.push_back(e);
                     }
+                    continue;
+                }
+                if op == 2 {
+                    p.remove(&key, size);
+                    m.queue.retain(|(k, _)| *k != key);
+                    prop_assert_eq!(p.used(), m.used());
                     continue;
                 }
                 let got = p.admit(&key, size);

@@ -99,6 +99,7 @@ impl RecentBlocks {
     }
 
     /// Memory held.
+    #[cfg(test)]
     pub fn bytes(&self) -> u64 {
         self.inner.lock().bytes
     }

@@ -346,8 +346,8 @@ impl DatasetFs {
     }
 
     /// Closes an open of the order file.
-    pub fn release_order(&self, fh: u64) -> bool {
-        self.orders.lock().remove(&fh).is_some()
+    pub fn release_order(&self, fh: u64) {
+        self.orders.lock().remove(&fh);
     }
 
     /// The file ids of a hint's paths, in order, if `caller` may read every one of them.

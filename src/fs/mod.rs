@@ -736,9 +736,7 @@ impl DatasetFs {
         match handle.as_ref().map(|h| &h.watch) {
             Some(Some(watch)) => self.kernel.closed(watch),
             Some(None) => {}
-            None => {
-                self.release_order(fh);
-            }
+            None => self.release_order(fh),
         }
     }
 

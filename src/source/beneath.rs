@@ -56,6 +56,7 @@ impl Beneath {
 
     /// As [`Beneath::open`], but resolving by the component walk whatever the kernel offers:
     /// the fallback, for tests.
+    #[cfg(test)]
     pub fn open_walking(root: &Path) -> io::Result<Beneath> {
         let mut beneath = Beneath::open(root)?;
         beneath.openat2 = false;
@@ -63,6 +64,7 @@ impl Beneath {
     }
 
     /// True if paths are resolved with `openat2`.
+    #[cfg(test)]
     pub fn uses_openat2(&self) -> bool {
         self.openat2
     }

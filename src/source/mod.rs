@@ -527,6 +527,8 @@ pub struct FaultySource<S> {
     inner: S,
     /// Every read of a path containing this string fails with EIO.
     pub fail_paths_containing: parking_lot::Mutex<Option<String>>,
+    /// Every read of a path containing this string panics (a bug in a source).
+    pub panic_paths_containing: parking_lot::Mutex<Option<String>>,
     /// Added to every `read_block`.
     pub read_delay: parking_lot::Mutex<Duration>,
     reads: AtomicU64,
@@ -538,6 +540,7 @@ impl<S: DatasetSource> FaultySource<S> {
         FaultySource {
             inner,
             fail_paths_containing: parking_lot::Mutex::new(None),
+            panic_paths_containing: parking_lot::Mutex::new(None),
             read_delay: parking_lot::Mutex::new(Duration::ZERO),
             reads: AtomicU64::new(0),
         }
@@ -591,6 +594,14 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
             && rel.to_string_lossy().contains(needle)
         {
             return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let panics = self
+            .panic_paths_containing
+            .lock()
+            .as_deref()
+            .is_some_and(|needle| rel.to_string_lossy().contains(needle));
+        if panics {
+            panic!("injected panic reading {}", rel.display());
         }
         self.inner.read_block(rel, version, offset, buf)
     }
