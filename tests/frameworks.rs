@@ -57,7 +57,7 @@ fn pattern(dir: &Path, args: &[&str]) -> (u32, Vec<Value>) {
         .spawn()
         .expect("python3 is needed to run tests/dataloader_pattern.py");
     let pgid = child.id();
-    let out = child.wait_with_output().unwrap();
+    let out = wait_within(child, COMMAND_LIMIT, "tests/dataloader_pattern.py");
     assert!(
         out.status.success(),
         "dataloader_pattern.py on {} failed: {}",

@@ -18,12 +18,10 @@ fn coorfs_torch_hands_orders_to_the_mount_and_reports_rejections() {
     wait_for_scan(&m.mnt);
     let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
     let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/hint_client.py");
-    let out = Command::new("python3")
-        .arg(client)
-        .arg(scripts)
-        .arg(&m.mnt)
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new("python3").arg(client).arg(scripts).arg(&m.mnt),
+        COMMAND_LIMIT,
+    );
     assert!(
         out.status.success(),
         "{}",

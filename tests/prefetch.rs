@@ -40,6 +40,11 @@ fn reader(args: &[&str], dir: &Path) -> std::process::Child {
         .unwrap()
 }
 
+/// Waits for a `coorfs read` started by [`reader`] (at most [`COMMAND_LIMIT`]).
+fn wait_read(child: std::process::Child) -> std::process::ExitStatus {
+    wait_within(child, COMMAND_LIMIT, "coorfs read").status
+}
+
 fn job(s: &Value, pgid: u32) -> &Value {
     s["jobs"]
         .as_array()
@@ -56,10 +61,10 @@ fn two_concurrent_jobs_each_keep_their_own_epochs() {
     make_dataset(&src, 300, 4096, 3);
     let m = Mount::new(&src, &[]);
     wait_for_scan(&m.mnt);
-    let mut a = reader(&["--procs", "2", "--epochs", "3", "--seed", "1"], &m.mnt);
-    let mut b = reader(&["--procs", "3", "--epochs", "2", "--seed", "2"], &m.mnt);
+    let a = reader(&["--procs", "2", "--epochs", "3", "--seed", "1"], &m.mnt);
+    let b = reader(&["--procs", "3", "--epochs", "2", "--seed", "2"], &m.mnt);
     let (pa, pb) = (a.id(), b.id());
-    assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+    assert!(wait_read(a).success() && wait_read(b).success());
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "active_jobs"), 2, "{s}");
     for (pgid, epochs) in [(pa, 3), (pb, 2)] {
@@ -101,9 +106,9 @@ fn prefetch_reads_every_file_once_per_epoch_and_wastes_nothing() {
         &["--cache-size", &(FILES / 4 * SIZE).to_string()],
     );
     wait_for_scan(&m.mnt);
-    let mut r = reader(&["--procs", "2", "--epochs", "3"], &m.mnt);
+    let r = reader(&["--procs", "2", "--epochs", "3"], &m.mnt);
     let pgid = r.id();
-    assert!(r.wait().unwrap().success());
+    assert!(wait_read(r).success());
     let s = stats(&m.mnt);
     let j = job(&s, pgid);
     let cached = num(&s, "cached_files");
@@ -146,9 +151,9 @@ fn with_an_order_hint_reads_of_uncached_files_hit_the_staging_area() {
         ],
     );
     wait_for_scan(&m.mnt);
-    let mut r = reader(&["--procs", "1", "--epochs", "3", "--hint"], &m.mnt);
+    let r = reader(&["--procs", "1", "--epochs", "3", "--hint"], &m.mnt);
     let pgid = r.id();
-    assert!(r.wait().unwrap().success());
+    assert!(wait_read(r).success());
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "hints_accepted"), 3, "{s}");
     let j = job(&s, pgid);
@@ -257,13 +262,11 @@ fn bad_hints_are_rejected_with_clear_errnos_and_reads_go_on() {
 /// Runs `cat` on `files` (paths below the mount) in a process group of its own.
 fn cat(m: &Mount, files: impl IntoIterator<Item = String>) {
     let paths: Vec<_> = files.into_iter().map(|rel| m.path(rel)).collect();
-    let status = Command::new("cat")
-        .args(&paths)
-        .stdout(std::process::Stdio::null())
-        .process_group(0)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let out = output_within(
+        Command::new("cat").args(&paths).process_group(0),
+        COMMAND_LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 /// The dataset file `i` of `make_dataset` with 10 classes.
@@ -294,13 +297,13 @@ fn a_glance_at_a_file_prefetches_nothing() {
     );
     wait_for_scan(&m.mnt);
     let glance = |m: &Mount, i: usize| {
-        let status = Command::new("head")
-            .args(["-c", "100"])
-            .arg(m.path(file(i)))
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let out = output_within(
+            Command::new("head")
+                .args(["-c", "100"])
+                .arg(m.path(file(i))),
+            COMMAND_LIMIT,
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
         // The prefetcher wakes at once on a miss; give it time to do the wrong thing.
         std::thread::sleep(std::time::Duration::from_millis(500));
     };
@@ -315,8 +318,8 @@ fn a_glance_at_a_file_prefetches_nothing() {
     );
 
     // A whole epoch, then another glance.
-    let mut r = reader(&["--procs", "2", "--epochs", "1"], &m.mnt);
-    assert!(r.wait().unwrap().success());
+    let r = reader(&["--procs", "2", "--epochs", "1"], &m.mnt);
+    assert!(wait_read(r).success());
     let before = stats(&m.mnt);
     assert_eq!(before["jobs"][0]["epoch"], 2, "{before}");
     glance(&m, 8);
@@ -362,8 +365,8 @@ fn a_job_that_stops_reading_has_its_staging_released_within_seconds() {
     // A whole epoch shows that the job reads the dataset; then 40 files of the next one, and
     // the job stops. They are the last 40 in inode order, the order the prefetcher reads in,
     // so that it fetches none of them while the job reads them.
-    let mut r = reader(&["--procs", "4", "--epochs", "1"], &m.mnt);
-    assert!(r.wait().unwrap().success());
+    let r = reader(&["--procs", "4", "--epochs", "1"], &m.mnt);
+    assert!(wait_read(r).success());
     let mut by_inode: Vec<(u64, usize)> = (0..FILES)
         .map(|i| {
             use std::os::unix::fs::MetadataExt;

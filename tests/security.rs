@@ -182,18 +182,16 @@ fn permissions_changed_on_the_source_take_effect_at_the_next_open() {
     // stat follows the source within --metadata-ttl.
     let m = Mount::new(&src, &["--allow-other", "--metadata-ttl", "0"]);
     mode(&src.join("f"), 0o640);
-    let out = Command::new("stat")
-        .args(["-c", "%a %u"])
-        .arg(m.path("f"))
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new("stat").args(["-c", "%a %u"]).arg(m.path("f")),
+        COMMAND_LIMIT,
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "640 0");
     mode(&src.join("f"), 0o604);
-    let again = Command::new("stat")
-        .args(["-c", "%a"])
-        .arg(m.path("f"))
-        .output()
-        .unwrap();
+    let again = output_within(
+        Command::new("stat").args(["-c", "%a"]).arg(m.path("f")),
+        COMMAND_LIMIT,
+    );
     assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), "604");
     m.unmount();
 }
@@ -241,11 +239,12 @@ fn posix_acls_of_the_source_are_honoured() {
     );
     let granted = sh_as_nobody("cat \"$1\"", &[&m.path("granted")]);
     assert_eq!(granted.stdout, b"granted", "{}", stderr(&granted));
-    let acl = Command::new("getfacl")
-        .args(["--omit-header"])
-        .arg(m.path("granted"))
-        .output()
-        .unwrap();
+    let acl = output_within(
+        Command::new("getfacl")
+            .args(["--omit-header"])
+            .arg(m.path("granted")),
+        COMMAND_LIMIT,
+    );
     assert!(
         String::from_utf8_lossy(&acl.stdout).contains("user:nobody:r--"),
         "{}",

@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The coorfs binary under test.
@@ -14,13 +14,64 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_coorfs")
 }
 
-/// Runs coorfs with `args` and returns what it did.
+/// Runs coorfs with `args` and returns what it did (within [`COMMAND_LIMIT`]).
 pub fn coorfs<I, S>(args: I) -> Output
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    Command::new(bin()).args(args).output().expect("run coorfs")
+    output_within(Command::new(bin()).args(args), COMMAND_LIMIT)
+}
+
+/// How long a command a test runs may take before the test calls it hung: the slowest here
+/// (a few epochs through a delayed mount, a Python DataLoader pattern) take seconds.
+pub const COMMAND_LIMIT: Duration = Duration::from_secs(300);
+
+/// Waits for `child` to exit and collects what it wrote to its piped stdout and stderr (empty
+/// for streams not piped). If it still runs after `limit`, kills it and panics naming `what`:
+/// a hang (a command stuck on a mount whose daemon is stuck) fails the test instead of
+/// stalling it forever.
+pub fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
+    use std::io::Read;
+    let start = Instant::now();
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// Runs `cmd` with its stdout and stderr piped and waits for it as [`wait_within`] does.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    wait_within(child, limit, &what)
 }
 
 /// A temporary directory that other users may traverse (tests read as `nobody`).
@@ -106,7 +157,8 @@ pub fn process_alive(pid: u32) -> bool {
     coorfs::daemon::alive(pid)
 }
 
-/// Waits until `cond` holds, up to `timeout`.
+/// Waits until `cond` holds, up to `timeout`; false if it never did (callers assert it, with
+/// what they waited for).
 pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < timeout {
@@ -161,10 +213,13 @@ pub fn num(v: &serde_json::Value, key: &str) -> u64 {
 
 /// Waits until the mount's scan of its source is complete, so that epochs are counted.
 pub fn wait_for_scan(mnt: &Path) {
-    assert!(wait_for(Duration::from_secs(30), || num(
-        &stats(mnt),
-        "scan_complete"
-    ) == 1));
+    let limit = Duration::from_secs(30);
+    assert!(
+        wait_for(limit, || num(&stats(mnt), "scan_complete") == 1),
+        "the scan of {} not complete after {limit:?}: {}",
+        mnt.display(),
+        stats(mnt)
+    );
 }
 
 /// Last line of stderr, trimmed.
@@ -177,12 +232,10 @@ pub const NOBODY: u32 = 65534;
 
 /// Runs `cmd` as user and group 65534 (nobody), with no supplementary groups.
 pub fn as_nobody(cmd: &str, args: &[&OsStr]) -> Output {
-    Command::new(cmd)
-        .args(args)
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .output()
-        .unwrap()
+    output_within(
+        Command::new(cmd).args(args).uid(NOBODY).gid(NOBODY),
+        COMMAND_LIMIT,
+    )
 }
 
 /// Runs the shell script `script` as nobody, with `args` as $1, $2, ...
