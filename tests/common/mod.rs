@@ -238,6 +238,117 @@ pub fn as_nobody(cmd: &str, args: &[&OsStr]) -> Output {
     )
 }
 
+/// Extended attributes: each name with its value, or the errno of reading it.
+pub type Xattrs = Vec<(String, Result<Vec<u8>, i32>)>;
+
+/// The extended attributes of `path` as nobody (uid and gid 65534, no supplementary groups)
+/// reads them, without the attr package: each name with its value or the errno of reading
+/// it; the errno of listing them if that fails. A forked child drops to nobody and makes the
+/// system calls itself, into buffers allocated before the fork (a child of a threaded process
+/// must not allocate), and writes records to a pipe: b'E' and an errno, or b'A', the name's
+/// length, the name, the value's length (negative: an errno) and the value.
+pub fn xattrs_as_nobody(path: &Path) -> Result<Xattrs, i32> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // The kernel's limits: 64 KiB of names, 64 KiB a value.
+    const MAX: usize = 64 << 10;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; MAX];
+    let mut value = vec![0u8; MAX];
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: the child makes only async-signal-safe system calls on memory allocated before
+    // the fork, then _exits; the parent owns the descriptors it closes.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            libc::close(fds[0]);
+            let out = fds[1];
+            let put = |bytes: &[u8]| {
+                libc::write(out, bytes.as_ptr().cast(), bytes.len());
+            };
+            let errno = || *libc::__errno_location();
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(NOBODY) != 0
+                || libc::setuid(NOBODY) != 0
+            {
+                libc::_exit(1);
+            }
+            let n = libc::listxattr(c_path.as_ptr(), names.as_mut_ptr().cast(), MAX);
+            if n < 0 {
+                put(b"E");
+                put(&errno().to_le_bytes());
+                libc::_exit(0);
+            }
+            let mut at = 0;
+            while at < n as usize {
+                let len = names[at..n as usize]
+                    .iter()
+                    .position(|&b| b == 0)
+                    .unwrap_or(0);
+                let name = names.as_ptr().add(at).cast();
+                let got = libc::getxattr(c_path.as_ptr(), name, value.as_mut_ptr().cast(), MAX);
+                put(b"A");
+                put(&(len as u32).to_le_bytes());
+                put(&names[at..at + len]);
+                if got < 0 {
+                    put(&(-errno()).to_le_bytes());
+                } else {
+                    put(&(got as i32).to_le_bytes());
+                    put(&value[..got as usize]);
+                }
+                at += len + 1;
+            }
+            libc::_exit(0);
+        }
+        libc::close(fds[1]);
+        let mut raw = Vec::new();
+        std::fs::File::from_raw_fd(fds[0])
+            .read_to_end(&mut raw)
+            .unwrap();
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child reading attributes as nobody failed: status {status}"
+        );
+        parse_xattr_records(&raw)
+    }
+}
+
+/// The records [`xattrs_as_nobody`]'s child wrote.
+fn parse_xattr_records(mut rest: &[u8]) -> Result<Xattrs, i32> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> &'a [u8] {
+        let (head, tail) = rest.split_at(n);
+        *rest = tail;
+        head
+    }
+    fn word(rest: &mut &[u8]) -> i32 {
+        i32::from_le_bytes(take(rest, 4).try_into().unwrap())
+    }
+    let mut attrs = Vec::new();
+    while let Some((&tag, tail)) = rest.split_first() {
+        rest = tail;
+        match tag {
+            b'E' => return Err(word(&mut rest)),
+            b'A' => {
+                let len = word(&mut rest) as usize;
+                let name = String::from_utf8_lossy(take(&mut rest, len)).into_owned();
+                let value = match word(&mut rest) {
+                    errno if errno < 0 => Err(-errno),
+                    len => Ok(take(&mut rest, len as usize).to_vec()),
+                };
+                attrs.push((name, value));
+            }
+            other => panic!("unexpected record {other} from the child"),
+        }
+    }
+    Ok(attrs)
+}
+
 /// Runs the shell script `script` as nobody, with `args` as $1, $2, ...
 pub fn sh_as_nobody(script: &str, args: &[&Path]) -> Output {
     let mut all: Vec<&OsStr> = vec![OsStr::new("-c"), OsStr::new(script), OsStr::new("sh")];
