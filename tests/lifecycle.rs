@@ -4,8 +4,8 @@
 mod common;
 
 use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -363,13 +363,25 @@ fn a_missing_or_forbidden_fuse_device_is_reported() {
         "coorfs: /dev/fuse does not exist: load the fuse module (modprobe fuse) or pass the device into the container"
     );
 
-    // /dev/fuse is root's alone (mode 600): nobody may not use it.
-    let out = Command::new(bin())
-        .args([OsStr::new("mount"), src.as_os_str(), mnt.as_os_str()])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    // A /dev/fuse that is root's alone (mode 600): nobody may not use it. The host's may be
+    // 0666 (Ubuntu, containers), so a private /dev holds a node of its own with mode 600.
+    let rdev = std::fs::metadata("/dev/fuse").unwrap().rdev();
+    let out = output_within(
+        Command::new("unshare")
+            .args([
+                "-m",
+                "sh",
+                "-c",
+                r#"mount -t tmpfs tmpfs /dev && mknod -m 600 /dev/fuse c "$3" "$4" &&
+                   exec setpriv --reuid 65534 --regid 65534 --clear-groups "$0" mount "$1" "$2""#,
+            ])
+            .arg(bin())
+            .arg(&src)
+            .arg(&mnt)
+            .arg(libc::major(rdev).to_string())
+            .arg(libc::minor(rdev).to_string()),
+        COMMAND_LIMIT,
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert_eq!(
         stderr(&out),
