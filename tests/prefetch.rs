@@ -113,6 +113,7 @@ fn prefetch_reads_every_file_once_per_epoch_and_wastes_nothing() {
     let j = job(&s, pgid);
     let cached = num(&s, "cached_files");
     assert_eq!(cached, FILES as u64 / 4, "{s}");
+    let uncached = FILES as u64 - cached;
     for r in j["epochs"].as_array().unwrap() {
         let epoch = num(r, "epoch");
         assert_eq!(r["complete"], true);
@@ -121,10 +122,18 @@ fn prefetch_reads_every_file_once_per_epoch_and_wastes_nothing() {
             // Exactly the uncached files come from storage: none twice.
             assert_eq!(
                 num(r, "bytes_from_source"),
-                (FILES as u64 - cached) * SIZE as u64,
+                uncached * SIZE as u64,
                 "epoch {epoch}: {r}"
             );
-            assert!(num(r, "staging_hits") > 0, "epoch {epoch}: {r}");
+            // From its 4th file (1% of 400) the prefetcher stages the 300 uncached files, 16
+            // at a time (2 ms each: about 40 ms for all) while the two readers take 2 ms a
+            // miss: it serves all but the few they reach first (about 270 measured), at most
+            // every one. At least half, for a loaded machine.
+            let staged = num(r, "staging_hits");
+            assert!(
+                (uncached / 2..=uncached).contains(&staged),
+                "epoch {epoch}: {staged} of {uncached} uncached files staged: {r}"
+            );
         }
     }
     assert_eq!(num(&s, "prefetched_unused"), 0);
