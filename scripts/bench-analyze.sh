@@ -11,7 +11,7 @@
 #   3. the predicted epoch time of the native page cache (the LRU simulation) and of coorfs
 #      minio are compared with the measured medians: epoch 1, and epochs 2+ (all of their
 #      samples pooled). Exit status 1 if an epochs-2+ prediction is off by more than
-#      TOLERANCE (0.15).
+#      TOLERANCE (0.15), or if the samples hold no bw/native or bw/minio epoch 1 or 2+.
 #
 #   scripts/bench-analyze.sh
 #   REPS=5 TIME=30s scripts/bench-analyze.sh
@@ -67,10 +67,19 @@ for line in open(sys.argv[2]):
     f = line.split()
     if len(f) != 6:
         continue
-    system, _, epoch, secs, by, _ = f
+    # bench-epochs.sh writes STORAGE/SYSTEM; the prediction is for the throttled storage, bw.
+    kind, _, system = f[0].rpartition("/")
+    if kind != "bw":
+        continue
+    _, _, epoch, secs, by, _ = f
     key = (system, "1" if epoch == "1" else "2+")
     measured[key].append(float(secs))
     storage[key].append(float(by))
+missing = [f"bw/{system} epochs {epochs}" for system in ("native", "minio") for epochs in ("1", "2+")
+           if not measured.get((system, epochs))]
+if missing:
+    sys.exit(f"bench-analyze.sh: no samples of {', '.join(missing)} in {sys.argv[2]} "
+             "(lines 'bw/SYSTEM REP EPOCH SECONDS BYTES HIT', as bench-epochs.sh writes them)")
 
 s = report["storage"]
 depths = ", ".join("depth %d %.1f" % (d["depth"], d["mib_per_sec"]) for d in s["depths"])
@@ -81,10 +90,7 @@ print("|---|---|---|---|---|---|---|")
 worst = 0.0
 for system, column in (("native", "page_cache"), ("minio", "minio")):
     for epochs, pred in (("1", report["cache"]["epochs"][0][column]), ("2+", report["cache"]["steady"][column])):
-        m = measured.get((system, epochs))
-        if not m:
-            continue
-        med = statistics.median(m)
+        med = statistics.median(measured[(system, epochs)])
         err = pred["epoch_seconds"] / med - 1
         if epochs == "2+":
             worst = max(worst, abs(err))

@@ -258,13 +258,14 @@ fn unreadable_files_and_directories_are_counted_and_skipped() {
     std::fs::write(locked.join("hidden"), b"not for nobody").unwrap();
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
     // Root reads anything: run as nobody, for whom the file is unreadable.
-    let out = Command::new(bin())
-        .args(["analyze", "--time", "1s", "--json", "-"])
-        .arg(&src)
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new(bin())
+            .args(["analyze", "--time", "1s", "--json", "-"])
+            .arg(&src)
+            .uid(65534)
+            .gid(65534),
+        COMMAND_LIMIT,
+    );
     let r: Value = serde_json::from_str(&ok(&out)).unwrap();
     assert_eq!(r["storage"]["unreadable"], 1);
     let first = r["storage"]["first_unreadable"].as_str().unwrap();
@@ -292,12 +293,16 @@ fn the_live_check_puts_the_mounts_epochs_beside_the_prediction() {
     let half = HALF.to_string();
     // Prefetch off: the prediction compared here is MinIO's alone.
     let m = Mount::new(&src, &["--no-prefetch", "--cache-size", &half]);
-    assert!(wait_for(Duration::from_secs(30), || {
-        xattr::get(&m.mnt, "user.coorfs.scan_complete")
-            .ok()
-            .flatten()
-            == Some(b"1".to_vec())
-    }));
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            xattr::get(&m.mnt, "user.coorfs.scan_complete")
+                .ok()
+                .flatten()
+                == Some(b"1".to_vec())
+        }),
+        "the scan of {} not complete after 30 s",
+        m.mnt.display()
+    );
     let read = coorfs([
         OsStr::new("read"),
         OsStr::new("--epochs"),
@@ -358,45 +363,6 @@ fn the_live_check_puts_the_mounts_epochs_beside_the_prediction() {
     m.unmount();
 }
 
-/// Runs `cmd` and returns what it did and how long it took; kills it and fails if it runs
-/// `limit` or longer, so that a hang is a failure rather than a test that never ends.
-fn output_within(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
-    use std::io::Read;
-    let start = std::time::Instant::now();
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            bytes
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() >= limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let took = start.elapsed();
-    let out = Output {
-        status,
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    };
-    (out, took)
-}
-
 #[test]
 fn a_dataset_on_a_pseudo_filesystem_is_refused_at_once() {
     let mut datasets = vec!["/proc/self", "/proc"];
@@ -410,10 +376,12 @@ fn a_dataset_on_a_pseudo_filesystem_is_refused_at_once() {
             "proc"
         };
         // /proc/self/pagemap says 0 bytes and reads on without end: this used to hang.
-        let (out, took) = output_within(
+        let started = std::time::Instant::now();
+        let out = output_within(
             Command::new(bin()).args(["analyze", dataset, "--time", "2s"]),
             Duration::from_secs(30),
         );
+        let took = started.elapsed();
         assert_eq!(out.status.code(), Some(2), "{dataset}: {}", stderr(&out));
         assert_eq!(
             stderr(&out),
@@ -440,7 +408,7 @@ fn fifos_and_symlinks_in_a_dataset_are_left_out() {
     std::os::unix::fs::symlink(src.join("fifo"), src.join("link-to-fifo")).unwrap();
     std::os::unix::fs::symlink("/proc/self", src.join("link-to-proc")).unwrap();
     // Opening the FIFO to read it would wait for a writer forever.
-    let (out, _) = output_within(
+    let out = output_within(
         Command::new(bin())
             .args(["analyze", "--time", "1s", "--json", "-"])
             .arg(&src),

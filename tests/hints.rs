@@ -19,13 +19,14 @@ fn the_python_package_hands_orders_to_the_mount_and_reads_its_stats() {
     wait_for_scan(&m.mnt);
     let package = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
     let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/hint_client.py");
-    let out = Command::new("python3")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .arg(client)
-        .arg(package)
-        .arg(&m.mnt)
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new("python3")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .arg(client)
+            .arg(package)
+            .arg(&m.mnt),
+        COMMAND_LIMIT,
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -4,8 +4,8 @@
 mod common;
 
 use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -46,10 +46,8 @@ fn sigterm_and_plain_umount_end_the_daemon() {
         let pid = m.pid();
         match how {
             "umount" => assert!(
-                Command::new("umount")
-                    .arg(&m.mnt)
-                    .status()
-                    .unwrap()
+                output_within(Command::new("umount").arg(&m.mnt), COMMAND_LIMIT)
+                    .status
                     .success()
             ),
             // SAFETY: signals a process this test started.
@@ -81,11 +79,18 @@ fn foreground_logs_to_stderr_and_ctrl_c_unmounts() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || is_mounted(&mnt)));
+    assert!(
+        wait_for(Duration::from_secs(10), || is_mounted(&mnt)),
+        "the foreground mount not up after 10 s"
+    );
     assert_eq!(std::fs::read(mnt.join("hello")).unwrap(), b"hello");
     // SAFETY: signals our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let out = child.wait_with_output().unwrap();
+    let out = wait_within(
+        child,
+        Duration::from_secs(10),
+        "the foreground mount after SIGINT",
+    );
     assert!(out.status.success(), "{:?}", out.status);
     assert!(!is_mounted(&mnt));
     let log = String::from_utf8_lossy(&out.stderr);
@@ -124,22 +129,22 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
         )
     );
     assert!(is_mounted(&m.mnt));
-    let lazy = Command::new(bin())
-        .args([
-            OsStr::new("umount"),
-            OsStr::new("--lazy"),
-            OsStr::new("--timeout"),
-            OsStr::new("1s"),
-            m.mnt.as_os_str(),
-        ])
-        .output()
-        .unwrap();
+    let lazy = coorfs([
+        OsStr::new("umount"),
+        OsStr::new("--lazy"),
+        OsStr::new("--timeout"),
+        OsStr::new("1s"),
+        m.mnt.as_os_str(),
+    ]);
     // Detached at once; the daemon stays until the open file is closed.
     assert!(!is_mounted(&m.mnt));
     assert!(!lazy.status.success());
     assert!(stderr(&lazy).contains("still running"), "{}", stderr(&lazy));
     drop(open);
-    assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)));
+    assert!(
+        wait_for(Duration::from_secs(10), || !process_alive(pid)),
+        "daemon {pid} still running 10 s after its last file was closed"
+    );
 }
 
 /// Runs `coorfs` with `args` and checks: exit code `code`, exactly one line on stderr that
@@ -339,31 +344,44 @@ fn a_missing_or_forbidden_fuse_device_is_reported() {
     let mnt = empty_dir(dir.path(), "mnt");
 
     // A private /dev without the fuse device.
-    let out = Command::new("unshare")
-        .args([
-            "-m",
-            "sh",
-            "-c",
-            r#"mount -t tmpfs tmpfs /dev && exec "$0" mount "$1" "$2""#,
-        ])
-        .arg(bin())
-        .arg(&src)
-        .arg(&mnt)
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new("unshare")
+            .args([
+                "-m",
+                "sh",
+                "-c",
+                r#"mount -t tmpfs tmpfs /dev && exec "$0" mount "$1" "$2""#,
+            ])
+            .arg(bin())
+            .arg(&src)
+            .arg(&mnt),
+        COMMAND_LIMIT,
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert_eq!(
         stderr(&out),
         "coorfs: /dev/fuse does not exist: load the fuse module (modprobe fuse) or pass the device into the container"
     );
 
-    // /dev/fuse is root's alone (mode 600): nobody may not use it.
-    let out = Command::new(bin())
-        .args([OsStr::new("mount"), src.as_os_str(), mnt.as_os_str()])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    // A /dev/fuse that is root's alone (mode 600): nobody may not use it. The host's may be
+    // 0666 (Ubuntu, containers), so a private /dev holds a node of its own with mode 600.
+    let rdev = std::fs::metadata("/dev/fuse").unwrap().rdev();
+    let out = output_within(
+        Command::new("unshare")
+            .args([
+                "-m",
+                "sh",
+                "-c",
+                r#"mount -t tmpfs tmpfs /dev && mknod -m 600 /dev/fuse c "$3" "$4" &&
+                   exec setpriv --reuid 65534 --regid 65534 --clear-groups "$0" mount "$1" "$2""#,
+            ])
+            .arg(bin())
+            .arg(&src)
+            .arg(&mnt)
+            .arg(libc::major(rdev).to_string())
+            .arg(libc::minor(rdev).to_string()),
+        COMMAND_LIMIT,
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert_eq!(
         stderr(&out),
@@ -424,7 +442,7 @@ fn concurrent_mounts_at_one_mount_point_leave_exactly_one() {
             .collect();
         let outs: Vec<_> = children
             .into_iter()
-            .map(|c| c.wait_with_output().unwrap())
+            .map(|c| wait_within(c, COMMAND_LIMIT, "a racing coorfs mount"))
             .collect();
         let winners = outs.iter().filter(|o| o.status.success()).count();
         let errors: Vec<String> = outs.iter().map(stderr).collect();
@@ -452,12 +470,12 @@ fn a_daemon_kept_alive_by_a_lazy_unmount_does_not_block_a_new_mount() {
     let old_pid = old.pid();
     let open = std::fs::File::open(old.path("hello")).unwrap();
     assert!(
-        Command::new("umount")
-            .arg("-l")
-            .arg(&old.mnt)
-            .status()
-            .unwrap()
-            .success()
+        output_within(
+            Command::new("umount").arg("-l").arg(&old.mnt),
+            COMMAND_LIMIT
+        )
+        .status
+        .success()
     );
     // The old daemon serves the open file until it is closed.
     assert!(!is_mounted(&old.mnt));
@@ -469,9 +487,10 @@ fn a_daemon_kept_alive_by_a_lazy_unmount_does_not_block_a_new_mount() {
     // Unmounts the new mount at the same place and checks that its daemon is gone.
     old.unmount();
     drop(open);
-    assert!(wait_for(Duration::from_secs(10), || !process_alive(
-        old_pid
-    )));
+    assert!(
+        wait_for(Duration::from_secs(10), || !process_alive(old_pid)),
+        "the old daemon {old_pid} still running 10 s after its last file was closed"
+    );
 }
 
 #[test]
@@ -619,13 +638,14 @@ impl TestCgroup {
             "echo $$ > '{}' && exec \"$0\" \"$@\"",
             self.dir.join("cgroup.procs").display()
         );
-        Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .arg(bin())
-            .args(args)
-            .output()
-            .unwrap()
+        output_within(
+            Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .arg(bin())
+                .args(args),
+            COMMAND_LIMIT,
+        )
     }
 }
 
@@ -797,17 +817,18 @@ fn ioctl_poll_seek_and_locks_are_answered_without_a_log_line() {
         assert_eq!((rc, errno()), (-1, Some(libc::ENOTTY)));
     }
     assert!(!file.is_terminal());
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import os, sys\n\
-             for _ in range(200):\n    open(sys.argv[1], 'rb').read()\n\
-             fd = os.open(sys.argv[1], os.O_RDONLY)\n\
-             try:\n    os.tcgetpgrp(fd)\nexcept OSError as e:\n    print(e.strerror)\n",
-        ])
-        .arg(m.path("hello"))
-        .output()
-        .expect("python3 is needed for this test");
+    let out = output_within(
+        Command::new("python3")
+            .args([
+                "-c",
+                "import os, sys\n\
+                 for _ in range(200):\n    open(sys.argv[1], 'rb').read()\n\
+                 fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+                 try:\n    os.tcgetpgrp(fd)\nexcept OSError as e:\n    print(e.strerror)\n",
+            ])
+            .arg(m.path("hello")),
+        COMMAND_LIMIT,
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),

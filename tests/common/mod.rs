@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The coorfs binary under test.
@@ -14,13 +14,64 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_coorfs")
 }
 
-/// Runs coorfs with `args` and returns what it did.
+/// Runs coorfs with `args` and returns what it did (within [`COMMAND_LIMIT`]).
 pub fn coorfs<I, S>(args: I) -> Output
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    Command::new(bin()).args(args).output().expect("run coorfs")
+    output_within(Command::new(bin()).args(args), COMMAND_LIMIT)
+}
+
+/// How long a command a test runs may take before the test calls it hung: the slowest here
+/// (a few epochs through a delayed mount, a Python DataLoader pattern) take seconds.
+pub const COMMAND_LIMIT: Duration = Duration::from_secs(300);
+
+/// Waits for `child` to exit and collects what it wrote to its piped stdout and stderr (empty
+/// for streams not piped). If it still runs after `limit`, kills it and panics naming `what`:
+/// a hang (a command stuck on a mount whose daemon is stuck) fails the test instead of
+/// stalling it forever.
+pub fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
+    use std::io::Read;
+    let start = Instant::now();
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// Runs `cmd` with its stdout and stderr piped and waits for it as [`wait_within`] does.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    wait_within(child, limit, &what)
 }
 
 /// A temporary directory that other users may traverse (tests read as `nobody`).
@@ -106,7 +157,8 @@ pub fn process_alive(pid: u32) -> bool {
     coorfs::daemon::alive(pid)
 }
 
-/// Waits until `cond` holds, up to `timeout`.
+/// Waits until `cond` holds, up to `timeout`; false if it never did (callers assert it, with
+/// what they waited for).
 pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < timeout {
@@ -161,10 +213,13 @@ pub fn num(v: &serde_json::Value, key: &str) -> u64 {
 
 /// Waits until the mount's scan of its source is complete, so that epochs are counted.
 pub fn wait_for_scan(mnt: &Path) {
-    assert!(wait_for(Duration::from_secs(30), || num(
-        &stats(mnt),
-        "scan_complete"
-    ) == 1));
+    let limit = Duration::from_secs(30);
+    assert!(
+        wait_for(limit, || num(&stats(mnt), "scan_complete") == 1),
+        "the scan of {} not complete after {limit:?}: {}",
+        mnt.display(),
+        stats(mnt)
+    );
 }
 
 /// Last line of stderr, trimmed.
@@ -177,12 +232,121 @@ pub const NOBODY: u32 = 65534;
 
 /// Runs `cmd` as user and group 65534 (nobody), with no supplementary groups.
 pub fn as_nobody(cmd: &str, args: &[&OsStr]) -> Output {
-    Command::new(cmd)
-        .args(args)
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .output()
-        .unwrap()
+    output_within(
+        Command::new(cmd).args(args).uid(NOBODY).gid(NOBODY),
+        COMMAND_LIMIT,
+    )
+}
+
+/// Extended attributes: each name with its value, or the errno of reading it.
+pub type Xattrs = Vec<(String, Result<Vec<u8>, i32>)>;
+
+/// The extended attributes of `path` as nobody (uid and gid 65534, no supplementary groups)
+/// reads them, without the attr package: each name with its value or the errno of reading
+/// it; the errno of listing them if that fails. A forked child drops to nobody and makes the
+/// system calls itself, into buffers allocated before the fork (a child of a threaded process
+/// must not allocate), and writes records to a pipe: b'E' and an errno, or b'A', the name's
+/// length, the name, the value's length (negative: an errno) and the value.
+pub fn xattrs_as_nobody(path: &Path) -> Result<Xattrs, i32> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // The kernel's limits: 64 KiB of names, 64 KiB a value.
+    const MAX: usize = 64 << 10;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; MAX];
+    let mut value = vec![0u8; MAX];
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: the child makes only async-signal-safe system calls on memory allocated before
+    // the fork, then _exits; the parent owns the descriptors it closes.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            libc::close(fds[0]);
+            let out = fds[1];
+            let put = |bytes: &[u8]| {
+                libc::write(out, bytes.as_ptr().cast(), bytes.len());
+            };
+            let errno = || *libc::__errno_location();
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(NOBODY) != 0
+                || libc::setuid(NOBODY) != 0
+            {
+                libc::_exit(1);
+            }
+            let n = libc::listxattr(c_path.as_ptr(), names.as_mut_ptr().cast(), MAX);
+            if n < 0 {
+                put(b"E");
+                put(&errno().to_le_bytes());
+                libc::_exit(0);
+            }
+            let mut at = 0;
+            while at < n as usize {
+                let len = names[at..n as usize]
+                    .iter()
+                    .position(|&b| b == 0)
+                    .unwrap_or(0);
+                let name = names.as_ptr().add(at).cast();
+                let got = libc::getxattr(c_path.as_ptr(), name, value.as_mut_ptr().cast(), MAX);
+                put(b"A");
+                put(&(len as u32).to_le_bytes());
+                put(&names[at..at + len]);
+                if got < 0 {
+                    put(&(-errno()).to_le_bytes());
+                } else {
+                    put(&(got as i32).to_le_bytes());
+                    put(&value[..got as usize]);
+                }
+                at += len + 1;
+            }
+            libc::_exit(0);
+        }
+        libc::close(fds[1]);
+        let mut raw = Vec::new();
+        std::fs::File::from_raw_fd(fds[0])
+            .read_to_end(&mut raw)
+            .unwrap();
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child reading attributes as nobody failed: status {status}"
+        );
+        parse_xattr_records(&raw)
+    }
+}
+
+/// The records [`xattrs_as_nobody`]'s child wrote.
+fn parse_xattr_records(mut rest: &[u8]) -> Result<Xattrs, i32> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> &'a [u8] {
+        let (head, tail) = rest.split_at(n);
+        *rest = tail;
+        head
+    }
+    fn word(rest: &mut &[u8]) -> i32 {
+        i32::from_le_bytes(take(rest, 4).try_into().unwrap())
+    }
+    let mut attrs = Vec::new();
+    while let Some((&tag, tail)) = rest.split_first() {
+        rest = tail;
+        match tag {
+            b'E' => return Err(word(&mut rest)),
+            b'A' => {
+                let len = word(&mut rest) as usize;
+                let name = String::from_utf8_lossy(take(&mut rest, len)).into_owned();
+                let value = match word(&mut rest) {
+                    errno if errno < 0 => Err(-errno),
+                    len => Ok(take(&mut rest, len as usize).to_vec()),
+                };
+                attrs.push((name, value));
+            }
+            other => panic!("unexpected record {other} from the child"),
+        }
+    }
+    Ok(attrs)
 }
 
 /// Runs the shell script `script` as nobody, with `args` as $1, $2, ...
