@@ -15,6 +15,7 @@
 //! cache, predict data stalls).
 
 pub mod analyze;
+pub mod block;
 pub mod budget;
 pub mod cache;
 pub mod cli;

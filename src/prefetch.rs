@@ -39,8 +39,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::block::Block;
 use crate::cache::BlockKey;
-use crate::fetch::Block;
 use crate::jobs::JobKey;
 use crate::namespace::{FileId, FileVersion};
 
@@ -435,21 +435,12 @@ impl Pacer {
 /// 488 misses whether prefetch started at their 1st, 32nd or 128th file.
 pub const START_FILES: usize = 32;
 
-/// True if a job that has read `read` distinct files in its epoch, of a dataset of `total`,
-/// reads the whole dataset every epoch as far as its reads show: one of its epochs read
-/// (99% of) every file (`covered`), or this one read clearly more than half of them. A shard
-/// of two ranks reads half, rounded up, and at the start of its next epoch it may read a few
-/// files more (new ones) before its re-reads show that a new pass began: never
-/// [`crate::epoch::SPAN`] of them.
-pub fn reads_the_dataset(read: usize, total: usize, covered: bool) -> bool {
-    covered || read > total.div_ceil(2) + crate::epoch::SPAN as usize
-}
-
 /// True if the prefetcher may fetch from a job's remaining set without an order hint: the job
-/// reads the whole dataset ([`reads_the_dataset`]) and its epoch is under way
+/// reads the whole dataset ([`crate::jobs::reads_the_dataset`]) and its epoch is under way
 /// ([`START_FILES`]).
 pub fn may_prefetch_remaining(read: usize, total: usize, covered: bool) -> bool {
-    read >= START_FILES.min(total.div_ceil(100)).max(1) && reads_the_dataset(read, total, covered)
+    read >= START_FILES.min(total.div_ceil(100)).max(1)
+        && crate::jobs::reads_the_dataset(read, total, covered)
 }
 
 /// Walks `order` from `cursor` and returns up to `want` files for which `eligible` holds,
@@ -675,7 +666,7 @@ mod tests {
         assert!(may_prefetch_remaining(5, 500, true));
         assert!(may_prefetch_remaining(1, 50, true));
         // Rank 1 of 2 of an odd dataset reads half of it rounded up, a few more at most.
-        assert!(!reads_the_dataset(510, 1001, false));
+        assert!(!crate::jobs::reads_the_dataset(510, 1001, false));
     }
 
     #[test]

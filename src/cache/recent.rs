@@ -22,7 +22,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::BlockKey;
-use crate::fetch::Block;
+use crate::block::Block;
 
 /// Blocks held: one file in flight for each of 64 readers (a DataLoader's workers, the
 /// threads of tf.data) with room to spare.

@@ -51,11 +51,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::block::Block;
 use crate::cache::recent::RecentBlocks;
 use crate::cache::{BlockCache, PolicyKind};
 use crate::config::MountConfig;
 use crate::epoch::Step;
-use crate::fetch::{Block, Fetcher};
+use crate::fetch::Fetcher;
 use crate::jobs::{Job, JobKey, Jobs};
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
 use crate::prefetch::{PrefetchConfig, Staging};

@@ -27,11 +27,12 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::DatasetFs;
+use crate::block::Block;
 use crate::cache::{BlockKey, PolicyKind};
-use crate::fetch::{Account, Block, FetchKind};
-use crate::jobs::{Job, JobKey};
+use crate::fetch::{Account, FetchKind};
+use crate::jobs::{Job, JobKey, reads_the_dataset};
 use crate::namespace::{FileId, FileVersion};
-use crate::prefetch::{may_prefetch_remaining, next_candidates, reads_the_dataset};
+use crate::prefetch::{may_prefetch_remaining, next_candidates};
 use crate::stats::Counters;
 
 /// A job that has not opened a file for this long gets no prefetch and its staging area is

@@ -26,8 +26,9 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, control};
+use crate::block::Block;
 use crate::cache::{BlockKey, CachedBytes};
-use crate::fetch::{Account, Block, FetchKind, FetchResult};
+use crate::fetch::{Account, FetchKind, FetchResult};
 use crate::namespace::NodeId;
 use crate::source::{read_open_file, stat_fd};
 use crate::stats::Counters;
