@@ -6,14 +6,17 @@
 //! inode, size, mtime): a changed source file is a different key, so it is a miss, never
 //! stale bytes.
 //!
-//! The policy ([`policy`]) decides; this module stores. MinIO's blocks go to an append-only
-//! [`arena::Arena`] (nothing is ever freed, so no allocator is needed). LRU's go to one
-//! anonymous mapping each, returned to the kernel the moment the block is evicted: heap
+//! The policy ([`policy`]) decides; this module stores, in the store the policy needs
+//! ([`Store`]). A policy that never evicts (MinIO) gets an append-only [`arena::Arena`]
+//! (nothing is ever freed, so no allocator is needed). One that evicts (LRU) gets one
+//! anonymous mapping per block, returned to the kernel the moment the block is evicted: heap
 //! buffers would do, but freed 100 KiB chunks stay in malloc's arenas (measured: an LRU
 //! daemon with a 1 GiB budget passed 1.1 GB of anonymous memory and was OOM-killed in a
 //! 1 GiB + 64 MiB cgroup). Both count every block at the memory it really takes (64-byte
 //! slots in the arena, whole pages for a mapping) against the same budget, so the memory
 //! the cache holds never exceeds `--cache-size`.
+//!
+//! The cache is the first tier of the read path ([`crate::tier::memory`]).
 //!
 //! Locks: the policy's mutex is held only for the decision, the index's lock only to look
 //! up or publish; copying bytes happens outside both.
@@ -47,6 +50,21 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
+    /// A policy of this kind over `capacity` bytes.
+    fn policy(self, capacity: u64) -> Box<dyn CachePolicy<BlockKey>> {
+        match self {
+            PolicyKind::MinIo => Box::new(MinIoPolicy::new(capacity)),
+            PolicyKind::Lru => Box::new(LruPolicy::new(capacity)),
+            PolicyKind::None => Box::new(NoCachePolicy),
+        }
+    }
+
+    /// False for `--policy none`: no cache of coorfs's own, so no memory budget to set, and
+    /// the source's and the kernel's page caches do what they do.
+    pub fn caches(self) -> bool {
+        self.policy(0).keeps_anything()
+    }
+
     /// The name users type and read.
     pub fn name(self) -> &'static str {
         match self {
@@ -102,6 +120,39 @@ impl MappedBlock {
 
 /// The page size that mappings are rounded to.
 const PAGE: usize = 4096;
+
+/// Where admitted blocks are kept: chosen by what the policy needs, not by its name.
+#[derive(Debug)]
+enum Store {
+    /// Nothing: the policy admits nothing.
+    Nothing,
+    /// An append-only arena, for a policy that never evicts.
+    Arena(Arena),
+    /// A mapping per block, given back to the kernel when the policy evicts it.
+    Mappings,
+}
+
+impl Store {
+    /// The store `policy` needs, for a cache of `capacity` bytes. An arena reserves its
+    /// address space here.
+    fn for_policy(policy: &dyn CachePolicy<BlockKey>, capacity: u64) -> std::io::Result<Self> {
+        Ok(if !policy.keeps_anything() {
+            Store::Nothing
+        } else if policy.evicts() {
+            Store::Mappings
+        } else {
+            Store::Arena(Arena::new(capacity as usize)?)
+        })
+    }
+
+    /// The memory `len` bytes take in this store: what the budget counts.
+    fn footprint(&self, len: usize) -> u64 {
+        match self {
+            Store::Arena(_) => Arena::footprint(len) as u64,
+            Store::Nothing | Store::Mappings => MappedBlock::footprint(len) as u64,
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Stored {
@@ -195,8 +246,12 @@ pub struct CacheCounters {
 pub struct BlockCache {
     config: CacheConfig,
     policy: Mutex<Box<dyn CachePolicy<BlockKey>>>,
+    /// What the policy said of itself, asked once (see [`CachePolicy`]).
+    keeps: bool,
+    touch: bool,
+    prefetch: bool,
     index: RwLock<Index>,
-    arena: Option<Arena>,
+    store: Store,
     pub counters: CacheCounters,
     /// Makes the next mapping fail, as an exhausted address space or memory would.
     #[cfg(test)]
@@ -212,21 +267,19 @@ impl std::fmt::Debug for BlockCache {
 }
 
 impl BlockCache {
-    /// A cache following `config`. MinIO reserves its arena (address space only) here.
+    /// A cache following `config`, in the store its policy needs (an arena reserves its
+    /// address space here).
     pub fn new(config: CacheConfig) -> std::io::Result<Self> {
-        let (policy, arena): (Box<dyn CachePolicy<BlockKey>>, _) = match config.policy {
-            PolicyKind::MinIo => (
-                Box::new(MinIoPolicy::new(config.capacity)),
-                Some(Arena::new(config.capacity as usize)?),
-            ),
-            PolicyKind::Lru => (Box::new(LruPolicy::new(config.capacity)), None),
-            PolicyKind::None => (Box::new(NoCachePolicy), None),
-        };
+        let policy = config.policy.policy(config.capacity);
+        let store = Store::for_policy(&*policy, config.capacity)?;
         Ok(BlockCache {
             config,
+            keeps: policy.keeps_anything(),
+            touch: policy.needs_touch(),
+            prefetch: policy.admits_prefetch(),
             policy: Mutex::new(policy),
             index: RwLock::new(Index::default()),
-            arena,
+            store,
             counters: CacheCounters::default(),
             #[cfg(test)]
             fail_next_mapping: Default::default(),
@@ -236,6 +289,17 @@ impl BlockCache {
     /// The configuration.
     pub fn config(&self) -> CacheConfig {
         self.config
+    }
+
+    /// False if the policy keeps nothing (`--policy none`): no cache of coorfs's own.
+    pub fn caches(&self) -> bool {
+        self.keeps
+    }
+
+    /// True if blocks fetched by the prefetcher are offered when they arrive; otherwise
+    /// they are offered when a reader takes them from the staging area.
+    pub fn admits_prefetch(&self) -> bool {
+        self.prefetch
     }
 
     /// The blocks of a file of `size` bytes: how many, and the byte range of block `i`.
@@ -269,12 +333,13 @@ impl BlockCache {
     pub fn get(&self, key: &BlockKey) -> Option<CachedBytes<'_>> {
         let found = {
             let index = self.index.read();
-            match index.blocks.get(key)? {
-                Stored::Arena(slot) => CachedBytes::Arena(self.arena.as_ref()?.get(*slot)),
-                Stored::Mapped(block) => CachedBytes::Mapped(block.clone()),
+            match (index.blocks.get(key)?, &self.store) {
+                (Stored::Arena(slot), Store::Arena(arena)) => CachedBytes::Arena(arena.get(*slot)),
+                (Stored::Mapped(block), _) => CachedBytes::Mapped(block.clone()),
+                (Stored::Arena(_), _) => return None,
             }
         };
-        if self.config.policy == PolicyKind::Lru {
+        if self.touch {
             self.policy.lock().touch(key);
         }
         Some(found)
@@ -287,13 +352,10 @@ impl BlockCache {
 
     /// Offers fetched bytes to the cache. Returns true if they were admitted.
     pub fn insert(&self, key: BlockKey, data: &[u8]) -> bool {
-        if self.config.policy == PolicyKind::None {
+        if !self.keeps {
             return false;
         }
-        let footprint = match self.config.policy {
-            PolicyKind::MinIo => Arena::footprint(data.len()) as u64,
-            _ => MappedBlock::footprint(data.len()) as u64,
-        };
+        let footprint = self.store.footprint(data.len());
         let admission = self.policy.lock().admit(&key, footprint);
         let evict = match admission {
             Admission::Refuse => {
@@ -302,8 +364,8 @@ impl BlockCache {
             }
             Admission::Admit { evict } => evict,
         };
-        let stored = match &self.arena {
-            Some(arena) => match arena.alloc(data.len()) {
+        let stored = match &self.store {
+            Store::Arena(arena) => match arena.alloc(data.len()) {
                 Some(slot) => {
                     arena.write(slot, data);
                     Some(Stored::Arena(slot))
@@ -312,13 +374,14 @@ impl BlockCache {
                 // than trust that.
                 None => None,
             },
-            None => match self.map_block(data) {
+            Store::Mappings => match self.map_block(data) {
                 Ok(block) => Some(Stored::Mapped(Arc::new(block))),
                 Err(e) => {
                     tracing::warn!("caching a block: {e}");
                     None
                 }
             },
+            Store::Nothing => None,
         };
         let mut index = self.index.write();
         // What the policy evicted goes even if the newcomer cannot be stored: the policy no
@@ -360,7 +423,7 @@ impl BlockCache {
 
     /// True if every byte of `version` is cached (an empty file is, with a cache).
     pub fn holds_file(&self, version: &FileVersion) -> bool {
-        self.config.policy != PolicyKind::None && self.cached_bytes_of(version) >= version.size
+        self.keeps && self.cached_bytes_of(version) >= version.size
     }
 
     /// Memory held, as the policy counts it (the budget's unit: stored bytes plus alignment).
@@ -542,6 +605,49 @@ mod tests {
             assert!(c.cached_blocks() * 4096 <= 8192, "after {ino}");
         }
         assert_eq!(c.counters.refused.load(Ordering::Relaxed), 1);
+    }
+
+    /// A policy that admits everything and evicts as it is told it does.
+    struct Told {
+        evicts: bool,
+    }
+
+    impl CachePolicy<BlockKey> for Told {
+        fn admit(&mut self, _key: &BlockKey, _size: u64) -> Admission<BlockKey> {
+            Admission::Admit { evict: Vec::new() }
+        }
+        fn touch(&mut self, _key: &BlockKey) {}
+        fn remove(&mut self, _key: &BlockKey, _size: u64) {}
+        fn used(&self) -> u64 {
+            0
+        }
+        fn evicts(&self) -> bool {
+            self.evicts
+        }
+        fn needs_touch(&self) -> bool {
+            false
+        }
+        fn admits_prefetch(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn the_store_follows_what_the_policy_needs() {
+        let store = |p: &dyn CachePolicy<BlockKey>| Store::for_policy(p, 4096).unwrap();
+        assert!(matches!(store(&Told { evicts: false }), Store::Arena(_)));
+        assert!(matches!(store(&Told { evicts: true }), Store::Mappings));
+        assert!(matches!(store(&NoCachePolicy), Store::Nothing));
+        assert!(matches!(
+            store(&*PolicyKind::MinIo.policy(4096)),
+            Store::Arena(_)
+        ));
+        assert!(matches!(
+            store(&*PolicyKind::Lru.policy(4096)),
+            Store::Mappings
+        ));
+        assert!(PolicyKind::MinIo.caches() && PolicyKind::Lru.caches());
+        assert!(!PolicyKind::None.caches());
     }
 
     #[test]

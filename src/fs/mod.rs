@@ -52,8 +52,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::block::Block;
+use crate::cache::BlockCache;
 use crate::cache::recent::RecentBlocks;
-use crate::cache::{BlockCache, PolicyKind};
 use crate::config::MountConfig;
 use crate::epoch::Step;
 use crate::fetch::Fetcher;
@@ -298,7 +298,7 @@ impl DatasetFs {
             .thread_name("coorfs-io")
             .build()?;
         let cache = Arc::new(BlockCache::new(config.cache)?);
-        let recent = Arc::new(RecentBlocks::new(config.cache.policy != PolicyKind::None));
+        let recent = Arc::new(RecentBlocks::new(cache.caches()));
         let stats = Arc::new(Stats::default());
         let fetcher = Arc::new(Fetcher::new(
             source.clone(),
@@ -666,15 +666,14 @@ impl DatasetFs {
             self.wake_prefetcher();
         }
 
-        let (keep_cache, direct_io, watch) = match self.cache.config().policy {
-            PolicyKind::None => (!changed, false, None),
-            PolicyKind::MinIo | PolicyKind::Lru => {
-                let (keep, watch) = match info.file_id {
-                    Some(file) if hit && !changed => self.kernel.open(file),
-                    _ => (false, None),
-                };
-                (keep, !keep, watch)
-            }
+        let (keep_cache, direct_io, watch) = if self.cache.caches() {
+            let (keep, watch) = match info.file_id {
+                Some(file) if hit && !changed => self.kernel.open(file),
+                _ => (false, None),
+            };
+            (keep, !keep, watch)
+        } else {
+            (!changed, false, None)
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(

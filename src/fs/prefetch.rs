@@ -16,8 +16,9 @@
 //! ends, what it staged for it and did not read moves to the new epoch if the job reads the
 //! whole dataset (it will read those files in the new one), and is released as unused if not.
 //!
-//! MinIO may admit prefetched blocks while it has room (it never evicts, so a guess cannot
-//! push anything out); LRU gets them only when they are read. The rest waits in the staging
+//! A cache policy that never evicts (MinIO) may admit prefetched blocks while it has room (a
+//! guess cannot push anything out); one that evicts (LRU) gets them only when they are read
+//! ([`crate::cache::policy::CachePolicy::admits_prefetch`]). The rest waits in the staging
 //! area until its job opens the file.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,7 +29,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::DatasetFs;
 use crate::block::Block;
-use crate::cache::{BlockKey, PolicyKind};
+use crate::cache::BlockKey;
 use crate::fetch::{Account, FetchKind};
 use crate::jobs::{Job, JobKey, reads_the_dataset};
 use crate::namespace::{FileId, FileVersion};
@@ -85,7 +86,8 @@ impl DatasetFs {
     }
 
     /// Takes the staged blocks of file `version` for an open by `job` (see
-    /// [`crate::prefetch::Staging::claim`]). LRU admits them, as it admits whatever is read.
+    /// [`crate::prefetch::Staging::claim`]). A policy that was not offered them when they
+    /// arrived (LRU) is offered them now, as it is offered whatever is read.
     pub(super) fn claim_staged(
         &self,
         version: &FileVersion,
@@ -97,13 +99,14 @@ impl DatasetFs {
         let claimed = self
             .staging
             .claim(version, self.cache.block_count(version.size), job);
-        let lru = self.cache.config().policy == PolicyKind::Lru;
+        // A policy that was not offered the blocks when they arrived is offered them now.
+        let offer = !self.cache.admits_prefetch();
         for (block, data) in &claimed {
             let key = BlockKey {
                 version: *version,
                 block: *block,
             };
-            if lru {
+            if offer {
                 self.cache.insert(key, data);
             } else {
                 // A second open moments from now finds them here (see `crate::cache::recent`).
@@ -305,7 +308,7 @@ impl DatasetFs {
         let rel: Arc<std::path::Path> = Arc::from(rel);
         let version = info.version;
         let kind = FetchKind::Prefetch {
-            admit: self.cache.config().policy == PolicyKind::MinIo,
+            admit: self.cache.admits_prefetch(),
         };
         let mut issued = false;
         for block in 0..self.cache.block_count(version.size) {
