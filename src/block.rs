@@ -7,13 +7,58 @@
 //! ([`Block::exact`]): the memory a block takes is what the staging area counts
 //! ([`Block::footprint`]).
 //!
+//! [`BlockSize`] says how a file is cut into blocks.
+//!
 //! This module knows nothing of where blocks come from or go, so that the source, the
 //! tiers and the prefetcher can all use it without using each other.
 
 use std::io;
+use std::num::NonZeroU64;
 use std::ops::Deref;
 
 use memmap2::MmapMut;
+
+/// How files are cut into blocks: a file up to the block size is one block of its own size
+/// (small files are cached whole), a larger one is cut into blocks of the block size, so that
+/// random access into a TFRecord, a tar shard or an HDF5 file reads just the blocks it needs.
+/// Never zero: every block count and offset divides or multiplies by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSize(NonZeroU64);
+
+impl BlockSize {
+    /// Blocks of `size` bytes.
+    pub const fn new(size: NonZeroU64) -> Self {
+        BlockSize(size)
+    }
+
+    /// Bytes per block.
+    pub fn get(self) -> u64 {
+        self.0.get()
+    }
+
+    /// How many blocks a file of `size` bytes has (an empty file has one, empty).
+    pub fn count(self, size: u64) -> u64 {
+        if size <= self.get() {
+            1
+        } else {
+            size.div_ceil(self.get())
+        }
+    }
+
+    /// The length of block `block` of a file of `size` bytes.
+    pub fn len(self, size: u64, block: u64) -> u64 {
+        if size <= self.get() {
+            size
+        } else {
+            self.get().min(size.saturating_sub(self.offset(block)))
+        }
+    }
+
+    /// Where block `block` starts in its file.
+    pub fn offset(self, block: u64) -> u64 {
+        block * self.get()
+    }
+}
 
 /// What a source's buffers are aligned to and rounded up to: the page, which covers the
 /// logical block size that `O_DIRECT` asks of memory, offsets and lengths.
@@ -156,6 +201,20 @@ impl std::fmt::Debug for Block {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_split_large_files_only() {
+        let b = BlockSize::new(NonZeroU64::new(1000).unwrap());
+        assert_eq!((b.count(0), b.len(0, 0)), (1, 0));
+        assert_eq!((b.count(999), b.len(999, 0)), (1, 999));
+        assert_eq!((b.count(1000), b.len(1000, 0)), (1, 1000));
+        assert_eq!(b.count(2500), 3);
+        assert_eq!(
+            [b.len(2500, 0), b.len(2500, 1), b.len(2500, 2)],
+            [1000, 1000, 500]
+        );
+        assert_eq!(b.offset(2), 2000);
+    }
 
     #[test]
     fn exact_blocks_count_what_malloc_gives_them() {

@@ -1,8 +1,8 @@
 //! The block cache: file bytes in coorfs's own memory, under a hard budget.
 //!
 //! Small files are cached whole (one block of the file's size); larger files in fixed blocks
-//! (`--block-size`, 1 MiB by default), so that random access into a TFRecord, a tar shard
-//! or an HDF5 file caches just what is read. A [`BlockKey`] carries the file's version (device,
+//! (`--block-size`, 1 MiB by default; [`BlockSize`]), so that random access into a TFRecord,
+//! a tar shard or an HDF5 file caches just what is read. A [`BlockKey`] carries the file's version (device,
 //! inode, size, mtime): a changed source file is a different key, so it is a miss, never
 //! stale bytes.
 //!
@@ -22,9 +22,7 @@
 //! up or publish; copying bytes happens outside both.
 
 pub mod arena;
-pub mod inflight;
 pub mod policy;
-pub mod recent;
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -33,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::block::BlockSize;
 use crate::namespace::FileVersion;
 use arena::{Arena, Slot};
 use policy::{Admission, CachePolicy, LruPolicy, MinIoPolicy, NoCachePolicy};
@@ -209,14 +208,10 @@ impl Index {
         }
     }
 
-    fn remove(&mut self, key: &BlockKey) -> bool {
-        match self.blocks.remove(key) {
-            Some(old) => {
-                self.sub(key.version, old.len());
-                true
-            }
-            None => false,
-        }
+    fn remove(&mut self, key: &BlockKey) -> Option<Stored> {
+        let old = self.blocks.remove(key)?;
+        self.sub(key.version, old.len());
+        Some(old)
     }
 
     fn sub(&mut self, version: FileVersion, len: u64) {
@@ -302,31 +297,9 @@ impl BlockCache {
         self.prefetch
     }
 
-    /// The blocks of a file of `size` bytes: how many, and the byte range of block `i`.
-    pub fn block_count(&self, size: u64) -> u64 {
-        let block_size = self.block_size();
-        if size <= block_size {
-            1
-        } else {
-            size.div_ceil(block_size)
-        }
-    }
-
-    /// The size of the block that holds byte `block * block_size` of a file of `size` bytes
-    /// (a file no larger than a block is one block of its own size).
-    pub fn block_len(&self, size: u64, block: u64) -> u64 {
-        let block_size = self.block_size();
-        if size <= block_size {
-            size
-        } else {
-            let start = block * block_size;
-            block_size.min(size.saturating_sub(start))
-        }
-    }
-
-    /// Bytes per block.
-    pub fn block_size(&self) -> u64 {
-        self.config.block_size.get()
+    /// How files are cut into blocks.
+    pub fn blocks(&self) -> BlockSize {
+        BlockSize::new(self.config.block_size)
     }
 
     /// The cached bytes of `key`, if any.
@@ -387,7 +360,7 @@ impl BlockCache {
         // What the policy evicted goes even if the newcomer cannot be stored: the policy no
         // longer counts it, and the budget holds only while the index holds what it counts.
         for (k, _) in &evict {
-            if index.remove(k) {
+            if index.remove(k).is_some() {
                 self.counters.evicted.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -400,6 +373,19 @@ impl BlockCache {
         };
         index.add(key, stored);
         true
+    }
+
+    /// Drops block `key`, if it is cached. A mapping is given back to the kernel and the
+    /// policy stops counting it; an arena slot is not (the arena only grows), so the policy
+    /// goes on counting its memory.
+    pub fn remove(&self, key: &BlockKey) {
+        let Some(old) = self.index.write().remove(key) else {
+            return;
+        };
+        if let Stored::Mapped(block) = old {
+            let footprint = self.store.footprint(block.len);
+            self.policy.lock().remove(key, footprint);
+        }
     }
 
     /// A mapping of its own holding `data` (LRU's store).
@@ -468,23 +454,6 @@ mod tests {
             block_size: NonZeroU64::new(1000).unwrap(),
         })
         .unwrap()
-    }
-
-    #[test]
-    fn blocks_split_large_files_only() {
-        let c = cache(PolicyKind::MinIo, 10_000);
-        assert_eq!((c.block_count(0), c.block_len(0, 0)), (1, 0));
-        assert_eq!((c.block_count(999), c.block_len(999, 0)), (1, 999));
-        assert_eq!((c.block_count(1000), c.block_len(1000, 0)), (1, 1000));
-        assert_eq!(c.block_count(2500), 3);
-        assert_eq!(
-            [
-                c.block_len(2500, 0),
-                c.block_len(2500, 1),
-                c.block_len(2500, 2)
-            ],
-            [1000, 1000, 500]
-        );
     }
 
     #[test]

@@ -32,7 +32,7 @@
 //! Every open of a dataset file is an access of its job's epoch ([`crate::epoch`]). An open
 //! that re-reads what the job read moments ago (a check and a decode, two workers sharing a
 //! file) is the same access: its reads may take the blocks read then, which the cache did not
-//! keep, from [`crate::cache::recent`] instead of the source. The job's lock is held from
+//! keep, from [`crate::tier::recent`] instead of the source. The job's lock is held from
 //! taking the file's staged blocks to counting the access, so that of two such opens the one
 //! counted first takes them.
 
@@ -52,17 +52,20 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::block::Block;
-use crate::cache::BlockCache;
-use crate::cache::recent::RecentBlocks;
+use crate::cache::{BlockCache, BlockKey};
 use crate::config::MountConfig;
 use crate::epoch::Step;
-use crate::fetch::Fetcher;
 use crate::jobs::{Job, JobKey, Jobs};
 use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
-use crate::prefetch::{PrefetchConfig, Staging};
+use crate::prefetch::PrefetchConfig;
 use crate::source::beneath::is_moved;
 use crate::source::{Creds, DatasetSource, FsStats, Listing};
 use crate::stats::{self, Counters, EpochRecord, Snapshot, Stat, Stats, Value};
+use crate::tier::fetch::Fetcher;
+use crate::tier::recent::RecentBlocks;
+use crate::tier::source::SourceTier;
+use crate::tier::staging::Staging;
+use crate::tier::{Want, Why};
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
 /// exhaustive `match`.
@@ -191,7 +194,7 @@ struct FileHandle {
     job_key: JobKey,
     job_epoch: u64,
     /// This open re-reads what the job read moments ago: it is the same access and may take
-    /// the blocks read then (see [`crate::cache::recent`]).
+    /// the blocks read then (see [`crate::tier::recent`]).
     same_access: bool,
     held: Mutex<Held>,
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
@@ -216,6 +219,24 @@ pub(crate) enum Access {
 }
 
 impl FileHandle {
+    /// Block `block` of the file, wanted by this open's reader.
+    fn want(&self, block: u64) -> Want<'_> {
+        Want {
+            key: BlockKey {
+                version: self.version,
+                block,
+            },
+            rel: &self.rel,
+            job: self.job_key,
+            epoch: self.job_epoch,
+            why: if self.same_access {
+                Why::Reread
+            } else {
+                Why::Read
+            },
+        }
+    }
+
     /// Applies `change` to the records of the dataset epoch and the job epoch of this open.
     fn update_epochs(&self, stats: &Stats, change: impl Fn(&mut EpochRecord)) {
         stats.epochs.lock().update(self.epoch, &change);
@@ -298,15 +319,16 @@ impl DatasetFs {
             .thread_name("coorfs-io")
             .build()?;
         let cache = Arc::new(BlockCache::new(config.cache)?);
+        let blocks = cache.blocks();
         let recent = Arc::new(RecentBlocks::new(cache.caches()));
         let stats = Arc::new(Stats::default());
+        let source_tier = SourceTier::new(source.clone(), cache.blocks(), stats.clone());
         let fetcher = Arc::new(Fetcher::new(
-            source.clone(),
+            vec![Arc::new(source_tier)],
             cache.clone(),
             recent.clone(),
             stats.clone(),
             io.handle().clone(),
-            config.prefetch.enabled.then_some(config.prefetch.depth),
         ));
         let info = vec![
             ("source", config.source.display().to_string()),
@@ -321,15 +343,18 @@ impl DatasetFs {
             stats,
             fetcher,
             jobs: Jobs::new(config.jobs),
-            staging: Arc::new(Staging::new(if config.prefetch.enabled {
-                config.prefetch.memory
-            } else {
-                0
-            })),
+            staging: Arc::new(Staging::new(
+                if config.prefetch.enabled {
+                    config.prefetch.memory
+                } else {
+                    0
+                },
+                blocks,
+            )),
             recent,
             kernel: Default::default(),
             prefetch: config.prefetch,
-            prefetcher: prefetch::PrefetchState::default(),
+            prefetcher: prefetch::PrefetchState::new(config.prefetch),
             scan: ScanState::default(),
             info,
             next_fh: AtomicU64::new(1),
@@ -611,7 +636,7 @@ impl DatasetFs {
         } else {
             self.claim_staged(&version, job_key)
         };
-        let staged = !claimed.is_empty() && claimed.len() as u64 == self.cache.block_count(size);
+        let staged = !claimed.is_empty() && claimed.len() as u64 == self.cache.blocks().count(size);
         let (job_epoch, step) = match info.file_id {
             Some(file) => {
                 j.last_access = now;
@@ -908,6 +933,7 @@ impl DatasetFs {
                 Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
                 Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
                 Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
+                Stat::TierErrors => Value::Count(Counters::get(&c.tier_errors)),
                 Stat::FetchStallSeconds => {
                     Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6)
                 }

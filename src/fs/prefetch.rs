@@ -6,9 +6,9 @@
 //! from the job's order hint if it gave one for this epoch, else from the dataset in inode
 //! order (on-disk order on ext4/XFS), skipping what the job has read (or may have read) this
 //! epoch, what is cached, staged or already being fetched
-//! ([`crate::prefetch::next_candidates`]). Without a hint, a job is prefetched only while its
+//! ([`crate::prefetch::plan::next_candidates`]). Without a hint, a job is prefetched only while its
 //! reads say that it reads the whole dataset and its epoch is under way
-//! ([`crate::prefetch::may_prefetch_remaining`]): never for a glance, never for a shard.
+//! ([`crate::prefetch::plan::may_prefetch_remaining`]): never for a glance, never for a shard.
 //!
 //! A job that has not opened a file for [`ACTIVE_SECS`] gets no prefetch, and what it staged
 //! is released then, counted as unused: it stopped (between runs, validating, gone), and its
@@ -30,11 +30,14 @@ use parking_lot::{Condvar, Mutex};
 use super::DatasetFs;
 use crate::block::Block;
 use crate::cache::BlockKey;
-use crate::fetch::{Account, FetchKind};
 use crate::jobs::{Job, JobKey, reads_the_dataset};
 use crate::namespace::{FileId, FileVersion};
-use crate::prefetch::{may_prefetch_remaining, next_candidates};
+use crate::prefetch::PrefetchConfig;
+use crate::prefetch::pacer::Pacer;
+use crate::prefetch::plan::{may_prefetch_remaining, next_candidates};
 use crate::stats::Counters;
+use crate::tier::fetch::{Fetched, Report};
+use crate::tier::{Tier, Want, Why};
 
 /// A job that has not opened a file for this long gets no prefetch and its staging area is
 /// released: it is between runs, validating, or gone, and what it staged would sit unread.
@@ -42,24 +45,70 @@ use crate::stats::Counters;
 const ACTIVE_SECS: f64 = 5.0;
 
 /// The staging area's size while the storage is bandwidth-bound: a few files, to fill the
-/// storage's idle moments without running ahead of the reader (see [`crate::prefetch::Pacer`]).
+/// storage's idle moments without running ahead of the reader (see [`crate::prefetch::pacer::Pacer`]).
 const NARROW_STAGING: u64 = 2 << 20;
 
 /// How long the loop sleeps when nothing wakes it.
 const TICK: Duration = Duration::from_millis(50);
 
 /// The prefetcher's shared state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct PrefetchState {
     /// Every file id in inode order, set when the scan completes.
     pub disk_order: OnceLock<Vec<FileId>>,
     signals: Arc<Signals>,
+    /// Learns from every read how deep a queue the storage takes (see [`Pacer`]); None
+    /// without prefetch, which is all it paces.
+    pacer: Option<Arc<Mutex<Pacer>>>,
 }
 
 impl PrefetchState {
+    pub(super) fn new(config: PrefetchConfig) -> Self {
+        PrefetchState {
+            disk_order: OnceLock::new(),
+            signals: Arc::default(),
+            pacer: config
+                .enabled
+                .then(|| Arc::new(Mutex::new(Pacer::new(config.depth)))),
+        }
+    }
+
     /// What wakes the loop, for code that runs off the core (fetch completions).
     pub(super) fn signals(&self) -> Arc<Signals> {
         self.signals.clone()
+    }
+
+    /// Tells the pacer how a read went, for the report of every fetch.
+    pub(super) fn pacer(&self) -> Option<Arc<Mutex<Pacer>>> {
+        self.pacer.clone()
+    }
+
+    /// True once the storage was judged bandwidth-bound (see [`Pacer`]).
+    fn bandwidth_bound(&self) -> bool {
+        self.pacer
+            .as_ref()
+            .is_some_and(|p| p.lock().bandwidth_bound())
+    }
+
+    /// Prefetch reads that may be in flight now, with `demand` reads of readers in flight:
+    /// what the pacer allows beside them (none without prefetch).
+    pub(super) fn allowed(&self, demand: usize) -> usize {
+        self.pacer.as_ref().map_or(0, |p| p.lock().allowed(demand))
+    }
+}
+
+/// Records how a fetch went in `pacer`.
+pub(super) fn record(pacer: &Mutex<Pacer>, fetched: &Fetched) {
+    let mut pacer = pacer.lock();
+    let before = pacer.window();
+    pacer.record(fetched.took.as_secs_f64(), fetched.crowd);
+    if pacer.window() != before {
+        tracing::debug!(
+            "prefetch window {} -> {} ({})",
+            before,
+            pacer.window(),
+            pacer.describe()
+        );
     }
 }
 
@@ -86,7 +135,7 @@ impl DatasetFs {
     }
 
     /// Takes the staged blocks of file `version` for an open by `job` (see
-    /// [`crate::prefetch::Staging::claim`]). A policy that was not offered them when they
+    /// [`crate::tier::staging::Staging::claim`]). A policy that was not offered them when they
     /// arrived (LRU) is offered them now, as it is offered whatever is read.
     pub(super) fn claim_staged(
         &self,
@@ -96,24 +145,35 @@ impl DatasetFs {
         if !self.prefetch.enabled {
             return Vec::new();
         }
-        let claimed = self
-            .staging
-            .claim(version, self.cache.block_count(version.size), job);
-        // A policy that was not offered the blocks when they arrived is offered them now.
-        let offer = !self.cache.admits_prefetch();
-        for (block, data) in &claimed {
-            let key = BlockKey {
-                version: *version,
-                block: *block,
+        let claimed = self.staging.claim(version, job);
+        self.took_from_staging(version, job, &claimed);
+        claimed
+    }
+
+    /// Offers blocks a reader of `job` took from the staging area to the tiers that keep
+    /// what is read: the cache, if its policy was not offered them when they arrived, else
+    /// the recent blocks, where a second open moments from now finds them.
+    pub(super) fn took_from_staging(
+        &self,
+        version: &FileVersion,
+        job: JobKey,
+        claimed: &[(u64, Arc<Block>)],
+    ) {
+        for (block, data) in claimed {
+            let want = Want {
+                key: BlockKey {
+                    version: *version,
+                    block: *block,
+                },
+                rel: std::path::Path::new(""),
+                job,
+                epoch: 0,
+                why: Why::Claimed,
             };
-            if offer {
-                self.cache.insert(key, data);
-            } else {
-                // A second open moments from now finds them here (see `crate::cache::recent`).
-                self.recent.put(key, data);
+            if !self.cache.admit(&want, data) {
+                self.recent.admit(&want, data);
             }
         }
-        claimed
     }
 
     /// Refills the staging area for `job` right away, on the caller's thread. Called when an
@@ -237,7 +297,7 @@ impl DatasetFs {
     fn prefetch_for(&self, job: &Arc<Mutex<Job>>, disk_order: &[FileId]) {
         loop {
             let inflight = self.prefetcher.signals.inflight.load(Ordering::Relaxed);
-            let allowed = self.fetcher.prefetch_allowed();
+            let allowed = self.prefetcher.allowed(self.fetcher.demand_in_flight());
             if inflight >= allowed {
                 return;
             }
@@ -307,11 +367,9 @@ impl DatasetFs {
         };
         let rel: Arc<std::path::Path> = Arc::from(rel);
         let version = info.version;
-        let kind = FetchKind::Prefetch {
-            admit: self.cache.admits_prefetch(),
-        };
         let mut issued = false;
-        for block in 0..self.cache.block_count(version.size) {
+        let blocks = self.cache.blocks();
+        for block in 0..blocks.count(version.size) {
             let bkey = BlockKey { version, block };
             if self.cache.contains(&bkey)
                 || self.staging.contains(&bkey)
@@ -320,7 +378,7 @@ impl DatasetFs {
                 continue;
             }
             // Staging counts the memory a block takes: whole pages.
-            let memory = Block::footprint_for(self.cache.block_len(version.size, block) as usize);
+            let memory = Block::footprint_for(blocks.len(version.size, block) as usize);
             // Checked and issued under the job's lock, which its opens take to mark a file
             // read: either the job opened the file first and it is skipped, or the fetch is
             // in flight before the job's read can start another.
@@ -328,7 +386,7 @@ impl DatasetFs {
             if j.epoch() != epoch || j.log.tracker().may_have_read(f) {
                 return true;
             }
-            if self.fetcher.bandwidth_bound() && self.staging.bytes() + memory > NARROW_STAGING {
+            if self.prefetcher.bandwidth_bound() && self.staging.bytes() + memory > NARROW_STAGING {
                 return issued;
             }
             if !self.staging.reserve(memory) {
@@ -343,7 +401,14 @@ impl DatasetFs {
             let stats = self.stats.clone();
             let total = self.prefetch_total();
             let accounted = job.clone();
-            let account: Account = Box::new(move |n| {
+            let pacer = self.prefetcher.pacer();
+            let report: Report = Box::new(move |fetched| {
+                if let Some(pacer) = &pacer {
+                    record(pacer, fetched);
+                }
+                let Some(n) = fetched.bytes else {
+                    return;
+                };
                 let mut log = stats.epochs.lock();
                 let current = log.tracker().epoch();
                 log.update(current, |r| r.bytes_from_source += n);
@@ -355,9 +420,16 @@ impl DatasetFs {
             let (cache, staging) = (self.cache.clone(), self.staging.clone());
             let signals = self.prefetcher.signals.clone();
             let owner = job.clone();
+            let want = Want {
+                key: bkey,
+                rel: &rel,
+                job: key,
+                epoch,
+                why: Why::Prefetch,
+            };
             self.fetcher.fetch(
                 rel.clone(),
-                bkey,
+                &want,
                 Box::new(move |r| {
                     // Staged even if the epoch turned meanwhile: for the new epoch if the
                     // job will read the file in it, else for the old one, and then a reader
@@ -367,15 +439,21 @@ impl DatasetFs {
                     match r {
                         Ok(data) if !cache.contains(&bkey) => {
                             let target = owner.lock().staging_epoch(epoch, f, total);
-                            staging.put(bkey, data, key, target)
+                            let want = Want {
+                                key: bkey,
+                                rel: std::path::Path::new(""),
+                                job: key,
+                                epoch: target,
+                                why: Why::Prefetch,
+                            };
+                            staging.admit(&want, &data);
                         }
                         _ => staging.unreserve(memory),
                     }
                     signals.inflight.fetch_sub(1, Ordering::Relaxed);
                     signals.wake();
                 }),
-                Some(account),
-                kind,
+                report,
             );
             drop(j);
         }

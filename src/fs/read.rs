@@ -27,11 +27,12 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, control};
 use crate::block::Block;
-use crate::cache::{BlockKey, CachedBytes};
-use crate::fetch::{Account, FetchKind, FetchResult};
+use crate::cache::CachedBytes;
 use crate::namespace::NodeId;
 use crate::source::{read_open_file, stat_fd};
 use crate::stats::Counters;
+use crate::tier::fetch::{FetchResult, Report};
+use crate::tier::{Found, Tier, look_up};
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
 enum Local<'a> {
@@ -122,7 +123,7 @@ impl DatasetFs {
             return done(Ok(&[]));
         }
         let end = (offset + size as u64).min(file_size);
-        let bs = self.cache.block_size();
+        let bs = self.cache.blocks().get();
         let whole = file_size <= bs;
         let block_of = |pos: u64| if whole { 0 } else { pos / bs };
         let block_start = |b: u64| if whole { 0 } else { b * bs };
@@ -199,38 +200,40 @@ impl DatasetFs {
         }
     }
 
-    /// Block `block` of the handle's file if it is at hand: in the cache, held by the
-    /// handle, staged by the prefetcher (a prefetch that was in flight when the file was
-    /// opened may have landed since), or, for an open that re-reads what its job read
-    /// moments ago, read then (see [`crate::cache::recent`]). A cache hit through a handle
-    /// whose open was a miss counts `served` bytes as coming from the cache.
+    /// Block `block` of the handle's file if a tier on this thread holds it: the cache, the
+    /// handle itself, the staging area (a prefetch that was in flight when the file was
+    /// opened may have landed since), or, for an open that re-reads what its job read moments
+    /// ago, the recent blocks (see [`crate::tier::recent`]). A cache hit through a handle whose
+    /// open was a miss counts `served` bytes as coming from the cache.
     fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
-        let key = BlockKey {
-            version: h.version,
-            block,
-        };
-        if let Some(bytes) = self.cache.get(&key) {
+        let want = h.want(block);
+        let errors = &self.stats.counters.tier_errors;
+        if let Some(Found::Lent(bytes)) = look_up([&*self.cache as &dyn Tier], &want, errors) {
             if !h.counted_at_open.load(Ordering::Relaxed) {
                 Counters::add(&self.stats.counters.bytes_from_cache, served);
                 h.update_epochs(&self.stats, |r| r.bytes_from_cache += served);
             }
             return Some(Local::Cached(bytes));
         }
+        // Held from here to the end: of two reads of one block, the second finds what the
+        // first took.
         let mut held = h.held.lock();
         if let Some(data) = held.get(block) {
             return Some(Local::Fetched(data));
         }
-        if self.staging.contains(&key) {
-            held.claimed
-                .extend(self.claim_staged(&h.version, h.job_key));
-            return held.get(block).map(Local::Fetched);
+        let tiers = [&*self.staging as &dyn Tier, &*self.recent];
+        match look_up(tiers, &want, errors)? {
+            Found::File(claimed) => {
+                self.took_from_staging(&h.version, h.job_key, &claimed);
+                held.claimed.extend(claimed);
+                held.get(block).map(Local::Fetched)
+            }
+            Found::Block(data) => {
+                held.claimed.push((block, data.clone()));
+                Some(Local::Fetched(data))
+            }
+            Found::Lent(bytes) => Some(Local::Cached(bytes)),
         }
-        if !h.same_access {
-            return None;
-        }
-        let data = self.recent.get(&key)?;
-        held.claimed.push((block, data.clone()));
-        Some(Local::Fetched(data))
     }
 
     /// Fetches block `block` of the handle's file for `waiter`, attributing the bytes read
@@ -253,32 +256,37 @@ impl DatasetFs {
             let size = h.version.size;
             h.update_epochs(&self.stats, |r| r.hit_became_miss(size));
         }
-        let key = BlockKey {
-            version: h.version,
-            block,
-        };
+        let want = h.want(block);
+        let key = want.key;
         let stats = self.stats.clone();
         let accounted = h.clone();
-        let account: Account = Box::new(move |n| {
-            accounted.update_epochs(&stats, |r| r.bytes_from_source += n);
+        let pacer = self.prefetcher.pacer();
+        let report: Report = Box::new(move |fetched| {
+            if let Some(pacer) = &pacer {
+                super::prefetch::record(pacer, fetched);
+            }
+            if let Some(n) = fetched.bytes {
+                accounted.update_epochs(&stats, |r| r.bytes_from_source += n);
+            }
         });
         let handle = h.clone();
         let stats = self.stats.clone();
         let staging = self.staging.clone();
         let (cache, recent) = (self.cache.clone(), self.recent.clone());
         let prefetcher = self.prefetcher.signals();
+        let allowed = self.prefetcher.pacer();
         let fetcher = self.fetcher.clone();
         let started = Instant::now();
-        let block_size = self.cache.block_size();
-        let block_len = self.cache.block_len(h.version.size, block);
+        let blocks = self.cache.blocks();
+        let block_len = blocks.len(h.version.size, block);
         self.fetcher.fetch(
             h.rel.clone(),
-            key,
+            &want,
             Box::new(move |r| {
                 // The path names another file now (or none); the open one is unchanged.
                 let r = match r {
                     Err(libc::ESTALE) | Err(libc::ENOENT) => {
-                        read_from_open_file(&handle, block * block_size, block_len as usize)
+                        read_from_open_file(&handle, blocks.offset(block), block_len as usize)
                     }
                     other => other,
                 };
@@ -288,10 +296,11 @@ impl DatasetFs {
                     // If this read joined a prefetch of the block, the bytes are read now:
                     // the staged copy would be wasted. They are kept a moment, as the
                     // fetcher keeps what a demand read fetched (a re-open finds them).
+                    let want = handle.want(block);
                     if !cache.contains(&key) {
-                        recent.put(key, buf);
+                        recent.admit(&want, buf);
                     }
-                    staging.discard(&key, handle.job_key);
+                    staging.remove(&want);
                 }
                 Counters::add(&stats.counters.fetch_stall_us, waited.as_micros() as u64);
                 let secs = waited.as_secs_f64();
@@ -299,12 +308,12 @@ impl DatasetFs {
                 waiter(r);
                 // The storage may be idle now: on bandwidth-bound storage, that is when the
                 // prefetcher may read. Otherwise the wake-up would only cost CPU.
-                if fetcher.prefetch_allowed() > 0 {
+                let demand = fetcher.demand_in_flight();
+                if allowed.is_some_and(|p| p.lock().allowed(demand) > 0) {
                     prefetcher.wake();
                 }
             }),
-            Some(account),
-            FetchKind::Demand,
+            report,
         );
     }
 }
