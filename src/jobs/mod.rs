@@ -19,7 +19,12 @@
 //! pass over what it read: re-reads moments apart are one access; see [`crate::epoch`]),
 //! per-epoch records, and the job's order hint. A job with no access for `idle_timeout` is
 //! forgotten; its last records are kept, bounded, for `stats`. (Its staging area is released
-//! long before, once it has not read for a few seconds: see [`crate::fs`]'s prefetcher.)
+//! long before, once it has not read for a few seconds: see [`crate::prefetch`].)
+//!
+//! What every access, byte and prefetch counts for, in the mount's, the dataset's and the
+//! job's books, is decided in one place: [`ledger`].
+
+pub mod ledger;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
