@@ -37,9 +37,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::block::Block;
-use crate::cache::{BlockKey, CachedBytes};
+use crate::cache::{BlockCache, BlockKey, CachedBytes};
 use crate::jobs::JobKey;
-use crate::stats::Counters;
+use crate::source::DatasetSource;
+use crate::stats::{Counters, Stats};
+use fetch::Fetcher;
+use recent::RecentBlocks;
+use source::SourceTier;
+use staging::Staging;
 
 /// Why a block is wanted: what a tier decides by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +140,59 @@ pub trait Tier: Send + Sync {
     /// Forgets block `want.key` for `want`: its reader got the bytes another way, or they
     /// must not be served again.
     fn remove(&self, want: &Want<'_>);
+}
+
+/// The tiers of one mount, shared by the read path and the prefetcher.
+#[derive(Clone, Debug)]
+pub struct Tiers {
+    pub memory: Arc<BlockCache>,
+    pub staging: Arc<Staging>,
+    pub recent: Arc<RecentBlocks>,
+    /// One fetch per block, from the tiers behind it.
+    pub fetcher: Arc<Fetcher>,
+}
+
+impl Tiers {
+    /// The chain of a mount: `memory` in front, a staging area of `staging` bytes, the
+    /// recent blocks (kept only if the cache keeps anything: `--policy none` is the kernel's
+    /// page cache alone), and fetches from `source` on the `io` pool, counted in `stats`.
+    pub fn new(
+        memory: BlockCache,
+        staging: u64,
+        source: Arc<dyn DatasetSource>,
+        stats: Arc<Stats>,
+        io: tokio::runtime::Handle,
+    ) -> Self {
+        let memory = Arc::new(memory);
+        let blocks = memory.blocks();
+        let recent = Arc::new(RecentBlocks::new(memory.caches()));
+        let source = SourceTier::new(source, blocks, stats.clone());
+        let fetcher = Fetcher::new(
+            vec![Arc::new(source)],
+            memory.clone(),
+            recent.clone(),
+            stats,
+            io,
+        );
+        Tiers {
+            staging: Arc::new(Staging::new(staging, blocks)),
+            memory,
+            recent,
+            fetcher: Arc::new(fetcher),
+        }
+    }
+
+    /// Offers blocks a reader took from the staging area (of the file of `want`) to the tiers
+    /// that keep what is read: the cache, if its policy was not offered them when they
+    /// arrived, else the recent blocks, where a second open moments from now finds them.
+    pub fn took_from_staging(&self, want: &Want<'_>, claimed: &[(u64, Arc<Block>)]) {
+        for (block, data) in claimed {
+            let want = want.block(*block).because(Why::Claimed);
+            if !self.memory.admit(&want, data) {
+                self.recent.admit(&want, data);
+            }
+        }
+    }
 }
 
 /// Asks `tiers` for `want`, nearest first, and returns the first hit. A tier's fault is
