@@ -7,7 +7,7 @@
 //! stale bytes.
 //!
 //! The policy ([`policy`]) decides; this module stores, in the store the policy needs
-//! ([`Store`]). A policy that never evicts (MinIO) gets an append-only [`arena::Arena`]
+//! (`Store`). A policy that never evicts (MinIO) gets an append-only [`arena::Arena`]
 //! (nothing is ever freed, so no allocator is needed). One that evicts (LRU) gets one
 //! anonymous mapping per block, returned to the kernel the moment the block is evicted: heap
 //! buffers would do, but freed 100 KiB chunks stay in malloc's arenas (measured: an LRU
