@@ -277,43 +277,65 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_first_tier_that_holds_the_block_answers() {
-        let errors = AtomicU64::new(0);
+    fn the_first_tier_that_holds_the_block_answers_and_a_fault_is_a_counted_miss() {
         let (miss, one, two) = (Told(Ok(None)), Told(Ok(Some(1))), Told(Ok(Some(2))));
+        let broken = Told(Err(TierError(libc::EIO)));
+        // (the chain, the bytes found, the faults counted)
+        let table: [(&[&dyn Tier], Option<u8>, u64); 6] = [
+            (&[&miss, &one, &two], Some(1), 0),
+            (&[&two, &one], Some(2), 0),
+            (&[&miss, &miss], None, 0),
+            (&[], None, 0),
+            (&[&broken, &one], Some(1), 1),
+            (&[&broken, &miss, &broken], None, 2),
+        ];
         let w = want(1, 10, 0, Why::Read);
-        assert_eq!(
-            bytes(look_up([&miss as &dyn Tier, &one, &two], &w, &errors)),
-            Some(1)
-        );
-        assert_eq!(
-            bytes(look_up([&two as &dyn Tier, &one], &w, &errors)),
-            Some(2)
-        );
-        assert_eq!(
-            bytes(look_up([&miss as &dyn Tier, &miss], &w, &errors)),
-            None
-        );
-        assert_eq!(bytes(look_up([], &w, &errors)), None);
-        assert_eq!(errors.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn a_faulty_tier_is_a_counted_miss() {
-        let errors = AtomicU64::new(0);
-        let (broken, one) = (Told(Err(TierError(libc::EIO))), Told(Ok(Some(1))));
-        let w = want(1, 10, 0, Why::Read);
-        assert_eq!(
-            bytes(look_up([&broken as &dyn Tier, &one], &w, &errors)),
-            Some(1)
-        );
-        assert_eq!(
-            bytes(look_up([&broken as &dyn Tier, &broken], &w, &errors)),
-            None
-        );
-        assert_eq!(errors.load(Ordering::Relaxed), 3);
+        for (i, (tiers, found, faults)) in table.iter().enumerate() {
+            let errors = AtomicU64::new(0);
+            let got = bytes(look_up(tiers.iter().copied(), &w, &errors));
+            assert_eq!(got, *found, "row {i}");
+            assert_eq!(errors.load(Ordering::Relaxed), *faults, "row {i}");
+        }
         assert_eq!(
             TierError(libc::EIO).to_string(),
             "Input/output error (os error 5)"
         );
+    }
+
+    #[test]
+    fn blocks_taken_from_staging_go_where_the_policy_wants_what_is_read() {
+        use crate::cache::{CacheConfig, PolicyKind};
+        let dir = tempfile::tempdir().unwrap();
+        let io = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // (policy, the cache keeps a claimed block, the recent blocks do)
+        for (policy, cached, recent) in [
+            (PolicyKind::MinIo, false, true),
+            (PolicyKind::Lru, true, false),
+            (PolicyKind::None, false, false),
+        ] {
+            let memory = BlockCache::new(CacheConfig {
+                policy,
+                capacity: 1 << 20,
+                block_size: std::num::NonZeroU64::new(64).unwrap(),
+            })
+            .unwrap();
+            let source = crate::source::LocalSource::new(dir.path().to_path_buf(), false);
+            let stats = Arc::new(Stats::default());
+            let io = io.handle().clone();
+            let tiers = Tiers::new(memory, 1 << 20, Arc::new(source.unwrap()), stats, io);
+            let w = want(1, 100, 0, Why::Read);
+            let claimed = vec![
+                (0, Arc::new(Block::copy_of(&[1; 64]).unwrap())),
+                (1, Arc::new(Block::copy_of(&[2; 36]).unwrap())),
+            ];
+            tiers.took_from_staging(&w, &claimed);
+            for block in [0, 1] {
+                let key = w.block(block).key;
+                assert_eq!(tiers.memory.contains(&key), cached, "{policy:?}");
+                assert_eq!(tiers.recent.get(&key).is_some(), recent, "{policy:?}");
+            }
+        }
     }
 }

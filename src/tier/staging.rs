@@ -163,10 +163,20 @@ impl Staging {
         }
     }
 
-    /// The blocks of `job` staged for epochs before `epoch`, tallied by epoch.
-    fn stale(inner: &Inner, job: JobKey, epoch: u64) -> (Vec<BlockKey>, HashMap<u64, Dropped>) {
-        let mut keys = Vec::new();
+    /// Applies `each` to every block of `job` staged for an epoch before `epoch`, under the
+    /// lock, and returns what they were, tallied by the epoch they were staged for.
+    fn each_stale(
+        &self,
+        job: JobKey,
+        epoch: u64,
+        mut each: impl FnMut(&mut Inner, BlockKey),
+    ) -> HashMap<u64, Dropped> {
+        let mut inner = self.inner.lock();
         let mut tally: HashMap<u64, Dropped> = HashMap::new();
+        if !inner.per_job.contains_key(&job) {
+            return tally;
+        }
+        let mut keys = Vec::new();
         let mut files = std::collections::HashSet::new();
         for (key, s) in &inner.blocks {
             if s.job == job && s.epoch < epoch {
@@ -180,36 +190,27 @@ impl Staging {
                 }
             }
         }
-        (keys, tally)
+        for key in keys {
+            each(&mut inner, key);
+        }
+        tally
     }
 
     /// Drops what `job` staged for epochs before `epoch`, and returns it, by epoch.
     pub fn drop_before(&self, job: JobKey, epoch: u64) -> HashMap<u64, Dropped> {
-        let mut inner = self.inner.lock();
-        if !inner.per_job.contains_key(&job) {
-            return HashMap::new();
-        }
-        let (keys, dropped) = Self::stale(&inner, job, epoch);
-        for key in keys {
+        self.each_stale(job, epoch, |inner, key| {
             inner.remove(&key);
-        }
-        dropped
+        })
     }
 
     /// Moves what `job` staged for epochs before `epoch` to `epoch`, and returns what moved,
     /// by the epoch it was staged for.
     pub fn retag_before(&self, job: JobKey, epoch: u64) -> HashMap<u64, Dropped> {
-        let mut inner = self.inner.lock();
-        if !inner.per_job.contains_key(&job) {
-            return HashMap::new();
-        }
-        let (keys, moved) = Self::stale(&inner, job, epoch);
-        for key in keys {
+        self.each_stale(job, epoch, |inner, key| {
             if let Some(s) = inner.blocks.get_mut(&key) {
                 s.epoch = epoch;
             }
-        }
-        moved
+        })
     }
 
     /// Blocks `job` has staged.
