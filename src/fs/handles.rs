@@ -127,11 +127,9 @@ impl HandleTable {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Enters an open file; returns its handle.
-    pub fn add_file(&self, handle: FileHandle) -> u64 {
-        let fh = self.next_fh();
+    /// Enters an open file as `fh` (from [`HandleTable::next_fh`]).
+    pub fn insert_file(&self, fh: u64, handle: FileHandle) {
         self.files.lock().insert(fh, Arc::new(handle));
-        fh
     }
 
     /// Open file `fh`.

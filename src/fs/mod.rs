@@ -70,7 +70,7 @@ use crate::config::MountConfig;
 use crate::epoch::Step;
 use crate::jobs::ledger::{Attribution, Ledger, Opening};
 use crate::jobs::{Job, JobKey, JobKeyKind, Jobs};
-use crate::namespace::{Attr, FileId, FileVersion, Kind, Namespace, NodeId, ROOT, SourceMeta};
+use crate::namespace::{Attr, FileId, Kind, Namespace, NodeId, ROOT, SourceMeta};
 use crate::prefetch::Prefetcher;
 use crate::source::beneath::is_moved;
 use crate::source::{Creds, DatasetSource, FsStats};
@@ -174,6 +174,18 @@ pub type ReadDone = Box<dyn FnOnce(Result<&[u8], FsError>) + Send>;
 pub(crate) enum Access {
     Counted,
     Silent,
+}
+
+/// A source file opened for a caller.
+#[derive(Debug)]
+struct SourceOpen {
+    rel: PathBuf,
+    file: std::fs::File,
+    /// Its metadata, fresh from the open descriptor.
+    meta: SourceMeta,
+    file_id: Option<FileId>,
+    /// It changed since the kernel was last told its attributes.
+    changed: bool,
 }
 
 /// How an open was counted, for its handle and the prefetcher.
@@ -494,15 +506,21 @@ impl DatasetFs {
         {
             return Err(FsError::ReadOnly);
         }
-        let (rel, file, meta, changed) = self.open_source(ino, caller)?;
-        let file_id = self.ns.info(ino).and_then(|i| i.file_id);
+        let opened = self.open_source(ino, caller)?;
         let now = self.ledger.now();
-        let hit = self.tiers.memory.holds_file(&meta.version);
+        let hit = self.tiers.memory.holds_file(&opened.meta.version);
         let job = self.jobs.get(caller.pid, caller.uid, now);
         let counted = match access {
-            Access::Counted => self.count_access(&job, &rel, meta.version, file_id, hit, caller),
+            Access::Counted => self.count_access(&job, &opened, hit, caller, now),
             Access::Silent => self.silent_access(&job),
         };
+        let SourceOpen {
+            rel,
+            file,
+            meta,
+            file_id,
+            changed,
+        } = opened;
         if access == Access::Counted {
             self.prefetcher
                 .on_open(&job, counted.step, counted.staged, hit);
@@ -511,6 +529,23 @@ impl DatasetFs {
             Access::Counted => self.kernel_caching(file_id, hit, changed),
             Access::Silent => (true, false, None),
         };
+        let fh = self.handles.next_fh();
+        tracing::debug!(
+            "open {} fh {fh} by {} (pid {}): {} (epoch {}, job epoch {}, {:?})",
+            rel.display(),
+            counted.job_key,
+            caller.pid,
+            if hit {
+                "hit"
+            } else if counted.staged {
+                "staged"
+            } else {
+                "miss"
+            },
+            counted.epoch,
+            counted.job_epoch,
+            counted.step
+        );
         let handle = FileHandle {
             rel: Arc::from(rel),
             version: meta.version,
@@ -535,24 +570,7 @@ impl DatasetFs {
             changed_while_open: AtomicBool::new(false),
             silent: access == Access::Silent,
         };
-        let rel = handle.rel.clone();
-        let fh = self.handles.add_file(handle);
-        tracing::debug!(
-            "open {} fh {fh} by {} (pid {}): {} (epoch {}, job epoch {}, {:?})",
-            rel.display(),
-            counted.job_key,
-            caller.pid,
-            if hit {
-                "hit"
-            } else if counted.staged {
-                "staged"
-            } else {
-                "miss"
-            },
-            counted.epoch,
-            counted.job_epoch,
-            counted.step
-        );
+        self.handles.insert_file(fh, handle);
         Ok(Opened {
             fh,
             keep_cache,
@@ -564,13 +582,9 @@ impl DatasetFs {
 
     /// Opens the source file of node `ino` as `caller`: the source checks modes, ACLs and
     /// every directory's search permission now, whatever the kernel's cached attributes said.
-    /// Returns its path, the open file, its metadata, and whether it changed since the kernel
-    /// was told (the kernel is then told to forget what it cached).
-    fn open_source(
-        &self,
-        ino: NodeId,
-        caller: Caller,
-    ) -> Result<(PathBuf, std::fs::File, SourceMeta, bool), FsError> {
+    /// If the file changed since the kernel was told, the kernel is told to forget what it
+    /// cached.
+    fn open_source(&self, ino: NodeId, caller: Caller) -> Result<SourceOpen, FsError> {
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind == Kind::Dir {
             return Err(FsError::IsDir);
@@ -597,39 +611,45 @@ impl DatasetFs {
         if changed && let Some(invalidate) = self.invalidator.get() {
             invalidate(ino);
         }
-        Ok((rel, file, meta, changed))
+        Ok(SourceOpen {
+            rel,
+            file,
+            meta,
+            file_id: info.file_id,
+            changed,
+        })
     }
 
-    /// Counts an open of file `version` (at `rel`) as `job`'s access. The job's lock is held
+    /// Counts an open of a source file as `job`'s access at `now`. The job's lock is held
     /// from taking the file's staged blocks to counting the access: of two opens of a file
     /// by one job (a check and a decode, two workers sharing it), the one its epoch counts
     /// first takes them, and the other finds them among the recent blocks.
     fn count_access(
         &self,
         job: &Arc<Mutex<Job>>,
-        rel: &Path,
-        version: FileVersion,
-        file: Option<FileId>,
+        opened: &SourceOpen,
         hit: bool,
         caller: Caller,
+        now: f64,
     ) -> Counted {
+        let version = opened.meta.version;
         let mut j = job.lock();
         let job_key = j.key;
         // The prefetcher's blocks of this file are now this open's.
         let claimed = if hit {
             Vec::new()
         } else {
-            self.prefetcher.claim(rel, &version, job_key)
+            self.prefetcher.claim(&opened.rel, &version, job_key)
         };
         let blocks = self.tiers.memory.blocks().count(version.size);
         let opening = Opening {
-            file,
+            file: opened.file_id,
             pid: caller.pid,
             hit,
             staged: !claimed.is_empty() && claimed.len() as u64 == blocks,
             size: version.size,
             total: self.dataset_files(),
-            now: self.ledger.now(),
+            now,
         };
         let (job_epoch, step) = self.ledger.open_in_job(&mut j, &opening);
         if step.is_some_and(Step::began_epoch) {
