@@ -71,7 +71,7 @@ impl MountConfig {
             // that idle threads cost nothing worth mentioning.
             io_threads: 64,
             cache: CacheConfig {
-                policy: PolicyKind::MinIo,
+                policy: PolicyKind::default(),
                 capacity: default_cache_size(),
                 block_size: DEFAULT_BLOCK_SIZE,
             },

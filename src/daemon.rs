@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::cache::PolicyKind;
 use crate::config::MountConfig;
 use crate::fs::DatasetFs;
 use crate::fuse::FuseAdapter;
@@ -130,7 +129,7 @@ pub struct SetupLock {
 /// and canonical in `config`. The returned lock keeps any other `coorfs mount` from setting
 /// up at the same mount point until it is dropped.
 pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
-    if config.cache.capacity == 0 && config.cache.policy != PolicyKind::None {
+    if config.cache.capacity == 0 && config.cache.policy.caches() {
         return Err(MountError::CacheSizeZero);
     }
     let source = std::path::absolute(&config.source)
@@ -211,7 +210,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
 /// counts this mount's staging area and its memory cgroup; a given `--cache-size` (with the
 /// staging area) that cannot fit the cgroup is refused.
 fn decide_budget(config: &mut MountConfig) -> Result<(), MountError> {
-    if config.cache.policy == PolicyKind::None {
+    if !config.cache.policy.caches() {
         config.cache_size_why = "--policy none caches nothing".into();
         return Ok(());
     }
@@ -508,7 +507,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     let mountpoint = config.mountpoint.clone();
     let mount_err = |e: io::Error| MountError::Mount(mountpoint.clone(), e.to_string());
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
-    let drop_pages = config.cache.policy != PolicyKind::None;
+    let drop_pages = config.cache.policy.caches();
     let local = LocalSource::new(config.source.clone(), drop_pages)
         .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
     let source: Arc<dyn crate::source::DatasetSource> = if config.read_delay.is_zero() {
@@ -568,7 +567,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
         std::process::id()
     );
     let cache = config.cache;
-    if cache.policy == PolicyKind::None {
+    if !cache.policy.caches() {
         info!("cache: none ({})", config.cache_size_why);
     } else {
         info!(

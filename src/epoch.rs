@@ -125,6 +125,13 @@ pub enum Step {
     Restarted { moved: u64 },
 }
 
+impl Step {
+    /// True if the access ended the reader's epoch: a new one began.
+    pub fn began_epoch(self) -> bool {
+        matches!(self, Step::Completed | Step::Restarted { .. })
+    }
+}
+
 /// One of the last accesses.
 #[derive(Clone, Copy, Debug)]
 struct Access {

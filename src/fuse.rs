@@ -44,7 +44,7 @@
 //!   The daemon pays an `lstat` only for entries sent with attributes.
 //! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and `--threads` worker threads
 //!   (one per CPU by default), each on its own cloned `/dev/fuse` descriptor.
-//! - The one writable file, the order file (`fs/control.rs`), is opened without NOFLUSH and
+//! - The one writable file, the order file (`fs/order.rs`), is opened without NOFLUSH and
 //!   with direct I/O: its FLUSH at `close(2)` carries the verdict on the hint, and
 //!   `open(O_TRUNC)` arrives as a SETATTR of size 0, which it accepts.
 //! - Every operation the kernel may send is answered here, without a log line of its own:

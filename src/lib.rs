@@ -1,13 +1,17 @@
 //! coorfs: a read-only FUSE view of a dataset directory with training-aware caching.
 //!
-//! Layers, from the kernel down:
+//! Layers, from the kernel down (each uses only those below it):
 //! - `fuse`: the only module that knows fuser; turns requests into calls on the core.
-//! - `fs`: the filesystem core ([`fs::DatasetFs`]), drivable by tests without a mount.
-//! - `namespace`: node ids for the source tree.
-//! - `cache`: the block cache (policies, MinIO's arena, merged in-flight fetches).
-//! - `fetch`: the one path by which file data is read from the source.
+//! - `fs`: the filesystem core ([`fs::DatasetFs`]), a coordinator drivable by tests without
+//!   a mount: the handle table, the read path, the order file.
+//! - `prefetch`: the [`prefetch::Prefetcher`]: what each job reads next, how deep (the pacer).
+//! - `tier`: where a block comes from, nearest first, behind one trait ([`tier::Tier`]):
+//!   memory (the cache), staging, recent blocks, then one fetch per block from the source.
+//! - `cache`: the block cache: pure policies (MinIO, LRU) and the stores they need.
+//! - `jobs`: who reads, and the ledger where every access and byte is counted.
 //! - `source`: the dataset directory behind a trait, with a fault-injecting wrapper.
-//! - `epoch`, `stats`: epoch tracking (pure) and the statistics every view renders.
+//! - `block`, `namespace`, `epoch`, `stats`: block buffers, node ids for the source tree,
+//!   epoch tracking (pure), and the statistics every view renders.
 //!
 //! Around them: `cli` (clap, at the edge), `config` (plain structs), `budget` (how much
 //! memory the cache may take: the memory cgroup), `daemon` (mount life cycle), `manpage`
@@ -15,13 +19,13 @@
 //! cache, predict data stalls).
 
 pub mod analyze;
+pub mod block;
 pub mod budget;
 pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod epoch;
-pub mod fetch;
 pub mod fs;
 pub mod fuse;
 pub mod jobs;
@@ -33,4 +37,5 @@ pub mod reader;
 pub mod source;
 pub mod stats;
 pub mod statsview;
+pub mod tier;
 pub mod units;

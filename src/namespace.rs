@@ -48,6 +48,21 @@ pub enum Kind {
     BlockDevice,
 }
 
+impl Kind {
+    /// The kind of a file mode's type bits.
+    pub fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDevice,
+            libc::S_IFBLK => Kind::BlockDevice,
+            _ => Kind::File,
+        }
+    }
+}
+
 /// Everything the kernel is told about an entry, copied from the source's `lstat`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attr {
@@ -195,7 +210,7 @@ impl Table {
                 atime: time_of(n.atime_ns),
                 mtime: time_of(n.mtime_ns),
                 ctime: time_of(n.ctime_ns),
-                kind: crate::source::kind_from_mode(n.mode),
+                kind: Kind::from_mode(n.mode),
                 perm: (n.mode & 0o7777) as u16,
                 nlink: n.nlink,
                 uid: n.uid,

@@ -63,7 +63,7 @@ pub enum ReadError {
     Hint(PathBuf, io::Error),
 }
 
-/// The order file of a coorfs mount (see `fs/control.rs`).
+/// The order file of a coorfs mount (see `fs/order.rs`).
 pub const ORDER_FILE: &str = ".coorfs-order";
 
 /// Tells the coorfs mount at `mount` that this job will read `order` (paths below `mount`)

@@ -82,6 +82,7 @@ stats! {
     AdmissionsRefused => "admissions_refused", Count, "Blocks read from the source but not cached because the cache was full.";
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
+    TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory); each read was served by the next tier.";
     FetchStallSeconds => "fetch_stall_seconds", Seconds, "Seconds reads waited for the source, summed over concurrent reads: the fetch stall.";
     StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
     PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
@@ -137,6 +138,7 @@ pub struct Counters {
     pub bytes_from_cache: AtomicU64,
     pub bytes_from_source: AtomicU64,
     pub source_errors: AtomicU64,
+    pub tier_errors: AtomicU64,
     pub staging_hits: AtomicU64,
     pub prefetched_blocks: AtomicU64,
     pub prefetched_unused: AtomicU64,

@@ -1,27 +1,28 @@
 //! The block cache: file bytes in coorfs's own memory, under a hard budget.
 //!
 //! Small files are cached whole (one block of the file's size); larger files in fixed blocks
-//! (`--block-size`, 1 MiB by default), so that random access into a TFRecord, a tar shard
-//! or an HDF5 file caches just what is read. A [`BlockKey`] carries the file's version (device,
+//! (`--block-size`, 1 MiB by default; [`BlockSize`]), so that random access into a TFRecord,
+//! a tar shard or an HDF5 file caches just what is read. A [`BlockKey`] carries the file's version (device,
 //! inode, size, mtime): a changed source file is a different key, so it is a miss, never
 //! stale bytes.
 //!
-//! The policy ([`policy`]) decides; this module stores. MinIO's blocks go to an append-only
-//! [`arena::Arena`] (nothing is ever freed, so no allocator is needed). LRU's go to one
-//! anonymous mapping each, returned to the kernel the moment the block is evicted: heap
+//! The policy ([`policy`]) decides; this module stores, in the store the policy needs
+//! (`Store`). A policy that never evicts (MinIO) gets an append-only [`arena::Arena`]
+//! (nothing is ever freed, so no allocator is needed). One that evicts (LRU) gets one
+//! anonymous mapping per block, returned to the kernel the moment the block is evicted: heap
 //! buffers would do, but freed 100 KiB chunks stay in malloc's arenas (measured: an LRU
 //! daemon with a 1 GiB budget passed 1.1 GB of anonymous memory and was OOM-killed in a
 //! 1 GiB + 64 MiB cgroup). Both count every block at the memory it really takes (64-byte
 //! slots in the arena, whole pages for a mapping) against the same budget, so the memory
 //! the cache holds never exceeds `--cache-size`.
 //!
+//! The cache is the first tier of the read path ([`crate::tier::memory`]).
+//!
 //! Locks: the policy's mutex is held only for the decision, the index's lock only to look
 //! up or publish; copying bytes happens outside both.
 
 pub mod arena;
-pub mod inflight;
 pub mod policy;
-pub mod recent;
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -30,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::block::BlockSize;
 use crate::namespace::FileVersion;
 use arena::{Arena, Slot};
 use policy::{Admission, CachePolicy, LruPolicy, MinIoPolicy, NoCachePolicy};
@@ -47,6 +49,21 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
+    /// A policy of this kind over `capacity` bytes.
+    fn policy(self, capacity: u64) -> Box<dyn CachePolicy<BlockKey>> {
+        match self {
+            PolicyKind::MinIo => Box::new(MinIoPolicy::new(capacity)),
+            PolicyKind::Lru => Box::new(LruPolicy::new(capacity)),
+            PolicyKind::None => Box::new(NoCachePolicy),
+        }
+    }
+
+    /// False for `--policy none`: no cache of coorfs's own, so no memory budget to set, and
+    /// the source's and the kernel's page caches do what they do.
+    pub fn caches(self) -> bool {
+        self.policy(0).keeps_anything()
+    }
+
     /// The name users type and read.
     pub fn name(self) -> &'static str {
         match self {
@@ -103,6 +120,39 @@ impl MappedBlock {
 /// The page size that mappings are rounded to.
 const PAGE: usize = 4096;
 
+/// Where admitted blocks are kept: chosen by what the policy needs, not by its name.
+#[derive(Debug)]
+enum Store {
+    /// Nothing: the policy admits nothing.
+    Nothing,
+    /// An append-only arena, for a policy that never evicts.
+    Arena(Arena),
+    /// A mapping per block, given back to the kernel when the policy evicts it.
+    Mappings,
+}
+
+impl Store {
+    /// The store `policy` needs, for a cache of `capacity` bytes. An arena reserves its
+    /// address space here.
+    fn for_policy(policy: &dyn CachePolicy<BlockKey>, capacity: u64) -> std::io::Result<Self> {
+        Ok(if !policy.keeps_anything() {
+            Store::Nothing
+        } else if policy.evicts() {
+            Store::Mappings
+        } else {
+            Store::Arena(Arena::new(capacity as usize)?)
+        })
+    }
+
+    /// The memory `len` bytes take in this store: what the budget counts.
+    fn footprint(&self, len: usize) -> u64 {
+        match self {
+            Store::Arena(_) => Arena::footprint(len) as u64,
+            Store::Nothing | Store::Mappings => MappedBlock::footprint(len) as u64,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Stored {
     Arena(Slot),
@@ -158,14 +208,10 @@ impl Index {
         }
     }
 
-    fn remove(&mut self, key: &BlockKey) -> bool {
-        match self.blocks.remove(key) {
-            Some(old) => {
-                self.sub(key.version, old.len());
-                true
-            }
-            None => false,
-        }
+    fn remove(&mut self, key: &BlockKey) -> Option<Stored> {
+        let old = self.blocks.remove(key)?;
+        self.sub(key.version, old.len());
+        Some(old)
     }
 
     fn sub(&mut self, version: FileVersion, len: u64) {
@@ -195,8 +241,12 @@ pub struct CacheCounters {
 pub struct BlockCache {
     config: CacheConfig,
     policy: Mutex<Box<dyn CachePolicy<BlockKey>>>,
+    /// What the policy said of itself, asked once (see [`CachePolicy`]).
+    keeps: bool,
+    touch: bool,
+    prefetch: bool,
     index: RwLock<Index>,
-    arena: Option<Arena>,
+    store: Store,
     pub counters: CacheCounters,
     /// Makes the next mapping fail, as an exhausted address space or memory would.
     #[cfg(test)]
@@ -212,21 +262,19 @@ impl std::fmt::Debug for BlockCache {
 }
 
 impl BlockCache {
-    /// A cache following `config`. MinIO reserves its arena (address space only) here.
+    /// A cache following `config`, in the store its policy needs (an arena reserves its
+    /// address space here).
     pub fn new(config: CacheConfig) -> std::io::Result<Self> {
-        let (policy, arena): (Box<dyn CachePolicy<BlockKey>>, _) = match config.policy {
-            PolicyKind::MinIo => (
-                Box::new(MinIoPolicy::new(config.capacity)),
-                Some(Arena::new(config.capacity as usize)?),
-            ),
-            PolicyKind::Lru => (Box::new(LruPolicy::new(config.capacity)), None),
-            PolicyKind::None => (Box::new(NoCachePolicy), None),
-        };
+        let policy = config.policy.policy(config.capacity);
+        let store = Store::for_policy(&*policy, config.capacity)?;
         Ok(BlockCache {
             config,
+            keeps: policy.keeps_anything(),
+            touch: policy.needs_touch(),
+            prefetch: policy.admits_prefetch(),
             policy: Mutex::new(policy),
             index: RwLock::new(Index::default()),
-            arena,
+            store,
             counters: CacheCounters::default(),
             #[cfg(test)]
             fail_next_mapping: Default::default(),
@@ -238,43 +286,33 @@ impl BlockCache {
         self.config
     }
 
-    /// The blocks of a file of `size` bytes: how many, and the byte range of block `i`.
-    pub fn block_count(&self, size: u64) -> u64 {
-        let block_size = self.block_size();
-        if size <= block_size {
-            1
-        } else {
-            size.div_ceil(block_size)
-        }
+    /// False if the policy keeps nothing (`--policy none`): no cache of coorfs's own.
+    pub fn caches(&self) -> bool {
+        self.keeps
     }
 
-    /// The size of the block that holds byte `block * block_size` of a file of `size` bytes
-    /// (a file no larger than a block is one block of its own size).
-    pub fn block_len(&self, size: u64, block: u64) -> u64 {
-        let block_size = self.block_size();
-        if size <= block_size {
-            size
-        } else {
-            let start = block * block_size;
-            block_size.min(size.saturating_sub(start))
-        }
+    /// True if blocks fetched by the prefetcher are offered when they arrive; otherwise
+    /// they are offered when a reader takes them from the staging area.
+    pub fn admits_prefetch(&self) -> bool {
+        self.prefetch
     }
 
-    /// Bytes per block.
-    pub fn block_size(&self) -> u64 {
-        self.config.block_size.get()
+    /// How files are cut into blocks.
+    pub fn blocks(&self) -> BlockSize {
+        BlockSize::new(self.config.block_size)
     }
 
     /// The cached bytes of `key`, if any.
     pub fn get(&self, key: &BlockKey) -> Option<CachedBytes<'_>> {
         let found = {
             let index = self.index.read();
-            match index.blocks.get(key)? {
-                Stored::Arena(slot) => CachedBytes::Arena(self.arena.as_ref()?.get(*slot)),
-                Stored::Mapped(block) => CachedBytes::Mapped(block.clone()),
+            match (index.blocks.get(key)?, &self.store) {
+                (Stored::Arena(slot), Store::Arena(arena)) => CachedBytes::Arena(arena.get(*slot)),
+                (Stored::Mapped(block), _) => CachedBytes::Mapped(block.clone()),
+                (Stored::Arena(_), _) => return None,
             }
         };
-        if self.config.policy == PolicyKind::Lru {
+        if self.touch {
             self.policy.lock().touch(key);
         }
         Some(found)
@@ -287,13 +325,10 @@ impl BlockCache {
 
     /// Offers fetched bytes to the cache. Returns true if they were admitted.
     pub fn insert(&self, key: BlockKey, data: &[u8]) -> bool {
-        if self.config.policy == PolicyKind::None {
+        if !self.keeps {
             return false;
         }
-        let footprint = match self.config.policy {
-            PolicyKind::MinIo => Arena::footprint(data.len()) as u64,
-            _ => MappedBlock::footprint(data.len()) as u64,
-        };
+        let footprint = self.store.footprint(data.len());
         let admission = self.policy.lock().admit(&key, footprint);
         let evict = match admission {
             Admission::Refuse => {
@@ -302,8 +337,8 @@ impl BlockCache {
             }
             Admission::Admit { evict } => evict,
         };
-        let stored = match &self.arena {
-            Some(arena) => match arena.alloc(data.len()) {
+        let stored = match &self.store {
+            Store::Arena(arena) => match arena.alloc(data.len()) {
                 Some(slot) => {
                     arena.write(slot, data);
                     Some(Stored::Arena(slot))
@@ -312,19 +347,20 @@ impl BlockCache {
                 // than trust that.
                 None => None,
             },
-            None => match self.map_block(data) {
+            Store::Mappings => match self.map_block(data) {
                 Ok(block) => Some(Stored::Mapped(Arc::new(block))),
                 Err(e) => {
                     tracing::warn!("caching a block: {e}");
                     None
                 }
             },
+            Store::Nothing => None,
         };
         let mut index = self.index.write();
         // What the policy evicted goes even if the newcomer cannot be stored: the policy no
         // longer counts it, and the budget holds only while the index holds what it counts.
         for (k, _) in &evict {
-            if index.remove(k) {
+            if index.remove(k).is_some() {
                 self.counters.evicted.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -337,6 +373,19 @@ impl BlockCache {
         };
         index.add(key, stored);
         true
+    }
+
+    /// Drops block `key`, if it is cached. A mapping is given back to the kernel and the
+    /// policy stops counting it; an arena slot is not (the arena only grows), so the policy
+    /// goes on counting its memory.
+    pub fn remove(&self, key: &BlockKey) {
+        let Some(old) = self.index.write().remove(key) else {
+            return;
+        };
+        if let Stored::Mapped(block) = old {
+            let footprint = self.store.footprint(block.len);
+            self.policy.lock().remove(key, footprint);
+        }
     }
 
     /// A mapping of its own holding `data` (LRU's store).
@@ -360,7 +409,7 @@ impl BlockCache {
 
     /// True if every byte of `version` is cached (an empty file is, with a cache).
     pub fn holds_file(&self, version: &FileVersion) -> bool {
-        self.config.policy != PolicyKind::None && self.cached_bytes_of(version) >= version.size
+        self.keeps && self.cached_bytes_of(version) >= version.size
     }
 
     /// Memory held, as the policy counts it (the budget's unit: stored bytes plus alignment).
@@ -405,23 +454,6 @@ mod tests {
             block_size: NonZeroU64::new(1000).unwrap(),
         })
         .unwrap()
-    }
-
-    #[test]
-    fn blocks_split_large_files_only() {
-        let c = cache(PolicyKind::MinIo, 10_000);
-        assert_eq!((c.block_count(0), c.block_len(0, 0)), (1, 0));
-        assert_eq!((c.block_count(999), c.block_len(999, 0)), (1, 999));
-        assert_eq!((c.block_count(1000), c.block_len(1000, 0)), (1, 1000));
-        assert_eq!(c.block_count(2500), 3);
-        assert_eq!(
-            [
-                c.block_len(2500, 0),
-                c.block_len(2500, 1),
-                c.block_len(2500, 2)
-            ],
-            [1000, 1000, 500]
-        );
     }
 
     #[test]
@@ -542,6 +574,49 @@ mod tests {
             assert!(c.cached_blocks() * 4096 <= 8192, "after {ino}");
         }
         assert_eq!(c.counters.refused.load(Ordering::Relaxed), 1);
+    }
+
+    /// A policy that admits everything and evicts as it is told it does.
+    struct Told {
+        evicts: bool,
+    }
+
+    impl CachePolicy<BlockKey> for Told {
+        fn admit(&mut self, _key: &BlockKey, _size: u64) -> Admission<BlockKey> {
+            Admission::Admit { evict: Vec::new() }
+        }
+        fn touch(&mut self, _key: &BlockKey) {}
+        fn remove(&mut self, _key: &BlockKey, _size: u64) {}
+        fn used(&self) -> u64 {
+            0
+        }
+        fn evicts(&self) -> bool {
+            self.evicts
+        }
+        fn needs_touch(&self) -> bool {
+            false
+        }
+        fn admits_prefetch(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn the_store_follows_what_the_policy_needs() {
+        let store = |p: &dyn CachePolicy<BlockKey>| Store::for_policy(p, 4096).unwrap();
+        assert!(matches!(store(&Told { evicts: false }), Store::Arena(_)));
+        assert!(matches!(store(&Told { evicts: true }), Store::Mappings));
+        assert!(matches!(store(&NoCachePolicy), Store::Nothing));
+        assert!(matches!(
+            store(&*PolicyKind::MinIo.policy(4096)),
+            Store::Arena(_)
+        ));
+        assert!(matches!(
+            store(&*PolicyKind::Lru.policy(4096)),
+            Store::Mappings
+        ));
+        assert!(PolicyKind::MinIo.caches() && PolicyKind::Lru.caches());
+        assert!(!PolicyKind::None.caches());
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //!   benchmark shows beside MinIO. Under random per-epoch order it evicts exactly what the
 //!   next epoch needs.
 //! - [`NoCachePolicy`]: admits nothing.
+//!
+//! A policy also says what its callers must do for it, so that nobody outside this module
+//! branches on which policy it is: whether it keeps anything, evicts (which store it needs),
+//! must hear of hits, and may be offered blocks fetched on a guess.
 
 use std::hash::Hash;
 
@@ -33,6 +37,25 @@ pub trait CachePolicy<K>: Send {
     fn remove(&mut self, key: &K, size: u64);
     /// Bytes the policy holds.
     fn used(&self) -> u64;
+    /// False for a policy that admits nothing: the cache is then left out of every read,
+    /// and the kernel's page cache does what it does.
+    fn keeps_anything(&self) -> bool {
+        true
+    }
+    /// True if the policy may evict what it admitted: its store must give memory back one
+    /// block at a time. A policy that never evicts can have its blocks carved off an
+    /// append-only arena, with no allocator and no fragmentation.
+    fn evicts(&self) -> bool;
+    /// True if the policy orders blocks by use and must hear of every hit ([`touch`]).
+    /// Asked once, so that a policy that needs no touch costs no lock per hit.
+    ///
+    /// [`touch`]: CachePolicy::touch
+    fn needs_touch(&self) -> bool;
+    /// True if blocks the prefetcher fetched on a guess may be offered when they arrive.
+    /// A policy that never evicts loses nothing to a wrong guess; one that evicts would push
+    /// out blocks that will be read for one that may not be, so it is offered prefetched
+    /// blocks when a reader takes them.
+    fn admits_prefetch(&self) -> bool;
 }
 
 /// Admit while there is room; never evict.
@@ -64,6 +87,15 @@ impl<K> CachePolicy<K> for MinIoPolicy {
     }
     fn used(&self) -> u64 {
         self.used
+    }
+    fn evicts(&self) -> bool {
+        false
+    }
+    fn needs_touch(&self) -> bool {
+        false
+    }
+    fn admits_prefetch(&self) -> bool {
+        true
     }
 }
 
@@ -126,6 +158,15 @@ impl<K: Hash + Eq + Clone + Send> CachePolicy<K> for LruPolicy<K> {
     fn used(&self) -> u64 {
         self.used
     }
+    fn evicts(&self) -> bool {
+        true
+    }
+    fn needs_touch(&self) -> bool {
+        true
+    }
+    fn admits_prefetch(&self) -> bool {
+        false
+    }
 }
 
 /// Admits nothing.
@@ -140,6 +181,18 @@ impl<K> CachePolicy<K> for NoCachePolicy {
     fn remove(&mut self, _key: &K, _size: u64) {}
     fn used(&self) -> u64 {
         0
+    }
+    fn keeps_anything(&self) -> bool {
+        false
+    }
+    fn evicts(&self) -> bool {
+        false
+    }
+    fn needs_touch(&self) -> bool {
+        false
+    }
+    fn admits_prefetch(&self) -> bool {
+        false
     }
 }
 
@@ -168,6 +221,24 @@ mod tests {
             );
         }
         assert_eq!(CachePolicy::<u32>::used(&p), 250);
+    }
+
+    #[test]
+    fn each_policy_says_what_it_needs() {
+        let policies: [(&dyn CachePolicy<u32>, [bool; 4]); 3] = [
+            (&MinIoPolicy::new(1), [true, false, false, true]),
+            (&LruPolicy::new(1), [true, true, true, false]),
+            (&NoCachePolicy, [false, false, false, false]),
+        ];
+        for (i, (p, want)) in policies.iter().enumerate() {
+            let got = [
+                p.keeps_anything(),
+                p.evicts(),
+                p.needs_touch(),
+                p.admits_prefetch(),
+            ];
+            assert_eq!(got, *want, "policy {i}");
+        }
     }
 
     #[test]

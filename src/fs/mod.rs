@@ -4,6 +4,20 @@
 //! `fuse.rs` turns kernel requests into calls on [`DatasetFs`] and its plain results
 //! ([`Entry`], [`Attr`], [`Opened`]) back into replies; tests drive the core directly.
 //!
+//! [`DatasetFs`] coordinates; the decisions live in the types it holds:
+//! - the node table ([`Namespace`]) and the handle table (`handles.rs`);
+//! - the tiers a block comes from ([`crate::tier`]): the read path (`read.rs`) asks them in
+//!   order on the FUSE thread, and the fetch behind them;
+//! - the jobs ([`crate::jobs`]) and the ledger, where every access and byte is counted
+//!   ([`crate::jobs::ledger`]);
+//! - the prefetcher ([`crate::prefetch`]), told of every open and fetch;
+//! - the order files (`order.rs`), the kernel-cache gauge (`kernel_cache.rs`), the callers'
+//!   credentials (`callers.rs`).
+//!
+//! An open reads as its steps ([`DatasetFs::open`]): refuse writes, open the source file as
+//! the caller, count the access (taking the file's staged blocks), tell the prefetcher,
+//! choose how the kernel may cache the file, enter the handle.
+//!
 //! Metadata comes from the source's `lstat` and is kept in the [`Namespace`]. An `open`
 //! re-checks the file's version (one `lstat`), so a source file that changed since the
 //! kernel cached its attributes is served with its new content, and `Opened::changed` asks
@@ -32,14 +46,14 @@
 //! Every open of a dataset file is an access of its job's epoch ([`crate::epoch`]). An open
 //! that re-reads what the job read moments ago (a check and a decode, two workers sharing a
 //! file) is the same access: its reads may take the blocks read then, which the cache did not
-//! keep, from [`crate::cache::recent`] instead of the source. The job's lock is held from
+//! keep, from [`crate::tier::recent`] instead of the source. The job's lock is held from
 //! taking the file's staged blocks to counting the access, so that of two such opens the one
 //! counted first takes them.
 
 mod callers;
-mod control;
+mod handles;
 mod kernel_cache;
-mod prefetch;
+mod order;
 mod read;
 
 use std::ffi::OsStr;
@@ -51,17 +65,19 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::cache::recent::RecentBlocks;
-use crate::cache::{BlockCache, PolicyKind};
+use crate::cache::BlockCache;
 use crate::config::MountConfig;
 use crate::epoch::Step;
-use crate::fetch::{Block, Fetcher};
-use crate::jobs::{Job, JobKey, Jobs};
-use crate::namespace::{Attr, FileVersion, Kind, Namespace, NodeId, ROOT};
-use crate::prefetch::{PrefetchConfig, Staging};
+use crate::jobs::ledger::{Attribution, Ledger, Opening};
+use crate::jobs::{Job, JobKey, JobKeyKind, Jobs};
+use crate::namespace::{Attr, FileId, Kind, Namespace, NodeId, ROOT, SourceMeta};
+use crate::prefetch::Prefetcher;
 use crate::source::beneath::is_moved;
-use crate::source::{Creds, DatasetSource, FsStats, Listing};
-use crate::stats::{self, Counters, EpochRecord, Snapshot, Stat, Stats, Value};
+use crate::source::{Creds, DatasetSource, FsStats};
+use crate::stats::{self, Counters, Snapshot, Stat, Stats, Value};
+use crate::tier::Tiers;
+use handles::{DirHandle, FileHandle, HandleTable, Held};
+use order::OrderFiles;
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
 /// exhaustive `match`.
@@ -150,60 +166,6 @@ pub struct DirEntryOut<'a> {
 /// Called with the bytes of a read (or its error), possibly on another thread.
 pub type ReadDone = Box<dyn FnOnce(Result<&[u8], FsError>) + Send>;
 
-/// Blocks an open file holds outside the cache.
-#[derive(Debug, Default)]
-struct Held {
-    /// Blocks the prefetcher staged for this file, claimed by this open, or taken from the
-    /// blocks read moments ago; freed at close.
-    claimed: Vec<(u64, Arc<Block>)>,
-    /// The last block fetched for this handle, so that small reads through a block the
-    /// cache did not admit do not fetch it again.
-    last: Option<(u64, Arc<Block>)>,
-}
-
-impl Held {
-    fn get(&self, block: u64) -> Option<Arc<Block>> {
-        self.claimed
-            .iter()
-            .chain(self.last.iter())
-            .find(|(b, _)| *b == block)
-            .map(|(_, data)| data.clone())
-    }
-}
-
-/// An open file.
-#[derive(Debug)]
-struct FileHandle {
-    rel: Arc<Path>,
-    version: FileVersion,
-    /// The source file as opened for the caller (with the caller's credentials). Reads
-    /// check it for changes made while the file is open, and read it directly when the path
-    /// now names another file (replaced or removed), as a local open descriptor would.
-    file: std::fs::File,
-    /// The open was a hit and its bytes were counted then; reads count nothing more (unless
-    /// the file turns out to need the source after all, see `read.rs`).
-    counted_at_open: AtomicBool,
-    /// The dataset-wide epoch the open belongs to.
-    epoch: u64,
-    /// The job that opened the file, and its epoch then.
-    job: Arc<Mutex<Job>>,
-    job_key: JobKey,
-    job_epoch: u64,
-    /// This open re-reads what the job read moments ago: it is the same access and may take
-    /// the blocks read then (see [`crate::cache::recent`]).
-    same_access: bool,
-    held: Mutex<Held>,
-    /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
-    watch: Option<kernel_cache::Watch>,
-    /// The node opened, for invalidation.
-    ino: NodeId,
-    /// A read found the source file changed since the open.
-    changed_while_open: AtomicBool,
-    /// Opened for one read under `--fast-open` that is not the file's access (see
-    /// [`Access::Silent`]): it counts the bytes it moves, never a hit or a miss.
-    silent: bool,
-}
-
 /// How an open of a file is accounted. A FUSE OPEN is the job's access of the file. Under
 /// `--fast-open` the kernel sends no OPEN and each READ that misses the kernel's page cache
 /// opens the file for itself: the READ at offset 0 (where the kernel starts a file) is the
@@ -214,62 +176,67 @@ pub(crate) enum Access {
     Silent,
 }
 
-impl FileHandle {
-    /// Applies `change` to the records of the dataset epoch and the job epoch of this open.
-    fn update_epochs(&self, stats: &Stats, change: impl Fn(&mut EpochRecord)) {
-        stats.epochs.lock().update(self.epoch, &change);
-        self.job.lock().log.update(self.job_epoch, &change);
-    }
-}
-
-/// An open directory: a snapshot of its listing taken at `opendir`.
+/// A source file opened for a caller.
 #[derive(Debug)]
-struct DirHandle {
-    node: NodeId,
-    parent: NodeId,
-    listing: Listing,
+struct SourceOpen {
+    rel: PathBuf,
+    file: std::fs::File,
+    /// Its metadata, fresh from the open descriptor.
+    meta: SourceMeta,
+    file_id: Option<FileId>,
+    /// It changed since the kernel was last told its attributes.
+    changed: bool,
 }
 
-/// What the scan of the source found.
+/// How an open was counted, for its handle and the prefetcher.
+#[derive(Debug)]
+struct Counted {
+    /// The dataset-wide epoch and the job's epoch the open counts in.
+    epoch: u64,
+    job_key: JobKey,
+    job_epoch: u64,
+    /// What the access did to the job's epoch (None: not an access of its own, or a file
+    /// the scan has not seen).
+    step: Option<Step>,
+    /// Every block of the file was staged, and the open took them (`claimed`).
+    staged: bool,
+    claimed: Vec<(u64, Arc<crate::block::Block>)>,
+}
+
+/// What the scan of the source found, and the room the node table has.
 #[derive(Debug, Default)]
 struct ScanState {
     files: AtomicU64,
     bytes: AtomicU64,
     complete: AtomicBool,
+    /// Bytes the node table may take before the daemon passes its memory limit.
+    room: Option<u64>,
+    /// The node table outgrew `room`, and the daemon said so.
+    over_room: AtomicBool,
 }
 
-/// The core of one mount.
+/// The core of one mount: a coordinator. It answers the kernel's requests from the node
+/// table, the handle table and the tiers, and tells the jobs (through the ledger) and the
+/// prefetcher what happened; the decisions are theirs.
 pub struct DatasetFs {
     source: Arc<dyn DatasetSource>,
-    ns: Namespace,
+    ns: Arc<Namespace>,
     ttl: Duration,
-    cache: Arc<BlockCache>,
-    stats: Arc<Stats>,
-    fetcher: Arc<Fetcher>,
-    jobs: Jobs,
-    /// The uid that mounted: under `--job-key none`, the only user (with root) who may hint.
-    owner: u32,
-    staging: Arc<Staging>,
-    /// Blocks read moments ago that the cache did not keep, for re-reads (a double open).
-    recent: Arc<RecentBlocks>,
+    tiers: Tiers,
+    prefetcher: Arc<Prefetcher>,
+    jobs: Arc<Jobs>,
+    ledger: Arc<Ledger>,
+    handles: HandleTable,
+    orders: OrderFiles,
     kernel: kernel_cache::KernelCacheGauge,
-    prefetch: PrefetchConfig,
-    prefetcher: prefetch::PrefetchState,
+    callers: callers::CallerCreds,
     scan: ScanState,
     info: Vec<(&'static str, String)>,
-    next_fh: AtomicU64,
-    files: Mutex<std::collections::HashMap<u64, Arc<FileHandle>>>,
-    dirs: Mutex<std::collections::HashMap<u64, Arc<DirHandle>>>,
-    orders: Mutex<std::collections::HashMap<u64, control::OrderWriter>>,
-    hints: crate::jobs::HintBudget,
-    callers: callers::CallerCreds,
     invalidator: std::sync::OnceLock<Invalidator>,
-    metadata_room: Option<u64>,
-    metadata_warned: AtomicBool,
-    /// `--fast-open`: the kernel opens files without asking (see [`DatasetFs::fast_open`]).
-    fast_open: bool,
     /// Nodes whose source entry changed while the kernel was not told (see `open`).
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
+    /// `--fast-open`: the kernel opens files without asking (see [`DatasetFs::fast_open`]).
+    fast_open: bool,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -278,7 +245,7 @@ impl std::fmt::Debug for DatasetFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatasetFs")
             .field("source", &self.source.root())
-            .field("cache", &self.cache)
+            .field("cache", &self.tiers.memory)
             .finish_non_exhaustive()
     }
 }
@@ -296,17 +263,24 @@ impl DatasetFs {
             .max_blocking_threads(config.io_threads.max(1))
             .thread_name("coorfs-io")
             .build()?;
-        let cache = Arc::new(BlockCache::new(config.cache)?);
-        let recent = Arc::new(RecentBlocks::new(config.cache.policy != PolicyKind::None));
         let stats = Arc::new(Stats::default());
-        let fetcher = Arc::new(Fetcher::new(
+        let tiers = Tiers::new(
+            BlockCache::new(config.cache)?,
+            config.prefetch.staging_bytes(),
             source.clone(),
-            cache.clone(),
-            recent.clone(),
             stats.clone(),
             io.handle().clone(),
-            config.prefetch.enabled.then_some(config.prefetch.depth),
-        ));
+        );
+        let ns = Arc::new(Namespace::new(root));
+        let jobs = Arc::new(Jobs::new(config.jobs));
+        let ledger = Arc::new(Ledger::new(stats));
+        let prefetcher = Prefetcher::new(
+            config.prefetch,
+            tiers.clone(),
+            ns.clone(),
+            jobs.clone(),
+            ledger.clone(),
+        );
         let info = vec![
             ("source", config.source.display().to_string()),
             ("mountpoint", config.mountpoint.display().to_string()),
@@ -314,35 +288,28 @@ impl DatasetFs {
         ];
         Ok(DatasetFs {
             source,
-            ns: Namespace::new(root),
+            ns,
             ttl: config.metadata_ttl,
-            cache,
-            stats,
-            fetcher,
-            jobs: Jobs::new(config.jobs),
-            staging: Arc::new(Staging::new(if config.prefetch.enabled {
-                config.prefetch.memory
-            } else {
-                0
-            })),
-            recent,
+            tiers,
+            prefetcher: Arc::new(prefetcher),
+            jobs,
+            ledger,
+            handles: HandleTable::default(),
+            orders: OrderFiles::new(
+                config.hint_limits,
+                config.jobs.key == JobKeyKind::None,
+                config.owner_uid,
+            ),
             kernel: Default::default(),
-            prefetch: config.prefetch,
-            prefetcher: prefetch::PrefetchState::default(),
-            scan: ScanState::default(),
-            info,
-            next_fh: AtomicU64::new(1),
-            files: Mutex::new(Default::default()),
-            dirs: Mutex::new(Default::default()),
-            orders: Mutex::new(Default::default()),
-            hints: crate::jobs::HintBudget::new(config.hint_limits),
             callers: Default::default(),
+            scan: ScanState {
+                room: config.metadata_room,
+                ..Default::default()
+            },
+            info,
             invalidator: std::sync::OnceLock::new(),
             stale_in_kernel: Default::default(),
-            metadata_room: config.metadata_room,
-            metadata_warned: AtomicBool::new(false),
             fast_open: config.fast_open,
-            owner: config.owner_uid,
             _io: io,
         })
     }
@@ -377,7 +344,7 @@ impl DatasetFs {
 
     /// The credentials to act with for `caller`.
     fn creds(&self, caller: Caller) -> Creds {
-        self.callers.get(caller, self.stats.now())
+        self.callers.get(caller, self.ledger.now())
     }
 
     fn rel_path(&self, ino: NodeId) -> Result<PathBuf, FsError> {
@@ -411,13 +378,10 @@ impl DatasetFs {
                 }
             }
         }
-        let _ = self
-            .prefetcher
-            .disk_order
-            .set(self.ns.files_in_inode_order());
+        let disk_order = self.ns.files_in_inode_order();
         self.ns.shrink();
         self.scan.complete.store(true, Ordering::Release);
-        self.wake_prefetcher();
+        self.prefetcher.scanned(disk_order);
         tracing::info!(
             "scan complete: {} files, {}",
             self.scan.files.load(Ordering::Relaxed),
@@ -428,11 +392,11 @@ impl DatasetFs {
     /// Warns (once) when the node table grows past the room the budget left it: the daemon
     /// is then on its way past its memory (cgroup) limit, and the kernel would kill it.
     fn check_metadata_room(&self) {
-        let Some(room) = self.metadata_room else {
+        let Some(room) = self.scan.room else {
             return;
         };
         let used = self.ns.memory() as u64;
-        if used > room && !self.metadata_warned.swap(true, Ordering::Relaxed) {
+        if used > room && !self.scan.over_room.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 "the node table of {} entries holds {}, more than the {} that --cache-size and \
                  --prefetch-memory leave of the daemon's memory; the kernel may kill the \
@@ -446,7 +410,7 @@ impl DatasetFs {
 
     /// True once the node table outgrew the room the budget left it (and the daemon said so).
     pub fn metadata_over_room(&self) -> bool {
-        self.metadata_warned.load(Ordering::Relaxed)
+        self.scan.over_room.load(Ordering::Relaxed)
     }
 
     /// The dataset's file count, once the scan is complete.
@@ -460,7 +424,7 @@ impl DatasetFs {
     /// Finds `name` in directory `parent` for `caller`: a fresh `lstat` of the source,
     /// reached with the caller's search permission on every directory on the way.
     pub fn lookup(&self, parent: NodeId, name: &OsStr, caller: Caller) -> Result<Entry, FsError> {
-        if parent == ROOT && name == control::ORDER_FILE {
+        if parent == ROOT && name == order::ORDER_FILE {
             return Ok(Entry {
                 attr: self.control_attr(),
             });
@@ -487,7 +451,7 @@ impl DatasetFs {
     /// The attributes of node `ino`, from a fresh `lstat` of the source: the kernel asks
     /// when those it cached are older than `--metadata-ttl`.
     pub fn getattr(&self, ino: NodeId) -> Result<Attr, FsError> {
-        if ino == control::ORDER_INO {
+        if ino == order::ORDER_INO {
             return Ok(self.control_attr());
         }
         let rel = self.rel_path(ino)?;
@@ -501,7 +465,7 @@ impl DatasetFs {
 
     /// The attributes the node table holds for node `ino`.
     fn attr(&self, ino: NodeId) -> Result<Attr, FsError> {
-        if ino == control::ORDER_INO {
+        if ino == order::ORDER_INO {
             return Ok(self.control_attr());
         }
         self.ns.info(ino).map(|i| i.attr).ok_or(FsError::NotFound)
@@ -524,7 +488,9 @@ impl DatasetFs {
         self.open_file(ino, flags, caller, Access::Counted)
     }
 
-    /// [`DatasetFs::open`], accounted as `access` says.
+    /// [`DatasetFs::open`], accounted as `access` says. The steps: refuse writes, open the
+    /// source file as the caller, count the access (taking the blocks the prefetcher staged),
+    /// tell the prefetcher, choose how the kernel may cache the file, enter the handle.
     pub(crate) fn open_file(
         &self,
         ino: NodeId,
@@ -532,7 +498,7 @@ impl DatasetFs {
         caller: Caller,
         access: Access,
     ) -> Result<Opened, FsError> {
-        if ino == control::ORDER_INO {
+        if ino == order::ORDER_INO {
             return self.open_order(flags, caller);
         }
         if flags & libc::O_ACCMODE != libc::O_RDONLY
@@ -540,15 +506,91 @@ impl DatasetFs {
         {
             return Err(FsError::ReadOnly);
         }
+        let opened = self.open_source(ino, caller)?;
+        let now = self.ledger.now();
+        let hit = self.tiers.memory.holds_file(&opened.meta.version);
+        let job = self.jobs.get(caller.pid, caller.uid, now);
+        let counted = match access {
+            Access::Counted => self.count_access(&job, &opened, hit, caller, now),
+            Access::Silent => self.silent_access(&job),
+        };
+        let SourceOpen {
+            rel,
+            file,
+            meta,
+            file_id,
+            changed,
+        } = opened;
+        if access == Access::Counted {
+            self.prefetcher
+                .on_open(&job, counted.step, counted.staged, hit);
+        }
+        let (keep_cache, direct_io, watch) = match access {
+            Access::Counted => self.kernel_caching(file_id, hit, changed),
+            Access::Silent => (true, false, None),
+        };
+        let fh = self.handles.next_fh();
+        tracing::debug!(
+            "open {} fh {fh} by {} (pid {}): {} (epoch {}, job epoch {}, {:?})",
+            rel.display(),
+            counted.job_key,
+            caller.pid,
+            if hit {
+                "hit"
+            } else if counted.staged {
+                "staged"
+            } else {
+                "miss"
+            },
+            counted.epoch,
+            counted.job_epoch,
+            counted.step
+        );
+        let handle = FileHandle {
+            rel: Arc::from(rel),
+            version: meta.version,
+            file,
+            counted_at_open: AtomicBool::new(hit),
+            att: Attribution {
+                epoch: counted.epoch,
+                job,
+                job_epoch: counted.job_epoch,
+            },
+            job_key: counted.job_key,
+            // A re-read within the epoch, or a second look right after it ended; not a read
+            // that may be the new epoch's first of the file.
+            same_access: access == Access::Silent
+                || matches!(counted.step, Some(Step::Repeat | Step::Trailing)),
+            held: Mutex::new(Held {
+                claimed: counted.claimed,
+                last: None,
+            }),
+            watch,
+            ino,
+            changed_while_open: AtomicBool::new(false),
+            silent: access == Access::Silent,
+        };
+        self.handles.insert_file(fh, handle);
+        Ok(Opened {
+            fh,
+            keep_cache,
+            direct_io,
+            changed: changed && access == Access::Counted,
+            flush: false,
+        })
+    }
+
+    /// Opens the source file of node `ino` as `caller`: the source checks modes, ACLs and
+    /// every directory's search permission now, whatever the kernel's cached attributes said.
+    /// If the file changed since the kernel was told, the kernel is told to forget what it
+    /// cached.
+    fn open_source(&self, ino: NodeId, caller: Caller) -> Result<SourceOpen, FsError> {
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind == Kind::Dir {
             return Err(FsError::IsDir);
         }
         let rel = self.rel_path(ino)?;
-        // Opened as the caller: the source checks modes, ACLs and every directory's search
-        // permission now, whatever the kernel's cached attributes said.
-        let creds = self.creds(caller);
-        let (file, meta) = match self.source.open_file(&rel, &creds) {
+        let (file, meta) = match self.source.open_file(&rel, &self.creds(caller)) {
             Ok(opened) => opened,
             Err(e) => {
                 // A refused open may be the first sign of a chmod. The node learns it (so
@@ -569,174 +611,108 @@ impl DatasetFs {
         if changed && let Some(invalidate) = self.invalidator.get() {
             invalidate(ino);
         }
-        let version = meta.version;
-        let size = version.size;
-        let now = self.stats.now();
+        Ok(SourceOpen {
+            rel,
+            file,
+            meta,
+            file_id: info.file_id,
+            changed,
+        })
+    }
 
-        let hit = self.cache.holds_file(&version);
-        let total = self.dataset_files();
-        let job = self.jobs.get(caller.pid, caller.uid, now);
-        if access == Access::Silent {
-            let (job_key, job_epoch) = {
-                let j = job.lock();
-                (j.key, j.epoch())
-            };
-            let epoch = self.stats.epochs.lock().tracker().epoch();
-            return Ok(self.new_handle(FileHandle {
-                rel: Arc::from(rel),
-                version,
-                file,
-                counted_at_open: AtomicBool::new(hit),
-                epoch,
-                job,
-                job_key,
-                job_epoch,
-                same_access: true,
-                held: Mutex::default(),
-                watch: None,
-                ino,
-                changed_while_open: AtomicBool::new(false),
-                silent: true,
-            }));
-        }
-        // The job's lock is held from taking the staged blocks to counting the access: of two
-        // opens of a file by one job (a check and a decode, two workers sharing it), the one
-        // its epoch counts first takes them, and the other finds them among the recent blocks.
+    /// Counts an open of a source file as `job`'s access at `now`. The job's lock is held
+    /// from taking the file's staged blocks to counting the access: of two opens of a file
+    /// by one job (a check and a decode, two workers sharing it), the one its epoch counts
+    /// first takes them, and the other finds them among the recent blocks.
+    fn count_access(
+        &self,
+        job: &Arc<Mutex<Job>>,
+        opened: &SourceOpen,
+        hit: bool,
+        caller: Caller,
+        now: f64,
+    ) -> Counted {
+        let version = opened.meta.version;
         let mut j = job.lock();
         let job_key = j.key;
         // The prefetcher's blocks of this file are now this open's.
         let claimed = if hit {
             Vec::new()
         } else {
-            self.claim_staged(&version, job_key)
+            self.prefetcher.claim(&opened.rel, &version, job_key)
         };
-        let staged = !claimed.is_empty() && claimed.len() as u64 == self.cache.block_count(size);
-        let (job_epoch, step) = match info.file_id {
-            Some(file) => {
-                j.last_access = now;
-                let (job_epoch, step) = j.log.open(file, caller.pid, hit, size, total, now);
-                if staged {
-                    j.log.update(job_epoch, |r| r.staging_hits += 1);
-                }
-                (job_epoch, Some(step))
-            }
-            None => (j.epoch(), None),
+        let blocks = self.tiers.memory.blocks().count(version.size);
+        let opening = Opening {
+            file: opened.file_id,
+            pid: caller.pid,
+            hit,
+            staged: !claimed.is_empty() && claimed.len() as u64 == blocks,
+            size: version.size,
+            total: self.dataset_files(),
+            now,
         };
-        let turned = matches!(step, Some(Step::Completed | Step::Restarted { .. }));
-        if turned {
+        let (job_epoch, step) = self.ledger.open_in_job(&mut j, &opening);
+        if step.is_some_and(Step::began_epoch) {
             j.epoch_changed();
         }
-        let current = j.epoch();
         drop(j);
-        if turned {
-            self.staging_after_epoch(&job, job_key, current);
-            self.wake_prefetcher();
-        }
-
-        let counters = &self.stats.counters;
-        Counters::add(&counters.reads, 1);
-        if hit {
-            Counters::add(&counters.hits, 1);
-            Counters::add(&counters.bytes_from_cache, size);
-        } else {
-            Counters::add(&counters.misses, 1);
-        }
-        if staged {
-            Counters::add(&counters.staging_hits, 1);
-        }
-        let mut log = self.stats.epochs.lock();
-        let epoch = match info.file_id {
-            Some(file) => log.open(file, caller.pid, hit, size, total, now).0,
-            None => log.tracker().epoch(),
-        };
-        if staged {
-            log.update(epoch, |r| r.staging_hits += 1);
-        }
-        drop(log);
-        // A re-read within the epoch, or a second look right after it ended; not a read that
-        // may be the new epoch's first of the file.
-        let same_access = matches!(step, Some(Step::Repeat | Step::Trailing));
-        // A staged hit freed room: refill it now. A miss may leave the prefetcher work (and
-        // it should see a job become active). A hit changes nothing it plans from, and
-        // waking a thread per open costs CPU that a hot epoch needs.
-        if staged {
-            self.refill_staging(&job);
-        } else if !hit {
-            self.wake_prefetcher();
-        }
-
-        let (keep_cache, direct_io, watch) = match self.cache.config().policy {
-            PolicyKind::None => (!changed, false, None),
-            PolicyKind::MinIo | PolicyKind::Lru => {
-                let (keep, watch) = match info.file_id {
-                    Some(file) if hit && !changed => self.kernel.open(file),
-                    _ => (false, None),
-                };
-                (keep, !keep, watch)
-            }
-        };
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            "open {} fh {fh} by {job_key} (pid {}): {} (epoch {epoch}, job epoch {job_epoch}, {step:?})",
-            rel.display(),
-            caller.pid,
-            if hit {
-                "hit"
-            } else if staged {
-                "staged"
-            } else {
-                "miss"
-            }
-        );
-        let handle = FileHandle {
-            rel: Arc::from(rel),
-            version,
-            file,
-            counted_at_open: AtomicBool::new(hit),
-            epoch,
-            job,
+        Counted {
+            epoch: self.ledger.open_in_dataset(&opening),
             job_key,
             job_epoch,
-            same_access,
-            held: Mutex::new(Held {
-                claimed,
-                last: None,
-            }),
-            watch,
-            ino,
-            changed_while_open: AtomicBool::new(false),
-            silent: false,
-        };
-        self.files.lock().insert(fh, Arc::new(handle));
-        Ok(Opened {
-            fh,
-            keep_cache,
-            direct_io,
-            changed,
-            flush: false,
-        })
+            step,
+            staged: opening.staged,
+            claimed,
+        }
     }
 
-    /// Enters an open file of no kernel open (see [`Access::Silent`]) in the handle table.
-    fn new_handle(&self, handle: FileHandle) -> Opened {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files.lock().insert(fh, Arc::new(handle));
-        Opened {
-            fh,
-            keep_cache: true,
-            direct_io: false,
-            changed: false,
-            flush: false,
+    /// An open of no access of its own (see [`Access::Silent`]): its reads count in the
+    /// epochs current now.
+    fn silent_access(&self, job: &Arc<Mutex<Job>>) -> Counted {
+        let (job_key, job_epoch) = {
+            let j = job.lock();
+            (j.key, j.epoch())
+        };
+        Counted {
+            epoch: self.ledger.epoch(),
+            job_key,
+            job_epoch,
+            step: None,
+            staged: false,
+            claimed: Vec::new(),
         }
+    }
+
+    /// How the kernel may cache an open of `file`: `(keep_cache, direct_io, watch)` (see the
+    /// module header).
+    fn kernel_caching(
+        &self,
+        file: Option<FileId>,
+        hit: bool,
+        changed: bool,
+    ) -> (bool, bool, Option<kernel_cache::Watch>) {
+        if !self.tiers.memory.caches() {
+            return (!changed, false, None);
+        }
+        let (keep, watch) = match file {
+            Some(file) if hit && !changed => self.kernel.open(file),
+            _ => (false, None),
+        };
+        (keep, !keep, watch)
+    }
+
+    /// Starts the prefetch thread (see [`crate::prefetch`]).
+    pub fn start_prefetcher(&self) -> std::io::Result<()> {
+        self.prefetcher.start()
     }
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: u64) {
-        let handle = self.files.lock().remove(&fh);
+        let handle = self.handles.remove_file(fh);
         match handle.as_ref().map(|h| &h.watch) {
             Some(Some(watch)) => self.kernel.closed(watch),
             Some(None) => {}
-            None => self.release_order(fh),
+            None => self.orders.release(fh),
         }
     }
 
@@ -752,14 +728,11 @@ impl DatasetFs {
             .list_dir(&self.rel_path(ino)?, &self.creds(caller))
             .map_err(source_error)?;
         let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let handle = DirHandle {
+        Ok(self.handles.add_dir(DirHandle {
             node: ino,
             parent,
             listing,
-        };
-        self.dirs.lock().insert(fh, Arc::new(handle));
-        Ok(fh)
+        }))
     }
 
     /// Lists directory `fh` from `offset`, handing entries to `add` until it returns true
@@ -771,12 +744,7 @@ impl DatasetFs {
         plus: bool,
         mut add: impl FnMut(DirEntryOut<'_>) -> bool,
     ) -> Result<(), FsError> {
-        let dir = self
-            .dirs
-            .lock()
-            .get(&fh)
-            .cloned()
-            .ok_or(FsError::BadHandle)?;
+        let dir = self.handles.dir(fh).ok_or(FsError::BadHandle)?;
         // Offsets 1 and 2 follow "." and ".."; entry i of the snapshot ends at offset i + 3.
         let dots: [(&OsStr, NodeId); 2] =
             [(OsStr::new("."), dir.node), (OsStr::new(".."), dir.parent)];
@@ -840,7 +808,7 @@ impl DatasetFs {
 
     /// Closes directory `fh`.
     pub fn releasedir(&self, fh: u64) {
-        self.dirs.lock().remove(&fh);
+        self.handles.remove_dir(fh);
     }
 
     /// Capacity of the filesystem holding the source.
@@ -882,11 +850,13 @@ impl DatasetFs {
 
     /// Every stat, now.
     pub fn snapshot(&self) -> Snapshot {
-        let c = &self.stats.counters;
-        let cc = &self.cache.counters;
+        let stats = self.ledger.stats();
+        let c = &stats.counters;
+        let cache = &self.tiers.memory;
+        let cc = &cache.counters;
         let reads = Counters::get(&c.reads);
         let hits = Counters::get(&c.hits);
-        let epochs = self.stats.epochs.lock();
+        let epochs = stats.epochs.lock();
         let value = |stat: Stat| -> Value {
             match stat {
                 Stat::Reads => Value::Count(reads),
@@ -899,23 +869,24 @@ impl DatasetFs {
                 }),
                 Stat::BytesFromCache => Value::Count(Counters::get(&c.bytes_from_cache)),
                 Stat::BytesFromSource => Value::Count(Counters::get(&c.bytes_from_source)),
-                Stat::CachedBytes => Value::Count(self.cache.cached_bytes()),
-                Stat::CachedFiles => Value::Count(self.cache.cached_files()),
-                Stat::CachedBlocks => Value::Count(self.cache.cached_blocks()),
-                Stat::CacheUsed => Value::Count(self.cache.used()),
-                Stat::CacheCapacity => Value::Count(self.cache.config().capacity),
+                Stat::CachedBytes => Value::Count(cache.cached_bytes()),
+                Stat::CachedFiles => Value::Count(cache.cached_files()),
+                Stat::CachedBlocks => Value::Count(cache.cached_blocks()),
+                Stat::CacheUsed => Value::Count(cache.used()),
+                Stat::CacheCapacity => Value::Count(cache.config().capacity),
                 Stat::MetadataBytes => Value::Count(self.ns.memory() as u64),
                 Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
                 Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
                 Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
+                Stat::TierErrors => Value::Count(Counters::get(&c.tier_errors)),
                 Stat::FetchStallSeconds => {
                     Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6)
                 }
                 Stat::StagingHits => Value::Count(Counters::get(&c.staging_hits)),
                 Stat::PrefetchedBlocks => Value::Count(Counters::get(&c.prefetched_blocks)),
                 Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
-                Stat::StagingBytes => Value::Count(self.staging.bytes()),
-                Stat::PrefetchMemory => Value::Count(self.staging.capacity()),
+                Stat::StagingBytes => Value::Count(self.prefetcher.staging_bytes()),
+                Stat::PrefetchMemory => Value::Count(self.prefetcher.staging_capacity()),
                 Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),
                 Stat::KernelRefills => Value::Count(self.kernel.refills()),
                 Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
@@ -927,7 +898,7 @@ impl DatasetFs {
                     Value::Count(self.scan.complete.load(Ordering::Acquire) as u64)
                 }
                 Stat::Epoch => Value::Count(epochs.tracker().epoch()),
-                Stat::UptimeSeconds => Value::Count(self.stats.now() as u64),
+                Stat::UptimeSeconds => Value::Count(stats.now() as u64),
                 Stat::Pid => Value::Count(std::process::id() as u64),
             }
         };
@@ -938,13 +909,13 @@ impl DatasetFs {
             values,
             info: self.info.clone(),
             epochs: records,
-            jobs: serde_json::to_value(self.jobs.summaries(self.stats.now())).unwrap_or_default(),
+            jobs: serde_json::to_value(self.jobs.summaries(stats.now())).unwrap_or_default(),
         }
     }
 
     /// The value of extended attribute `name` of node `ino`.
     pub fn getxattr(&self, ino: NodeId, name: &OsStr) -> Result<Vec<u8>, FsError> {
-        if ino == control::ORDER_INO {
+        if ino == order::ORDER_INO {
             return Err(FsError::NoAttr);
         }
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
@@ -968,7 +939,8 @@ impl DatasetFs {
         }
         if info.attr.kind == Kind::File && name == stats::CACHED_XATTR {
             return Ok(self
-                .cache
+                .tiers
+                .memory
                 .cached_bytes_of(&info.version)
                 .to_string()
                 .into_bytes());
@@ -978,7 +950,7 @@ impl DatasetFs {
 
     /// The names of the extended attributes of node `ino`, each followed by a NUL.
     pub fn listxattr(&self, ino: NodeId) -> Result<Vec<u8>, FsError> {
-        if ino == control::ORDER_INO {
+        if ino == order::ORDER_INO {
             return Ok(Vec::new());
         }
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;

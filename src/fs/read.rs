@@ -1,8 +1,11 @@
-//! The read path: serve from the cache on the FUSE thread, fetch the rest off it.
+//! The read path: serve from the tiers on the FUSE thread, fetch the rest off it.
 //!
-//! A read inside one block (every read of a small file, and aligned reads of large ones) is
-//! answered with a slice of the cached block, or of the fetched one when the fetch ends. A
-//! read across blocks is assembled from its parts.
+//! Each block of a read is looked up along the chain ([`crate::tier`]): the cache, the
+//! blocks the open file holds, the staging area, the recent blocks (for a re-read); a miss
+//! of all of them is one fetch ([`crate::tier::fetch`]), merged with any fetch of the block
+//! already in flight. A read inside one block (every read of a small file, and aligned reads
+//! of large ones) is answered with a slice of the block found, or of the fetched one when the
+//! fetch ends. A read across blocks is assembled from its parts.
 //!
 //! # A file that changes while it is open
 //! Every read first asks the open source file (`fstat` of the descriptor the open made, as
@@ -25,12 +28,13 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, control};
-use crate::cache::{BlockKey, CachedBytes};
-use crate::fetch::{Account, Block, FetchKind, FetchResult};
+use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, order};
+use crate::block::Block;
+use crate::cache::CachedBytes;
 use crate::namespace::NodeId;
 use crate::source::{read_open_file, stat_fd};
-use crate::stats::Counters;
+use crate::tier::fetch::{FetchResult, Report};
+use crate::tier::{Found, Tier, look_up};
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
 enum Local<'a> {
@@ -85,7 +89,7 @@ impl DatasetFs {
         caller: Caller,
         done: ReadDone,
     ) {
-        if ino == control::ORDER_INO {
+        if ino == order::ORDER_INO {
             return done(Err(FsError::NotSupported));
         }
         let access = if offset == 0 {
@@ -105,7 +109,7 @@ impl DatasetFs {
     /// Reads `size` bytes at `offset` of open file `fh`; `done` receives the bytes, on this
     /// thread if they are at hand, else on an I/O thread when the fetch ends.
     pub fn read(&self, fh: u64, offset: u64, size: u32, done: ReadDone) {
-        let Some(h) = self.files.lock().get(&fh).cloned() else {
+        let Some(h) = self.handles.file(fh) else {
             return done(Err(FsError::BadHandle));
         };
         if let Some(watch) = &h.watch {
@@ -121,7 +125,7 @@ impl DatasetFs {
             return done(Ok(&[]));
         }
         let end = (offset + size as u64).min(file_size);
-        let bs = self.cache.block_size();
+        let bs = self.tiers.memory.blocks().get();
         let whole = file_size <= bs;
         let block_of = |pos: u64| if whole { 0 } else { pos / bs };
         let block_start = |b: u64| if whole { 0 } else { b * bs };
@@ -190,46 +194,50 @@ impl DatasetFs {
         let mut buf = vec![0; size as usize];
         match read_open_file(&h.file, offset, &mut buf) {
             Ok(n) => {
-                Counters::add(&self.stats.counters.bytes_from_source, n as u64);
-                h.update_epochs(&self.stats, |r| r.bytes_from_source += n as u64);
+                self.ledger.read_directly(&h.att, n as u64);
                 done(Ok(&buf[..n]))
             }
             Err(e) => done(Err(FsError::Source(e))),
         }
     }
 
-    /// Block `block` of the handle's file if it is at hand: in the cache, held by the
-    /// handle, staged by the prefetcher (a prefetch that was in flight when the file was
-    /// opened may have landed since), or, for an open that re-reads what its job read
-    /// moments ago, read then (see [`crate::cache::recent`]). A cache hit through a handle
-    /// whose open was a miss counts `served` bytes as coming from the cache.
+    /// Block `block` of the handle's file if a tier on this thread holds it: the cache, the
+    /// handle itself, the staging area (a prefetch that was in flight when the file was
+    /// opened may have landed since), or, for an open that re-reads what its job read moments
+    /// ago, the recent blocks (see [`crate::tier::recent`]). A cache hit through a handle whose
+    /// open was a miss counts `served` bytes as coming from the cache.
     fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
-        let key = BlockKey {
-            version: h.version,
-            block,
-        };
-        if let Some(bytes) = self.cache.get(&key) {
+        let want = h.want(block);
+        let errors = &self.ledger.stats().counters.tier_errors;
+        let tiers = &self.tiers;
+        if let Some(Found::Lent(bytes)) = look_up([&*tiers.memory as &dyn Tier], &want, errors) {
             if !h.counted_at_open.load(Ordering::Relaxed) {
-                Counters::add(&self.stats.counters.bytes_from_cache, served);
-                h.update_epochs(&self.stats, |r| r.bytes_from_cache += served);
+                self.ledger.served_from_cache(&h.att, served);
             }
             return Some(Local::Cached(bytes));
         }
+        // Held from here to the end: of two reads of one block, the second finds what the
+        // first took.
         let mut held = h.held.lock();
         if let Some(data) = held.get(block) {
             return Some(Local::Fetched(data));
         }
-        if self.staging.contains(&key) {
-            held.claimed
-                .extend(self.claim_staged(&h.version, h.job_key));
-            return held.get(block).map(Local::Fetched);
+        match look_up(
+            [&*tiers.staging as &dyn Tier, &*tiers.recent],
+            &want,
+            errors,
+        )? {
+            Found::File(claimed) => {
+                tiers.took_from_staging(&want, &claimed);
+                held.claimed.extend(claimed);
+                held.get(block).map(Local::Fetched)
+            }
+            Found::Block(data) => {
+                held.claimed.push((block, data.clone()));
+                Some(Local::Fetched(data))
+            }
+            Found::Lent(bytes) => Some(Local::Cached(bytes)),
         }
-        if !h.same_access {
-            return None;
-        }
-        let data = self.recent.get(&key)?;
-        held.claimed.push((block, data.clone()));
-        Some(Local::Fetched(data))
     }
 
     /// Fetches block `block` of the handle's file for `waiter`, attributing the bytes read
@@ -244,40 +252,29 @@ impl DatasetFs {
     ) {
         if !h.silent && h.counted_at_open.swap(false, Ordering::Relaxed) {
             tracing::debug!("{}: the hit at open became a miss", h.rel.display());
-            let c = &self.stats.counters;
-            c.hits.fetch_sub(1, Ordering::Relaxed);
-            Counters::add(&c.misses, 1);
-            c.bytes_from_cache
-                .fetch_sub(h.version.size, Ordering::Relaxed);
-            let size = h.version.size;
-            h.update_epochs(&self.stats, |r| r.hit_became_miss(size));
+            self.ledger.hit_became_miss(&h.att, h.version.size);
         }
-        let key = BlockKey {
-            version: h.version,
-            block,
-        };
-        let stats = self.stats.clone();
+        let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
         let accounted = h.clone();
-        let account: Account = Box::new(move |n| {
-            accounted.update_epochs(&stats, |r| r.bytes_from_source += n);
+        let report: Report = Box::new(move |fetched| {
+            prefetcher.record(fetched);
+            if let Some(n) = fetched.bytes {
+                ledger.fetched_for(&accounted.att, n);
+            }
         });
-        let handle = h.clone();
-        let stats = self.stats.clone();
-        let staging = self.staging.clone();
-        let (cache, recent) = (self.cache.clone(), self.recent.clone());
-        let prefetcher = self.prefetcher.signals();
-        let fetcher = self.fetcher.clone();
+        let (handle, tiers) = (h.clone(), self.tiers.clone());
+        let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
         let started = Instant::now();
-        let block_size = self.cache.block_size();
-        let block_len = self.cache.block_len(h.version.size, block);
-        self.fetcher.fetch(
+        let blocks = tiers.memory.blocks();
+        let block_len = blocks.len(h.version.size, block);
+        self.tiers.fetcher.fetch(
             h.rel.clone(),
-            key,
+            &h.want(block),
             Box::new(move |r| {
                 // The path names another file now (or none); the open one is unchanged.
                 let r = match r {
                     Err(libc::ESTALE) | Err(libc::ENOENT) => {
-                        read_from_open_file(&handle, block * block_size, block_len as usize)
+                        read_from_open_file(&handle, blocks.offset(block), block_len as usize)
                     }
                     other => other,
                 };
@@ -287,23 +284,17 @@ impl DatasetFs {
                     // If this read joined a prefetch of the block, the bytes are read now:
                     // the staged copy would be wasted. They are kept a moment, as the
                     // fetcher keeps what a demand read fetched (a re-open finds them).
-                    if !cache.contains(&key) {
-                        recent.put(key, buf);
+                    let want = handle.want(block);
+                    if !tiers.memory.contains(&want.key) {
+                        tiers.recent.admit(&want, buf);
                     }
-                    staging.discard(&key, handle.job_key);
+                    tiers.staging.remove(&want);
                 }
-                Counters::add(&stats.counters.fetch_stall_us, waited.as_micros() as u64);
-                let secs = waited.as_secs_f64();
-                handle.update_epochs(&stats, |r| r.fetch_stall_seconds += secs);
+                ledger.stalled(&handle.att, waited);
                 waiter(r);
-                // The storage may be idle now: on bandwidth-bound storage, that is when the
-                // prefetcher may read. Otherwise the wake-up would only cost CPU.
-                if fetcher.prefetch_allowed() > 0 {
-                    prefetcher.wake();
-                }
+                prefetcher.on_fetch_done();
             }),
-            Some(account),
-            FetchKind::Demand,
+            report,
         );
     }
 }

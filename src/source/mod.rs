@@ -16,7 +16,7 @@
 //!
 //! When coorfs manages the memory (`drop_pages`), bytes read from storage must not linger in
 //! the source's page cache: that cache is LRU, and the memory belongs to coorfs's cache. A
-//! read then uses `O_DIRECT` into the fetcher's page-aligned block ([`crate::fetch::Block`]):
+//! read then uses `O_DIRECT` into the fetcher's page-aligned block ([`crate::block::Block`]):
 //! the storage writes straight into the block, with no page-cache copy to allocate, charge to
 //! the daemon's memory cgroup, copy out of and drop again. Measured in the setup of
 //! `scripts/bench-frameworks.sh` (where every allocation of page cache meets the cgroup's
@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::fetch::ALIGN;
+use crate::block::ALIGN;
 use crate::namespace::{Attr, FileVersion, Kind, SourceMeta};
 use beneath::Beneath;
 pub use creds::{Creds, as_user};
@@ -280,7 +280,7 @@ impl DatasetSource for LocalSource {
             }
             let kind = match entry.file_type() {
                 rustix::fs::FileType::Unknown => None,
-                t => Some(kind_from_mode(t.as_raw_mode())),
+                t => Some(Kind::from_mode(t.as_raw_mode())),
             };
             names.push((OsStr::from_bytes(name).to_os_string(), kind));
         }
@@ -446,19 +446,6 @@ pub fn open_for_read(path: &Path) -> io::Result<File> {
     }
 }
 
-/// The kind of a file mode's type bits.
-pub fn kind_from_mode(mode: u32) -> Kind {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => Kind::Dir,
-        libc::S_IFLNK => Kind::Symlink,
-        libc::S_IFIFO => Kind::Fifo,
-        libc::S_IFSOCK => Kind::Socket,
-        libc::S_IFCHR => Kind::CharDevice,
-        libc::S_IFBLK => Kind::BlockDevice,
-        _ => Kind::File,
-    }
-}
-
 fn time(secs: i64, nsecs: i64) -> SystemTime {
     let nsecs = nsecs.clamp(0, 999_999_999) as u32;
     if secs >= 0 {
@@ -498,7 +485,7 @@ pub fn meta_from_statx(st: &Statx) -> SourceMeta {
             atime: t(&st.stx_atime),
             mtime: t(&st.stx_mtime),
             ctime: t(&st.stx_ctime),
-            kind: kind_from_mode(mode),
+            kind: Kind::from_mode(mode),
             perm: (mode & 0o7777) as u16,
             nlink: st.stx_nlink,
             uid: st.stx_uid,
@@ -666,7 +653,7 @@ mod tests {
             .metadata(Path::new(rel), &Creds::DAEMON)
             .unwrap()
             .version;
-        let mut block = crate::fetch::Block::zeroed(len).unwrap();
+        let mut block = crate::block::Block::zeroed(len).unwrap();
         let n = src
             .read_block(Path::new(rel), &v, offset, block.whole_mut())
             .unwrap();

@@ -19,7 +19,12 @@
 //! pass over what it read: re-reads moments apart are one access; see [`crate::epoch`]),
 //! per-epoch records, and the job's order hint. A job with no access for `idle_timeout` is
 //! forgotten; its last records are kept, bounded, for `stats`. (Its staging area is released
-//! long before, once it has not read for a few seconds: see [`crate::fs`]'s prefetcher.)
+//! long before, once it has not read for a few seconds: see [`crate::prefetch`].)
+//!
+//! What every access, byte and prefetch counts for, in the mount's, the dataset's and the
+//! job's books, is decided in one place: [`ledger`].
+
+pub mod ledger;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -221,6 +226,16 @@ impl Drop for HintCharge {
     }
 }
 
+/// True if a job that has read `read` distinct files in its epoch, of a dataset of `total`,
+/// reads the whole dataset every epoch as far as its reads show: one of its epochs read
+/// (99% of) every file (`covered`), or this one read clearly more than half of them. A shard
+/// of two ranks reads half, rounded up, and at the start of its next epoch it may read a few
+/// files more (new ones) before its re-reads show that a new pass began: never
+/// [`crate::epoch::SPAN`] of them.
+pub fn reads_the_dataset(read: usize, total: usize, covered: bool) -> bool {
+    covered || read > total.div_ceil(2) + crate::epoch::SPAN as usize
+}
+
 /// One job's state.
 #[derive(Debug)]
 pub struct Job {
@@ -284,7 +299,7 @@ impl Job {
         let read_then = fetched_for + 1 == self.epoch() && t.read_in_last_epoch(file);
         if self.epoch() != fetched_for
             && !read_then
-            && crate::prefetch::reads_the_dataset(t.last_epoch_files(), total, t.covered_dataset())
+            && reads_the_dataset(t.last_epoch_files(), total, t.covered_dataset())
         {
             self.epoch()
         } else {

@@ -15,14 +15,18 @@
 //! from the source (or the staging area), so every uncached file is read from the source
 //! exactly once an epoch. Bounded in blocks and
 //! bytes, so it holds what a few dozen workers have just read and is no second cache.
+//!
+//! As a tier it answers only re-reads ([`Why::Reread`]) and keeps what readers read (from
+//! the source, or taken from the staging area), never a prefetcher's guesses.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::BlockKey;
-use crate::fetch::Block;
+use super::{Found, Tier, TierError, Want, Why};
+use crate::block::Block;
+use crate::cache::BlockKey;
 
 /// Blocks held: one file in flight for each of 64 readers (a DataLoader's workers, the
 /// threads of tf.data) with room to spare.
@@ -58,11 +62,12 @@ impl RecentBlocks {
         }
     }
 
-    /// Keeps `data` as block `key`, pushing out the oldest blocks past the bounds.
-    pub fn put(&self, key: BlockKey, data: &Arc<Block>) {
+    /// Keeps `data` as block `key`, pushing out the oldest blocks past the bounds. Returns
+    /// false if it cannot keep it (disabled, or larger than the bound).
+    pub fn put(&self, key: BlockKey, data: &Arc<Block>) -> bool {
         let size = data.footprint();
         if !self.enabled || size > RECENT_BYTES {
-            return;
+            return false;
         }
         let mut inner = self.inner.lock();
         inner.puts += 1;
@@ -88,6 +93,7 @@ impl RecentBlocks {
             let Inner { blocks, order, .. } = &mut *inner;
             order.retain(|(k, when)| blocks.get(k).is_some_and(|b| b.1 == *when));
         }
+        true
     }
 
     /// Block `key`, if it was read moments ago.
@@ -98,6 +104,14 @@ impl RecentBlocks {
         self.inner.lock().blocks.get(key).map(|b| b.0.clone())
     }
 
+    /// Forgets block `key`.
+    pub fn remove(&self, key: &BlockKey) {
+        let mut inner = self.inner.lock();
+        if let Some((b, _)) = inner.blocks.remove(key) {
+            inner.bytes -= b.footprint().min(inner.bytes);
+        }
+    }
+
     /// Memory held.
     #[cfg(test)]
     pub fn bytes(&self) -> u64 {
@@ -105,22 +119,33 @@ impl RecentBlocks {
     }
 }
 
+impl Tier for RecentBlocks {
+    fn name(&self) -> &'static str {
+        "recent"
+    }
+
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+        if want.why != Why::Reread {
+            return Ok(None);
+        }
+        Ok(RecentBlocks::get(self, &want.key).map(Found::Block))
+    }
+
+    fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool {
+        want.why != Why::Prefetch && self.put(want.key, data)
+    }
+
+    fn remove(&self, want: &Want<'_>) {
+        RecentBlocks::remove(self, &want.key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::namespace::FileVersion;
 
     fn key(ino: u64) -> BlockKey {
-        BlockKey {
-            version: FileVersion {
-                dev: 1,
-                ino,
-                size: 100,
-                mtime_ns: 0,
-                ctime_ns: 0,
-            },
-            block: 0,
-        }
+        crate::tier::tests::key(ino, 100, 0)
     }
 
     #[test]
@@ -159,5 +184,22 @@ mod tests {
         let off = RecentBlocks::new(false);
         off.put(key(1), &small);
         assert!(off.get(&key(1)).is_none());
+    }
+
+    #[test]
+    fn as_a_tier_it_keeps_what_readers_read_and_serves_re_reads_only() {
+        use crate::tier::tests::want;
+        let r = RecentBlocks::new(true);
+        let data = Arc::new(Block::copy_of(&[3; 100]).unwrap());
+        let (read, reread) = (want(1, 100, 0, Why::Read), want(1, 100, 0, Why::Reread));
+        assert!(!r.admit(&want(1, 100, 0, Why::Prefetch), &data));
+        assert!(Tier::get(&r, &reread).unwrap().is_none());
+        assert!(r.admit(&read, &data));
+        assert!(Tier::get(&r, &read).unwrap().is_none(), "a first read");
+        assert!(matches!(Tier::get(&r, &reread), Ok(Some(Found::Block(b))) if b[0] == 3));
+        Tier::remove(&r, &read);
+        assert!(Tier::get(&r, &reread).unwrap().is_none());
+        assert_eq!(r.bytes(), 0);
+        assert!(!RecentBlocks::new(false).admit(&read, &data), "disabled");
     }
 }

@@ -34,13 +34,16 @@
 //! A rejected hint changes nothing: the job keeps its previous hint (or none), and reads are
 //! served as before.
 
+use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::time::SystemTime;
 
+use parking_lot::Mutex;
+
 use super::{Caller, DatasetFs, FsError, Opened};
-use crate::jobs::{HintCharge, JobKeyKind};
+use crate::jobs::ledger::Ledger;
+use crate::jobs::{HintBudget, HintCharge, HintLimits};
 use crate::namespace::{Attr, FileId, Kind, NodeId, ROOT};
-use crate::stats::Counters;
 
 /// The name of the order file in the mount root.
 pub const ORDER_FILE: &str = ".coorfs-order";
@@ -54,7 +57,7 @@ const MAX_BYTES_PER_FILE: u64 = 128;
 
 /// An open order file: what has been written so far.
 #[derive(Debug)]
-pub(super) struct OrderWriter {
+struct OrderWriter {
     buf: Vec<u8>,
     /// The hint memory `buf` holds.
     charge: HintCharge,
@@ -76,6 +79,167 @@ impl OrderWriter {
         self.buf = Vec::new();
         self.charge.resize(0);
         self.refused = Some(errno);
+    }
+}
+
+/// The open order files of a mount, and the memory hints may hold.
+#[derive(Debug)]
+pub(super) struct OrderFiles {
+    writers: Mutex<HashMap<u64, OrderWriter>>,
+    hints: HintBudget,
+    /// Under `--job-key none` (one job for everybody) a hint would steer everyone's prefetch:
+    /// only `owner`, the uid that mounted, and root may hint.
+    one_job: bool,
+    owner: u32,
+}
+
+impl OrderFiles {
+    /// No order file open yet; hints bounded by `limits`.
+    pub fn new(limits: HintLimits, one_job: bool, owner: u32) -> Self {
+        OrderFiles {
+            writers: Mutex::default(),
+            hints: HintBudget::new(limits),
+            one_job,
+            owner,
+        }
+    }
+
+    /// The order file's attributes, with the times of a root modified at `time`.
+    pub fn attr(time: SystemTime) -> Attr {
+        Attr {
+            ino: ORDER_INO,
+            size: 0,
+            blocks: 0,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            kind: Kind::File,
+            perm: 0o222,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 1 << 20,
+        }
+    }
+
+    /// Opens the order file as `fh` for `caller`; only for writing.
+    pub fn open(&self, fh: u64, flags: i32, caller: Caller) -> Result<Opened, FsError> {
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            return Err(FsError::Access);
+        }
+        if self.one_job && caller.uid != 0 && caller.uid != self.owner {
+            return Err(FsError::Access);
+        }
+        self.writers.lock().insert(
+            fh,
+            OrderWriter {
+                buf: Vec::new(),
+                charge: self.hints.charge(caller.uid),
+                caller,
+                dirty: false,
+                writer: None,
+                refused: None,
+            },
+        );
+        Ok(Opened {
+            fh,
+            keep_cache: false,
+            // Direct I/O: nothing to cache, and the kernel sends the writer's lock owner
+            // with each write only in this mode (see `flush`).
+            direct_io: true,
+            changed: false,
+            flush: true,
+        })
+    }
+
+    /// Writes `data` at `offset` of open order file `fh`, for the writing process `owner`
+    /// (its lock owner, if the kernel sent one). A hint past `limit` bytes or past its
+    /// writer's share of the hint memory is refused, and counted in `ledger`.
+    pub fn write(
+        &self,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        owner: Option<u64>,
+        limit: u64,
+        ledger: &Ledger,
+    ) -> Result<u32, FsError> {
+        let mut writers = self.writers.lock();
+        let w = writers.get_mut(&fh).ok_or(FsError::BadHandle)?;
+        if let Some(errno) = w.refused {
+            return Err(FsError::from_errno(errno));
+        }
+        let end = offset.saturating_add(data.len() as u64);
+        if end > limit {
+            let pid = w.caller.pid;
+            w.refuse(libc::EFBIG);
+            drop(writers);
+            ledger.hint(false);
+            tracing::warn!("order hint of pid {pid} rejected: more than {limit} bytes");
+            return Err(FsError::TooLarge);
+        }
+        // The kernel may split one write(2) into requests that two FUSE threads serve in
+        // either order, so each lands at its offset.
+        let (start, end) = (offset as usize, end as usize);
+        if w.buf.len() < end {
+            // Charged by capacity, which doubling growth may make up to twice the length.
+            let capacity = match w.buf.capacity() {
+                c if c >= end => c,
+                c => end.max(c * 2),
+            };
+            if !w.charge.resize(capacity as u64) {
+                let uid = w.caller.uid;
+                w.refuse(libc::EDQUOT);
+                drop(writers);
+                ledger.hint(false);
+                tracing::warn!("order hint rejected: {}", HintError::OverBudget { uid });
+                return Err(HintError::OverBudget { uid }.into());
+            }
+            w.buf.reserve_exact(capacity - w.buf.len());
+            w.buf.resize(end, 0);
+        }
+        w.buf[start..end].copy_from_slice(data);
+        w.dirty = true;
+        w.writer = owner;
+        Ok(data.len() as u32)
+    }
+
+    /// At a close of order file `fh` by process `owner`: the hint to apply, with its writer,
+    /// if `owner` wrote it and wrote since the last close (see [`DatasetFs::flush`]).
+    pub fn flush(&self, fh: u64, owner: u64) -> Result<Option<(Vec<u8>, Caller)>, FsError> {
+        let mut writers = self.writers.lock();
+        let Some(w) = writers.get_mut(&fh) else {
+            return Ok(None);
+        };
+        if let Some(errno) = w.refused {
+            return Err(FsError::from_errno(errno));
+        }
+        if !w.dirty || w.writer.is_some_and(|writer| writer != owner) {
+            return Ok(None);
+        }
+        w.dirty = false;
+        // The hint is applied now: its bytes are done with (the order it becomes is
+        // charged on its own).
+        w.charge.resize(0);
+        Ok(Some((std::mem::take(&mut w.buf), w.caller)))
+    }
+
+    /// Charges an accepted order of `files` files to its writer `uid`, for as long as the job
+    /// keeps it.
+    pub fn charge_order(&self, uid: u32, files: usize) -> Result<HintCharge, HintError> {
+        let mut charge = self.hints.charge(uid);
+        let bytes = (files * std::mem::size_of::<FileId>()) as u64;
+        if charge.resize(bytes) {
+            Ok(charge)
+        } else {
+            Err(HintError::OverBudget { uid })
+        }
+    }
+
+    /// Closes order file `fh`.
+    pub fn release(&self, fh: u64) {
+        self.writers.lock().remove(&fh);
     }
 }
 
@@ -154,61 +318,12 @@ impl DatasetFs {
     /// The order file's attributes.
     pub(super) fn control_attr(&self) -> Attr {
         let root = self.ns.info(ROOT).map(|i| i.attr);
-        let time = root.map_or(SystemTime::UNIX_EPOCH, |a| a.mtime);
-        Attr {
-            ino: ORDER_INO,
-            size: 0,
-            blocks: 0,
-            atime: time,
-            mtime: time,
-            ctime: time,
-            kind: Kind::File,
-            perm: 0o222,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: 1 << 20,
-        }
+        OrderFiles::attr(root.map_or(SystemTime::UNIX_EPOCH, |a| a.mtime))
     }
 
     /// Opens the order file; only for writing.
     pub(super) fn open_order(&self, flags: i32, caller: Caller) -> Result<Opened, FsError> {
-        if flags & libc::O_ACCMODE == libc::O_RDONLY {
-            return Err(FsError::Access);
-        }
-        // One job for everybody: a hint would steer everyone's prefetch.
-        if self.jobs.config().key == JobKeyKind::None && caller.uid != 0 && caller.uid != self.owner
-        {
-            return Err(FsError::Access);
-        }
-        let fh = self
-            .next_fh
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.orders.lock().insert(
-            fh,
-            OrderWriter {
-                buf: Vec::new(),
-                charge: self.hints.charge(caller.uid),
-                caller,
-                dirty: false,
-                writer: None,
-                refused: None,
-            },
-        );
-        Ok(Opened {
-            fh,
-            keep_cache: false,
-            // Direct I/O: nothing to cache, and the kernel sends the writer's lock owner
-            // with each write only in this mode (see `flush`).
-            direct_io: true,
-            changed: false,
-            flush: true,
-        })
-    }
-
-    fn max_order_bytes(&self) -> u64 {
-        MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64
+        self.orders.open(self.handles.next_fh(), flags, caller)
     }
 
     /// Writes to node `ino`: only the order file takes writes, in sequence. `owner` is the
@@ -227,45 +342,9 @@ impl DatasetFs {
         if self.fast_open {
             return Err(FsError::NotSupported);
         }
-        let mut orders = self.orders.lock();
-        let w = orders.get_mut(&fh).ok_or(FsError::BadHandle)?;
-        if let Some(errno) = w.refused {
-            return Err(FsError::from_errno(errno));
-        }
-        let limit = self.max_order_bytes();
-        let end = offset.saturating_add(data.len() as u64);
-        if end > limit {
-            let pid = w.caller.pid;
-            w.refuse(libc::EFBIG);
-            drop(orders);
-            Counters::add(&self.stats.counters.hints_rejected, 1);
-            tracing::warn!("order hint of pid {pid} rejected: more than {limit} bytes");
-            return Err(FsError::TooLarge);
-        }
-        // The kernel may split one write(2) into requests that two FUSE threads serve in
-        // either order, so each lands at its offset.
-        let (start, end) = (offset as usize, end as usize);
-        if w.buf.len() < end {
-            // Charged by capacity, which doubling growth may make up to twice the length.
-            let capacity = match w.buf.capacity() {
-                c if c >= end => c,
-                c => end.max(c * 2),
-            };
-            if !w.charge.resize(capacity as u64) {
-                let uid = w.caller.uid;
-                w.refuse(libc::EDQUOT);
-                drop(orders);
-                Counters::add(&self.stats.counters.hints_rejected, 1);
-                tracing::warn!("order hint rejected: {}", HintError::OverBudget { uid });
-                return Err(HintError::OverBudget { uid }.into());
-            }
-            w.buf.reserve_exact(capacity - w.buf.len());
-            w.buf.resize(end, 0);
-        }
-        w.buf[start..end].copy_from_slice(data);
-        w.dirty = true;
-        w.writer = owner;
-        Ok(data.len() as u32)
+        let limit = MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64;
+        self.orders
+            .write(fh, offset, data, owner, limit, &self.ledger)
     }
 
     /// Truncates node `ino` (only the order file can be, to nothing).
@@ -291,34 +370,14 @@ impl DatasetFs {
         if ino != ORDER_INO {
             return Ok(());
         }
-        let (buf, caller) = {
-            let mut orders = self.orders.lock();
-            let Some(w) = orders.get_mut(&fh) else {
-                return Ok(());
-            };
-            if let Some(errno) = w.refused {
-                return Err(FsError::from_errno(errno));
-            }
-            if !w.dirty || w.writer.is_some_and(|writer| writer != owner) {
-                return Ok(());
-            }
-            w.dirty = false;
-            // The hint is applied now: its bytes are done with (the order it becomes is
-            // charged on its own below).
-            w.charge.resize(0);
-            (std::mem::take(&mut w.buf), w.caller)
+        let Some((buf, caller)) = self.orders.flush(fh, owner)? else {
+            return Ok(());
         };
         let result = self.resolve_order(&buf, caller).and_then(|order| {
-            // The accepted order is charged to its writer for as long as the job keeps it.
-            let mut charge = self.hints.charge(caller.uid);
-            let bytes = (order.len() * std::mem::size_of::<FileId>()) as u64;
-            if charge.resize(bytes) {
-                Ok((order, charge))
-            } else {
-                Err(HintError::OverBudget { uid: caller.uid })
-            }
+            let charge = self.orders.charge_order(caller.uid, order.len())?;
+            Ok((order, charge))
         });
-        let now = self.stats.now();
+        let now = self.ledger.now();
         let job = self.jobs.get(caller.pid, caller.uid, now);
         let mut j = job.lock();
         match result {
@@ -332,22 +391,17 @@ impl DatasetFs {
                 j.set_hint(order, charge);
                 j.last_access = now;
                 drop(j);
-                Counters::add(&self.stats.counters.hints_accepted, 1);
-                self.wake_prefetcher();
+                self.ledger.hint(true);
+                self.prefetcher.wake();
                 Ok(())
             }
             Err(e) => {
                 tracing::warn!("{}: order hint rejected: {e}", j.key);
                 drop(j);
-                Counters::add(&self.stats.counters.hints_rejected, 1);
+                self.ledger.hint(false);
                 Err(e.into())
             }
         }
-    }
-
-    /// Closes an open of the order file.
-    pub fn release_order(&self, fh: u64) {
-        self.orders.lock().remove(&fh);
     }
 
     /// The file ids of a hint's paths, in order, if `caller` may read every one of them.

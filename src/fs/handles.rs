@@ -1,0 +1,161 @@
+//! The handle table: what the kernel's file handles stand for.
+//!
+//! An open file ([`FileHandle`]) carries everything its reads need without asking anyone:
+//! the version it opened (the cache key), the source descriptor opened as the caller, the
+//! epochs its reads count in ([`Attribution`]), and the blocks it holds outside the cache
+//! ([`Held`]). An open directory carries the listing taken at `opendir`. Handle numbers are
+//! unique across files, directories and the order file, from one counter.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::kernel_cache;
+use crate::block::Block;
+use crate::cache::BlockKey;
+use crate::jobs::JobKey;
+use crate::jobs::ledger::Attribution;
+use crate::namespace::{FileVersion, NodeId};
+use crate::source::Listing;
+use crate::tier::{Want, Why};
+
+/// Blocks an open file holds outside the cache: the reader's own tier, between the cache
+/// and the staging area (see [`crate::tier`]).
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// Blocks the prefetcher staged for this file, claimed by this open, or taken from the
+    /// blocks read moments ago; freed at close.
+    pub claimed: Vec<(u64, Arc<Block>)>,
+    /// The last block fetched for this handle, so that small reads through a block the
+    /// cache did not admit do not fetch it again.
+    pub last: Option<(u64, Arc<Block>)>,
+}
+
+impl Held {
+    pub fn get(&self, block: u64) -> Option<Arc<Block>> {
+        self.claimed
+            .iter()
+            .chain(self.last.iter())
+            .find(|(b, _)| *b == block)
+            .map(|(_, data)| data.clone())
+    }
+}
+
+/// An open file.
+#[derive(Debug)]
+pub(super) struct FileHandle {
+    pub rel: Arc<Path>,
+    pub version: FileVersion,
+    /// The source file as opened for the caller (with the caller's credentials). Reads
+    /// check it for changes made while the file is open, and read it directly when the path
+    /// now names another file (replaced or removed), as a local open descriptor would.
+    pub file: std::fs::File,
+    /// The open was a hit and its bytes were counted then; reads count nothing more (unless
+    /// the file turns out to need the source after all, see `read.rs`).
+    pub counted_at_open: AtomicBool,
+    /// The epochs the open's reads count in.
+    pub att: Attribution,
+    pub job_key: JobKey,
+    /// This open re-reads what the job read moments ago: it is the same access and may take
+    /// the blocks read then (see [`crate::tier::recent`]).
+    pub same_access: bool,
+    pub held: Mutex<Held>,
+    /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
+    pub watch: Option<kernel_cache::Watch>,
+    /// The node opened, for invalidation.
+    pub ino: NodeId,
+    /// A read found the source file changed since the open.
+    pub changed_while_open: AtomicBool,
+    /// Opened for one read under `--fast-open` that is not the file's access (see
+    /// [`super::Access::Silent`]): it counts the bytes it moves, never a hit or a miss.
+    pub silent: bool,
+}
+
+impl FileHandle {
+    /// Block `block` of the file, wanted by this open's reader.
+    pub fn want(&self, block: u64) -> Want<'_> {
+        Want {
+            key: BlockKey {
+                version: self.version,
+                block,
+            },
+            rel: &self.rel,
+            job: self.job_key,
+            epoch: self.att.job_epoch,
+            why: if self.same_access {
+                Why::Reread
+            } else {
+                Why::Read
+            },
+        }
+    }
+}
+
+/// An open directory: a snapshot of its listing taken at `opendir`.
+#[derive(Debug)]
+pub(super) struct DirHandle {
+    pub node: NodeId,
+    pub parent: NodeId,
+    pub listing: Listing,
+}
+
+/// The open files and directories of a mount, by handle number.
+#[derive(Debug)]
+pub(super) struct HandleTable {
+    next: AtomicU64,
+    files: Mutex<HashMap<u64, Arc<FileHandle>>>,
+    dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
+}
+
+impl Default for HandleTable {
+    fn default() -> Self {
+        HandleTable {
+            // 0 is no handle at all to the kernel.
+            next: AtomicU64::new(1),
+            files: Mutex::default(),
+            dirs: Mutex::default(),
+        }
+    }
+}
+
+impl HandleTable {
+    /// A handle number no other open has.
+    pub fn next_fh(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Enters an open file as `fh` (from [`HandleTable::next_fh`]).
+    pub fn insert_file(&self, fh: u64, handle: FileHandle) {
+        self.files.lock().insert(fh, Arc::new(handle));
+    }
+
+    /// Open file `fh`.
+    pub fn file(&self, fh: u64) -> Option<Arc<FileHandle>> {
+        self.files.lock().get(&fh).cloned()
+    }
+
+    /// Closes open file `fh`; returns it if it was one.
+    pub fn remove_file(&self, fh: u64) -> Option<Arc<FileHandle>> {
+        self.files.lock().remove(&fh)
+    }
+
+    /// Enters an open directory; returns its handle.
+    pub fn add_dir(&self, handle: DirHandle) -> u64 {
+        let fh = self.next_fh();
+        self.dirs.lock().insert(fh, Arc::new(handle));
+        fh
+    }
+
+    /// Open directory `fh`.
+    pub fn dir(&self, fh: u64) -> Option<Arc<DirHandle>> {
+        self.dirs.lock().get(&fh).cloned()
+    }
+
+    /// Closes open directory `fh`.
+    pub fn remove_dir(&self, fh: u64) {
+        self.dirs.lock().remove(&fh);
+    }
+}

@@ -1,0 +1,319 @@
+//! The books: every access, byte, stall and prefetch counted in one place.
+//!
+//! Each event counts three times: in the mount's counters ([`Counters`]), in the dataset-wide
+//! epoch it happened in, and in the epoch of the job it happened for ([`Job`]'s log). The open
+//! that reads decides which epochs those are, and its reads count there even if an epoch ends
+//! meanwhile ([`Attribution`]). Bytes the prefetcher reads count in the epoch of the job it
+//! reads for that will read them ([`Job::staging_epoch`]), and move with the staged blocks
+//! when an epoch ends early.
+//!
+//! Locks: a job's lock and the dataset's epoch log are never held together here, so callers
+//! may hold a job's lock around [`Ledger::open_in_job`] (the open does, from taking the file's
+//! staged blocks to counting the access).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::Job;
+use crate::epoch::Step;
+use crate::namespace::FileId;
+use crate::stats::{Counters, EpochRecord, Stats};
+
+/// An open of a file, as the books see it.
+#[derive(Clone, Copy, Debug)]
+pub struct Opening {
+    /// The file's dense id (None for a file the scan has not seen).
+    pub file: Option<FileId>,
+    pub pid: u32,
+    /// Every byte of the file was cached.
+    pub hit: bool,
+    /// Every block of the file was staged by the prefetcher.
+    pub staged: bool,
+    pub size: u64,
+    /// The dataset's file count, once the scan is complete.
+    pub total: Option<usize>,
+    /// Seconds since the mount.
+    pub now: f64,
+}
+
+/// The epochs an open's reads count in: the dataset's and its job's, at the open.
+#[derive(Clone, Debug)]
+pub struct Attribution {
+    pub epoch: u64,
+    pub job: Arc<Mutex<Job>>,
+    pub job_epoch: u64,
+}
+
+/// The books of one mount.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    stats: Arc<Stats>,
+}
+
+impl Ledger {
+    /// Books kept in `stats`.
+    pub fn new(stats: Arc<Stats>) -> Self {
+        Ledger { stats }
+    }
+
+    /// The counters and the dataset's epochs, for the views and the tiers that count.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// Seconds since the mount.
+    pub fn now(&self) -> f64 {
+        self.stats.now()
+    }
+
+    /// The dataset-wide epoch now.
+    pub fn epoch(&self) -> u64 {
+        self.stats.epochs.lock().tracker().epoch()
+    }
+
+    /// Counts an open in its job `j` (whose lock the caller holds): returns the job's epoch
+    /// the access belongs to and what the access did to the job's epochs (None for a file
+    /// the scan has not seen).
+    pub fn open_in_job(&self, j: &mut Job, o: &Opening) -> (u64, Option<Step>) {
+        let Some(file) = o.file else {
+            return (j.epoch(), None);
+        };
+        j.last_access = o.now;
+        let (epoch, step) = j.log.open(file, o.pid, o.hit, o.size, o.total, o.now);
+        if o.staged {
+            j.log.update(epoch, |r| r.staging_hits += 1);
+        }
+        (epoch, Some(step))
+    }
+
+    /// Counts an open in the mount's counters and the dataset's epochs; returns the dataset's
+    /// epoch it belongs to.
+    pub fn open_in_dataset(&self, o: &Opening) -> u64 {
+        let counters = &self.stats.counters;
+        Counters::add(&counters.reads, 1);
+        if o.hit {
+            Counters::add(&counters.hits, 1);
+            Counters::add(&counters.bytes_from_cache, o.size);
+        } else {
+            Counters::add(&counters.misses, 1);
+        }
+        if o.staged {
+            Counters::add(&counters.staging_hits, 1);
+        }
+        let mut log = self.stats.epochs.lock();
+        let epoch = match o.file {
+            Some(file) => log.open(file, o.pid, o.hit, o.size, o.total, o.now).0,
+            None => log.tracker().epoch(),
+        };
+        if o.staged {
+            log.update(epoch, |r| r.staging_hits += 1);
+        }
+        epoch
+    }
+
+    /// `n` bytes served from the cache to an open that did not count them when it opened.
+    pub fn served_from_cache(&self, a: &Attribution, n: u64) {
+        Counters::add(&self.stats.counters.bytes_from_cache, n);
+        self.update(a, |r| r.bytes_from_cache += n);
+    }
+
+    /// An open counted as a hit of a file of `size` bytes needs the source after all (LRU
+    /// evicted part of the file since): it becomes a miss, so that hits never include reads
+    /// of the source.
+    pub fn hit_became_miss(&self, a: &Attribution, size: u64) {
+        let c = &self.stats.counters;
+        c.hits.fetch_sub(1, Ordering::Relaxed);
+        Counters::add(&c.misses, 1);
+        c.bytes_from_cache.fetch_sub(size, Ordering::Relaxed);
+        self.update(a, |r| r.hit_became_miss(size));
+    }
+
+    /// `n` bytes a fetch for an open read from the source (the source tier counted them for
+    /// the mount).
+    pub fn fetched_for(&self, a: &Attribution, n: u64) {
+        self.update(a, |r| r.bytes_from_source += n);
+    }
+
+    /// `n` bytes read straight from an open's descriptor (its file changed while open).
+    pub fn read_directly(&self, a: &Attribution, n: u64) {
+        Counters::add(&self.stats.counters.bytes_from_source, n);
+        self.update(a, |r| r.bytes_from_source += n);
+    }
+
+    /// An open's read waited `waited` for the source: the fetch stall.
+    pub fn stalled(&self, a: &Attribution, waited: Duration) {
+        Counters::add(
+            &self.stats.counters.fetch_stall_us,
+            waited.as_micros() as u64,
+        );
+        let secs = waited.as_secs_f64();
+        self.update(a, |r| r.fetch_stall_seconds += secs);
+    }
+
+    /// The prefetcher issued a fetch of a block.
+    pub fn prefetch_issued(&self) {
+        Counters::add(&self.stats.counters.prefetched_blocks, 1);
+    }
+
+    /// A prefetch for `job`'s epoch `epoch` of file `f` read `n` bytes: they count in the
+    /// dataset's epoch now and in the job's epoch that will read them, in a dataset of
+    /// `total` files.
+    pub fn prefetched(&self, job: &Mutex<Job>, epoch: u64, f: FileId, total: usize, n: u64) {
+        let mut log = self.stats.epochs.lock();
+        let current = log.tracker().epoch();
+        log.update(current, |r| r.bytes_from_source += n);
+        drop(log);
+        let mut j = job.lock();
+        let target = j.staging_epoch(epoch, f, total);
+        j.log.update(target, |r| r.bytes_from_source += n);
+    }
+
+    /// The prefetcher fetched blocks of a file for `job`'s epoch `epoch`.
+    pub fn prefetched_file(&self, job: &Mutex<Job>, epoch: u64) {
+        job.lock().log.update(epoch, |r| r.prefetched_files += 1);
+    }
+
+    /// `blocks` blocks staged for job `j`'s epoch `epoch` were dropped unread.
+    pub fn staging_unused(&self, j: &mut Job, epoch: u64, blocks: u64) {
+        Counters::add(&self.stats.counters.prefetched_unused, blocks);
+        j.log.update(epoch, |r| r.prefetched_unused += blocks);
+    }
+
+    /// Blocks of `files` files staged for job `j`'s epoch `from`, read with `read` bytes,
+    /// now wait for its epoch `to`: the bytes and files move with them.
+    pub fn staging_moved(&self, j: &mut Job, from: u64, to: u64, read: u64, files: u64) {
+        j.log.update(from, |r| {
+            r.bytes_from_source -= read.min(r.bytes_from_source);
+            r.prefetched_files -= files.min(r.prefetched_files);
+        });
+        j.log.update(to, |r| {
+            r.bytes_from_source += read;
+            r.prefetched_files += files;
+        });
+    }
+
+    /// An order hint was accepted or rejected.
+    pub fn hint(&self, accepted: bool) {
+        let c = &self.stats.counters;
+        Counters::add(
+            if accepted {
+                &c.hints_accepted
+            } else {
+                &c.hints_rejected
+            },
+            1,
+        );
+    }
+
+    /// Applies `change` to the records of the dataset epoch and the job epoch of an open.
+    fn update(&self, a: &Attribution, change: impl Fn(&mut EpochRecord)) {
+        self.stats.epochs.lock().update(a.epoch, &change);
+        a.job.lock().log.update(a.job_epoch, &change);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::{JobConfig, Jobs};
+
+    fn opening(file: FileId, hit: bool, staged: bool) -> Opening {
+        Opening {
+            file: Some(file),
+            pid: 7,
+            hit,
+            staged,
+            size: 100,
+            total: Some(4),
+            now: 1.0,
+        }
+    }
+
+    fn record(job: &Mutex<Job>, epoch: u64) -> EpochRecord {
+        let j = job.lock();
+        j.log
+            .records()
+            .iter()
+            .find(|r| r.epoch == epoch)
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn an_open_and_its_reads_count_in_the_mount_the_dataset_and_the_job() {
+        let ledger = Ledger::default();
+        let job = Jobs::new(JobConfig::default()).get(7, 0, 0.0);
+        let mut att = Vec::new();
+        for (file, hit, staged) in [(0, true, false), (1, false, true), (2, false, false)] {
+            let o = opening(file, hit, staged);
+            let (job_epoch, step) = ledger.open_in_job(&mut job.lock(), &o);
+            assert_eq!((job_epoch, step), (1, Some(Step::First)));
+            let epoch = ledger.open_in_dataset(&o);
+            att.push(Attribution {
+                epoch,
+                job: job.clone(),
+                job_epoch,
+            });
+        }
+        ledger.served_from_cache(&att[1], 40);
+        ledger.fetched_for(&att[2], 100);
+        ledger.read_directly(&att[2], 5);
+        ledger.stalled(&att[2], Duration::from_millis(3));
+        ledger.hit_became_miss(&att[0], 100);
+        let c = &ledger.stats().counters;
+        let got = [
+            Counters::get(&c.reads),
+            Counters::get(&c.hits),
+            Counters::get(&c.misses),
+            Counters::get(&c.staging_hits),
+            Counters::get(&c.bytes_from_cache),
+            Counters::get(&c.bytes_from_source),
+            Counters::get(&c.fetch_stall_us),
+        ];
+        assert_eq!(got, [3, 0, 3, 1, 40, 5, 3000]);
+        let r = record(&job, 1);
+        assert_eq!((r.reads, r.hits, r.misses, r.staging_hits), (3, 0, 3, 1));
+        assert_eq!((r.bytes_from_cache, r.bytes_from_source), (40, 105));
+        let d = ledger.stats().epochs.lock().records()[0].clone();
+        assert_eq!((d.reads, d.misses, d.bytes_from_source), (3, 3, 105));
+    }
+
+    #[test]
+    fn staged_bytes_move_with_their_blocks_and_unused_ones_are_counted() {
+        let ledger = Ledger::default();
+        let job = Jobs::new(JobConfig::default()).get(7, 0, 0.0);
+        // Epoch 1 reads both files of a dataset of two; epoch 2 begins.
+        for file in [0, 1] {
+            let o = Opening {
+                total: Some(2),
+                ..opening(file, false, false)
+            };
+            ledger.open_in_job(&mut job.lock(), &o);
+        }
+        assert_eq!(job.lock().epoch(), 2);
+        ledger.prefetched(&job, 1, 1, 2, 100);
+        ledger.prefetched_file(&job, 1);
+        ledger.staging_moved(&mut job.lock(), 1, 2, 60, 1);
+        let (r1, r2) = (record(&job, 1), record(&job, 2));
+        // Prefetched for epoch 1, which read the file after all: its bytes counted there.
+        assert_eq!((r1.bytes_from_source, r1.prefetched_files), (40, 0));
+        assert_eq!((r2.bytes_from_source, r2.prefetched_files), (60, 1));
+        ledger.staging_unused(&mut job.lock(), 2, 3);
+        assert_eq!(record(&job, 2).prefetched_unused, 3);
+        let c = &ledger.stats().counters;
+        assert_eq!(Counters::get(&c.prefetched_unused), 3);
+        ledger.prefetch_issued();
+        ledger.hint(true);
+        ledger.hint(false);
+        ledger.hint(false);
+        let got = [
+            Counters::get(&c.prefetched_blocks),
+            Counters::get(&c.hints_accepted),
+            Counters::get(&c.hints_rejected),
+        ];
+        assert_eq!(got, [1, 1, 2]);
+    }
+}

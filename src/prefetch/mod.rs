@@ -1,0 +1,540 @@
+//! Epoch-aware prefetch: fetch what each job will read next, into the staging area.
+//!
+//! The files a job has not read yet in its epoch will all be read before the epoch ends
+//! (CoorDL, VLDB 2021). Prefetching from that remaining set wastes no I/O: every
+//! staged byte is read by the job this epoch. With a staging area of S files and U uncached
+//! files, a random order still turns about S(1 + ln(U/S)) misses per epoch into hits, and
+//! the prefetcher reads in on-disk (inode) order with a deep queue, which storage likes.
+//! With an order hint (NoPFS) the prefetcher follows the job's order exactly and every
+//! uncached file can be staged before the job asks for it.
+//!
+//! The [`Prefetcher`] owns what prefetch needs: the staging tier's budget and what it holds
+//! per job and epoch ([`crate::tier::staging`]), the signals that wake its thread, the
+//! dataset's on-disk order and the [`pacer`]. The filesystem tells it what happens: an open
+//! ([`Prefetcher::on_open`]; [`Prefetcher::claim`] takes the file's staged blocks), a fetch
+//! that ended ([`Prefetcher::on_fetch_done`], [`Prefetcher::record`]), the scan that
+//! completed ([`Prefetcher::scanned`]). Whom to prefetch for and what next is pure
+//! ([`plan`]).
+//!
+//! One thread wakes when something changed or every 50 ms, and for each job active in the
+//! last few seconds issues fetches until `--prefetch-depth` are in flight or the staging
+//! area is full. What to fetch comes from the job's order hint if it gave one for this epoch,
+//! else from the dataset in inode order (on-disk order on ext4/XFS), skipping what the job
+//! has read (or may have read) this epoch, what is cached, staged or already being fetched
+//! ([`plan::next_candidates`]). Without a hint, a job is prefetched only while its reads say
+//! that it reads the whole dataset and its epoch is under way
+//! ([`plan::may_prefetch_remaining`]): never for a glance, never for a shard.
+//!
+//! A job that has not opened a file for [`ACTIVE_SECS`] gets no prefetch, and what it staged
+//! is released then, counted as unused: it stopped (between runs, validating, gone), and its
+//! staging area would otherwise sit until `--job-idle-timeout` forgets it. When a job's epoch
+//! ends, what it staged for it and did not read moves to the new epoch if the job reads the
+//! whole dataset (it will read those files in the new one), and is released as unused if not.
+//!
+//! A cache policy that never evicts (MinIO) may admit prefetched blocks while it has room (a
+//! guess cannot push anything out); one that evicts (LRU) gets them only when they are read
+//! ([`crate::cache::policy::CachePolicy::admits_prefetch`]). The rest waits in the staging
+//! area until its job opens the file.
+
+pub mod pacer;
+pub mod plan;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::block::Block;
+use crate::cache::BlockKey;
+use crate::epoch::Step;
+use crate::jobs::ledger::Ledger;
+use crate::jobs::{Job, JobKey, Jobs, reads_the_dataset};
+use crate::namespace::{FileId, FileVersion, Namespace};
+use crate::tier::fetch::{Fetched, Report};
+use crate::tier::{Tier, Tiers, Want, Why};
+use pacer::Pacer;
+use plan::{may_prefetch_remaining, next_candidates};
+
+/// How the prefetcher runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefetchConfig {
+    pub enabled: bool,
+    /// Bytes the staging area may hold, in flight included.
+    pub memory: u64,
+    /// Prefetch fetches in flight at once.
+    pub depth: usize,
+}
+
+impl Default for PrefetchConfig {
+    fn default() -> Self {
+        PrefetchConfig {
+            enabled: true,
+            // Enough for ~2,400 ImageNet-sized files: past the point where the remaining-set
+            // gain S(1 + ln(U/S)) flattens for caches of a few GiB, small beside the cache.
+            memory: 256 << 20,
+            // A deep queue for network storage (16 x 2 ms round trips ~ 8,000 files/s) that a
+            // local disk also serves well.
+            depth: 16,
+        }
+    }
+}
+
+impl PrefetchConfig {
+    /// The staging area's budget in bytes: nothing without prefetch.
+    pub fn staging_bytes(&self) -> u64 {
+        if self.enabled { self.memory } else { 0 }
+    }
+}
+
+/// A job that has not opened a file for this long gets no prefetch and its staging area is
+/// released: it is between runs, validating, or gone, and what it staged would sit unread.
+/// Longer than a DataLoader takes to start the next epoch's workers.
+pub const ACTIVE_SECS: f64 = 5.0;
+
+/// The staging area's size while the storage is bandwidth-bound: a few files, to fill the
+/// storage's idle moments without running ahead of the reader (see [`Pacer`]).
+const NARROW_STAGING: u64 = 2 << 20;
+
+/// How long the loop sleeps when nothing wakes it.
+const TICK: Duration = Duration::from_millis(50);
+
+/// What wakes the loop, and the prefetches in flight.
+#[derive(Debug, Default)]
+struct Signals {
+    inflight: AtomicUsize,
+    woken: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Signals {
+    fn wake(&self) {
+        *self.woken.lock() = true;
+        self.wake.notify_one();
+    }
+}
+
+/// The prefetcher of one mount.
+pub struct Prefetcher {
+    config: PrefetchConfig,
+    tiers: Tiers,
+    ns: Arc<Namespace>,
+    jobs: Arc<Jobs>,
+    ledger: Arc<Ledger>,
+    /// Every file id in inode order, set when the scan completes.
+    disk_order: OnceLock<Vec<FileId>>,
+    signals: Arc<Signals>,
+    /// Learns from every read how deep a queue the storage takes; None without prefetch,
+    /// which is all it paces.
+    pacer: Option<Mutex<Pacer>>,
+}
+
+impl std::fmt::Debug for Prefetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefetcher")
+            .field("config", &self.config)
+            .field("staging", &self.tiers.staging)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prefetcher {
+    /// A prefetcher that fetches through `tiers` into their staging area for the `jobs`
+    /// reading the files of `ns`, counting in `ledger`. Its thread starts with
+    /// [`Prefetcher::start`].
+    pub fn new(
+        config: PrefetchConfig,
+        tiers: Tiers,
+        ns: Arc<Namespace>,
+        jobs: Arc<Jobs>,
+        ledger: Arc<Ledger>,
+    ) -> Self {
+        Prefetcher {
+            pacer: config.enabled.then(|| Mutex::new(Pacer::new(config.depth))),
+            config,
+            tiers,
+            ns,
+            jobs,
+            ledger,
+            disk_order: OnceLock::new(),
+            signals: Arc::default(),
+        }
+    }
+
+    /// Starts the prefetch thread. It holds the prefetcher weakly and ends when it is gone.
+    pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        let weak: Weak<Prefetcher> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("coorfs-prefetch".into())
+            .spawn(move || {
+                loop {
+                    let Some(prefetcher) = weak.upgrade() else {
+                        break;
+                    };
+                    prefetcher.round();
+                    let signals = prefetcher.signals.clone();
+                    drop(prefetcher);
+                    let mut woken = signals.woken.lock();
+                    if !*woken {
+                        signals.wake.wait_for(&mut woken, TICK);
+                    }
+                    *woken = false;
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Wakes the loop: something it plans from has changed.
+    pub fn wake(&self) {
+        self.signals.wake();
+    }
+
+    /// The scan of the source completed: `disk_order` is every file id in inode order.
+    pub fn scanned(&self, disk_order: Vec<FileId>) {
+        let _ = self.disk_order.set(disk_order);
+        self.wake();
+    }
+
+    /// Takes the staged blocks of file `version` (at `rel`) for an open by `job` (see
+    /// [`crate::tier::staging::Staging::claim`]), and offers them to the tiers that keep
+    /// what is read ([`Tiers::took_from_staging`]).
+    pub fn claim(&self, rel: &Path, version: &FileVersion, job: JobKey) -> Vec<(u64, Arc<Block>)> {
+        if !self.config.enabled {
+            return Vec::new();
+        }
+        let claimed = self.tiers.staging.claim(version, job);
+        let want = Want {
+            key: BlockKey {
+                version: *version,
+                block: 0,
+            },
+            rel,
+            job,
+            epoch: 0,
+            why: Why::Claimed,
+        };
+        self.tiers.took_from_staging(&want, &claimed);
+        claimed
+    }
+
+    /// `job` opened a file: the access did `step` to its epoch (None for a file the scan has
+    /// not seen), the file was wholly `staged` by the prefetcher, or a `hit` in the cache.
+    pub fn on_open(
+        self: &Arc<Self>,
+        job: &Arc<Mutex<Job>>,
+        step: Option<Step>,
+        staged: bool,
+        hit: bool,
+    ) {
+        if step.is_some_and(Step::began_epoch) {
+            let (key, current) = {
+                let j = job.lock();
+                (j.key, j.epoch())
+            };
+            self.after_epoch(job, key, current);
+            self.wake();
+        }
+        // A staged hit freed room: refill it now, on this thread. Waiting for the prefetch
+        // thread to wake would leave the storage idle for that long after every staged hit
+        // once the staging area is full (measured: 10% of a bandwidth-bound epoch). A miss
+        // may leave the prefetcher work (and it should see a job become active). A hit
+        // changes nothing it plans from, and waking a thread per open costs CPU that a hot
+        // epoch needs.
+        if staged {
+            if let Some(disk_order) = self.disk_order.get() {
+                self.prefetch_for(job, disk_order);
+            }
+        } else if !hit {
+            self.wake();
+        }
+    }
+
+    /// A fetch ended (any fetch, by the caller that started it): the pacer learns from it.
+    pub fn record(&self, fetched: &Fetched) {
+        let Some(pacer) = &self.pacer else {
+            return;
+        };
+        let mut pacer = pacer.lock();
+        let before = pacer.window();
+        pacer.record(fetched.took.as_secs_f64(), fetched.crowd);
+        if pacer.window() != before {
+            tracing::debug!(
+                "prefetch window {} -> {} ({})",
+                before,
+                pacer.window(),
+                pacer.describe()
+            );
+        }
+    }
+
+    /// A reader's fetch ended and its reader has its bytes. The storage may be idle now: on
+    /// bandwidth-bound storage, that is when the prefetcher may read. Otherwise the wake-up
+    /// would only cost CPU.
+    pub fn on_fetch_done(&self) {
+        if self.allowed() > 0 {
+            self.wake();
+        }
+    }
+
+    /// Bytes staged or reserved now.
+    pub fn staging_bytes(&self) -> u64 {
+        self.tiers.staging.bytes()
+    }
+
+    /// The staging area's budget.
+    pub fn staging_capacity(&self) -> u64 {
+        self.tiers.staging.capacity()
+    }
+
+    /// True once the storage was judged bandwidth-bound (see [`Pacer`]).
+    fn bandwidth_bound(&self) -> bool {
+        self.pacer
+            .as_ref()
+            .is_some_and(|p| p.lock().bandwidth_bound())
+    }
+
+    /// Prefetch reads that may be in flight now: what the pacer allows beside the readers'
+    /// reads in flight (none without prefetch).
+    fn allowed(&self) -> usize {
+        let demand = self.tiers.fetcher.demand_in_flight();
+        self.pacer.as_ref().map_or(0, |p| p.lock().allowed(demand))
+    }
+
+    /// The files in the dataset, for the rules (0 until the scan completes).
+    fn total(&self) -> usize {
+        self.disk_order.get().map_or(0, |o| o.len())
+    }
+
+    /// `job`'s epoch turned to `current`. What it staged for the epochs before moves to the
+    /// new one if the job reads the whole dataset (it will read those files in this epoch),
+    /// with the bytes read for them; otherwise it is dropped and counted as unused.
+    fn after_epoch(&self, job: &Arc<Mutex<Job>>, key: JobKey, current: u64) {
+        let keep = {
+            let j = job.lock();
+            let t = j.log.tracker();
+            reads_the_dataset(t.last_epoch_files(), self.total(), t.covered_dataset())
+        };
+        if !keep {
+            return self.drop_unused(job, key, current);
+        }
+        let moved = self.tiers.staging.retag_before(key, current);
+        if moved.is_empty() {
+            return;
+        }
+        let mut j = job.lock();
+        for (epoch, m) in moved {
+            self.ledger
+                .staging_moved(&mut j, epoch, current, m.read, m.files);
+            tracing::debug!(
+                "{key}: {} staged blocks of epoch {epoch} kept for epoch {current}",
+                m.blocks
+            );
+        }
+    }
+
+    /// Drops what `job` staged for epochs before `current` and counts it as unused.
+    fn drop_unused(&self, job: &Arc<Mutex<Job>>, key: JobKey, current: u64) {
+        let dropped = self.tiers.staging.drop_before(key, current);
+        if dropped.is_empty() {
+            return;
+        }
+        let mut j = job.lock();
+        for (epoch, d) in dropped {
+            self.ledger.staging_unused(&mut j, epoch, d.blocks);
+            tracing::debug!("{key}: {} staged blocks of epoch {epoch} unused", d.blocks);
+        }
+    }
+
+    /// One pass: forget idle jobs, then fetch ahead for every active one.
+    fn round(self: &Arc<Self>) {
+        let now = self.ledger.now();
+        for job in self.jobs.expire(now) {
+            let key = job.lock().key;
+            self.drop_unused(&job, key, u64::MAX);
+        }
+        if !self.config.enabled {
+            return;
+        }
+        let Some(disk_order) = self.disk_order.get() else {
+            return;
+        };
+        for job in self.jobs.live() {
+            let (idle, key) = {
+                let j = job.lock();
+                (now - j.last_access > ACTIVE_SECS, j.key)
+            };
+            if idle {
+                // Released, and again if a fetch in flight then lands.
+                if self.tiers.staging.held_by(key) > 0 {
+                    self.drop_unused(&job, key, u64::MAX);
+                }
+                continue;
+            }
+            self.prefetch_for(&job, disk_order);
+        }
+    }
+
+    /// Issues fetches for `job` until the queue or the staging area is full, or nothing is
+    /// left to fetch this epoch.
+    fn prefetch_for(self: &Arc<Self>, job: &Arc<Mutex<Job>>, disk_order: &[FileId]) {
+        loop {
+            let inflight = self.signals.inflight.load(Ordering::Relaxed);
+            let allowed = self.allowed();
+            if inflight >= allowed {
+                return;
+            }
+            let (key, epoch, picked) = {
+                let mut j = job.lock();
+                let hinted = j.active_order();
+                let t = j.log.tracker();
+                // Without an order for it, only what the job's reads say it will read: a
+                // glance, a shard, a job that stopped after its last epoch must not leave a
+                // staging area full of files nobody will read.
+                if hinted.is_none()
+                    && !may_prefetch_remaining(
+                        t.read_in_epoch(),
+                        disk_order.len(),
+                        t.covered_dataset(),
+                    )
+                {
+                    return;
+                }
+                let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
+                let (picked, cursor) =
+                    next_candidates(order, j.prefetch_cursor, allowed - inflight, |f| {
+                        !t.may_have_read(f) && self.worth_prefetching(f)
+                    });
+                j.prefetch_cursor = cursor;
+                (j.key, j.epoch(), picked)
+            };
+            if picked.is_empty() {
+                return;
+            }
+            for (position, file) in picked {
+                if !self.prefetch_file(job, key, epoch, file) {
+                    // Staging is full: come back to this file when there is room.
+                    let mut j = job.lock();
+                    if j.epoch() == epoch {
+                        j.prefetch_cursor = j.prefetch_cursor.min(position);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// True if file `f` is not cached and not staged or being fetched already.
+    fn worth_prefetching(&self, f: FileId) -> bool {
+        let Some(info) = self.ns.file_node(f).and_then(|n| self.ns.info(n)) else {
+            return false;
+        };
+        let key = BlockKey {
+            version: info.version,
+            block: 0,
+        };
+        info.version.size > 0
+            && !self.tiers.memory.holds_file(&info.version)
+            && !self.tiers.staging.contains(&key)
+            && !self.tiers.fetcher.in_flight(&key)
+    }
+
+    /// Fetches the blocks of file `f` for `job`'s epoch `epoch`. Returns false if the
+    /// staging area had no room for them.
+    fn prefetch_file(
+        self: &Arc<Self>,
+        job: &Arc<Mutex<Job>>,
+        key: JobKey,
+        epoch: u64,
+        f: FileId,
+    ) -> bool {
+        let Some(node) = self.ns.file_node(f) else {
+            return true;
+        };
+        let (Some(info), Some(rel)) = (self.ns.info(node), self.ns.path(node)) else {
+            return true;
+        };
+        let rel: Arc<Path> = Arc::from(rel);
+        let version = info.version;
+        let mut issued = false;
+        let blocks = self.tiers.memory.blocks();
+        for block in 0..blocks.count(version.size) {
+            let bkey = BlockKey { version, block };
+            if self.tiers.memory.contains(&bkey)
+                || self.tiers.staging.contains(&bkey)
+                || self.tiers.fetcher.in_flight(&bkey)
+            {
+                continue;
+            }
+            // Staging counts the memory a block takes: whole pages.
+            let memory = Block::footprint_for(blocks.len(version.size, block) as usize);
+            // Checked and issued under the job's lock, which its opens take to mark a file
+            // read: either the job opened the file first and it is skipped, or the fetch is
+            // in flight before the job's read can start another.
+            let j = job.lock();
+            if j.epoch() != epoch || j.log.tracker().may_have_read(f) {
+                return true;
+            }
+            let staging = &self.tiers.staging;
+            if self.bandwidth_bound() && staging.bytes() + memory > NARROW_STAGING {
+                return issued;
+            }
+            if !staging.reserve(memory) {
+                return issued;
+            }
+            issued = true;
+            self.signals.inflight.fetch_add(1, Ordering::Relaxed);
+            self.ledger.prefetch_issued();
+            let total = self.total();
+            let (this, accounted) = (self.clone(), job.clone());
+            let report: Report = Box::new(move |fetched| {
+                this.record(fetched);
+                if let Some(n) = fetched.bytes {
+                    this.ledger.prefetched(&accounted, epoch, f, total, n);
+                }
+            });
+            let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());
+            let (signals, owner, at) = (self.signals.clone(), job.clone(), rel.clone());
+            let want = Want {
+                key: bkey,
+                rel: &rel,
+                job: key,
+                epoch,
+                why: Why::Prefetch,
+            };
+            self.tiers.fetcher.fetch(
+                rel.clone(),
+                &want,
+                Box::new(move |r| {
+                    // Staged even if the epoch turned meanwhile: for the new epoch if the
+                    // job will read the file in it, else for the old one, and then a reader
+                    // that joined this fetch discards it right after (it comes first among
+                    // the waiters), and anything else is counted as unused when the epoch is
+                    // cleaned up.
+                    match r {
+                        Ok(data) if !cache.contains(&bkey) => {
+                            let target = owner.lock().staging_epoch(epoch, f, total);
+                            let want = Want {
+                                key: bkey,
+                                rel: &at,
+                                job: key,
+                                epoch: target,
+                                why: Why::Prefetch,
+                            };
+                            staging.admit(&want, &data);
+                        }
+                        _ => staging.unreserve(memory),
+                    }
+                    signals.inflight.fetch_sub(1, Ordering::Relaxed);
+                    signals.wake();
+                }),
+                report,
+            );
+            drop(j);
+        }
+        if issued {
+            self.ledger.prefetched_file(job, epoch);
+        }
+        true
+    }
+}

@@ -1,0 +1,427 @@
+//! One fetch per block: how a block that no tier on the FUSE thread holds is read from the
+//! tiers behind it (today the source; peers and a local disk later, in front of it).
+//!
+//! A fetch runs on the I/O pool, so a slow tier cannot hold up hits; a small block a reader
+//! waits for runs on the asking thread instead while the storage answers fast
+//! ([`INLINE_MAX_BYTES`]). Concurrent fetches of one block are merged ([`Inflight`]): a
+//! reader that finds a prefetch (or another reader) already fetching the block waits for that
+//! fetch instead of reading again. The tiers behind the fetch are asked nearest first and fail
+//! open ([`super::look_up`]) but for the last, the source, whose fault is the readers'.
+//!
+//! A fetched block is offered to the memory tier (as the policy takes blocks wanted for that
+//! reason), then, if a reader asked and the cache did not keep it, to the recent blocks
+//! ([`super::recent`]) before the waiters run, so that a second open of the file right after
+//! finds it; then it is handed to every waiter. The caller that started the fetch hears how
+//! it went ([`Fetched`]): the bytes to account, the latency for the prefetcher's pacer. A
+//! fetch whose read panics still ends: its waiters get EIO and the block is no longer in
+//! flight.
+//!
+//! Memory: a fetch holds one block-sized buffer until its waiters are done, so the bytes in
+//! flight are bounded by the I/O threads times the block size (64 x 1 MiB by default).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::inflight::{Inflight, Waiter};
+use super::recent::RecentBlocks;
+use super::{Found, Tier, TierError, Want, look_up};
+use crate::block::{Block, BlockSize};
+use crate::cache::{BlockCache, BlockKey};
+use crate::stats::{Counters, Stats};
+
+/// The bytes of a fetched block, or the errno of the failure.
+pub type FetchResult = Result<Arc<Block>, i32>;
+
+/// How a fetch went, told to the caller that started it.
+#[derive(Clone, Copy, Debug)]
+pub struct Fetched {
+    /// Bytes read, if the fetch succeeded.
+    pub bytes: Option<u64>,
+    /// From the fetch's start to the end of its read.
+    pub took: Duration,
+    /// Reads in flight when it started, itself included.
+    pub crowd: usize,
+}
+
+/// Called once by the fetch that a caller started, before its waiters run.
+pub type Report = Box<dyn FnOnce(&Fetched) + Send>;
+
+/// Reads blocks from the tiers behind the fetch, for the cache and its readers.
+pub struct Fetcher {
+    /// The tiers behind the fetch, nearest first; the last is the source.
+    below: Vec<Arc<dyn Tier>>,
+    memory: Arc<BlockCache>,
+    recent: Arc<RecentBlocks>,
+    blocks: BlockSize,
+    stats: Arc<Stats>,
+    inflight: Inflight<BlockKey, FetchResult>,
+    io: tokio::runtime::Handle,
+    /// Reads in flight, all and those readers wait for.
+    reading: AtomicUsize,
+    demand: AtomicUsize,
+    /// Smoothed latency of demand reads, in microseconds (see [`INLINE_BELOW_US`]).
+    demand_latency_us: AtomicU64,
+}
+
+/// A demand read of a block of at most this many bytes runs on the FUSE thread that asked
+/// for it, instead of being handed to the I/O pool, while demand reads take less than
+/// [`INLINE_BELOW_US`] on average. A handoff costs two thread wake-ups per read: on a
+/// 2-CPU machine, 128,000 files of 200-600 B read cold by 2 processes (no prefetch) took
+/// 20.0-22.5 s inline against 26.1-29.0 s handed off. Slow storage (network filesystems,
+/// milliseconds a read) keeps the pool, so that a FUSE thread never waits long on it.
+pub const INLINE_MAX_BYTES: u64 = 64 << 10;
+/// See [`INLINE_MAX_BYTES`].
+pub const INLINE_BELOW_US: u64 = 1_000;
+
+/// The average of demand read latencies after a read that took `took_us`: mostly the last
+/// eight reads.
+pub fn smoothed(avg_us: u64, took_us: u64) -> u64 {
+    (avg_us * 7 + took_us) / 8
+}
+
+/// True if a demand read of a block of `len` bytes runs on the asking thread, demand reads
+/// taking `avg_us` on average (see [`INLINE_MAX_BYTES`]).
+pub fn runs_inline(len: u64, avg_us: u64) -> bool {
+    len <= INLINE_MAX_BYTES && avg_us < INLINE_BELOW_US
+}
+
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("inflight", &self.inflight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fetcher {
+    /// A fetcher that reads from `below` (nearest first, the source last) on the `io` pool
+    /// and offers what it read to `memory`, and what that does not keep of reads to `recent`.
+    pub fn new(
+        below: Vec<Arc<dyn Tier>>,
+        memory: Arc<BlockCache>,
+        recent: Arc<RecentBlocks>,
+        stats: Arc<Stats>,
+        io: tokio::runtime::Handle,
+    ) -> Self {
+        assert!(!below.is_empty(), "a fetch needs a tier to read from");
+        Fetcher {
+            below,
+            blocks: memory.blocks(),
+            memory,
+            recent,
+            stats,
+            inflight: Inflight::default(),
+            io,
+            reading: AtomicUsize::new(0),
+            demand: AtomicUsize::new(0),
+            demand_latency_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Reads in flight that readers wait for.
+    pub fn demand_in_flight(&self) -> usize {
+        self.demand.load(Ordering::Relaxed)
+    }
+
+    /// Hands block `want.key` of the file at `rel` to `waiter`, fetching it unless a fetch is
+    /// in flight. If this call starts the fetch, `report` hears how it went, and the block is
+    /// offered to the cache as its policy takes blocks wanted for `want.why`.
+    pub fn fetch(
+        self: &Arc<Self>,
+        rel: Arc<Path>,
+        want: &Want<'_>,
+        waiter: Waiter<FetchResult>,
+        report: Report,
+    ) {
+        let (key, job, epoch, why) = (want.key, want.job, want.epoch, want.why);
+        if !self.inflight.join(&key, waiter) {
+            return;
+        }
+        let demand = why.is_read();
+        let crowd = self.reading.fetch_add(1, Ordering::Relaxed) + 1;
+        if demand {
+            self.demand.fetch_add(1, Ordering::Relaxed);
+        }
+        let issued = Instant::now();
+        let inline = demand
+            && runs_inline(
+                self.blocks.len(key.version.size, key.block),
+                self.demand_latency_us.load(Ordering::Relaxed),
+            );
+        let this = self.clone();
+        let work = move || {
+            let mut running = Running {
+                fetcher: &this,
+                key,
+                demand,
+                counted: true,
+                done: false,
+            };
+            let want = Want {
+                key,
+                rel: &rel,
+                job,
+                epoch,
+                why,
+            };
+            let result = this.read(&want);
+            let took = issued.elapsed();
+            if demand {
+                // An average over the last few reads: a slow one alone does not move it far.
+                let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
+                let _ = this.demand_latency_us.fetch_update(
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                    |avg| Some(smoothed(avg, took)),
+                );
+            }
+            running.uncount();
+            report(&Fetched {
+                bytes: result.as_ref().ok().map(|b| b.len() as u64),
+                took,
+                crowd,
+            });
+            if demand
+                && let Ok(bytes) = &result
+                && !this.memory.contains(&key)
+            {
+                this.recent.admit(&want, bytes);
+            }
+            running.complete(result);
+        };
+        if inline {
+            // A panic in the read is the pool's to contain when it runs there; here, the
+            // FUSE thread's. Its readers get EIO either way (`Running`).
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        } else {
+            self.io.spawn_blocking(work);
+        }
+    }
+
+    /// True if block `key` is being fetched.
+    pub fn in_flight(&self, key: &BlockKey) -> bool {
+        self.inflight.contains(key)
+    }
+
+    /// Reads `want` from the tiers behind the fetch and offers it to the cache.
+    fn read(&self, want: &Want<'_>) -> FetchResult {
+        let (source, nearer) = self.below.split_last().expect("a tier to read from");
+        let nearer = nearer.iter().map(|t| &**t);
+        let found = match look_up(nearer, want, &self.stats.counters.tier_errors) {
+            Some(found) => found,
+            None => match source.get(want) {
+                Ok(Some(found)) => found,
+                Ok(None) => return Err(libc::EIO),
+                Err(TierError(errno)) => return Err(errno),
+            },
+        };
+        let block = owned(found, want.key.block).ok_or(libc::EIO)?;
+        self.memory.admit(want, &block);
+        Ok(block)
+    }
+}
+
+/// Block `block` of what a tier found, as a block of its own.
+fn owned(found: Found<'_>, block: u64) -> Option<Arc<Block>> {
+    match found {
+        Found::Block(data) => Some(data),
+        Found::File(blocks) => blocks
+            .into_iter()
+            .find(|(b, _)| *b == block)
+            .map(|(_, d)| d),
+        Found::Lent(bytes) => Block::copy_of(&bytes).ok().map(Arc::new),
+    }
+}
+
+/// A fetch on the I/O pool, from its start to the end of its waiters. However the closure
+/// ends, dropping this releases the key: if the read panicked (a bug in a source), the
+/// waiters get EIO instead of waiting forever, and a later read of the block fetches again.
+struct Running<'a> {
+    fetcher: &'a Fetcher,
+    key: BlockKey,
+    demand: bool,
+    /// Still counted among the reads in flight.
+    counted: bool,
+    /// The waiters have been handed a result.
+    done: bool,
+}
+
+impl Running<'_> {
+    /// The read is over: it no longer counts among the reads in flight.
+    fn uncount(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            self.fetcher.reading.fetch_sub(1, Ordering::Relaxed);
+            if self.demand {
+                self.fetcher.demand.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Hands `result` to the waiters and releases the key.
+    fn complete(mut self, result: FetchResult) {
+        self.done = true;
+        self.fetcher.inflight.complete(&self.key, result);
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.uncount();
+        if !self.done {
+            Counters::add(&self.fetcher.stats.counters.source_errors, 1);
+            tracing::error!(
+                "the fetch of block {} of inode {} panicked; its readers get EIO",
+                self.key.block,
+                self.key.version.ino
+            );
+            self.fetcher.inflight.complete(&self.key, Err(libc::EIO));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_demand_reads_run_inline_only_while_the_storage_answers_fast() {
+        // A local disk: 100-300 us a read, forever inline.
+        let mut avg = 0;
+        for took in (0..1000).map(|i| 100 + (i % 3) * 100) {
+            assert!(runs_inline(4096, avg), "after {took} us");
+            avg = smoothed(avg, took);
+        }
+        assert!(!runs_inline(INLINE_MAX_BYTES + 1, avg), "a big block");
+        // Network storage: 3 ms a read. The pool takes over within a few reads, and one
+        // fast read among slow ones does not bring a FUSE thread back to waiting on it.
+        let mut reads = 0;
+        while runs_inline(4096, avg) {
+            avg = smoothed(avg, 3_000);
+            reads += 1;
+        }
+        assert!(reads <= 4, "{reads} reads of 3 ms ran inline");
+        for _ in 0..20 {
+            avg = smoothed(avg, 3_000);
+        }
+        avg = smoothed(avg, 100);
+        assert!(!runs_inline(4096, avg));
+    }
+
+    /// A fetcher over `nearer` tiers in front of a source holding file `f` of 100,000 bytes
+    /// of 7s (too large to be read inline) read with `delay`, with a MinIO cache, and the
+    /// want of its one block.
+    fn fetcher(
+        nearer: Vec<Arc<dyn Tier>>,
+        delay: Duration,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Fetcher>,
+        Arc<crate::source::FaultySource<crate::source::LocalSource>>,
+        Want<'static>,
+        tokio::runtime::Runtime,
+    ) {
+        use crate::source::{Creds, DatasetSource, FaultySource, LocalSource};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), [7u8; 100_000]).unwrap();
+        let local = LocalSource::new(dir.path().to_path_buf(), false).unwrap();
+        let version = local
+            .metadata(Path::new("f"), &Creds::DAEMON)
+            .unwrap()
+            .version;
+        let source = Arc::new(FaultySource::new(local));
+        *source.read_delay.lock() = delay;
+        let memory = Arc::new(
+            BlockCache::new(crate::cache::CacheConfig {
+                policy: crate::cache::PolicyKind::MinIo,
+                capacity: 1 << 20,
+                block_size: std::num::NonZeroU64::new(1 << 20).unwrap(),
+            })
+            .unwrap(),
+        );
+        let stats = Arc::new(Stats::default());
+        let tier =
+            super::super::source::SourceTier::new(source.clone(), memory.blocks(), stats.clone());
+        let mut below = nearer;
+        below.push(Arc::new(tier));
+        let io = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let recent = Arc::new(RecentBlocks::new(true));
+        let f = Fetcher::new(below, memory, recent, stats, io.handle().clone());
+        let mut want = crate::tier::tests::want(0, 0, 0, super::super::Why::Read);
+        want.key.version = version;
+        (dir, Arc::new(f), source, want, io)
+    }
+
+    /// Fetches `want` with `n` waiters at once; returns what each got.
+    fn fetch_all(f: &Arc<Fetcher>, want: &Want<'_>, n: usize) -> Vec<FetchResult> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reports = Arc::new(AtomicUsize::new(0));
+        for _ in 0..n {
+            let (tx, reports) = (tx.clone(), reports.clone());
+            f.fetch(
+                Arc::from(Path::new("f")),
+                want,
+                Box::new(move |r| tx.send(r).unwrap()),
+                Box::new(move |fetched| {
+                    assert_eq!(fetched.bytes, Some(100_000));
+                    reports.fetch_add(1, Ordering::Relaxed);
+                }),
+            );
+        }
+        let got = (0..n).map(|_| rx.recv().unwrap()).collect();
+        assert_eq!(
+            reports.load(Ordering::Relaxed),
+            1,
+            "the fetch that started reports"
+        );
+        got
+    }
+
+    #[test]
+    fn concurrent_misses_of_a_block_read_it_once_and_the_cache_takes_it() {
+        let (_dir, f, source, want, _io) = fetcher(Vec::new(), Duration::from_millis(50));
+        let got = fetch_all(&f, &want, 4);
+        assert!(
+            got.iter()
+                .all(|r| r.as_ref().is_ok_and(|b| b[..] == [7; 100_000]))
+        );
+        assert_eq!(source.reads(), 1);
+        assert!(f.memory.contains(&want.key));
+        assert!(!f.in_flight(&want.key));
+    }
+
+    #[test]
+    fn a_faulty_tier_in_front_of_the_source_falls_through_to_it() {
+        let broken: Arc<dyn Tier> = Arc::new(crate::tier::tests::Told(Err(TierError(libc::EIO))));
+        let (_dir, f, source, want, _io) = fetcher(vec![broken], Duration::ZERO);
+        let got = fetch_all(&f, &want, 1);
+        assert!(got[0].as_ref().is_ok_and(|b| b[..] == [7; 100_000]));
+        assert_eq!(source.reads(), 1);
+        assert_eq!(Counters::get(&f.stats.counters.tier_errors), 1);
+    }
+
+    #[test]
+    fn a_source_fault_reaches_every_waiter() {
+        let (_dir, f, source, want, _io) = fetcher(Vec::new(), Duration::from_millis(20));
+        *source.fail_paths_containing.lock() = Some("f".into());
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            let tx = tx.clone();
+            f.fetch(
+                Arc::from(Path::new("f")),
+                &want,
+                Box::new(move |r| tx.send(r).unwrap()),
+                Box::new(|fetched| assert_eq!(fetched.bytes, None)),
+            );
+        }
+        for _ in 0..3 {
+            assert_eq!(rx.recv().unwrap().unwrap_err(), libc::EIO);
+        }
+        assert_eq!(source.reads(), 1);
+        assert!(!f.memory.contains(&want.key));
+    }
+}

@@ -1,0 +1,341 @@
+//! The read path as a chain of tiers: the places a block can come from, nearest first.
+//!
+//! ```text
+//!  read of block b of an open file
+//!    │  FUSE thread
+//!    ├─ memory    the cache (crate::cache), lent in place      memory.rs
+//!    ├─ the open file's own blocks (taken from staging or recent, or fetched for it)
+//!    ├─ staging   fetched ahead for the reader's job           staging.rs
+//!    ├─ recent    read moments ago, for a re-read only          recent.rs
+//!    │  I/O pool (or the FUSE thread while storage is fast), one fetch per block
+//!    └─ fetch ──► (later: peers, local disk) ──► source         fetch.rs, source.rs
+//! ```
+//!
+//! Each tier is one type behind [`Tier`]: `get` a block, `admit` one offered from below,
+//! `remove` one a reader got another way. What a tier needs to decide (the reader's job and
+//! epoch, whether it reads or the prefetcher guesses) comes in a [`Want`]. The tiers know
+//! nothing of each other; the callers walk them: the read path (`crate::fs`) the ones on the
+//! FUSE thread, [`fetch::Fetcher`] the ones behind the fetch, and each caller offers what it
+//! found to the tiers that keep such blocks. Concurrent misses of one block are merged into
+//! one fetch ([`inflight`]), so a block is read from below once however many wait for it.
+//!
+//! Tiers fail open ([`look_up`]): a fault of any tier but the last (the source) is a
+//! warning, a count (`tier_errors`) and a miss, and the next tier is asked. Only the source's
+//! faults reach the reader.
+//!
+//! Lookups cost what they cost before the chain: a call through `&dyn Tier` per tier asked,
+//! no allocation, and the memory tier lends its bytes without a copy or a reference count.
+
+pub mod fetch;
+pub mod inflight;
+pub mod memory;
+pub mod recent;
+pub mod source;
+pub mod staging;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::block::Block;
+use crate::cache::{BlockCache, BlockKey, CachedBytes};
+use crate::jobs::JobKey;
+use crate::source::DatasetSource;
+use crate::stats::{Counters, Stats};
+use fetch::Fetcher;
+use recent::RecentBlocks;
+use source::SourceTier;
+use staging::Staging;
+
+/// Why a block is wanted: what a tier decides by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// A reader reads it.
+    Read,
+    /// A reader re-reads what its job read moments ago (a check and a decode, two workers
+    /// sharing a file): the same access, which the recent blocks may serve.
+    Reread,
+    /// The prefetcher fetches it ahead of the reader.
+    Prefetch,
+    /// A reader took it from the staging area.
+    Claimed,
+}
+
+impl Why {
+    /// True if a reader waits for the block.
+    pub fn is_read(self) -> bool {
+        matches!(self, Why::Read | Why::Reread)
+    }
+}
+
+/// A block, who wants it and why.
+#[derive(Clone, Copy, Debug)]
+pub struct Want<'a> {
+    pub key: BlockKey,
+    /// The file's path relative to the source root, for tiers that read it.
+    pub rel: &'a Path,
+    /// The job that reads, or that the prefetcher fetches for.
+    pub job: JobKey,
+    /// The job's epoch the block is for (the staging area files it under it).
+    pub epoch: u64,
+    pub why: Why,
+}
+
+impl<'a> Want<'a> {
+    /// The same want for block `block` of the file.
+    pub fn block(&self, block: u64) -> Want<'a> {
+        Want {
+            key: BlockKey {
+                version: self.key.version,
+                block,
+            },
+            ..*self
+        }
+    }
+
+    /// The same want, wanted for another reason.
+    pub fn because(&self, why: Why) -> Want<'a> {
+        Want { why, ..*self }
+    }
+}
+
+/// What a tier found, and who keeps it.
+#[derive(Debug)]
+pub enum Found<'a> {
+    /// Bytes the tier keeps and lends for the read (the cache).
+    Lent(CachedBytes<'a>),
+    /// A block the reader may hold on to until it closes the file.
+    Block(Arc<Block>),
+    /// Every block of the file that the tier handed over at once, the one wanted among them,
+    /// by block number: the staging area gives a reader all that its job staged of a file, so
+    /// that they leave together.
+    File(Vec<(u64, Arc<Block>)>),
+}
+
+/// A tier's fault, as an errno. Below the source it is passed over ([`look_up`]); the
+/// source's is the reader's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", std::io::Error::from_raw_os_error(*.0))]
+pub struct TierError(pub i32);
+
+impl TierError {
+    /// The fault of an I/O error (EIO if it carries no errno).
+    pub fn of(e: &std::io::Error) -> Self {
+        TierError(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+/// A place blocks can come from.
+pub trait Tier: Send + Sync {
+    /// The tier's name, for the log.
+    fn name(&self) -> &'static str;
+
+    /// Block `want.key`, if this tier holds it for `want`. `Err` is a fault of the tier, not
+    /// a miss: the caller counts it and asks the next tier.
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError>;
+
+    /// Offers `data`, found below this tier, as block `want.key`; the tier keeps it if it
+    /// keeps blocks wanted for `want.why`. Returns true if it kept it.
+    fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool;
+
+    /// Forgets block `want.key` for `want`: its reader got the bytes another way, or they
+    /// must not be served again.
+    fn remove(&self, want: &Want<'_>);
+}
+
+/// The tiers of one mount, shared by the read path and the prefetcher.
+#[derive(Clone, Debug)]
+pub struct Tiers {
+    pub memory: Arc<BlockCache>,
+    pub staging: Arc<Staging>,
+    pub recent: Arc<RecentBlocks>,
+    /// One fetch per block, from the tiers behind it.
+    pub fetcher: Arc<Fetcher>,
+}
+
+impl Tiers {
+    /// The chain of a mount: `memory` in front, a staging area of `staging` bytes, the
+    /// recent blocks (kept only if the cache keeps anything: `--policy none` is the kernel's
+    /// page cache alone), and fetches from `source` on the `io` pool, counted in `stats`.
+    pub fn new(
+        memory: BlockCache,
+        staging: u64,
+        source: Arc<dyn DatasetSource>,
+        stats: Arc<Stats>,
+        io: tokio::runtime::Handle,
+    ) -> Self {
+        let memory = Arc::new(memory);
+        let blocks = memory.blocks();
+        let recent = Arc::new(RecentBlocks::new(memory.caches()));
+        let source = SourceTier::new(source, blocks, stats.clone());
+        let fetcher = Fetcher::new(
+            vec![Arc::new(source)],
+            memory.clone(),
+            recent.clone(),
+            stats,
+            io,
+        );
+        Tiers {
+            staging: Arc::new(Staging::new(staging, blocks)),
+            memory,
+            recent,
+            fetcher: Arc::new(fetcher),
+        }
+    }
+
+    /// Offers blocks a reader took from the staging area (of the file of `want`) to the tiers
+    /// that keep what is read: the cache, if its policy was not offered them when they
+    /// arrived, else the recent blocks, where a second open moments from now finds them.
+    pub fn took_from_staging(&self, want: &Want<'_>, claimed: &[(u64, Arc<Block>)]) {
+        for (block, data) in claimed {
+            let want = want.block(*block).because(Why::Claimed);
+            if !self.memory.admit(&want, data) {
+                self.recent.admit(&want, data);
+            }
+        }
+    }
+}
+
+/// Asks `tiers` for `want`, nearest first, and returns the first hit. A tier's fault is
+/// logged and counted in `errors`, and the next tier is asked: the tiers fail open.
+pub fn look_up<'t>(
+    tiers: impl IntoIterator<Item = &'t dyn Tier>,
+    want: &Want<'_>,
+    errors: &std::sync::atomic::AtomicU64,
+) -> Option<Found<'t>> {
+    for tier in tiers {
+        match tier.get(want) {
+            Ok(Some(found)) => return Some(found),
+            Ok(None) => {}
+            Err(e) => {
+                Counters::add(errors, 1);
+                tracing::warn!(
+                    "{} tier: block {} of inode {}: {e}; asking the next tier",
+                    tier.name(),
+                    want.key.block,
+                    want.key.version.ino
+                );
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::namespace::FileVersion;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Block `block` of a file of `size` bytes, inode `ino`.
+    pub fn key(ino: u64, size: u64, block: u64) -> BlockKey {
+        BlockKey {
+            version: FileVersion {
+                dev: 1,
+                ino,
+                size,
+                mtime_ns: 0,
+                ctime_ns: 0,
+            },
+            block,
+        }
+    }
+
+    /// Block `block` of a file of `size` bytes (inode `ino`), wanted by a reader of job 1.
+    pub fn want(ino: u64, size: u64, block: u64, why: Why) -> Want<'static> {
+        Want {
+            key: key(ino, size, block),
+            rel: Path::new("f"),
+            job: JobKey::Pgid(1),
+            epoch: 1,
+            why,
+        }
+    }
+
+    /// A tier that fails, misses or hits, as it is told.
+    pub struct Told(pub Result<Option<u8>, TierError>);
+
+    impl Tier for Told {
+        fn name(&self) -> &'static str {
+            "told"
+        }
+        fn get(&self, _want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+            self.0.map(|hit| {
+                hit.map(|fill| Found::Block(Arc::new(Block::copy_of(&[fill; 10]).unwrap())))
+            })
+        }
+        fn admit(&self, _want: &Want<'_>, _data: &Arc<Block>) -> bool {
+            false
+        }
+        fn remove(&self, _want: &Want<'_>) {}
+    }
+
+    fn bytes(found: Option<Found<'_>>) -> Option<u8> {
+        match found? {
+            Found::Block(b) => Some(b[0]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_first_tier_that_holds_the_block_answers_and_a_fault_is_a_counted_miss() {
+        let (miss, one, two) = (Told(Ok(None)), Told(Ok(Some(1))), Told(Ok(Some(2))));
+        let broken = Told(Err(TierError(libc::EIO)));
+        // (the chain, the bytes found, the faults counted)
+        let table: [(&[&dyn Tier], Option<u8>, u64); 6] = [
+            (&[&miss, &one, &two], Some(1), 0),
+            (&[&two, &one], Some(2), 0),
+            (&[&miss, &miss], None, 0),
+            (&[], None, 0),
+            (&[&broken, &one], Some(1), 1),
+            (&[&broken, &miss, &broken], None, 2),
+        ];
+        let w = want(1, 10, 0, Why::Read);
+        for (i, (tiers, found, faults)) in table.iter().enumerate() {
+            let errors = AtomicU64::new(0);
+            let got = bytes(look_up(tiers.iter().copied(), &w, &errors));
+            assert_eq!(got, *found, "row {i}");
+            assert_eq!(errors.load(Ordering::Relaxed), *faults, "row {i}");
+        }
+        assert_eq!(
+            TierError(libc::EIO).to_string(),
+            "Input/output error (os error 5)"
+        );
+    }
+
+    #[test]
+    fn blocks_taken_from_staging_go_where_the_policy_wants_what_is_read() {
+        use crate::cache::{CacheConfig, PolicyKind};
+        let dir = tempfile::tempdir().unwrap();
+        let io = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // (policy, the cache keeps a claimed block, the recent blocks do)
+        for (policy, cached, recent) in [
+            (PolicyKind::MinIo, false, true),
+            (PolicyKind::Lru, true, false),
+            (PolicyKind::None, false, false),
+        ] {
+            let memory = BlockCache::new(CacheConfig {
+                policy,
+                capacity: 1 << 20,
+                block_size: std::num::NonZeroU64::new(64).unwrap(),
+            })
+            .unwrap();
+            let source = crate::source::LocalSource::new(dir.path().to_path_buf(), false);
+            let stats = Arc::new(Stats::default());
+            let io = io.handle().clone();
+            let tiers = Tiers::new(memory, 1 << 20, Arc::new(source.unwrap()), stats, io);
+            let w = want(1, 100, 0, Why::Read);
+            let claimed = vec![
+                (0, Arc::new(Block::copy_of(&[1; 64]).unwrap())),
+                (1, Arc::new(Block::copy_of(&[2; 36]).unwrap())),
+            ];
+            tiers.took_from_staging(&w, &claimed);
+            for block in [0, 1] {
+                let key = w.block(block).key;
+                assert_eq!(tiers.memory.contains(&key), cached, "{policy:?}");
+                assert_eq!(tiers.recent.get(&key).is_some(), recent, "{policy:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The source tier: the last of the chain, where every block can be read, and the one tier
+//! whose faults reach the reader.
+//!
+//! It reads a block of the dataset source ([`crate::source::DatasetSource`]) into memory of
+//! the block's own ([`Block`]), on the thread of the fetch that asked ([`super::fetch`]). A
+//! small block is read into the thread's page-aligned scratch buffer and copied out at its
+//! size (a staging area of tiny files held in page-aligned blocks took twice what it counted);
+//! a large one is read straight into its page-aligned block, which `O_DIRECT` can fill. A block
+//! shorter than the version says (the file shrank since it was opened) is an error, ESTALE:
+//! nothing stale is served. It keeps nothing: `admit` and `remove` do nothing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{Found, Tier, TierError, Want};
+use crate::block::{Block, BlockSize, MAP_FROM};
+use crate::cache::BlockKey;
+use crate::source::DatasetSource;
+use crate::stats::{Counters, Stats};
+
+/// Reads blocks of the dataset source.
+pub struct SourceTier {
+    source: Arc<dyn DatasetSource>,
+    blocks: BlockSize,
+    stats: Arc<Stats>,
+}
+
+impl std::fmt::Debug for SourceTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceTier")
+            .field("root", &self.source.root())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceTier {
+    /// A tier reading `source` in blocks of `blocks`, counting bytes and faults in `stats`.
+    pub fn new(source: Arc<dyn DatasetSource>, blocks: BlockSize, stats: Arc<Stats>) -> Self {
+        SourceTier {
+            source,
+            blocks,
+            stats,
+        }
+    }
+
+    /// Reads block `key` of the file at `rel`.
+    fn read(&self, rel: &Path, key: BlockKey) -> Result<Block, TierError> {
+        let len = self.blocks.len(key.version.size, key.block) as usize;
+        let offset = self.blocks.offset(key.block);
+        tracing::debug!("fetch {} block {} ({len} bytes)", rel.display(), key.block);
+        if len < MAP_FROM {
+            // Read into this thread's scratch page(s), keep a copy of exactly `len` bytes.
+            return SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                let buf = match &mut *scratch {
+                    Some(b) => b,
+                    None => match Block::zeroed(MAP_FROM) {
+                        Ok(b) => scratch.insert(b),
+                        Err(_) => return Err(TierError(libc::ENOMEM)),
+                    },
+                };
+                let whole = &mut buf.whole_mut()[..Block::footprint_for(len) as usize];
+                let n = self.read_into(rel, &key, offset, whole)?;
+                self.complete(Block::exact(&whole[..n.min(len)]), len)
+            });
+        }
+        let mut block = match Block::zeroed(len) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("no memory for a block of {}: {e}", rel.display());
+                return Err(TierError(libc::ENOMEM));
+            }
+        };
+        let n = self.read_into(rel, &key, offset, block.whole_mut())?;
+        block.truncate(n.min(len));
+        self.complete(block, len)
+    }
+
+    /// Reads block `key` (at `offset`) into `buf`, whole pages of it, so that an O_DIRECT
+    /// read may ask for them; the file ends at the block's length unless it grew, which the
+    /// source's version check reports. Returns the bytes read.
+    fn read_into(
+        &self,
+        rel: &Path,
+        key: &BlockKey,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, TierError> {
+        self.source
+            .read_block(rel, &key.version, offset, buf)
+            .map_err(|e| {
+                Counters::add(&self.stats.counters.source_errors, 1);
+                tracing::warn!("reading {}: {e}", rel.display());
+                TierError::of(&e)
+            })
+    }
+
+    /// Counts a block read from the source; one shorter than `len` is an error.
+    fn complete(&self, block: Block, len: usize) -> Result<Block, TierError> {
+        let counters = &self.stats.counters;
+        Counters::add(&counters.bytes_from_source, block.len() as u64);
+        if block.len() < len {
+            Counters::add(&counters.source_errors, 1);
+            return Err(TierError(libc::ESTALE));
+        }
+        Ok(block)
+    }
+}
+
+impl Tier for SourceTier {
+    fn name(&self) -> &'static str {
+        "source"
+    }
+
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+        let block = self.read(want.rel, want.key)?;
+        Ok(Some(Found::Block(Arc::new(block))))
+    }
+
+    fn admit(&self, _want: &Want<'_>, _data: &Arc<Block>) -> bool {
+        false
+    }
+
+    fn remove(&self, _want: &Want<'_>) {}
+}
+
+thread_local! {
+    /// Each I/O thread's page-aligned buffer for reads of small blocks (at most 64 threads x
+    /// 64 KiB).
+    static SCRATCH: std::cell::RefCell<Option<Block>> = const { std::cell::RefCell::new(None) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::{FaultySource, LocalSource};
+    use crate::tier::Why;
+    use crate::tier::tests::want;
+    use std::num::NonZeroU64;
+
+    /// A source directory with file `f` of `len` bytes (byte i is i % 251), and its version.
+    fn source(len: usize) -> (tempfile::TempDir, FaultySource<LocalSource>, Want<'static>) {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("f"), &bytes).unwrap();
+        let local = LocalSource::new(dir.path().to_path_buf(), false).unwrap();
+        let meta = local
+            .metadata(Path::new("f"), &crate::source::Creds::DAEMON)
+            .unwrap();
+        let mut w = want(0, 0, 0, Why::Read);
+        w.key.version = meta.version;
+        (dir, FaultySource::new(local), w)
+    }
+
+    fn tier(source: FaultySource<LocalSource>, block: u64) -> (SourceTier, Arc<Stats>) {
+        let stats = Arc::new(Stats::default());
+        let blocks = BlockSize::new(NonZeroU64::new(block).unwrap());
+        (
+            SourceTier::new(Arc::new(source), blocks, stats.clone()),
+            stats,
+        )
+    }
+
+    fn read(t: &SourceTier, w: &Want<'_>) -> Result<Vec<u8>, TierError> {
+        match t.get(w)? {
+            Some(Found::Block(b)) => Ok(b.to_vec()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_blocks_small_and_large_and_counts_their_bytes() {
+        let (_dir, source, w) = source(300_000);
+        let (t, stats) = tier(source, 128 << 10);
+        let last = read(&t, &w.block(2)).unwrap();
+        assert_eq!(last.len(), 300_000 - 2 * (128 << 10));
+        assert_eq!(last[0], ((2 * (128 << 10)) % 251) as u8);
+        assert_eq!(read(&t, &w.block(0)).unwrap().len(), 128 << 10);
+        assert_eq!(
+            Counters::get(&stats.counters.bytes_from_source),
+            300_000 - (128 << 10)
+        );
+        assert!(!t.admit(&w, &Arc::new(Block::exact(&[1]))));
+    }
+
+    #[test]
+    fn faults_reach_the_reader_and_are_counted() {
+        let (_dir, source, w) = source(1000);
+        *source.fail_paths_containing.lock() = Some("f".into());
+        let (t, stats) = tier(source, 1 << 20);
+        assert_eq!(read(&t, &w), Err(TierError(libc::EIO)));
+        assert_eq!(Counters::get(&stats.counters.source_errors), 1);
+    }
+}
