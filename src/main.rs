@@ -23,6 +23,11 @@ fn main() -> ExitCode {
         Command::Read(args) => read(&args),
         Command::Stats(args) => stats(&args),
         Command::Analyze(args) => analyze(args),
+        // CMD's own exit status, passed through.
+        Command::Run(args) => match coorfs::run::run(&args.into_config()) {
+            Ok(status) => return ExitCode::from(status),
+            Err(e) => Err(CommandError::from(e)),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
