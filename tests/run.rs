@@ -123,17 +123,6 @@ fn assert_one_line(stderr: &str, why: &str) {
     );
 }
 
-/// The job of process group `pgid` in a stats document.
-fn job_of(s: &Value, pgid: u32) -> Value {
-    s["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["job"] == format!("pgid {pgid}"))
-        .unwrap_or_else(|| panic!("no job pgid {pgid} in {s}"))
-        .clone()
-}
-
 /// Runs the job with and without `coorfs run` through the mount: the same reports, one hint an
 /// epoch accepted, and every epoch read from the staging area most of what the cache (which
 /// holds nothing here) did not have. Storage answers in 1 ms, so that the prefetcher, which
