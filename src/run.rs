@@ -277,6 +277,8 @@ fn run_forwarding(command: &mut Command, name: &str) -> Result<ExitStatus, RunEr
         _ => RunError::NotExecutable(name.to_string(), e),
     })?;
     loop {
+        // SIGCHLD ends the wait at once; the timeout only bounds how long a lost one could delay
+        // noticing that CMD ended.
         if let Some(signal) = signals.wait(std::time::Duration::from_secs(1)) {
             forward(&child, signal);
         }
