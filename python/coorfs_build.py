@@ -7,7 +7,7 @@ works with no network and no setuptools. It builds what pip asks for:
   pyproject.toml's [project], WHEEL, RECORD with every file's SHA-256);
 - an editable wheel (`build_editable`, `pip install -e ./python`): a `.pth` file naming this
   directory instead of the sources;
-- an sdist (`build_sdist`): this directory's sources and PKG-INFO.
+- an sdist (`build_sdist`): this directory's sources, tests and PKG-INFO.
 
 Only the fields pyproject.toml uses are read: name, version, description, requires-python,
 optional-dependencies.
@@ -80,8 +80,13 @@ def _metadata(project):
 
 def _sources():
     """The package's files, relative to this directory, sorted."""
+    return _python_files(PACKAGE)
+
+
+def _python_files(directory):
+    """The .py files below `directory` (relative to this one), relative to this one, sorted."""
     found = []
-    for root, dirs, files in os.walk(os.path.join(HERE, PACKAGE)):
+    for root, dirs, files in os.walk(os.path.join(HERE, directory)):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         found += [os.path.relpath(os.path.join(root, f), HERE) for f in files if f.endswith(".py")]
     return sorted(found)
@@ -128,9 +133,8 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
 def build_sdist(sdist_directory, config_settings=None):
     project = _project()
     base = "%s-%s" % (project["name"], project["version"])
-    files = ["pyproject.toml", "coorfs_build.py"] + _sources()
-    tests = os.path.join(HERE, "tests")
-    files += sorted(os.path.join("tests", f) for f in os.listdir(tests) if f.endswith(".py"))
+    # The tests (with their stand-in torch) and `coorfs run`'s sitecustomize, which they use.
+    files = ["pyproject.toml", "coorfs_build.py"] + _sources() + _python_files("tests") + _python_files("run-hook")
     contents = {path: _read(path) for path in files}
     contents["PKG-INFO"] = _metadata(project).encode()
     filename = base + ".tar.gz"

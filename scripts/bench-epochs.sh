@@ -17,6 +17,13 @@
 #         blkio IOPS limit is a rate, not a latency.
 #   Systems: native, minio (prefetch off), prefetch (remaining-set prefetch), hint
 #   (prefetch following the order that `coorfs read --hint` hands over each epoch).
+#   If SYSTEMS says so, also the PyTorch pipeline (scripts/train-input.py --mode bytes
+#   --all-files: ImageFolder over every file, DataLoader with PROCS workers, shuffle=True, all
+#   epochs in one process, seed REP), with prefetch as hint has it: run, the pipeline unchanged
+#   under `coorfs run`, which hands the mount its DataLoader's order each epoch; sampler, the
+#   pipeline with the one-line change of coorfs.HintedSampler (--hinted). Their cgroup gets
+#   READER bytes more for the pipeline itself (416 MiB, as bench-frameworks.sh), and they need
+#   the torch venv of scripts/setup-python.sh (PYTHON to use another).
 #
 # Native reads the dataset from inside a cgroup with a 1 GiB memory limit, so its page cache
 # lives within it. coorfs gets --cache-size 1G, and its daemon and the reader share one
@@ -29,6 +36,9 @@
 #   scripts/bench-epochs.sh                 # paper, REPS=3
 #   REPS=5 scripts/bench-epochs.sh prefetch
 #   STORAGES=lat SYSTEMS="native hint" scripts/bench-epochs.sh prefetch
+#   SYSTEMS="native minio hint run sampler" scripts/bench-epochs.sh prefetch   # coorfs run
+#   FILES=300 REPS=1 EPOCHS=2 STORAGES=lat SYSTEMS="hint run" DATA=/var/tmp/tiny \
+#       scripts/bench-epochs.sh prefetch    # a dry run of the script, in seconds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -37,6 +47,8 @@ SCENARIO=${1:-paper}
 REPS=${REPS:-3}
 EPOCHS=${EPOCHS:-5}
 DATA=${DATA:-/var/tmp/coorfs-bench/epochs}
+FILES=${FILES:-20000}
+READER=${READER:-$((416 << 20))}
 BUDGET=${BUDGET:-$((1 << 30))}
 OVERHEAD=${OVERHEAD:-$((64 << 20))}
 STAGING=${STAGING:-$((256 << 20))}
@@ -50,7 +62,11 @@ esac
 
 cargo build --release --quiet
 coorfs=$PWD/target/release/coorfs
-python3 scripts/make-dataset.py --files 20000 --size 110K --classes 100 "$DATA" >/dev/null
+python3 scripts/make-dataset.py --files "$FILES" --size 110K --classes 100 "$DATA" >/dev/null
+py=${PYTHON:-$PWD/.venv/bin/python}
+case " $SYSTEMS " in
+    *" run "* | *" sampler "*) [ -n "${PYTHON:-}" ] || scripts/setup-python.sh >/dev/null ;;
+esac
 dev=$(device_of "$DATA")
 dataset_bytes=$(du -sb --apparent-size "$DATA" | cut -f1)
 
@@ -75,13 +91,14 @@ mount_opts() {
     case "$1" in
         minio) echo "--policy minio --no-prefetch" ;;
         lru) echo "--policy lru --no-prefetch" ;;
-        prefetch | hint) echo "--policy minio --prefetch-memory $STAGING" ;;
+        prefetch | hint | run | sampler) echo "--policy minio --prefetch-memory $STAGING" ;;
     esac
 }
 memory_of() {
     case "$1" in
         native) echo "$BUDGET" ;;
         prefetch | hint) echo $((BUDGET + OVERHEAD + STAGING)) ;;
+        run | sampler) echo $((BUDGET + OVERHEAD + STAGING + READER)) ;;
         *) echo $((BUDGET + OVERHEAD)) ;;
     esac
 }
@@ -89,6 +106,27 @@ memory_of() {
 # storage_bytes STORAGE: bytes read from storage so far by the cgroup (bw) or the delay mount.
 storage_bytes() {
     if [ "$1" = bw ]; then cg_read_bytes "$cg" "$dev"; else coorfs_stat "$slow" bytes_from_source; fi
+}
+
+# hit_rate EPOCH: the mount's hit rate in its dataset-wide epoch EPOCH.
+hit_rate() {
+    coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$1 - 1]['hit_rate'])"
+}
+
+# pipeline SYSTEM STORAGE REP: the PyTorch pipeline's EPOCHS epochs over the mount, in one
+# process; one sample line per epoch, its storage bytes read as its report arrives.
+pipeline() {
+    local sys=$1 storage=$2 rep=$3 launch=() hinted=() before after
+    if [ "$sys" = run ]; then launch=("$coorfs" run --); else hinted=(--hinted); fi
+    before=$(storage_bytes "$storage")
+    cg_run "$cg" "${launch[@]}" "$py" scripts/train-input.py --mode bytes --all-files --workers "$PROCS" \
+        --epochs "$EPOCHS" --seed "$rep" "${hinted[@]}" --json "$mnt" |
+        while read -r report; do
+            after=$(storage_bytes "$storage")
+            python3 -c 'import json,sys; r = json.loads(sys.argv[1]); print(r["epoch"], r["seconds"])' "$report" |
+                { read -r epoch secs; echo "$storage/$sys $rep $epoch $secs $((after - before)) $(hit_rate "$epoch")"; }
+            before=$after
+        done | tee -a "$samples" >&2
 }
 
 for storage in $STORAGES; do
@@ -116,15 +154,15 @@ for storage in $STORAGES; do
                 dir="$mnt"
             fi
             hint=; [ "$sys" = hint ] && hint=--hint
-            for epoch in $(seq 1 "$EPOCHS"); do
+            epochs=$EPOCHS
+            case "$sys" in run | sampler) pipeline "$sys" "$storage" "$rep"; epochs=0 ;; esac
+            for epoch in $(seq 1 "$epochs"); do
                 before=$(storage_bytes "$storage")
                 secs=$(cg_run "$cg" "$coorfs" read --json $hint --procs "$PROCS" --seed $((rep * 100 + epoch)) "$dir" |
                     python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
                 after=$(storage_bytes "$storage")
                 hit=-
-                if [ "$sys" != native ]; then
-                    hit=$(coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$epoch - 1]['hit_rate'])")
-                fi
+                if [ "$sys" != native ]; then hit=$(hit_rate "$epoch"); fi
                 echo "$storage/$sys $rep $epoch $secs $((after - before)) $hit" | tee -a "$samples" >&2
             done
             if [ "$sys" != native ]; then
@@ -140,7 +178,7 @@ for storage in $STORAGES; do
 done
 
 echo
-echo "scripts/bench-epochs.sh $SCENARIO (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): 20,000 files," \
+echo "scripts/bench-epochs.sh $SCENARIO (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): $FILES files," \
     "$((dataset_bytes / 1000000)) MB; budget $((BUDGET >> 20)) MiB; $PROCS reader(s);" \
     "bw = $((BPS >> 20)) MiB/s, lat = $DELAY a read"
 for storage in $STORAGES; do

@@ -13,11 +13,17 @@
 # default options (prefetch on: the checks that do not depend on timing), and for PyTorch once
 # more with the one-line change of the coorfs package (python/): coorfs.HintedSampler hands
 # every epoch's order to the mount (one hint accepted an epoch, none rejected, the same
-# checksums and hit rates). First, the package's unit tests run with torch installed, where
-# the sampler's own tests run too. Exits non-zero at the first failed check.
+# checksums and hit rates). Then the unchanged PyTorch pipeline under `coorfs run`, on a mount
+# whose reads take 1 ms more (storage the prefetcher must stay ahead of): with 0 and 2 workers,
+# and as 2 ranks of `torchrun` with DistributedSampler (train-input.py --distributed): the same
+# checksums, one hint accepted an epoch from each rank and none rejected, and from epoch 2 on at
+# least 90% of the reads the cache missed served by the prefetcher. First, the package's unit
+# tests run with torch installed, where the sampler's and coorfs run's hook's tests run on the
+# real torch too. Exits non-zero at the first failed check.
 #
 #   scripts/check-frameworks.sh                     # 2,000 files of ~110 KiB, 3 epochs
 #   FILES=5000 MODES=bytes scripts/check-frameworks.sh
+#   FILES=400 FRAMEWORKS=pytorch CHECKS=run scripts/check-frameworks.sh   # coorfs run's cases only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -28,6 +34,8 @@ EPOCHS=${EPOCHS:-3}
 WORKERS=${WORKERS:-2}
 MODES=${MODES:-"bytes decode"}
 FRAMEWORKS=${FRAMEWORKS:-"pytorch tensorflow"}
+# Which checks: all of them, or "run" for the coorfs run cases alone (FRAMEWORKS must hold pytorch).
+CHECKS=${CHECKS:-all}
 DATA=${DATA:-/var/tmp/coorfs-frameworks/check-$FILES}
 
 scripts/setup-python.sh 2>/dev/null
@@ -40,18 +48,29 @@ dataset_bytes=$(file_bytes "$DATA")
 bench_start check-frameworks
 
 # check FRAMEWORK MODE CACHE_BYTES [MOUNT_OPTION...]: one pipeline through a fresh mount and on
-# the source. With HINTED=1, the run through the mount samples with coorfs.HintedSampler.
+# the source. With HINTED=1, the run through the mount samples with coorfs.HintedSampler; with
+# RUN=1 it is the unchanged pipeline under `coorfs run`, with RANKS=K too as K ranks of torchrun.
 check() {
     local framework=$1 mode=$2 cache=$3 script=scripts/train-input.py reference=(--reference)
-    local hinted=()
+    local hinted=() launch=() ranks=${RANKS:-1}
     shift 3
     if [ "$framework" = tensorflow ]; then script=scripts/train-input-tf.py reference=(); fi
     if [ "${HINTED:-0}" = 1 ]; then hinted=(--hinted); fi
     local run=("$py" "$script" --mode "$mode" --epochs "$EPOCHS" --workers "$WORKERS" --json)
+    local through=("${run[@]}" "${hinted[@]}")
+    if [ "${RUN:-0}" = 1 ]; then
+        launch=("$coorfs" run --)
+        if [ "$ranks" -gt 1 ]; then
+            through=("$py" -m torch.distributed.run --standalone --nproc-per-node "$ranks" "${run[@]:1}" --distributed)
+        fi
+        hinted=(--hinted --ranks "$ranks")
+    fi
     $coorfs mount --cache-size "$cache" "$@" "$DATA" "$mnt"
     wait_scan "$mnt"
-    TF_CPP_MIN_LOG_LEVEL=3 "${run[@]}" "${hinted[@]}" "$mnt" > "$work/mount.jsonl" 2> "$work/stderr" ||
+    TF_CPP_MIN_LOG_LEVEL=3 "${launch[@]}" "${through[@]}" "$mnt" > "$work/mount.jsonl" 2> "$work/stderr" ||
         { cat "$work/stderr" >&2; return 1; }
+    # coorfs run is silent when every DataLoader got its hints.
+    if [ "${RUN:-0}" = 1 ] && grep "coorfs run:" "$work/stderr" >&2; then return 1; fi
     $coorfs stats --json "$mnt" > "$work/stats.json"
     $coorfs umount "$mnt"
     TF_CPP_MIN_LOG_LEVEL=3 "${run[@]}" "$DATA" > "$work/source.jsonl" 2> "$work/stderr" ||
@@ -63,7 +82,20 @@ check() {
 echo "== the coorfs package's unit tests, with torch"
 (cd python && PYTHONPATH=$PWD PYTHONDONTWRITEBYTECODE=1 "$py" -m unittest discover -s tests)
 
+# The unchanged pipeline under coorfs run, storage 1 ms a read: 0 and 2 workers, 2 torchrun ranks.
+check_run() {
+    local half=$((dataset_bytes / 2))
+    RUN=1 WORKERS=0 check pytorch bytes "$half" --read-delay 1ms
+    RUN=1 WORKERS=2 check pytorch bytes "$half" --read-delay 1ms
+    RUN=1 RANKS=2 check pytorch bytes "$half" --read-delay 1ms
+}
+
 echo "== $FILES files, $dataset_bytes bytes; $EPOCHS epochs; $WORKERS workers"
+if [ "$CHECKS" = run ]; then
+    check_run
+    echo "== all checks passed"
+    exit 0
+fi
 for framework in $FRAMEWORKS; do
     for mode in $MODES; do
         check "$framework" "$mode" $((dataset_bytes * 2)) --no-prefetch
@@ -71,6 +103,9 @@ for framework in $FRAMEWORKS; do
     # Half the dataset: MinIO keeps what it admitted in epoch 1, so later epochs hit exactly that.
     check "$framework" bytes $((dataset_bytes / 2)) --no-prefetch
     check "$framework" bytes $((dataset_bytes / 2))
-    if [ "$framework" = pytorch ]; then HINTED=1 check pytorch bytes $((dataset_bytes / 2)); fi
+    if [ "$framework" = pytorch ]; then
+        HINTED=1 check pytorch bytes $((dataset_bytes / 2))
+        check_run
+    fi
 done
 echo "== all checks passed"

@@ -19,13 +19,22 @@ file open during an epoch is a sample. Run it with .venv/bin/python (scripts/set
 
 --hinted makes the one-line change of the coorfs package (python/, this checkout's): the
 DataLoader samples with coorfs.HintedSampler, which hands each epoch's order to the coorfs
-mount DIR before the epoch.
+mount DIR before the epoch. Without it, `coorfs run -- .venv/bin/python scripts/train-input.py
+DIR` gives the unchanged pipeline the same hints.
+
+--distributed is the pipeline of one rank under torchrun: it joins the process group (gloo),
+samples its shard with DistributedSampler(shuffle=True, seed=--seed), calls set_epoch every
+epoch, and reports its own epochs with its rank (the ranks' checksums add up to the dataset's).
+--all-files takes every file as a sample, not only images (for datasets such as
+make-dataset.py's; --mode bytes only).
 
     .venv/bin/python scripts/train-input.py --workers 2 --epochs 3 /mnt/train
     .venv/bin/python scripts/train-input.py --mode decode --json /mnt/train
+    .venv/bin/python -m torch.distributed.run --nproc-per-node 2 scripts/train-input.py --distributed /mnt/train
 """
 import functools
 import io
+import itertools
 import os
 import sys
 
@@ -67,7 +76,7 @@ class OnImage:
 
 
 def main():
-    args = trainlib.arguments(__doc__, "DataLoader worker processes (num_workers) [2]", hinted=True)
+    args = trainlib.arguments(__doc__, "DataLoader worker processes (num_workers) [2]", hinted=True, distributed=True)
     torch.manual_seed(args.seed)
     decode = args.mode == "decode"
     root = os.path.abspath(args.dir)
@@ -75,20 +84,32 @@ def main():
         transform = OnImage(transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()]))
     else:
         transform = hash_and_size
-    dataset = datasets.ImageFolder(root, loader=functools.partial(hashing_loader, root, decode), transform=transform)
+    every_file = (lambda path: True) if args.all_files else None
+    dataset = datasets.ImageFolder(root, loader=functools.partial(hashing_loader, root, decode), transform=transform,
+                                   is_valid_file=every_file)
+    sampler = None
     if args.hinted:
         # This checkout's package, not whatever version the venv may hold: it is what is checked.
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
         import coorfs
 
         sampler = coorfs.HintedSampler(dataset, mount=root, strict=True)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                                             num_workers=args.workers)
-    else:
-        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                                             num_workers=args.workers)
-    trainlib.run_epochs(args, "pytorch", lambda: ((sample[0], sample[1]) for sample, _target in loader))
+    elif args.distributed:
+        torch.distributed.init_process_group("gloo")
+        args.rank = torch.distributed.get_rank()
+        sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=args.seed)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=sampler is None,
+                                         sampler=sampler, num_workers=args.workers)
+    epochs = itertools.count(1)
 
+    def batches():
+        if args.distributed:
+            sampler.set_epoch(next(epochs))
+        return ((sample[0], sample[1]) for sample, _target in loader)
+
+    trainlib.run_epochs(args, "pytorch", batches)
+    if args.distributed:
+        torch.distributed.destroy_process_group()
 
 if __name__ == "__main__":
     main()

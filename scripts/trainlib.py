@@ -28,12 +28,17 @@ import zlib
 MASK = (1 << 64) - 1
 
 
-def arguments(description, workers_help, hinted=False):
+def arguments(description, workers_help, hinted=False, distributed=False):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if hinted:
         p.add_argument("--hinted", action="store_true",
                        help="sample with coorfs.HintedSampler instead of shuffle=True: DIR must "
                             "be a coorfs mount, which gets each epoch's order (a rejected order fails the run)")
+    if distributed:
+        p.add_argument("--distributed", action="store_true",
+                       help="one rank under torchrun: its shard of each epoch (DistributedSampler)")
+        p.add_argument("--all-files", action="store_true",
+                       help="every file is a sample, not only images (--mode bytes)")
     p.add_argument("dir", help="the dataset root: one folder per class, JPEG files in them")
     p.add_argument("--mode", choices=["bytes", "decode"], default="bytes",
                    help="bytes: read and hash only (fetch-bound); decode: also decode, crop, "
@@ -46,6 +51,11 @@ def arguments(description, workers_help, hinted=False):
     a = p.parse_args()
     if a.epochs < 1 or a.batch_size < 1 or a.workers < 0:
         p.error("--epochs and --batch-size must be positive, --workers not negative")
+    if getattr(a, "hinted", False) and getattr(a, "distributed", False):
+        p.error("--hinted and --distributed do not go together")
+    if getattr(a, "all_files", False) and a.mode != "bytes":
+        p.error("--all-files needs --mode bytes")
+    a.rank = None
     return a
 
 
@@ -89,10 +99,13 @@ def report(args, framework, epoch, samples, nbytes, seconds, checksum):
         "bytes_per_s": round(nbytes / seconds),
         "checksum": f"{checksum:016x}",
     }
+    if args.rank is not None:
+        row["rank"] = args.rank
     if args.json:
         print(json.dumps(row))
     else:
-        print(f"{framework} {args.mode} epoch {epoch}: {samples} samples, {nbytes / 2**20:.1f} MiB "
+        rank = "" if args.rank is None else f" rank {args.rank}"
+        print(f"{framework} {args.mode}{rank} epoch {epoch}: {samples} samples, {nbytes / 2**20:.1f} MiB "
               f"in {seconds:.2f} s: {row['samples_per_s']:.0f} samples/s, "
               f"{nbytes / seconds / 2**20:.1f} MiB/s, checksum {row['checksum']}")
     sys.stdout.flush()

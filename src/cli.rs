@@ -16,6 +16,7 @@ use crate::cache::PolicyKind;
 use crate::config::MountConfig;
 use crate::daemon::{DaemonOptions, MountError};
 use crate::reader::ReadError;
+use crate::run::RunError;
 use crate::statsview::StatsError;
 use crate::units::parse_duration;
 
@@ -95,6 +96,27 @@ coorfs analyze /data/imagenet --sweep --rate 2500 --plot stalls.svg --json repor
 coorfs analyze /data/imagenet --mount /mnt/train --time 10s"
     )]
     Analyze(AnalyzeArgs),
+    /// Run a command whose PyTorch DataLoaders hand each epoch's order to the coorfs mount.
+    #[command(
+        override_usage = "coorfs run [--mount MOUNTPOINT] [--] CMD [ARG]...",
+        long_about = "Run CMD (a training job, unchanged) so that every PyTorch DataLoader whose \
+dataset's files are on a coorfs mount hands each epoch's order to that mount before the epoch's \
+first batch: an order hint, which its prefetcher then follows exactly. Python processes that CMD \
+starts load a start-up hook (a sitecustomize module on PYTHONPATH, written by coorfs run to a \
+private temporary directory; nothing needs installing) that, once torch is imported, takes each \
+epoch's order from the DataLoader's own sampler (RandomSampler, SequentialSampler, \
+SubsetRandomSampler, WeightedRandomSampler, DistributedSampler, or a BatchSampler over one), with \
+the same indices, batches and random numbers as without coorfs run. The files of the samples come \
+from the dataset: ImageFolder's samples, a coorfs_paths list or method (for custom datasets), \
+Subset, ConcatDataset.\n\nAnything else (a command that is not Python, no torch, another sampler, \
+a dataset without paths or not on a coorfs mount, a hint the mount refuses) runs exactly as \
+without coorfs run, with one line on standard error saying why no hint was given. Signals sent \
+to coorfs run (INT, TERM, HUP, QUIT, USR1, USR2) are passed to CMD, and coorfs run exits with \
+CMD's status (128 + N if signal N ended it; 127 if CMD is not found, 126 if it cannot be run).",
+        after_help = "Examples:\n  coorfs run -- python train.py --data /mnt/train\n  \
+coorfs run --mount /mnt/train -- torchrun --nproc-per-node 2 train.py"
+    )]
+    Run(RunArgs),
 }
 
 /// `coorfs mount`.
@@ -256,6 +278,29 @@ pub struct ReadArgs {
     /// that its prefetcher follows it exactly.
     #[arg(long)]
     pub hint: bool,
+}
+
+/// `coorfs run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Hint only DataLoaders whose files are below this coorfs mount point [default: any coorfs
+    /// mount their files are on].
+    #[arg(long, value_name = "MOUNTPOINT")]
+    pub mount: Option<PathBuf>,
+    /// The command and its arguments: everything after --, or from the first word that is not
+    /// an option of coorfs run.
+    #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl RunArgs {
+    /// What to run.
+    pub fn into_config(self) -> crate::run::RunConfig {
+        crate::run::RunConfig {
+            mount: self.mount,
+            command: self.command,
+        }
+    }
 }
 
 /// `--job-key`.
@@ -466,6 +511,8 @@ pub enum CommandError {
     Stats(#[from] StatsError),
     #[error(transparent)]
     Analyze(#[from] AnalyzeError),
+    #[error(transparent)]
+    Run(#[from] RunError),
 }
 
 impl CommandError {
@@ -473,8 +520,12 @@ impl CommandError {
     pub const BAD_INPUT: u8 = 2;
     /// The exit status of a failure of the system: the kernel, a daemon or a file refused.
     pub const FAILED: u8 = 1;
+    /// `coorfs run`'s CMD cannot be found, or found and not executed: a shell's statuses.
+    pub const NOT_FOUND: u8 = 127;
+    pub const NOT_EXECUTABLE: u8 = 126;
 
-    /// The process exit status for this error ([`Self::BAD_INPUT`] or [`Self::FAILED`]).
+    /// The process exit status for this error ([`Self::BAD_INPUT`] or [`Self::FAILED`]; for a
+    /// command `coorfs run` cannot start, [`Self::NOT_FOUND`] or [`Self::NOT_EXECUTABLE`]).
     pub fn exit_code(&self) -> u8 {
         let bad_input = match self {
             CommandError::Usage(_) => true,
@@ -532,6 +583,12 @@ impl CommandError {
                 | AnalyzeError::OtherDataset { .. }
                 | AnalyzeError::NothingReadable { .. } => true,
                 AnalyzeError::Write(..) | AnalyzeError::Plot(..) => false,
+            },
+            CommandError::Run(e) => match e {
+                RunError::NotFound(_) => return Self::NOT_FOUND,
+                RunError::NotExecutable(..) => return Self::NOT_EXECUTABLE,
+                RunError::NotAMount(_) => true,
+                RunError::Wait(..) => false,
             },
         };
         if bad_input {

@@ -16,7 +16,8 @@
 //! Around them: `cli` (clap, at the edge), `config` (plain structs), `budget` (how much
 //! memory the cache may take: the memory cgroup), `daemon` (mount life cycle), `manpage`
 //! (generated from the CLI), `analyze` (`coorfs analyze`: measure the storage, simulate the
-//! cache, predict data stalls).
+//! cache, predict data stalls), `run` (`coorfs run`: a training command whose DataLoaders hand
+//! the mount their order, through the Python hook of `python/coorfs/run.py`).
 
 pub mod analyze;
 pub mod block;
@@ -34,6 +35,7 @@ pub mod mountinfo;
 pub mod namespace;
 pub mod prefetch;
 pub mod reader;
+pub mod run;
 pub mod source;
 pub mod stats;
 pub mod statsview;

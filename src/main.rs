@@ -23,6 +23,11 @@ fn main() -> ExitCode {
         Command::Read(args) => read(&args),
         Command::Stats(args) => stats(&args),
         Command::Analyze(args) => analyze(args),
+        // CMD's own exit status, passed through.
+        Command::Run(args) => match coorfs::run::run(&args.into_config()) {
+            Ok(status) => return ExitCode::from(status),
+            Err(e) => Err(CommandError::from(e)),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,9 +56,14 @@ fn clap_failure(e: clap::Error) -> ExitCode {
         }
         _ => {
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid command line");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            failure(&CommandError::Usage(first.to_string()))
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let first = lines.next().unwrap_or("invalid command line");
+            let mut first = first.strip_prefix("error: ").unwrap_or(first).to_string();
+            // "the following required arguments were not provided:" names them on the next line.
+            if first.ends_with(':') {
+                first = format!("{first} {}", lines.next().unwrap_or_default());
+            }
+            failure(&CommandError::Usage(first))
         }
     }
 }

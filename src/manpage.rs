@@ -40,6 +40,9 @@ fn paragraphs(text: &str) -> String {
 }
 
 fn usage_of(cmd: &Command, parents: &str) -> String {
+    if let Some(usage) = cmd.get_overridden_usage() {
+        return usage.to_string();
+    }
     let mut usage = format!("{parents} {}", cmd.get_name());
     let has_options = cmd
         .get_arguments()
@@ -197,12 +200,17 @@ ENODATA. They are read-only.",
          unsuitable source, mount point or dataset, a path that is not a coorfs mount), with one \
          line on standard error that says what is wrong; 1 when the system fails (the mount or \
          unmount itself, a daemon that does not exit, files that \\fBcoorfs read\\fR could not \
-         read, output that \\fBcoorfs analyze\\fR could not write), also with one line.\n",
+         read, output that \\fBcoorfs analyze\\fR could not write), also with one line. \
+         \\fBcoorfs run\\fR exits with the status of CMD (128 + N when signal N ended it), 127 when \
+         CMD is not found and 126 when it cannot be run, as a shell does.\n",
     );
     out.push_str(
         ".SH ENVIRONMENT\n\
          .TP\n\\fBRUST_LOG\\fR\n\
-         The log filter when \\fB\\-\\-log\\-level\\fR is not given.\n",
+         The log filter when \\fB\\-\\-log\\-level\\fR is not given.\n\
+         .TP\n\\fBPYTHONPATH\\fR, \\fBCOORFS_RUN_DIR\\fR, \\fBCOORFS_MOUNT\\fR\n\
+         Set by \\fBcoorfs run\\fR for CMD: its hook's directory first on the Python path, the \
+         same directory for the hook's own use, and \\fB\\-\\-mount\\fR.\n",
     );
     out.push_str(
         ".SH NOTES\n\

@@ -262,7 +262,7 @@ fn bad_input_is_one_clear_line() {
         (
             vec![s("mount"), o(&src)],
             2,
-            "required arguments were not provided".into(),
+            "required arguments were not provided: <MOUNTPOINT>".into(),
         ),
         (
             vec![s("frobnicate")],

@@ -9,7 +9,6 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use serde_json::Value;
 
 /// A dataset behind a mount that delays every read by `delay`, like network storage.
 struct SlowStorage {
@@ -45,15 +44,6 @@ fn wait_read(child: std::process::Child) -> std::process::ExitStatus {
     wait_within(child, COMMAND_LIMIT, "coorfs read").status
 }
 
-fn job(s: &Value, pgid: u32) -> &Value {
-    s["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["job"] == format!("pgid {pgid}"))
-        .unwrap_or_else(|| panic!("no job pgid {pgid} in {s}"))
-}
-
 #[test]
 fn two_concurrent_jobs_each_keep_their_own_epochs() {
     let dir = open_tempdir();
@@ -68,7 +58,7 @@ fn two_concurrent_jobs_each_keep_their_own_epochs() {
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "active_jobs"), 2, "{s}");
     for (pgid, epochs) in [(pa, 3), (pb, 2)] {
-        let j = job(&s, pgid);
+        let j = job_of(&s, pgid);
         let records = j["epochs"].as_array().unwrap();
         assert_eq!(records.len(), epochs, "{j}");
         for (i, r) in records.iter().enumerate() {
@@ -110,7 +100,7 @@ fn prefetch_reads_every_file_once_per_epoch_and_wastes_nothing() {
     let pgid = r.id();
     assert!(wait_read(r).success());
     let s = stats(&m.mnt);
-    let j = job(&s, pgid);
+    let j = job_of(&s, pgid);
     let cached = num(&s, "cached_files");
     assert_eq!(cached, FILES as u64 / 4, "{s}");
     let uncached = FILES as u64 - cached;
@@ -165,7 +155,7 @@ fn with_an_order_hint_reads_of_uncached_files_hit_the_staging_area() {
     assert!(wait_read(r).success());
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "hints_accepted"), 3, "{s}");
-    let j = job(&s, pgid);
+    let j = job_of(&s, pgid);
     for r in j["epochs"].as_array().unwrap() {
         let (staged, misses) = (num(r, "staging_hits"), num(r, "misses"));
         assert_eq!(misses, FILES as u64);

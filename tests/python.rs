@@ -1,5 +1,6 @@
 //! The `coorfs` Python package (python/): its unit tests (standard library `unittest`, no torch,
-//! no mount) and its version. tests/hints.rs drives it against a real mount;
+//! no mount; `coorfs run`'s hook runs its jobs on the stand-in torch of python/tests/faketorch)
+//! and its version. tests/hints.rs drives it against a real mount;
 //! scripts/check-frameworks.sh runs the same unit tests with torch installed, where the
 //! sampler's own tests run too.
 

@@ -15,7 +15,9 @@ Two things a training job may want from the mount, with the standard library onl
   (the `user.coorfs.stats` attribute, the document `coorfs stats --json` prints), and
   `coorfs.cached_bytes(path)` how many bytes of one file the cache holds.
 
-`HintedSampler` is imported on first use, so `import coorfs` does not load torch.
+`HintedSampler` is imported on first use, so `import coorfs` does not load torch. `coorfs.run`
+is the start-up hook of the `coorfs run` command, which gives unchanged jobs the same hints; the
+command loads it by itself (a copy compiled into it), so jobs need not import it.
 """
 
 from .order import ORDER_FILE, HintedOrder, sample_paths, write_order

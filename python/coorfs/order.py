@@ -18,13 +18,28 @@ ORDER_FILE = ".coorfs-order"
 def sample_paths(dataset):
     """The file path of every sample of `dataset`, by index.
 
-    Knows torchvision's ImageFolder/DatasetFolder (`samples`), datasets with `imgs`, `paths`
-    or `files`, and plain sequences of paths.
+    Asks, in this order: the dataset's own `coorfs_paths` (a list, or a method returning one:
+    the protocol for custom datasets); torchvision's ImageFolder/DatasetFolder (`samples`,
+    `imgs`); torch's `Subset` (its dataset's paths at its indices) and `ConcatDataset` (its
+    datasets' paths, one after the other); datasets with `paths` or `files`; plain sequences
+    of paths. Raises TypeError when none of them tells.
     """
+    own = getattr(dataset, "coorfs_paths", None)
+    if own is not None:
+        return list(own() if callable(own) else own)
     for attr in ("samples", "imgs"):
         items = getattr(dataset, attr, None)
         if items is not None:
             return [item[0] if isinstance(item, (tuple, list)) else item for item in items]
+    # Duck-typed, so that this module needs no torch: Subset has `dataset` and `indices`,
+    # ConcatDataset `datasets` and `cumulative_sizes`.
+    inner, indices = getattr(dataset, "dataset", None), getattr(dataset, "indices", None)
+    if inner is not None and indices is not None:
+        paths = sample_paths(inner)
+        return [paths[i] for i in indices]
+    parts = getattr(dataset, "datasets", None)
+    if parts is not None and hasattr(dataset, "cumulative_sizes"):
+        return [p for part in parts for p in sample_paths(part)]
     for attr in ("paths", "files"):
         items = getattr(dataset, attr, None)
         if items is not None:
@@ -32,7 +47,8 @@ def sample_paths(dataset):
     if isinstance(dataset, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in dataset):
         return list(dataset)
     raise TypeError(
-        "coorfs: cannot tell the file of each sample of %r; pass paths=[...]" % type(dataset).__name__
+        "coorfs: cannot tell the file of each sample of %r; pass paths=[...] or give it a "
+        "coorfs_paths list" % type(dataset).__name__
     )
 
 

@@ -27,6 +27,9 @@ class HintedSampler(Sampler):
     rejects a hint.
     """
 
+    # It hands each epoch's order to the mount itself: `coorfs run` leaves it alone.
+    coorfs_hints = True
+
     def __init__(self, data_source, mount, paths=None, generator=None, strict=False):
         self.data_source = data_source
         self.generator = generator

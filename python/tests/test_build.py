@@ -33,7 +33,7 @@ class Build(unittest.TestCase):
         dist_info = "coorfs-%s.dist-info/" % project["version"]
         with zipfile.ZipFile(os.path.join(self.out, name)) as whl:
             names = set(whl.namelist())
-            for module in ("__init__", "order", "sampler", "stats"):
+            for module in ("__init__", "order", "run", "sampler", "stats"):
                 self.assertIn("coorfs/%s.py" % module, names)
             self.assertFalse([n for n in names if "__pycache__" in n or n.startswith("tests/")])
             metadata = whl.read(dist_info + "METADATA").decode()
@@ -63,7 +63,8 @@ class Build(unittest.TestCase):
         name = coorfs_build.build_sdist(self.out)
         with tarfile.open(os.path.join(self.out, name)) as tar:
             names = {n.split("/", 1)[1] for n in tar.getnames()}
-        for want in ("pyproject.toml", "coorfs_build.py", "PKG-INFO", "coorfs/__init__.py", "tests/test_build.py"):
+        for want in ("pyproject.toml", "coorfs_build.py", "PKG-INFO", "coorfs/__init__.py", "tests/test_build.py",
+                     "tests/faketorch/torch/utils/data/__init__.py", "run-hook/sitecustomize.py"):
             self.assertIn(want, names)
 
     def test_pyproject_reads_the_same_without_tomllib(self):

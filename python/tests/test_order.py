@@ -29,8 +29,22 @@ class SamplePaths(unittest.TestCase):
         self.assertEqual(coorfs.sample_paths(type("D", (), {"files": tuple(paths)})()), paths)
         self.assertEqual(coorfs.sample_paths(tuple(paths)), paths)
 
+    def test_a_dataset_may_tell_its_paths_itself(self):
+        paths = ["/m/a/1.jpg", "/m/b/2.jpg"]
+        listed = type("D", (), {"coorfs_paths": paths, "samples": [("/elsewhere", 0)] * 2})()
+        self.assertEqual(coorfs.sample_paths(listed), paths)
+        self.assertEqual(coorfs.sample_paths(type("D", (), {"coorfs_paths": lambda self: paths})()), paths)
+
+    def test_subsets_and_concatenations_of_datasets(self):
+        paths = ["/m/%d.jpg" % i for i in range(5)]
+        whole = FakeImageFolder(paths)
+        subset = type("Subset", (), {"dataset": whole, "indices": [4, 0, 2]})()
+        self.assertEqual(coorfs.sample_paths(subset), ["/m/4.jpg", "/m/0.jpg", "/m/2.jpg"])
+        concat = type("ConcatDataset", (), {"datasets": [subset, whole], "cumulative_sizes": [3, 8]})()
+        self.assertEqual(coorfs.sample_paths(concat), coorfs.sample_paths(subset) + paths)
+
     def test_unknown_dataset_says_what_to_pass(self):
-        with self.assertRaisesRegex(TypeError, "pass paths="):
+        with self.assertRaisesRegex(TypeError, "pass paths=.* coorfs_paths"):
             coorfs.sample_paths([1, 2, 3])
 
 

@@ -204,6 +204,16 @@ pub fn stats(mnt: &Path) -> serde_json::Value {
     serde_json::from_slice(&raw).unwrap()
 }
 
+/// The job of process group `pgid` in a stats document.
+pub fn job_of(s: &serde_json::Value, pgid: u32) -> &serde_json::Value {
+    s["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == format!("pgid {pgid}"))
+        .unwrap_or_else(|| panic!("no job pgid {pgid} in {s}"))
+}
+
 /// A numeric field of a stats document (or of one of its epochs).
 pub fn num(v: &serde_json::Value, key: &str) -> u64 {
     v[key]
