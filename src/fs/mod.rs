@@ -506,6 +506,19 @@ impl DatasetFs {
         {
             return Err(FsError::ReadOnly);
         }
+        let (handle, opened) = self.open_handle(ino, caller, access)?;
+        self.handles.insert_file(opened.fh, handle);
+        Ok(opened)
+    }
+
+    /// The steps of [`DatasetFs::open_file`] for a data file, up to entering the handle: the
+    /// handle, and what the kernel is told. A read under `--fast-open` uses the handle alone.
+    fn open_handle(
+        &self,
+        ino: NodeId,
+        caller: Caller,
+        access: Access,
+    ) -> Result<(FileHandle, Opened), FsError> {
         let opened = self.open_source(ino, caller)?;
         let now = self.ledger.now();
         let hit = self.tiers.memory.holds_file(&opened.meta.version);
@@ -570,14 +583,14 @@ impl DatasetFs {
             changed_while_open: AtomicBool::new(false),
             silent: access == Access::Silent,
         };
-        self.handles.insert_file(fh, handle);
-        Ok(Opened {
+        let opened = Opened {
             fh,
             keep_cache,
             direct_io,
             changed: changed && access == Access::Counted,
             flush: false,
-        })
+        };
+        Ok((handle, opened))
     }
 
     /// Opens the source file of node `ino` as `caller`: the source checks modes, ACLs and

@@ -97,12 +97,18 @@ impl DatasetFs {
         } else {
             Access::Silent
         };
-        match self.open_file(ino, libc::O_RDONLY, caller, access) {
-            Ok(opened) => {
-                self.read(opened.fh, offset, size, done);
-                self.release(opened.fh);
-            }
-            Err(e) => done(Err(e)),
+        // The handle is this read's alone: it never enters the handle table, and the version
+        // the open just took needs no second look.
+        let h = match self.open_handle(ino, caller, access) {
+            Ok((h, _)) => Arc::new(h),
+            Err(e) => return done(Err(e)),
+        };
+        if let Some(watch) = &h.watch {
+            self.kernel.asked(watch);
+        }
+        self.read_current(&h, offset, size, done);
+        if let Some(watch) = &h.watch {
+            self.kernel.closed(watch);
         }
     }
 
@@ -116,10 +122,14 @@ impl DatasetFs {
             self.kernel.asked(watch);
         }
         match stat_fd(&h.file) {
-            Ok(now) if now.version == h.version => {}
-            Ok(_) => return self.read_changed(&h, offset, size, done),
-            Err(e) => return done(Err(FsError::Source(e))),
+            Ok(now) if now.version == h.version => self.read_current(&h, offset, size, done),
+            Ok(_) => self.read_changed(&h, offset, size, done),
+            Err(e) => done(Err(FsError::Source(e))),
         }
+    }
+
+    /// [`DatasetFs::read`] of a handle whose file is still the version it opened.
+    fn read_current(&self, h: &Arc<FileHandle>, offset: u64, size: u32, done: ReadDone) {
         let file_size = h.version.size;
         if offset >= file_size || size == 0 {
             return done(Ok(&[]));
@@ -134,11 +144,11 @@ impl DatasetFs {
         if first == last {
             let base = block_start(first);
             let (a, b) = ((offset - base) as usize, (end - base) as usize);
-            if let Some(bytes) = self.local_block(&h, first, (b - a) as u64) {
+            if let Some(bytes) = self.local_block(h, first, (b - a) as u64) {
                 return done(Ok(&bytes[a..b]));
             }
             return self.fetch_for(
-                &h,
+                h,
                 first,
                 Box::new(move |r| match r {
                     Ok(buf) => done(Ok(&buf[a..b])),
@@ -158,14 +168,14 @@ impl DatasetFs {
             let (lo, hi) = (offset.max(start), end.min(start + bs));
             let (a, b) = ((lo - start) as usize, (hi - start) as usize);
             let at = (lo - offset) as usize;
-            if let Some(bytes) = self.local_block(&h, block, (b - a) as u64) {
+            if let Some(bytes) = self.local_block(h, block, (b - a) as u64) {
                 assembly.lock().buf[at..at + (b - a)].copy_from_slice(&bytes[a..b]);
                 continue;
             }
             assembly.lock().pending += 1;
             let part = assembly.clone();
             self.fetch_for(
-                &h,
+                h,
                 block,
                 Box::new(move |r| {
                     let mut asm = part.lock();
