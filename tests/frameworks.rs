@@ -34,6 +34,9 @@ const FILES: usize = 1000;
 const SIZE: usize = 16 * 1024;
 const WORKERS: usize = 4;
 const EPOCHS: usize = 3;
+/// Bytes the prefetcher may have in flight (`--prefetch-depth` 16 files of `SIZE`) when an
+/// epoch ends: they count in the epoch that issued them, though the next one reads them.
+const IN_FLIGHT: usize = 16 * SIZE;
 
 /// The files of a job's first epoch that the prefetcher may stage: those it has not read when
 /// its reads show it reads the dataset, past clearly more than half of the files (more than
@@ -186,7 +189,9 @@ fn with_half_the_dataset_cached_later_epochs_hit_exactly_that_half() {
 #[test]
 fn with_prefetch_every_file_is_read_from_the_source_once_an_epoch_at_most() {
     let cached = FILES / 2;
-    let s = through_a_mount(cached, &[]);
+    // Storage 2 ms a read away, as over a network: on a local disk small reads are answered
+    // inline as fast as the prefetcher could stage them, and which one wins is a race.
+    let s = through_a_mount(cached, &["--read-delay", "2ms"]);
     let (files, dataset) = (FILES as u64, (FILES * SIZE) as u64);
     let cached_bytes = (cached * SIZE) as u64;
     assert!(
@@ -194,8 +199,8 @@ fn with_prefetch_every_file_is_read_from_the_source_once_an_epoch_at_most() {
         "prefetch is on by default: {s}"
     );
     // The prefetcher did work: it served most of the misses it could (of 2,000 misses,
-    // 1,435: 435 in epoch 1 and the 500 uncached files of each later one; 64-94% of them in
-    // runs on a loaded 2-CPU machine). Checked per epoch at the end.
+    // 1,435: 435 in epoch 1 and the 500 uncached files of each later one; 81-84% of them in
+    // runs on a 2-CPU machine, idle or busy). Checked per epoch at the end.
     assert!(num(&s, "staging_hits") > 0, "{s}");
     assert_eq!(num(&s, "cached_files"), cached as u64, "{s}");
     assert_eq!(num(&s, "reads"), EPOCHS as u64 * files, "{s}");
@@ -324,7 +329,8 @@ impl JobRun {
     /// Checks what holds for every pattern: one job epoch per epoch the script ran, each with
     /// the files the script read in it (within `slack` of them: the few a new pass may read
     /// before its re-reads show it began), nothing prefetched unread, and each epoch's bytes
-    /// from the source within 2% of its uncached bytes. `complete` says whether the last
+    /// from the source within 2% of its uncached bytes, give or take the prefetches in flight
+    /// where it ends ([`IN_FLIGHT`]), and the run's within 2%. `complete` says whether the last
     /// epoch read the whole dataset (then it is over, and the job's next epoch has begun).
     fn assert_epochs_follow_the_script(&self, slack: u64, complete: bool) {
         let s = &self.stats;
@@ -345,10 +351,25 @@ impl JobRun {
             let want = self.uncached_bytes(e);
             let got = num(r, "bytes_from_source");
             assert!(
-                got.abs_diff(want) as f64 <= 0.02 * want as f64,
+                got.abs_diff(want) as f64 <= 0.02 * want as f64 + IN_FLIGHT as f64,
                 "{want} bytes uncached, {got} from the source: {what}"
             );
         }
+        // Over the whole run no slack for fetches in flight: a file read from the source twice
+        // shows here.
+        let want: u64 = (0..self.records.len())
+            .map(|e| self.uncached_bytes(e))
+            .sum();
+        let got: u64 = self
+            .records
+            .iter()
+            .map(|r| num(r, "bytes_from_source"))
+            .sum();
+        assert!(
+            got.abs_diff(want) as f64 <= 0.02 * want as f64,
+            "{want} bytes uncached in {} epochs, {got} from the source: {s}",
+            self.records.len()
+        );
     }
 }
 
