@@ -87,7 +87,11 @@ trap cleanup EXIT
 samples=${SAMPLES:-$work/samples.txt}
 
 # coorfs mount options and reader options of each system.
+# Every epoch is a new `coorfs read` piped into python3 from this script, which by the default
+# job rule (two programs at once) would make each epoch a job of its own: --job-key pgid keeps
+# the epochs one job, as one training run's are.
 mount_opts() {
+    echo "--job-key pgid"
     case "$1" in
         minio) echo "--policy minio --no-prefetch" ;;
         lru) echo "--policy lru --no-prefetch" ;;

@@ -188,10 +188,11 @@ pub struct MountArgs {
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024), help_heading = "Prefetch")]
     pub prefetch_depth: u16,
 
-    /// What makes a job (one training run, with its own epochs): pgid = the process group
-    /// (a DataLoader's workers share their parent's; falls back to the session), sid = the
-    /// session, uid = the user, none = one job for all.
-    #[arg(long, value_enum, default_value_t = JobKeyArg::Pgid, help_heading = "Jobs")]
+    /// What makes a job (one training run, with its own epochs): auto = the process group
+    /// (a DataLoader's workers share their parent's), except that each program a
+    /// script runs at once (the trials of a sweep) is a job with what it starts; pgid = the
+    /// process group, always; sid = the session; uid = the user; none = one job for all.
+    #[arg(long, value_enum, default_value_t = JobKeyArg::Auto, help_heading = "Jobs")]
     pub job_key: JobKeyArg,
     /// Forget a job after this long without reading (e.g. 10m).
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, help_heading = "Jobs")]
@@ -306,6 +307,7 @@ impl RunArgs {
 /// `--job-key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum JobKeyArg {
+    Auto,
     Pgid,
     Sid,
     Uid,
@@ -476,6 +478,7 @@ impl MountArgs {
         };
         config.jobs = crate::jobs::JobConfig {
             key: match self.job_key {
+                JobKeyArg::Auto => crate::jobs::JobKeyKind::Auto,
                 JobKeyArg::Pgid => crate::jobs::JobKeyKind::Pgid,
                 JobKeyArg::Sid => crate::jobs::JobKeyKind::Sid,
                 JobKeyArg::Uid => crate::jobs::JobKeyKind::Uid,

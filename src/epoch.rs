@@ -30,7 +30,9 @@
 //!   epoch. The new epoch begins at the first piece, or where new processes began reading if
 //!   that was moments before ([`HISTORY`]) and after the others had stopped: a DataLoader
 //!   forks new workers for every pass, and what they read before the first re-read is the new
-//!   pass too. What was read since moves to the new epoch.
+//!   pass too (a new worker that read a batch and waited, moments before the next began,
+//!   counts as one that began, not one that stopped). What was read since moves to the new
+//!   epoch.
 //! - Right after an epoch ends, an access of a file the job read moments ago is *carried*:
 //!   the file is not read yet in the new epoch. A process's second open of the file it just
 //!   read, or an access by a process still finishing the last epoch of a file another one
@@ -425,8 +427,10 @@ impl EpochTracker {
             .map_or(self.clock, |a| a.clock)
             .max(self.began);
         // The processes reading since the first evidence read the new pass; those that had
-        // stopped when the first of them began read the last one. Those that began after,
-        // lately, read the new one too.
+        // stopped when the first of them began read the last one, unless they began moments
+        // before it (within SPAN accesses: new workers begin together, and one may read a
+        // batch and wait while the next begins). Those that began after, lately, read the new
+        // one too.
         let new_pass = self
             .readers
             .values()
@@ -437,8 +441,8 @@ impl EpochTracker {
         let stopped = self
             .readers
             .values()
+            .filter(|w| w.last < new_pass && w.born + SPAN < new_pass)
             .map(|w| w.last)
-            .filter(|last| *last < new_pass)
             .max()
             .unwrap_or(0);
         let start = self
@@ -624,6 +628,24 @@ mod tests {
         let steps = run(&mut t, &alone([700, 800, 10, 900, 20]), total);
         assert_eq!(steps[4], Step::Restarted { moved: 2 });
         assert_eq!((t.last_epoch_files(), t.read_in_epoch()), (502, 3));
+    }
+
+    #[test]
+    fn a_new_worker_that_read_and_waited_before_the_others_began_reads_the_new_pass() {
+        let total = Some(1000);
+        let mut t = EpochTracker::new(Boundary::Coverage);
+        // Epoch 1 by workers 1 and 2; epoch 2's workers 3 and 4 read half and stop.
+        let one: Vec<_> = (0..1000).map(|f| (f, 1 + f % 2)).collect();
+        run(&mut t, &one, total);
+        let half: Vec<_> = (0..500).map(|f| (f, 3 + f % 2)).collect();
+        run(&mut t, &half, total);
+        // The next pass's worker 5 reads two files and waits; worker 6 begins, reads one new
+        // file and two that epoch 2 read.
+        let next = [(600, 5), (601, 5), (602, 6), (10, 6), (20, 6)];
+        let steps = run(&mut t, &next, total);
+        assert_eq!(steps[4], Step::Restarted { moved: 4 });
+        assert_eq!((t.epoch(), t.last_epoch_files()), (3, 500));
+        assert!([600, 601, 602, 10, 20].iter().all(|f| t.has_read(*f)));
     }
 
     #[test]
@@ -829,8 +851,8 @@ mod tests {
                     .unwrap();
                 let stopped = lives
                     .iter()
+                    .filter(|l| l.1 + 1 < began && l.0 + 1 + (SPAN as usize) < began)
                     .map(|l| l.1 + 1)
-                    .filter(|last| *last < began)
                     .max()
                     .unwrap_or(0);
                 let start = lives

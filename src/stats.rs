@@ -93,7 +93,7 @@ stats! {
     KernelRefills => "kernel_refills", Count, "Reopened sentinel files whose pages the kernel had dropped and read again.";
     HintsAccepted => "hints_accepted", Count, "Order hints accepted (writes of the .coorfs-order file).";
     HintsRejected => "hints_rejected", Count, "Order hints rejected (unknown paths, garbage, too large).";
-    ActiveJobs => "active_jobs", Count, "Jobs (process groups, by default) that read the mount and were not idle long enough to be forgotten.";
+    ActiveJobs => "active_jobs", Count, "Jobs (process groups, or the trials of a sweep script, by default) that read the mount and were not idle long enough to be forgotten.";
     DatasetFiles => "dataset_files", Count, "Regular files found in the source by the scan at mount.";
     DatasetBytes => "dataset_bytes", Bytes, "Bytes of those files.";
     MetadataBytes => "metadata_bytes", Bytes, "Bytes of the daemon's node table: the names and attributes of every entry of the source it has seen (about 106 bytes plus the name each).";

@@ -1,9 +1,10 @@
 //! Jobs: who is reading, so that every training run has its own epoch clock.
 //!
 //! A job is one training run. A PyTorch DataLoader's worker processes are children of the
-//! main process and share its process group and session, so by default a job is a process
-//! group (`--job-key pgid`), falling back to the session if the group cannot be read (the
-//! process already exited). How common launchers group:
+//! main process and share its process group and session, so by default (`--job-key auto`)
+//! a job is a process group, falling back to the session if the group cannot be read (the
+//! process already exited), except that the programs a script runs at once are a job each
+//! ([`tree`]). How common launchers group:
 //! - a script run from an interactive shell: the shell puts each pipeline in its own
 //!   process group, so the script and everything it starts are one job;
 //! - torchrun: every rank is a child of torchrun, in torchrun's process group: the ranks of
@@ -11,9 +12,14 @@
 //!   epoch);
 //! - a Jupyter notebook: the kernel process and its DataLoader workers are one job, and
 //!   successive runs in one kernel are successive epochs of it;
-//! - jobs started by one batch script without job control share the script's group: use
-//!   `--job-key sid` if each runs under its own `setsid`, `uid` to group by user, or `none`
-//!   for one job per mount.
+//! - a sweep script that starts its trials in the background (one process group, no job
+//!   control): each trial is a job with everything it starts. `--job-key pgid` makes the
+//!   whole group one job, `sid` a session, `uid` a user's processes, `none` everybody.
+//!
+//! A user's live jobs are bounded ([`MAX_USER_JOBS`], and [`MAX_JOBS`] for everybody): a
+//! job holds two bitmaps of the dataset's files. Past the bound a new job of the user joins
+//! the user's catch-all job ([`JobKey::Uid`]), so a loop of `setsid cat` cannot grow the
+//! daemon.
 //!
 //! Per job, an [`EpochLog`] with the [`Boundary::Coverage`] rule (every file read, or a new
 //! pass over what it read: re-reads moments apart are one access; see [`crate::epoch`]),
@@ -25,6 +31,7 @@
 //! job's books, is decided in one place: [`ledger`].
 
 pub mod ledger;
+pub mod tree;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -40,8 +47,11 @@ use crate::stats::{EpochLog, EpochRecord};
 /// What identifies a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum JobKeyKind {
-    /// The caller's process group (falling back to its session).
+    /// The caller's process group, or its program's subtree when a script runs several at
+    /// once ([`tree`]).
     #[default]
+    Auto,
+    /// The caller's process group (falling back to its session).
     Pgid,
     /// The caller's session.
     Sid,
@@ -62,7 +72,7 @@ pub struct JobConfig {
 impl Default for JobConfig {
     fn default() -> Self {
         JobConfig {
-            key: JobKeyKind::Pgid,
+            key: JobKeyKind::Auto,
             // Longer than any pause between epochs (validation, checkpointing), short enough
             // that a finished run's state does not linger for the life of the mount.
             idle_timeout: Duration::from_secs(600),
@@ -74,6 +84,11 @@ impl Default for JobConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum JobKey {
     Pgid(u32),
+    /// The subtree of process `pid` in process group `pgid`: a trial of a sweep.
+    Proc {
+        pgid: u32,
+        pid: u32,
+    },
     Sid(u32),
     Uid(u32),
     All,
@@ -83,6 +98,7 @@ impl std::fmt::Display for JobKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             JobKey::Pgid(n) => write!(f, "pgid {n}"),
+            JobKey::Proc { pgid, pid } => write!(f, "pgid {pgid} pid {pid}"),
             JobKey::Sid(n) => write!(f, "sid {n}"),
             JobKey::Uid(n) => write!(f, "uid {n}"),
             JobKey::All => write!(f, "all"),
@@ -98,7 +114,7 @@ pub fn job_of(kind: JobKeyKind, pid: u32, uid: u32) -> JobKey {
     let pgid = || unsafe { libc::getpgid(pid as libc::pid_t) };
     let sid = || unsafe { libc::getsid(pid as libc::pid_t) };
     match kind {
-        JobKeyKind::Pgid => match pgid() {
+        JobKeyKind::Auto | JobKeyKind::Pgid => match pgid() {
             g if g >= 0 => JobKey::Pgid(g as u32),
             _ => match sid() {
                 s if s >= 0 => JobKey::Sid(s as u32),
@@ -240,6 +256,8 @@ pub fn reads_the_dataset(read: usize, total: usize, covered: bool) -> bool {
 #[derive(Debug)]
 pub struct Job {
     pub key: JobKey,
+    /// The user whose process began it.
+    pub uid: u32,
     pub log: EpochLog,
     /// Seconds since the mount of the last access.
     pub last_access: f64,
@@ -250,9 +268,10 @@ pub struct Job {
 }
 
 impl Job {
-    fn new(key: JobKey, now: f64) -> Self {
+    fn new(key: JobKey, uid: u32, now: f64) -> Self {
         Job {
             key,
+            uid,
             log: EpochLog::new(Boundary::Coverage),
             last_access: now,
             hint: None,
@@ -340,12 +359,18 @@ pub struct JobSummary {
 /// How many forgotten jobs `stats` keeps showing.
 const PAST_JOBS: usize = 16;
 
+/// Live jobs of one user at most (a sweep of 32 trials); past it the user's catch-all job.
+pub const MAX_USER_JOBS: usize = 32;
+/// Live jobs of everybody at most.
+pub const MAX_JOBS: usize = 128;
+
 /// The jobs of a mount.
 #[derive(Debug)]
 pub struct Jobs {
     config: JobConfig,
     live: Mutex<HashMap<JobKey, Arc<Mutex<Job>>>>,
     past: Mutex<VecDeque<JobSummary>>,
+    tree: tree::Tree,
 }
 
 impl Jobs {
@@ -355,6 +380,7 @@ impl Jobs {
             config,
             live: Mutex::new(HashMap::new()),
             past: Mutex::new(VecDeque::new()),
+            tree: tree::Tree::default(),
         }
     }
 
@@ -363,13 +389,32 @@ impl Jobs {
         self.config
     }
 
-    /// The job of a caller, created on its first access.
+    /// The job of a caller, created on its first access (see the module header for the
+    /// bounds).
     pub fn get(&self, pid: u32, uid: u32, now: f64) -> Arc<Mutex<Job>> {
-        let key = job_of(self.config.key, pid, uid);
-        self.live
-            .lock()
-            .entry(key)
-            .or_insert_with(|| Arc::new(Mutex::new(Job::new(key, now))))
+        let key = match self.config.key {
+            JobKeyKind::Auto => self.tree.job(&tree::ProcFs, pid, now),
+            _ => None,
+        }
+        .unwrap_or_else(|| job_of(self.config.key, pid, uid));
+        self.join(key, uid, now)
+    }
+
+    /// Job `key`, begun by `uid` if it is new: the user's catch-all job if the user or
+    /// everybody has as many live jobs as may be.
+    fn join(&self, key: JobKey, uid: u32, now: f64) -> Arc<Mutex<Job>> {
+        let mut live = self.live.lock();
+        if let Some(job) = live.get(&key) {
+            return job.clone();
+        }
+        let key = match live.len() >= MAX_JOBS
+            || live.values().filter(|j| j.lock().uid == uid).count() >= MAX_USER_JOBS
+        {
+            true => JobKey::Uid(uid),
+            false => key,
+        };
+        live.entry(key)
+            .or_insert_with(|| Arc::new(Mutex::new(Job::new(key, uid, now))))
             .clone()
     }
 
@@ -470,7 +515,7 @@ mod tests {
     #[test]
     fn a_hint_waits_for_the_next_epoch_once_reading_began() {
         let budget = HintBudget::new(HintLimits::default());
-        let mut job = Job::new(JobKey::All, 0.0);
+        let mut job = Job::new(JobKey::All, 0, 0.0);
         job.set_hint(vec![2, 0, 1], budget.charge(0));
         assert_eq!(job.active_order().unwrap().as_slice(), &[2, 0, 1]);
         // Epoch 1 read, then a new hint while epoch 2 has not begun.
@@ -511,5 +556,45 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].job.as_str(), s[0].active), ("uid 200", true));
         assert_eq!((s[1].job.as_str(), s[1].active), ("uid 100", false));
+    }
+
+    #[test]
+    fn live_jobs_are_bounded_per_user_and_in_total() {
+        let jobs = Jobs::new(JobConfig::default());
+        for n in 0..MAX_USER_JOBS as u32 + 8 {
+            jobs.join(JobKey::Pgid(n), 7, 0.0);
+        }
+        let keys = |uid| -> Vec<JobKey> {
+            let mut k: Vec<_> = jobs
+                .live()
+                .iter()
+                .map(|j| j.lock())
+                .filter(|j| j.uid == uid)
+                .map(|j| j.key)
+                .collect();
+            k.sort();
+            k
+        };
+        let mine = keys(7);
+        assert_eq!(mine.len(), MAX_USER_JOBS + 1);
+        assert_eq!(mine.last(), Some(&JobKey::Uid(7)));
+        // A job that exists is still found, and other users still get jobs of their own.
+        assert_eq!(
+            jobs.join(JobKey::Pgid(3), 7, 0.0).lock().key,
+            JobKey::Pgid(3)
+        );
+        for uid in 100..100 + (MAX_JOBS / MAX_USER_JOBS) as u32 {
+            for n in 0..MAX_USER_JOBS as u32 {
+                jobs.join(JobKey::Sid(uid * 1000 + n), uid, 0.0);
+            }
+        }
+        // Once everybody's bound is reached, each user has its catch-all job on top: 128
+        // jobs (user 7's catch-all among them), then those of users 102 and 103.
+        assert_eq!(jobs.live().len(), MAX_JOBS + 2);
+        assert_eq!(keys(103), vec![JobKey::Uid(103)]);
+        assert_eq!(
+            jobs.join(JobKey::Pgid(999), 5, 0.0).lock().key,
+            JobKey::Uid(5)
+        );
     }
 }
