@@ -83,8 +83,10 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-# SAMPLES=FILE keeps the per-epoch samples for another script (bench-analyze.sh) to read.
+# SAMPLES=FILE keeps the per-epoch samples for another script (bench-analyze.sh) to read. It
+# starts empty: samples of an earlier run (or of one cut short) would count as repetitions.
 samples=${SAMPLES:-$work/samples.txt}
+: > "$samples"
 
 # coorfs mount options and reader options of each system.
 # Every epoch is a new `coorfs read` piped into python3 from this script, which by the default
