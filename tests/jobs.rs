@@ -213,3 +213,34 @@ fn a_user_cannot_grow_the_job_table_past_its_share() {
     assert_eq!(catch_all, 1, "past 32 jobs, the user's catch-all: {s}");
     m.unmount();
 }
+
+#[test]
+fn a_trial_that_reads_from_threads_is_one_job() {
+    // FUSE names the thread that asks: 2 trials of one script, each reading every file from
+    // 4 threads, are 2 jobs, not one a thread.
+    let (_dir, m) = mounted(&[]);
+    let trial = r#"
+import concurrent.futures, os, sys
+paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs)
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    list(pool.map(lambda p: open(p, "rb").read(), paths))
+"#;
+    let (group, _) = run_script(
+        r#"python3 -c "$1" "$2" & python3 -c "$1" "$2" & wait"#,
+        &[trial, m.mnt.to_str().unwrap()],
+    );
+    let s = stats(&m.mnt);
+    let jobs = jobs(&s);
+    assert_eq!(jobs.len(), 2, "{s}");
+    for job in jobs {
+        assert!(
+            job["job"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("pgid {group} pid ")),
+            "{s}"
+        );
+        assert_eq!(num(&job["epochs"][0], "files"), FILES as u64, "{s}");
+    }
+    m.unmount();
+}

@@ -7,8 +7,8 @@
 //! `parallel`) is one process group without job control, yet each program it started is a
 //! training run of its own. So:
 //!
-//! - From the reading process, go up through its parents while they are in its process
-//!   group. The first *launcher* met (a shell, `coorfs run`, or a wrapper that waits for what
+//! - From the reading process (FUSE names the thread that asks: its process), go up through
+//!   its parents while they are in its process group. The first *launcher* met (a shell, `coorfs run`, or a wrapper that waits for what
 //!   it starts: [`LAUNCHERS`]) that has two or more children running is a *sweep*.
 //! - If there is one, the job is the sweep's child on the way up, with everything it started
 //!   ([`JobKey::Proc`]). Otherwise, the job is the process group ([`JobKey::Pgid`]).
@@ -50,6 +50,9 @@ const MAX_DEPTH: usize = 64;
 /// What the walk needs of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
+    /// The process a thread belongs to (its own pid for a process): FUSE names the thread
+    /// that asks.
+    pub tgid: u32,
     pub ppid: u32,
     pub pgid: u32,
     /// Its start time (clock ticks since boot): a pid is reused, a (pid, start) is not.
@@ -73,6 +76,10 @@ pub fn job_of_process(
     sweeps: &mut HashMap<(u32, u64), ()>,
 ) -> Option<JobKey> {
     let me = procs.get(pid)?;
+    let (pid, me) = match me.tgid {
+        tgid if tgid != pid && tgid != 0 => (tgid, procs.get(tgid)?),
+        _ => (pid, me),
+    };
     let group = me.pgid;
     let (mut child, mut at) = (pid, me);
     for _ in 0..MAX_DEPTH {
@@ -118,7 +125,15 @@ impl Processes for ProcFs {
                 .unwrap_or(0),
             false => 0,
         };
+        let tgid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("Tgid:"))?;
+                line["Tgid:".len()..].trim().parse().ok()
+            })
+            .unwrap_or(pid);
         Some(Process {
+            tgid,
             ppid,
             pgid,
             start,
@@ -185,13 +200,15 @@ impl Tree {
 mod tests {
     use super::*;
 
-    /// A process table: pid -> (name, ppid, pgid).
+    /// A process table: pid -> (name, ppid, pgid). A thread id is its process's id + 1000.
     struct Table(Vec<(u32, &'static str, u32, u32)>);
 
     impl Processes for Table {
         fn get(&self, pid: u32) -> Option<Process> {
-            let &(_, name, ppid, pgid) = self.0.iter().find(|p| p.0 == pid)?;
+            let tgid = pid % 1000;
+            let &(_, name, ppid, pgid) = self.0.iter().find(|p| p.0 == tgid)?;
             Some(Process {
+                tgid,
                 ppid,
                 pgid,
                 start: u64::from(pid) * 7,
@@ -262,6 +279,8 @@ mod tests {
         assert_eq!(job(&t, 31), trial(30));
         assert_eq!(job(&t, 32), trial(30));
         assert_eq!(job(&t, 30), trial(30));
+        // A thread of the trial (FUSE names the thread that asks) reads for the trial.
+        assert_eq!(job(&t, 1030), trial(30));
         // timeout has one child: the sweep above it decides.
         assert_eq!(job(&t, 41), trial(40));
         assert_eq!(job(&t, 51), trial(50));
@@ -312,5 +331,20 @@ mod tests {
         // SAFETY: reads our own process group.
         assert_eq!(me.pgid, unsafe { libc::getpgid(0) } as u32);
         assert_eq!(me.ppid, std::os::unix::process::parent_id());
+        assert_eq!(me.tgid, std::process::id());
+        // A live thread of this process: an id of its own, and this process's.
+        let (send, recv) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            send.send(unsafe { libc::gettid() } as u32).unwrap();
+            wait.recv().ok();
+        });
+        let tid = recv.recv().unwrap();
+        let thread = ProcFs.get(tid).unwrap();
+        done.send(()).unwrap();
+        t.join().unwrap();
+        assert_ne!(tid, std::process::id());
+        assert_eq!(thread.tgid, std::process::id());
     }
 }
