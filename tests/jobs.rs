@@ -64,6 +64,16 @@ fn read_every_epoch(job: &Value) {
     }
 }
 
+/// Checks that `job` (of stats `s`) is a trial of the sweep in process group `group`: named by
+/// the group and the trial.
+fn assert_trial_of(job: &Value, group: u32, s: &Value) {
+    let name = job["job"].as_str().unwrap();
+    assert!(
+        name.starts_with(&format!("pgid {group} pid ")),
+        "a trial's job is named by the group and the trial: {s}"
+    );
+}
+
 /// Three trials started in the background by one script, each with 2 worker processes.
 const SWEEP: &str = r#"
     for seed in 1 2 3; do
@@ -82,11 +92,7 @@ fn the_trials_of_a_sweep_script_are_a_job_each() {
     assert_eq!(jobs.len(), 3, "{s}");
     assert_eq!(num(&s, "active_jobs"), 3, "{s}");
     for job in jobs {
-        let name = job["job"].as_str().unwrap();
-        assert!(
-            name.starts_with(&format!("pgid {group} pid ")),
-            "a trial's job is named by the group and the trial: {s}"
-        );
+        assert_trial_of(job, group, &s);
         read_every_epoch(job);
     }
     m.unmount();
@@ -178,13 +184,7 @@ fn hints_of_trials_started_together_do_not_replace_each_other() {
     assert_eq!(num(&s, "hints_rejected"), 0, "{s}");
     assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
     for job in jobs {
-        assert!(
-            job["job"]
-                .as_str()
-                .unwrap()
-                .starts_with(&format!("pgid {group} pid ")),
-            "{s}"
-        );
+        assert_trial_of(job, group, &s);
         read_every_epoch(job);
     }
     m.unmount();
@@ -233,13 +233,7 @@ with concurrent.futures.ThreadPoolExecutor(4) as pool:
     let jobs = jobs(&s);
     assert_eq!(jobs.len(), 2, "{s}");
     for job in jobs {
-        assert!(
-            job["job"]
-                .as_str()
-                .unwrap()
-                .starts_with(&format!("pgid {group} pid ")),
-            "{s}"
-        );
+        assert_trial_of(job, group, &s);
         assert_eq!(num(&job["epochs"][0], "files"), FILES as u64, "{s}");
     }
     m.unmount();

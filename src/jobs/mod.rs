@@ -256,8 +256,6 @@ pub fn reads_the_dataset(read: usize, total: usize, covered: bool) -> bool {
 #[derive(Debug)]
 pub struct Job {
     pub key: JobKey,
-    /// The user whose process began it.
-    pub uid: u32,
     pub log: EpochLog,
     /// Seconds since the mount of the last access.
     pub last_access: f64,
@@ -268,10 +266,9 @@ pub struct Job {
 }
 
 impl Job {
-    fn new(key: JobKey, uid: u32, now: f64) -> Self {
+    fn new(key: JobKey, now: f64) -> Self {
         Job {
             key,
-            uid,
             log: EpochLog::new(Boundary::Coverage),
             last_access: now,
             hint: None,
@@ -364,11 +361,14 @@ pub const MAX_USER_JOBS: usize = 32;
 /// Live jobs of everybody at most.
 pub const MAX_JOBS: usize = 128;
 
+/// Each live job, with the user whose process began it.
+type LiveJobs = HashMap<JobKey, (u32, Arc<Mutex<Job>>)>;
+
 /// The jobs of a mount.
 #[derive(Debug)]
 pub struct Jobs {
     config: JobConfig,
-    live: Mutex<HashMap<JobKey, Arc<Mutex<Job>>>>,
+    live: Mutex<LiveJobs>,
     past: Mutex<VecDeque<JobSummary>>,
     tree: tree::Tree,
 }
@@ -404,30 +404,31 @@ impl Jobs {
     /// everybody has as many live jobs as may be.
     fn join(&self, key: JobKey, uid: u32, now: f64) -> Arc<Mutex<Job>> {
         let mut live = self.live.lock();
-        if let Some(job) = live.get(&key) {
+        if let Some((_, job)) = live.get(&key) {
             return job.clone();
         }
         let key = match live.len() >= MAX_JOBS
-            || live.values().filter(|j| j.lock().uid == uid).count() >= MAX_USER_JOBS
+            || live.values().filter(|(u, _)| *u == uid).count() >= MAX_USER_JOBS
         {
             true => JobKey::Uid(uid),
             false => key,
         };
         live.entry(key)
-            .or_insert_with(|| Arc::new(Mutex::new(Job::new(key, uid, now))))
+            .or_insert_with(|| (uid, Arc::new(Mutex::new(Job::new(key, now)))))
+            .1
             .clone()
     }
 
     /// The live jobs.
     pub fn live(&self) -> Vec<Arc<Mutex<Job>>> {
-        self.live.lock().values().cloned().collect()
+        self.live.lock().values().map(|(_, j)| j.clone()).collect()
     }
 
     /// Forgets jobs idle for longer than the timeout; returns them.
     pub fn expire(&self, now: f64) -> Vec<Arc<Mutex<Job>>> {
         let timeout = self.config.idle_timeout.as_secs_f64();
         let mut gone = Vec::new();
-        self.live.lock().retain(|_, job| {
+        self.live.lock().retain(|_, (_, job)| {
             let idle = now - job.lock().last_access > timeout;
             if idle {
                 gone.push(job.clone());
@@ -515,7 +516,7 @@ mod tests {
     #[test]
     fn a_hint_waits_for_the_next_epoch_once_reading_began() {
         let budget = HintBudget::new(HintLimits::default());
-        let mut job = Job::new(JobKey::All, 0, 0.0);
+        let mut job = Job::new(JobKey::All, 0.0);
         job.set_hint(vec![2, 0, 1], budget.charge(0));
         assert_eq!(job.active_order().unwrap().as_slice(), &[2, 0, 1]);
         // Epoch 1 read, then a new hint while epoch 2 has not begun.
@@ -566,11 +567,11 @@ mod tests {
         }
         let keys = |uid| -> Vec<JobKey> {
             let mut k: Vec<_> = jobs
-                .live()
+                .live
+                .lock()
                 .iter()
-                .map(|j| j.lock())
-                .filter(|j| j.uid == uid)
-                .map(|j| j.key)
+                .filter(|(_, (u, _))| *u == uid)
+                .map(|(key, _)| *key)
                 .collect();
             k.sort();
             k

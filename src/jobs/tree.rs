@@ -50,9 +50,6 @@ const MAX_DEPTH: usize = 64;
 /// What the walk needs of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
-    /// The process a thread belongs to (its own pid for a process): FUSE names the thread
-    /// that asks.
-    pub tgid: u32,
     pub ppid: u32,
     pub pgid: u32,
     /// Its start time (clock ticks since boot): a pid is reused, a (pid, start) is not.
@@ -66,6 +63,9 @@ pub struct Process {
 /// Where processes are looked up: `/proc` ([`ProcFs`]), or a table in tests.
 pub trait Processes {
     fn get(&self, pid: u32) -> Option<Process>;
+    /// The process that thread `tid` belongs to (its own id for a process's main thread):
+    /// FUSE names the thread that asks.
+    fn process_of(&self, tid: u32) -> Option<u32>;
 }
 
 /// The job of `pid` by the rule of the module header; `sweeps` holds the launchers (pid,
@@ -75,11 +75,8 @@ pub fn job_of_process(
     pid: u32,
     sweeps: &mut HashMap<(u32, u64), ()>,
 ) -> Option<JobKey> {
+    let pid = procs.process_of(pid)?;
     let me = procs.get(pid)?;
-    let (pid, me) = match me.tgid {
-        tgid if tgid != pid && tgid != 0 => (tgid, procs.get(tgid)?),
-        _ => (pid, me),
-    };
     let group = me.pgid;
     let (mut child, mut at) = (pid, me);
     for _ in 0..MAX_DEPTH {
@@ -125,21 +122,19 @@ impl Processes for ProcFs {
                 .unwrap_or(0),
             false => 0,
         };
-        let tgid = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                let line = s.lines().find(|l| l.starts_with("Tgid:"))?;
-                line["Tgid:".len()..].trim().parse().ok()
-            })
-            .unwrap_or(pid);
         Some(Process {
-            tgid,
             ppid,
             pgid,
             start,
             launcher,
             children,
         })
+    }
+
+    fn process_of(&self, tid: u32) -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
+        line["Tgid:".len()..].trim().parse().ok()
     }
 }
 
@@ -205,16 +200,19 @@ mod tests {
 
     impl Processes for Table {
         fn get(&self, pid: u32) -> Option<Process> {
-            let tgid = pid % 1000;
-            let &(_, name, ppid, pgid) = self.0.iter().find(|p| p.0 == tgid)?;
+            let &(_, name, ppid, pgid) = self.0.iter().find(|p| p.0 == pid)?;
             Some(Process {
-                tgid,
                 ppid,
                 pgid,
                 start: u64::from(pid) * 7,
                 launcher: LAUNCHERS.contains(&name),
                 children: self.0.iter().filter(|p| p.2 == pid).count(),
             })
+        }
+
+        fn process_of(&self, tid: u32) -> Option<u32> {
+            let pid = tid % 1000;
+            self.0.iter().any(|p| p.0 == pid).then_some(pid)
         }
     }
 
@@ -331,7 +329,10 @@ mod tests {
         // SAFETY: reads our own process group.
         assert_eq!(me.pgid, unsafe { libc::getpgid(0) } as u32);
         assert_eq!(me.ppid, std::os::unix::process::parent_id());
-        assert_eq!(me.tgid, std::process::id());
+        assert_eq!(
+            ProcFs.process_of(std::process::id()),
+            Some(std::process::id())
+        );
         // A live thread of this process: an id of its own, and this process's.
         let (send, recv) = std::sync::mpsc::channel();
         let (done, wait) = std::sync::mpsc::channel::<()>();
@@ -341,10 +342,10 @@ mod tests {
             wait.recv().ok();
         });
         let tid = recv.recv().unwrap();
-        let thread = ProcFs.get(tid).unwrap();
+        let thread = ProcFs.process_of(tid);
         done.send(()).unwrap();
         t.join().unwrap();
         assert_ne!(tid, std::process::id());
-        assert_eq!(thread.tgid, std::process::id());
+        assert_eq!(thread, Some(std::process::id()));
     }
 }
