@@ -408,3 +408,61 @@ fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
     );
     m.unmount();
 }
+
+/// Pages of the mount's file `rel` in the kernel's page cache, and the file's pages.
+fn resident_pages(mnt: &Path, rel: &Path) -> (usize, usize) {
+    let f = std::fs::File::open(mnt.join(rel)).unwrap();
+    // SAFETY: a private read-only mapping of a file nobody writes while the test runs.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    let pages = map.len().div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `vec` has one byte for each page of the mapping.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    (vec.iter().filter(|&&b| b & 1 == 1).count(), pages)
+}
+
+#[test]
+fn small_misses_enter_the_kernel_page_cache_only_if_the_cache_keeps_them() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let small = make_dataset(&src.join("small"), 40, 6000, 2);
+    let large = make_dataset(&src.join("large"), 4, 100 * 1024, 1);
+    let rel = |base: &str, r: &PathBuf| Path::new(base).join(r);
+    let cases = [
+        // MinIO with room: a small file read once is in the kernel's page cache (its next
+        // open needs no READ); a large one went around it.
+        (vec!["--no-prefetch", "--cache-size", "64M"], true),
+        // LRU may evict what it takes, so a miss is never known to stay: direct I/O.
+        (
+            vec!["--no-prefetch", "--cache-size", "64M", "--policy", "lru"],
+            false,
+        ),
+    ];
+    for (options, small_in_kernel) in cases {
+        let m = Mount::new(&src, &options);
+        wait_for_scan(&m.mnt);
+        let files: Vec<(PathBuf, usize)> = small
+            .iter()
+            .map(|r| (rel("small", r), 6000))
+            .chain(large.iter().map(|r| (rel("large", r), 100 * 1024)))
+            .collect();
+        for (f, size) in &files {
+            let got = std::fs::read(m.path(f)).unwrap();
+            assert_eq!(got, std::fs::read(src.join(f)).unwrap(), "{}", f.display());
+            assert_eq!(got.len(), *size);
+        }
+        for (f, size) in &files {
+            let (resident, pages) = resident_pages(&m.mnt, f);
+            let want = if *size <= 6000 && small_in_kernel {
+                pages
+            } else {
+                0
+            };
+            assert_eq!(resident, want, "{} with {options:?}", f.display());
+        }
+        let s = stats(&m.mnt);
+        assert_eq!(num(&s, "misses"), files.len() as u64, "{s}");
+        m.unmount();
+    }
+}

@@ -297,6 +297,16 @@ impl BlockCache {
         self.prefetch
     }
 
+    /// True if a policy that never evicts has room for `bytes` more now: a file fetched next
+    /// will be kept whole, since such a policy refuses nothing while it has room.
+    pub fn has_room_for(&self, bytes: u64) -> bool {
+        if !self.keeps || !self.prefetch {
+            return false;
+        }
+        let footprint = self.store.footprint(bytes as usize);
+        self.policy.lock().used() + footprint <= self.config.capacity
+    }
+
     /// How files are cut into blocks.
     pub fn blocks(&self) -> BlockSize {
         BlockSize::new(self.config.block_size)

@@ -33,6 +33,11 @@
 //!   That level is free only if the kernel keeps the pages until the file is read again;
 //!   when sentinel files show that it does not (memory too tight for a second copy), hits
 //!   use `direct_io` as well ([`kernel_cache`]).
+//! - a small file (up to [`BUFFERED_MISS_MAX`]) that the cache will keep whole once it is
+//!   read (a policy that never evicts, with room for it), while the kernel keeps pages: the
+//!   kernel's page cache, without `keep_cache`. The file is about to be one of the cache's,
+//!   so its pages are right; the read at its end needs no round trip, and the next epoch
+//!   finds its pages there.
 //! - otherwise: `direct_io`. The file's bytes never enter the kernel's page cache; each read
 //!   comes to the daemon, which serves cached blocks and fetches the rest.
 //!
@@ -214,6 +219,15 @@ struct ScanState {
     /// The node table outgrew `room`, and the daemon said so.
     over_room: AtomicBool,
 }
+
+/// Misses of files up to this size are read through the kernel's page cache while the cache
+/// has room to keep them whole (see [`DatasetFs::kernel_caching`]). Round trips are most of
+/// what a small file costs: 128,000 files of 200-600 B, `--cache-size 1G`, `coorfs read
+/// --procs 2`, 3 rounds of an A/B on this 2-CPU machine: the cold epoch took 10.2-14.8 s
+/// (median 11.6) against 14.1-14.5 s through direct I/O, and the first hot epoch 1.9-2.3 s
+/// against 3.2 s (its pages were in the kernel already). A larger file's bytes, not its
+/// round trips, are its cost, and the page cache would hold a second copy of them.
+pub const BUFFERED_MISS_MAX: u64 = 64 << 10;
 
 /// The core of one mount: a coordinator. It answers the kernel's requests from the node
 /// table, the handle table and the tiers, and tells the jobs (through the ledger) and the
@@ -539,7 +553,7 @@ impl DatasetFs {
                 .on_open(&job, counted.step, counted.staged, hit);
         }
         let (keep_cache, direct_io, watch) = match access {
-            Access::Counted => self.kernel_caching(file_id, hit, changed),
+            Access::Counted => self.kernel_caching(file_id, meta.version.size, hit, changed),
             Access::Silent => (true, false, None),
         };
         let fh = self.handles.next_fh();
@@ -701,6 +715,7 @@ impl DatasetFs {
     fn kernel_caching(
         &self,
         file: Option<FileId>,
+        size: u64,
         hit: bool,
         changed: bool,
     ) -> (bool, bool, Option<kernel_cache::Watch>) {
@@ -711,6 +726,21 @@ impl DatasetFs {
             Some(file) if hit && !changed => self.kernel.open(file),
             _ => (false, None),
         };
+        // A small miss the cache will keep whole may enter the kernel's page cache: it is
+        // about to be a file of the cache, and its pages are then right. Read through the
+        // page cache it costs one READ instead of two (the kernel knows the size, so the
+        // read at the end of the file needs no round trip), and the next epoch finds its
+        // pages already there.
+        // A sentinel read this way is watched: its pages are given to the kernel now.
+        if let Some(file) = file
+            && !keep
+            && !changed
+            && size <= BUFFERED_MISS_MAX
+            && self.kernel.keeps()
+            && self.tiers.memory.has_room_for(size)
+        {
+            return (false, false, self.kernel.open(file).1);
+        }
         (keep, !keep, watch)
     }
 
