@@ -187,6 +187,11 @@ pub struct MountArgs {
     /// bandwidth-bound storage one, only while no job waits for the storage.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024), help_heading = "Prefetch")]
     pub prefetch_depth: u16,
+    /// Do not share between jobs: a block read for one job is not kept in the staging area
+    /// for the other jobs that have still to read its file this epoch (each job then reads
+    /// every file the cache does not hold from the source itself).
+    #[arg(long, help_heading = "Jobs")]
+    pub no_share: bool,
 
     /// What makes a job (one training run, with its own epochs): auto = the process group
     /// (a DataLoader's workers share their parent's), except that each program a
@@ -475,6 +480,7 @@ impl MountArgs {
             enabled: !self.no_prefetch,
             memory: self.prefetch_memory,
             depth: self.prefetch_depth as usize,
+            share: !self.no_share,
         };
         config.jobs = crate::jobs::JobConfig {
             key: match self.job_key {

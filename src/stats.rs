@@ -85,6 +85,8 @@ stats! {
     TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory); each read was served by the next tier.";
     FetchStallSeconds => "fetch_stall_seconds", Seconds, "Seconds reads waited for the source, summed over concurrent reads: the fetch stall.";
     StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
+    SharedHits => "shared_hits", Count, "Staging hits on blocks read for another job (kept for the jobs that had still to read the file).";
+    SourceReadsPerFile => "source_reads_per_file", Ratio, "Reads of files from the source per file and round (a round: the epochs of the same number of every job): 1.0 when each file is read from the source once a round however many jobs read it; N when N jobs each read it themselves.";
     PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
     PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread: their job's epoch ended without them, or the job stopped reading (wasted prefetch).";
     StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
@@ -140,6 +142,9 @@ pub struct Counters {
     pub source_errors: AtomicU64,
     pub tier_errors: AtomicU64,
     pub staging_hits: AtomicU64,
+    pub shared_hits: AtomicU64,
+    /// Reads of a file's first block from the source.
+    pub source_file_reads: AtomicU64,
     pub prefetched_blocks: AtomicU64,
     pub prefetched_unused: AtomicU64,
     /// Microseconds.
@@ -182,6 +187,8 @@ pub struct EpochRecord {
     pub fetch_stall_seconds: f64,
     /// Accesses of uncached files whose bytes the prefetcher had staged in time.
     pub staging_hits: u64,
+    /// Of those, files read for another job.
+    pub shared_hits: u64,
     /// Files the prefetcher staged or cached ahead of the reader.
     pub prefetched_files: u64,
     /// Staged blocks dropped unread: the epoch ended without them, or the job stopped reading

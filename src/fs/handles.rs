@@ -18,7 +18,7 @@ use crate::block::Block;
 use crate::cache::BlockKey;
 use crate::jobs::JobKey;
 use crate::jobs::ledger::Attribution;
-use crate::namespace::{FileVersion, NodeId};
+use crate::namespace::{FileId, FileVersion, NodeId};
 use crate::source::Listing;
 use crate::tier::{Want, Why};
 
@@ -67,6 +67,8 @@ pub(super) struct FileHandle {
     pub watch: Option<kernel_cache::Watch>,
     /// The node opened, for invalidation.
     pub ino: NodeId,
+    /// The file's dense id (None for a file the scan has not seen).
+    pub file_id: Option<FileId>,
     /// A read found the source file changed since the open.
     pub changed_while_open: AtomicBool,
     /// Opened for one read under `--fast-open` that is not the file's access (see

@@ -81,6 +81,7 @@ use crate::source::beneath::is_moved;
 use crate::source::{Creds, DatasetSource, FsStats};
 use crate::stats::{self, Counters, Snapshot, Stat, Stats, Value};
 use crate::tier::Tiers;
+use crate::tier::staging::Claimed;
 use handles::{DirHandle, FileHandle, HandleTable, Held};
 use order::OrderFiles;
 
@@ -551,6 +552,11 @@ impl DatasetFs {
         if access == Access::Counted {
             self.prefetcher
                 .on_open(&job, counted.step, counted.staged, hit);
+            // What it took from the staging area stays there for the jobs that still need it.
+            if let Some(f) = file_id {
+                self.prefetcher
+                    .share(f, counted.job_key, &meta.version, &counted.claimed);
+            }
         }
         let (keep_cache, direct_io, watch) = match access {
             Access::Counted => self.kernel_caching(file_id, meta.version.size, hit, changed),
@@ -594,6 +600,7 @@ impl DatasetFs {
             }),
             watch,
             ino,
+            file_id,
             changed_while_open: AtomicBool::new(false),
             silent: access == Access::Silent,
         };
@@ -664,16 +671,18 @@ impl DatasetFs {
         let job_key = j.key;
         // The prefetcher's blocks of this file are now this open's.
         let claimed = if hit {
-            Vec::new()
+            Claimed::default()
         } else {
             self.prefetcher.claim(&opened.rel, &version, job_key)
         };
         let blocks = self.tiers.memory.blocks().count(version.size);
+        let staged = !claimed.blocks.is_empty() && claimed.blocks.len() as u64 == blocks;
         let opening = Opening {
             file: opened.file_id,
             pid: caller.pid,
             hit,
-            staged: !claimed.is_empty() && claimed.len() as u64 == blocks,
+            staged,
+            shared: staged && claimed.shared,
             size: version.size,
             total: self.dataset_files(),
             now,
@@ -689,7 +698,7 @@ impl DatasetFs {
             job_epoch,
             step,
             staged: opening.staged,
-            claimed,
+            claimed: claimed.blocks,
         }
     }
 
@@ -899,6 +908,8 @@ impl DatasetFs {
         let cc = &cache.counters;
         let reads = Counters::get(&c.reads);
         let hits = Counters::get(&c.hits);
+        let jobs = self.jobs.summaries(stats.now());
+        let from_source = self.ledger.file_rounds_from_source();
         let epochs = stats.epochs.lock();
         let value = |stat: Stat| -> Value {
             match stat {
@@ -926,6 +937,12 @@ impl DatasetFs {
                     Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6)
                 }
                 Stat::StagingHits => Value::Count(Counters::get(&c.staging_hits)),
+                Stat::SharedHits => Value::Count(Counters::get(&c.shared_hits)),
+                Stat::SourceReadsPerFile => Value::Ratio(if from_source == 0 {
+                    0.0
+                } else {
+                    Counters::get(&c.source_file_reads) as f64 / from_source as f64
+                }),
                 Stat::PrefetchedBlocks => Value::Count(Counters::get(&c.prefetched_blocks)),
                 Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
                 Stat::StagingBytes => Value::Count(self.prefetcher.staging_bytes()),
@@ -952,7 +969,7 @@ impl DatasetFs {
             values,
             info: self.info.clone(),
             epochs: records,
-            jobs: serde_json::to_value(self.jobs.summaries(stats.now())).unwrap_or_default(),
+            jobs: serde_json::to_value(jobs).unwrap_or_default(),
         }
     }
 

@@ -270,6 +270,9 @@ impl DatasetFs {
             prefetcher.record(fetched);
             if let Some(n) = fetched.bytes {
                 ledger.fetched_for(&accounted.att, n);
+                if block == 0 {
+                    ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);
+                }
             }
         });
         let (handle, tiers) = (h.clone(), self.tiers.clone());
@@ -301,7 +304,14 @@ impl DatasetFs {
                     tiers.staging.remove(&want);
                 }
                 ledger.stalled(&handle.att, waited);
+                let read = r.as_ref().ok().cloned();
                 waiter(r);
+                // Kept for the other jobs that will read the file, if the cache did not keep it.
+                if let (Some(data), Some(f)) = (read, handle.file_id)
+                    && !tiers.memory.contains(&handle.want(block).key)
+                {
+                    prefetcher.share(f, handle.job_key, &handle.version, &[(block, data)]);
+                }
                 prefetcher.on_fetch_done();
             }),
             report,

@@ -32,6 +32,8 @@ pub struct Opening {
     pub hit: bool,
     /// Every block of the file was staged by the prefetcher.
     pub staged: bool,
+    /// ... and fetched for another job.
+    pub shared: bool,
     pub size: u64,
     /// The dataset's file count, once the scan is complete.
     pub total: Option<usize>,
@@ -47,16 +49,57 @@ pub struct Attribution {
     pub job_epoch: u64,
 }
 
+/// Rounds whose files read from the source are told apart: a job may lag the others by
+/// this many epochs less one. A read for an older round counts as a new pair.
+const ROUNDS_KEPT: usize = 4;
+
+/// The (file, round) pairs read from the source: a bit per file for each recent round.
+#[derive(Debug, Default)]
+struct FileRounds {
+    rounds: std::collections::BTreeMap<u64, Vec<u64>>,
+    pairs: u64,
+}
+
+impl FileRounds {
+    fn read(&mut self, file: FileId, round: u64) {
+        if self
+            .rounds
+            .first_key_value()
+            .is_some_and(|(&oldest, _)| round < oldest)
+            && self.rounds.len() >= ROUNDS_KEPT
+        {
+            self.pairs += 1;
+            return;
+        }
+        let bits = self.rounds.entry(round).or_default();
+        let (word, bit) = (file as usize / 64, 1u64 << (file % 64));
+        if bits.len() <= word {
+            bits.resize(word + 1, 0);
+        }
+        if bits[word] & bit == 0 {
+            bits[word] |= bit;
+            self.pairs += 1;
+        }
+        while self.rounds.len() > ROUNDS_KEPT {
+            self.rounds.pop_first();
+        }
+    }
+}
+
 /// The books of one mount.
 #[derive(Debug, Default)]
 pub struct Ledger {
     stats: Arc<Stats>,
+    from_source: Mutex<FileRounds>,
 }
 
 impl Ledger {
     /// Books kept in `stats`.
     pub fn new(stats: Arc<Stats>) -> Self {
-        Ledger { stats }
+        Ledger {
+            stats,
+            from_source: Mutex::default(),
+        }
     }
 
     /// The counters and the dataset's epochs, for the views and the tiers that count.
@@ -84,7 +127,10 @@ impl Ledger {
         j.last_access = o.now;
         let (epoch, step) = j.log.open(file, o.pid, o.hit, o.size, o.total, o.now);
         if o.staged {
-            j.log.update(epoch, |r| r.staging_hits += 1);
+            j.log.update(epoch, |r| {
+                r.staging_hits += 1;
+                r.shared_hits += u64::from(o.shared);
+            });
         }
         (epoch, Some(step))
     }
@@ -103,13 +149,19 @@ impl Ledger {
         if o.staged {
             Counters::add(&counters.staging_hits, 1);
         }
+        if o.shared {
+            Counters::add(&counters.shared_hits, 1);
+        }
         let mut log = self.stats.epochs.lock();
         let epoch = match o.file {
             Some(file) => log.open(file, o.pid, o.hit, o.size, o.total, o.now).0,
             None => log.tracker().epoch(),
         };
         if o.staged {
-            log.update(epoch, |r| r.staging_hits += 1);
+            log.update(epoch, |r| {
+                r.staging_hits += 1;
+                r.shared_hits += u64::from(o.shared);
+            });
         }
         epoch
     }
@@ -135,6 +187,21 @@ impl Ledger {
     /// the mount).
     pub fn fetched_for(&self, a: &Attribution, n: u64) {
         self.update(a, |r| r.bytes_from_source += n);
+    }
+
+    /// The first block of `file` was read from the source for a job's epoch `round` (for a
+    /// reader, or ahead of one).
+    pub fn file_from_source(&self, file: Option<FileId>, round: u64) {
+        Counters::add(&self.stats.counters.source_file_reads, 1);
+        if let Some(file) = file {
+            self.from_source.lock().read(file, round);
+        }
+    }
+
+    /// Distinct (file, round) pairs read from the source: what one read per file and round
+    /// would have cost.
+    pub fn file_rounds_from_source(&self) -> u64 {
+        self.from_source.lock().pairs
     }
 
     /// `n` bytes read straight from an open's descriptor (its file changed while open).
@@ -226,6 +293,7 @@ mod tests {
             pid: 7,
             hit,
             staged,
+            shared: false,
             size: 100,
             total: Some(4),
             now: 1.0,

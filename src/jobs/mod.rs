@@ -419,6 +419,15 @@ impl Jobs {
             .clone()
     }
 
+    /// The live jobs with their keys.
+    pub fn live_keyed(&self) -> Vec<(JobKey, Arc<Mutex<Job>>)> {
+        self.live
+            .lock()
+            .iter()
+            .map(|(k, (_, j))| (*k, j.clone()))
+            .collect()
+    }
+
     /// The live jobs.
     pub fn live(&self) -> Vec<Arc<Mutex<Job>>> {
         self.live.lock().values().map(|(_, j)| j.clone()).collect()

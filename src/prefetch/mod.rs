@@ -53,9 +53,10 @@ use crate::jobs::ledger::Ledger;
 use crate::jobs::{Job, JobKey, Jobs, reads_the_dataset};
 use crate::namespace::{FileId, FileVersion, Namespace};
 use crate::tier::fetch::{Fetched, Report};
+use crate::tier::staging::Claimed;
 use crate::tier::{Tier, Tiers, Want, Why};
 use pacer::Pacer;
-use plan::{may_prefetch_remaining, next_candidates};
+use plan::{START_FILES, may_prefetch_remaining, next_candidates};
 
 /// How the prefetcher runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +66,8 @@ pub struct PrefetchConfig {
     pub memory: u64,
     /// Prefetch fetches in flight at once.
     pub depth: usize,
+    /// Blocks read for one job stay staged for the other jobs that will read them.
+    pub share: bool,
 }
 
 impl Default for PrefetchConfig {
@@ -77,6 +80,7 @@ impl Default for PrefetchConfig {
             // A deep queue for network storage (16 x 2 ms round trips ~ 8,000 files/s) that a
             // local disk also serves well.
             depth: 16,
+            share: true,
         }
     }
 }
@@ -199,9 +203,9 @@ impl Prefetcher {
     /// Takes the staged blocks of file `version` (at `rel`) for an open by `job` (see
     /// [`crate::tier::staging::Staging::claim`]), and offers them to the tiers that keep
     /// what is read ([`Tiers::took_from_staging`]).
-    pub fn claim(&self, rel: &Path, version: &FileVersion, job: JobKey) -> Vec<(u64, Arc<Block>)> {
+    pub fn claim(&self, rel: &Path, version: &FileVersion, job: JobKey) -> Claimed {
         if !self.config.enabled {
-            return Vec::new();
+            return Claimed::default();
         }
         let claimed = self.tiers.staging.claim(version, job);
         let want = Want {
@@ -214,8 +218,65 @@ impl Prefetcher {
             epoch: 0,
             why: Why::Claimed,
         };
-        self.tiers.took_from_staging(&want, &claimed);
+        self.tiers.took_from_staging(&want, &claimed.blocks);
         claimed
+    }
+
+    /// The active jobs other than `except` that will read file `f` in their current epoch as
+    /// far as their reads show: they have not read it, and they read the dataset (their
+    /// epoch is under way, [`START_FILES`]) or follow an order. A job whose lock is busy counts:
+    /// a block kept for a job that does not need it costs room until its epoch turns, a block
+    /// not kept costs a read of the source.
+    pub fn needing(&self, f: FileId, except: JobKey) -> Vec<JobKey> {
+        let now = self.ledger.now();
+        let total = self.total();
+        let mut out = Vec::new();
+        for (key, job) in self.jobs.live_keyed() {
+            if key == except {
+                continue;
+            }
+            let Some(j) = job.try_lock() else {
+                out.push(key);
+                continue;
+            };
+            if now - j.last_access > ACTIVE_SECS {
+                continue;
+            }
+            let t = j.log.tracker();
+            let reads_on = j.active_order().is_some()
+                || t.read_in_epoch() >= START_FILES.min(total.div_ceil(100)).max(1);
+            if reads_on && !t.may_have_read(f) {
+                out.push(j.key);
+            }
+        }
+        out
+    }
+
+    /// Keeps `blocks` of file `f` (at `version`), which `job` read and the cache did not keep,
+    /// in the staging area for the other jobs that will read the file ([`Prefetcher::needing`]).
+    pub fn share(
+        &self,
+        f: FileId,
+        job: JobKey,
+        version: &FileVersion,
+        blocks: &[(u64, Arc<Block>)],
+    ) {
+        if !self.config.enabled || !self.config.share || blocks.is_empty() {
+            return;
+        }
+        let needers = self.needing(f, job);
+        if needers.is_empty() {
+            return;
+        }
+        for (block, data) in blocks {
+            let key = BlockKey {
+                version: *version,
+                block: *block,
+            };
+            if !self.tiers.memory.contains(&key) {
+                self.tiers.staging.share(key, data, needers.clone());
+            }
+        }
     }
 
     /// `job` opened a file: the access did `step` to its epoch (None for a file the scan has
@@ -316,6 +377,7 @@ impl Prefetcher {
             reads_the_dataset(t.last_epoch_files(), self.total(), t.covered_dataset())
         };
         if !keep {
+            self.tiers.staging.forget_needer(key);
             return self.drop_unused(job, key, current);
         }
         let moved = self.tiers.staging.retag_before(key, current);
@@ -352,6 +414,7 @@ impl Prefetcher {
         for job in self.jobs.expire(now) {
             let key = job.lock().key;
             self.drop_unused(&job, key, u64::MAX);
+            self.tiers.staging.forget_needer(key);
         }
         if !self.config.enabled {
             return;
@@ -369,6 +432,7 @@ impl Prefetcher {
                 if self.tiers.staging.held_by(key) > 0 {
                     self.drop_unused(&job, key, u64::MAX);
                 }
+                self.tiers.staging.forget_needer(key);
                 continue;
             }
             self.prefetch_for(&job, disk_order);
@@ -491,6 +555,9 @@ impl Prefetcher {
                 this.record(fetched);
                 if let Some(n) = fetched.bytes {
                     this.ledger.prefetched(&accounted, epoch, f, total, n);
+                    if block == 0 {
+                        this.ledger.file_from_source(Some(f), epoch);
+                    }
                 }
             });
             let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());

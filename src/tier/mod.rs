@@ -5,7 +5,8 @@
 //!    │  FUSE thread
 //!    ├─ memory    the cache (crate::cache), lent in place      memory.rs
 //!    ├─ the open file's own blocks (taken from staging or recent, or fetched for it)
-//!    ├─ staging   fetched ahead for the reader's job           staging.rs
+//!    ├─ staging   fetched ahead for a job, or kept for jobs     staging.rs
+//!    │            that will read it this epoch
 //!    ├─ recent    read moments ago, for a re-read only          recent.rs
 //!    │  I/O pool (or the FUSE thread while storage is fast), one fetch per block
 //!    └─ fetch ──► (later: peers, local disk) ──► source         fetch.rs, source.rs

@@ -11,11 +11,20 @@
 //! ([`Staging::retag_before`]). Otherwise, or when the job stops reading, they are dropped and
 //! counted as "prefetched but unused" ([`Staging::drop_before`]).
 //!
+//! Blocks are shared between jobs. A block read for one job that the cache did not keep
+//! (a demand read, or a prefetched block its job took) stays, without an owner, for the jobs
+//! that will still read its file this epoch, its *needers* ([`Staging::share`]; who they are is
+//! the prefetcher's call). Each needer's open takes a copy and leaves the needers; the block
+//! leaves with the last one, or when its needers stop ([`Staging::forget_needer`]). When room
+//! is short, a shared block gives way to one that more jobs need (fewest needers first, then
+//! oldest); blocks fetched ahead for a job are never pushed out. So one read of the source
+//! serves every job that reads the file in the same round, within the one budget.
+//!
 //! As a tier ([`Tier`]) it serves a reader of the job that staged a block (the claim, when a
 //! prefetch landed after the open), keeps only prefetched blocks, and forgets a block a
 //! reader of its job got another way (a read that joined the prefetch in flight).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -29,8 +38,14 @@ use crate::namespace::FileVersion;
 #[derive(Debug)]
 struct Staged {
     data: Arc<Block>,
-    job: JobKey,
+    /// The job it was fetched ahead for, until that job takes it; None for a block kept
+    /// only for the jobs that still need it.
+    owner: Option<JobKey>,
     epoch: u64,
+    /// Other jobs that have not read the file in their current epoch.
+    needers: Vec<JobKey>,
+    /// When it was staged: of two shared blocks needed by as many jobs, the older goes first.
+    seq: u64,
 }
 
 #[derive(Debug, Default)]
@@ -38,57 +53,138 @@ struct Inner {
     blocks: HashMap<BlockKey, Staged>,
     /// Bytes staged or reserved for fetches in flight.
     bytes: u64,
-    /// Blocks staged, per job.
+    /// Blocks staged, per owner.
     per_job: HashMap<JobKey, u64>,
+    /// Blocks each job is among the needers of.
+    needed_by: HashMap<JobKey, u64>,
+    /// The blocks without an owner, by how many jobs still need them, then age: the first
+    /// is the one to give up when room is short.
+    shared: BTreeSet<(usize, u64, BlockKey)>,
+    seq: u64,
+}
+
+/// Adds `delta` to `job`'s count in `counts`, forgetting a count of 0.
+fn count(counts: &mut HashMap<JobKey, u64>, job: JobKey, delta: i64) {
+    let n = counts.entry(job).or_default();
+    *n = n.saturating_add_signed(delta);
+    if *n == 0 {
+        counts.remove(&job);
+    }
 }
 
 impl Inner {
-    fn insert(&mut self, key: BlockKey, staged: Staged) {
-        *self.per_job.entry(staged.job).or_default() += 1;
-        if let Some(old) = self.blocks.insert(key, staged) {
-            self.forget(&old);
+    /// Stages a new block (its bytes are reserved already).
+    fn insert(&mut self, key: BlockKey, mut staged: Staged) {
+        self.seq += 1;
+        staged.seq = self.seq;
+        if let Some(old) = self.detach(key) {
+            self.bytes -= old.data.footprint().min(self.bytes);
         }
+        self.attach(key, staged);
     }
 
-    fn remove(&mut self, key: &BlockKey) -> Option<Staged> {
-        let s = self.blocks.remove(key)?;
-        self.forget(&s);
+    /// Enters a block and its books: its owner's count, or the shared index; its needers.
+    fn attach(&mut self, key: BlockKey, s: Staged) {
+        match s.owner {
+            Some(job) => count(&mut self.per_job, job, 1),
+            None => {
+                self.shared.insert((s.needers.len(), s.seq, key));
+            }
+        }
+        for &n in &s.needers {
+            count(&mut self.needed_by, n, 1);
+        }
+        self.blocks.insert(key, s);
+    }
+
+    /// Takes a block and its books out (not its bytes).
+    fn detach(&mut self, key: BlockKey) -> Option<Staged> {
+        let s = self.blocks.remove(&key)?;
+        match s.owner {
+            Some(job) => count(&mut self.per_job, job, -1),
+            None => {
+                self.shared.remove(&(s.needers.len(), s.seq, key));
+            }
+        }
+        for &n in &s.needers {
+            count(&mut self.needed_by, n, -1);
+        }
         Some(s)
     }
 
-    /// Takes back the bytes and the job's count of a block that left.
-    fn forget(&mut self, s: &Staged) {
+    /// Drops a block and gives back its bytes.
+    fn remove(&mut self, key: &BlockKey) -> Option<Staged> {
+        let s = self.detach(*key)?;
         self.bytes -= s.data.footprint().min(self.bytes);
-        if let Some(n) = self.per_job.get_mut(&s.job) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_job.remove(&s.job);
-            }
+        Some(s)
+    }
+
+    /// Re-enters a block changed by `change`, or drops it if then nobody owns or needs it.
+    fn update(&mut self, key: BlockKey, change: impl FnOnce(&mut Staged)) {
+        let Some(mut s) = self.detach(key) else {
+            return;
+        };
+        change(&mut s);
+        if s.owner.is_none() && s.needers.is_empty() {
+            self.bytes -= s.data.footprint().min(self.bytes);
+        } else {
+            self.attach(key, s);
         }
     }
 
+    /// `job` got block `key` (a copy, or the block itself if it owned it): it needs it no
+    /// more. A block that nobody owns or needs then leaves; one its owner took stays, without
+    /// an owner, for the jobs that still need it.
+    fn served(&mut self, key: BlockKey, job: JobKey) {
+        self.update(key, |s| {
+            if s.owner == Some(job) {
+                s.owner = None;
+            }
+            s.needers.retain(|&n| n != job);
+        });
+    }
+
     /// See [`Staging::claim`]; `blocks` is the file's block count.
-    fn claim(&mut self, version: &FileVersion, blocks: u64, job: JobKey) -> Vec<(u64, Arc<Block>)> {
-        let mut out = Vec::new();
+    fn claim(&mut self, version: &FileVersion, blocks: u64, job: JobKey) -> Claimed {
+        let mut out = Claimed::default();
         for block in 0..blocks {
             let key = BlockKey {
                 version: *version,
                 block,
             };
-            let mine = match self.blocks.get(&key) {
-                Some(s) if s.job == job => true,
-                Some(s) => {
-                    out.push((block, s.data.clone()));
-                    false
-                }
-                None => false,
+            let Some(s) = self.blocks.get(&key) else {
+                continue;
             };
-            if mine && let Some(s) = self.remove(&key) {
-                out.push((block, s.data));
-            }
+            out.shared |= s.owner != Some(job);
+            out.blocks.push((block, s.data.clone()));
+            self.served(key, job);
         }
         out
     }
+
+    /// Gives up shared blocks that fewer than `needers` jobs need, fewest first, until
+    /// `len` more bytes fit in `capacity`. True if they fit.
+    fn make_room(&mut self, len: u64, needers: usize, capacity: u64) -> bool {
+        while self.bytes + len > capacity {
+            let Some(&(n, _, key)) = self.shared.first() else {
+                return false;
+            };
+            if n >= needers {
+                return false;
+            }
+            self.remove(&key);
+        }
+        true
+    }
+}
+
+/// What an open took from the staging area.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The blocks, by block number.
+    pub blocks: Vec<(u64, Arc<Block>)>,
+    /// Some were fetched for another job.
+    pub shared: bool,
 }
 
 /// Blocks fetched ahead of their readers.
@@ -139,7 +235,76 @@ impl Staging {
 
     /// Stores a fetched block under its reservation, for `job`'s epoch `epoch`.
     pub fn put(&self, key: BlockKey, data: Arc<Block>, job: JobKey, epoch: u64) {
-        self.inner.lock().insert(key, Staged { data, job, epoch });
+        self.inner.lock().insert(
+            key,
+            Staged {
+                data,
+                owner: Some(job),
+                epoch,
+                needers: Vec::new(),
+                seq: 0,
+            },
+        );
+    }
+
+    /// Keeps a block that one job read, and the cache did not keep, for the `needers`: other
+    /// jobs that have not read its file in their current epoch. Room is made by giving up
+    /// shared blocks fewer jobs need; true if it was kept. A block staged already gains the
+    /// needers (its owner keeps it).
+    pub fn share(&self, key: BlockKey, data: &Arc<Block>, needers: Vec<JobKey>) -> bool {
+        if needers.is_empty() {
+            return false;
+        }
+        let mut inner = self.inner.lock();
+        if inner.blocks.contains_key(&key) {
+            inner.update(key, |s| {
+                for n in needers {
+                    if !s.needers.contains(&n) && s.owner != Some(n) {
+                        s.needers.push(n);
+                    }
+                }
+            });
+            return true;
+        }
+        let len = data.footprint();
+        if !inner.make_room(len, needers.len(), self.capacity) {
+            return false;
+        }
+        inner.bytes += len;
+        inner.insert(
+            key,
+            Staged {
+                data: data.clone(),
+                owner: None,
+                epoch: 0,
+                needers,
+                seq: 0,
+            },
+        );
+        true
+    }
+
+    /// `job` will not read what it was kept for (it stopped, or reads no whole epochs): it
+    /// is no longer among any block's needers, and shared blocks nobody else needs leave.
+    pub fn forget_needer(&self, job: JobKey) {
+        let mut inner = self.inner.lock();
+        if !inner.needed_by.contains_key(&job) {
+            return;
+        }
+        let keys: Vec<BlockKey> = inner
+            .blocks
+            .iter()
+            .filter(|(_, s)| s.needers.contains(&job))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            inner.update(key, |s| s.needers.retain(|&n| n != job));
+        }
+    }
+
+    /// Blocks `job` is among the needers of.
+    pub fn needed_by(&self, job: JobKey) -> u64 {
+        self.inner.lock().needed_by.get(&job).copied().unwrap_or(0)
     }
 
     /// True if `key` is staged.
@@ -147,9 +312,10 @@ impl Staging {
         self.inner.lock().blocks.contains_key(key)
     }
 
-    /// Takes every staged block of `version` that `job` staged (they leave the staging area)
-    /// and returns them by block number; blocks other jobs staged are shared, not taken.
-    pub fn claim(&self, version: &FileVersion, job: JobKey) -> Vec<(u64, Arc<Block>)> {
+    /// The staged blocks of `version` for an open by `job`, by block number: those `job`
+    /// staged leave the staging area with it unless other jobs still need them; of the
+    /// others `job` gets a copy, and a shared block leaves once no job needs it.
+    pub fn claim(&self, version: &FileVersion, job: JobKey) -> Claimed {
         self.inner
             .lock()
             .claim(version, self.blocks.count(version.size), job)
@@ -158,48 +324,57 @@ impl Staging {
     /// Drops `key` if `job` staged it (its reader got the bytes another way).
     pub fn discard(&self, key: &BlockKey, job: JobKey) {
         let mut inner = self.inner.lock();
-        if inner.blocks.get(key).is_some_and(|s| s.job == job) {
-            inner.remove(key);
+        if inner.blocks.get(key).is_some_and(|s| s.owner == Some(job)) {
+            inner.served(*key, job);
         }
     }
 
     /// Applies `each` to every block of `job` staged for an epoch before `epoch`, under the
-    /// lock, and returns what they were, tallied by the epoch they were staged for.
+    /// lock, and returns those for which it returned true, tallied by the epoch they were
+    /// staged for.
     fn each_stale(
         &self,
         job: JobKey,
         epoch: u64,
-        mut each: impl FnMut(&mut Inner, BlockKey),
+        mut each: impl FnMut(&mut Inner, BlockKey) -> bool,
     ) -> HashMap<u64, Dropped> {
         let mut inner = self.inner.lock();
         let mut tally: HashMap<u64, Dropped> = HashMap::new();
         if !inner.per_job.contains_key(&job) {
             return tally;
         }
-        let mut keys = Vec::new();
+        let stale: Vec<(BlockKey, u64, u64, u64)> = inner
+            .blocks
+            .iter()
+            .filter(|(_, s)| s.owner == Some(job) && s.epoch < epoch)
+            .map(|(k, s)| (*k, s.epoch, s.data.footprint(), s.data.len() as u64))
+            .collect();
         let mut files = std::collections::HashSet::new();
-        for (key, s) in &inner.blocks {
-            if s.job == job && s.epoch < epoch {
-                keys.push(*key);
-                let d = tally.entry(s.epoch).or_default();
-                d.blocks += 1;
-                d.bytes += s.data.footprint();
-                d.read += s.data.len() as u64;
-                if files.insert((s.epoch, key.version)) {
-                    d.files += 1;
-                }
+        for (key, at, footprint, len) in stale {
+            if !each(&mut inner, key) {
+                continue;
             }
-        }
-        for key in keys {
-            each(&mut inner, key);
+            let d = tally.entry(at).or_default();
+            d.blocks += 1;
+            d.bytes += footprint;
+            d.read += len;
+            if files.insert((at, key.version)) {
+                d.files += 1;
+            }
         }
         tally
     }
 
-    /// Drops what `job` staged for epochs before `epoch`, and returns it, by epoch.
+    /// Drops what `job` staged for epochs before `epoch`, and returns it, by epoch. A block
+    /// other jobs still need stays for them, and is not counted.
     pub fn drop_before(&self, job: JobKey, epoch: u64) -> HashMap<u64, Dropped> {
         self.each_stale(job, epoch, |inner, key| {
-            inner.remove(&key);
+            let needed = inner
+                .blocks
+                .get(&key)
+                .is_some_and(|s| !s.needers.is_empty());
+            inner.served(key, job);
+            !needed
         })
     }
 
@@ -210,6 +385,7 @@ impl Staging {
             if let Some(s) = inner.blocks.get_mut(&key) {
                 s.epoch = epoch;
             }
+            true
         })
     }
 
@@ -246,7 +422,7 @@ impl Tier for Staging {
         }
         let version = want.key.version;
         let claimed = inner.claim(&version, self.blocks.count(version.size), want.job);
-        Ok(Some(Found::File(claimed)))
+        Ok(Some(Found::File(claimed.blocks)))
     }
 
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool {
@@ -302,15 +478,82 @@ mod tests {
             s.put(k, block(k.block as u8), job, 1);
         }
         let got = s.claim(&key(1, 0).version, a);
-        assert_eq!(got.iter().map(|(b, _)| *b).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(
+            got.blocks.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        assert!(!got.shared);
         assert_eq!(s.bytes(), P);
         let shared = s.claim(&key(2, 0).version, a);
-        assert_eq!(shared.len(), 1);
+        assert_eq!((shared.blocks.len(), shared.shared), (1, true));
         assert!(s.contains(&key(2, 0)), "job a must not take job b's block");
         s.discard(&key(2, 0), a);
         assert!(s.contains(&key(2, 0)));
         s.discard(&key(2, 0), b);
         assert_eq!((s.blocks(), s.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_block_read_for_one_job_stays_until_every_job_that_needs_it_took_it() {
+        let s = Staging::new(10 * P, BLOCKS);
+        let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
+        // Read by a (not staged for it), needed by b and c.
+        assert!(s.share(key(1, 0), &block(1), vec![b, c]));
+        assert_eq!((s.needed_by(b), s.needed_by(c), s.bytes()), (1, 1, P));
+        let got = s.claim(&key(1, 0).version, b);
+        assert_eq!((got.blocks.len(), got.shared), (1, true));
+        assert!(s.contains(&key(1, 0)), "c still needs it");
+        assert_eq!(
+            s.claim(&key(1, 0).version, a).blocks.len(),
+            1,
+            "a copy for anyone"
+        );
+        assert!(s.contains(&key(1, 0)));
+        s.claim(&key(1, 0).version, c);
+        assert_eq!((s.blocks(), s.bytes(), s.needed_by(c)), (0, 0, 0));
+        // Prefetched for a and needed by b: a takes it, and it stays for b.
+        assert!(s.reserve(P));
+        s.put(key(2, 0), block(2), a, 1);
+        assert!(s.share(key(2, 0), &block(2), vec![b, a]));
+        assert_eq!(s.bytes(), P, "shared again, not copied");
+        assert!(!s.claim(&key(2, 0).version, a).shared);
+        assert_eq!((s.held_by(a), s.needed_by(b), s.blocks()), (0, 1, 1));
+        // b stops: nobody needs it any more.
+        s.forget_needer(b);
+        assert_eq!((s.blocks(), s.bytes(), s.needed_by(b)), (0, 0, 0));
+    }
+
+    #[test]
+    fn room_goes_to_the_blocks_more_jobs_need() {
+        let s = Staging::new(3 * P, BLOCKS);
+        let jobs: Vec<JobKey> = (1..=4).map(JobKey::Pgid).collect();
+        assert!(s.share(key(1, 0), &block(1), jobs[..1].to_vec()));
+        assert!(s.share(key(2, 0), &block(2), jobs[..3].to_vec()));
+        assert!(s.share(key(3, 0), &block(3), jobs[..2].to_vec()));
+        // Full: a block two jobs need pushes out the one one job needs, not the others.
+        assert!(s.share(key(4, 0), &block(4), jobs[..2].to_vec()));
+        assert!(!s.contains(&key(1, 0)));
+        assert!(s.contains(&key(2, 0)) && s.contains(&key(3, 0)));
+        // One needed by two is not worth one needed by two (the older stays) or by three.
+        assert!(!s.share(key(5, 0), &block(5), jobs[..2].to_vec()));
+        // Blocks staged ahead of their job are never pushed out.
+        s.claim(&key(3, 0).version, jobs[0]);
+        s.claim(&key(3, 0).version, jobs[1]);
+        assert!(s.reserve(P));
+        s.put(key(6, 0), block(6), jobs[3], 1);
+        assert!(s.share(key(7, 0), &block(7), jobs.clone()));
+        assert!(
+            !s.contains(&key(4, 0)),
+            "needed by two, given up for one needed by four"
+        );
+        assert!(s.contains(&key(6, 0)) && s.contains(&key(2, 0)));
+        assert!(s.share(key(8, 0), &block(8), jobs.clone()));
+        assert!(!s.contains(&key(2, 0)));
+        assert!(
+            !s.share(key(9, 0), &block(9), jobs.clone()),
+            "nothing needed less is left"
+        );
+        assert_eq!(s.bytes(), 3 * P);
     }
 
     #[test]
