@@ -27,7 +27,10 @@ job's epochs (tests/frameworks.rs):
   padded to a multiple of K with its first samples, of which rank R takes every K-th from R;
   the job reads a different 1/K of the dataset every epoch;
 - --stop E:F: in epoch E the training loop breaks out after the first fraction F of its
-  batches (workers shut down), and the next epoch starts at once with a fresh permutation.
+  batches (workers shut down), and the next epoch starts at once with a fresh permutation;
+- --hint MOUNT: before each epoch the parent hands its order to the coorfs mount (as
+  coorfs.HintedSampler does), so jobs with the same --seed are a coordinated group;
+- --delay S: a worker spends S seconds on each sample after reading it (a slower model).
 
 Prints one JSON object per epoch: epoch, samples (distinct samples read), bytes (their
 sizes), checksum (16 hex digits), seconds, and with --list the sorted relative paths read.
@@ -72,12 +75,18 @@ def load(root, path, double_open):
     return int.from_bytes(h.digest()[:8], "little"), len(data)
 
 
-def worker(root, samples, index_fd, result_fd, double_open):
+def worker(root, samples, index_fd, result_fd, double_open, delay):
     """A forked worker: for every batch (a JSON list of indices, one a line) on its index pipe,
-    loads it and writes [[index, hash, size], ...] as one line to its result pipe."""
+    loads it (and sleeps `delay` seconds a sample: a slow model) and writes
+    [[index, hash, size], ...] as one line to its result pipe."""
     with os.fdopen(index_fd) as batches, os.fdopen(result_fd, "w") as out:
         for line in batches:
-            out.write(json.dumps([[i, *load(root, samples[i], double_open)] for i in json.loads(line)]) + "\n")
+            loaded = []
+            for i in json.loads(line):
+                loaded.append([i, *load(root, samples[i], double_open)])
+                if delay:
+                    time.sleep(delay)
+            out.write(json.dumps(loaded) + "\n")
             out.flush()
 
 
@@ -93,7 +102,7 @@ def owners(k, workers, shared):
 PREFETCH_FACTOR = 2  # DataLoader's default: batches a worker may have been given ahead
 
 
-def epoch(root, samples, order, workers, batch_size, double_open, shared):
+def epoch(root, samples, order, workers, batch_size, double_open, shared, delay=0.0):
     """One epoch through `workers` forked processes; returns (samples, bytes, checksum)."""
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     children = []
@@ -106,7 +115,7 @@ def epoch(root, samples, order, workers, batch_size, double_open, shared):
                 os.close(fd)
             code = 1
             try:
-                worker(root, samples, index_r, result_w, double_open)
+                worker(root, samples, index_r, result_w, double_open, delay)
                 code = 0
             finally:
                 os._exit(code)  # never run the parent's cleanup in a child
@@ -174,6 +183,8 @@ def main():
     p.add_argument("--shard", metavar="R/K", help="read rank R's shard of K, a new one every epoch")
     p.add_argument("--stop", metavar="E:F", help="break out of epoch E after fraction F of it")
     p.add_argument("--list", action="store_true", help="print the paths each epoch read")
+    p.add_argument("--hint", metavar="MOUNT", help="hand each epoch's order to the coorfs mount MOUNT first")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds a worker spends on each sample [0]")
     a = p.parse_args()
     if a.workers < 1 or a.epochs < 1 or a.batch_size < 1:
         p.error("--workers, --epochs and --batch-size must be positive")
@@ -200,8 +211,12 @@ def main():
         if e == stop_epoch:
             batches = -(-len(order) // a.batch_size)
             order = order[: round(batches * stop_at) * a.batch_size]
+        if a.hint:
+            mount = os.path.abspath(a.hint)
+            with open(os.path.join(mount, ".coorfs-order"), "w") as f:
+                f.write("".join(os.path.relpath(samples[i], mount) + "\n" for i in order))
         start = time.perf_counter()
-        n, nbytes, checksum = epoch(root, samples, order, a.workers, a.batch_size, a.double_open, a.shared)
+        n, nbytes, checksum = epoch(root, samples, order, a.workers, a.batch_size, a.double_open, a.shared, a.delay)
         seconds = time.perf_counter() - start
         report = {"epoch": e, "samples": n, "bytes": nbytes, "checksum": f"{checksum:016x}",
                   "seconds": round(seconds, 4)}

@@ -8,6 +8,7 @@ the order known, the prefetcher follows it exactly, as far ahead as its staging 
 Standard library only: torch's sampler is in `coorfs.sampler`.
 """
 
+import hashlib
 import os
 import random
 import warnings
@@ -73,18 +74,35 @@ def write_order(mount, paths):
         f.write(data)
 
 
+def group_seed(group):
+    """The seed of a coordinated group's orders: the same for every job that names the group.
+
+    Jobs that read in one order move in step through the mount, which then reads each file
+    the cache does not hold from the source once for all of them (each member's read of a
+    file finds the copy the first member's read left in the staging area).
+    """
+    if not isinstance(group, str) or not group:
+        raise ValueError("coorfs: a group is a non-empty string, not %r" % (group,))
+    return int.from_bytes(hashlib.sha256(group.encode("utf-8")).digest()[:8], "little")
+
+
 class HintedOrder:
     """Per-epoch random orders over `paths`, each handed to the mount before it is used.
 
     The torch-free core of HintedSampler: `next_epoch()` returns the indices of the coming
-    epoch after writing their paths to the mount. A hint the mount rejects warns and training
+    epoch after writing their paths to the mount. Jobs with the same `seed`, or the same
+    `group` name, draw the same orders: a coordinated group. A hint the mount rejects warns and training
     goes on without it, unless `strict`, which raises.
     """
 
-    def __init__(self, paths, mount, seed=None, strict=False):
+    def __init__(self, paths, mount, seed=None, strict=False, group=None):
         self.paths = list(paths)
         self.mount = os.fspath(mount)
         self.strict = strict
+        if group is not None:
+            if seed is not None:
+                raise ValueError("coorfs: give a group or a seed, not both")
+            seed = group_seed(group)
         self._rng = random.Random(seed)
 
     def hint(self, order):

@@ -15,7 +15,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "coorfs.HintedSampler needs torch (pip install torch); coorfs.HintedOrder does not"
     ) from e
 
-from .order import HintedOrder, sample_paths
+from .order import HintedOrder, group_seed, sample_paths
 
 
 class HintedSampler(Sampler):
@@ -24,14 +24,21 @@ class HintedSampler(Sampler):
     Arguments: the dataset; `mount`, the coorfs mount point the dataset's files are under;
     `paths`, the file of each sample if `coorfs.sample_paths` cannot tell; `generator`, a
     torch.Generator for the permutations; `strict`, to raise instead of warn when coorfs
-    rejects a hint.
+    rejects a hint; `group`, a name shared by jobs that should read in one order (a
+    hyper-parameter search over one dataset): every job of the group draws the same
+    permutation each epoch, so the mount reads each uncached file once for all of them.
     """
 
     # It hands each epoch's order to the mount itself: `coorfs run` leaves it alone.
     coorfs_hints = True
 
-    def __init__(self, data_source, mount, paths=None, generator=None, strict=False):
+    def __init__(self, data_source, mount, paths=None, generator=None, strict=False, group=None):
         self.data_source = data_source
+        if group is not None:
+            if generator is not None:
+                raise ValueError("coorfs: give a group or a generator, not both")
+            generator = torch.Generator()
+            generator.manual_seed(group_seed(group))
         self.generator = generator
         self._order = HintedOrder(paths if paths is not None else sample_paths(data_source), mount, strict=strict)
         if len(self._order.paths) != len(data_source):

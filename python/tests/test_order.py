@@ -97,6 +97,18 @@ class HintedOrderEpochs(unittest.TestCase):
         b = coorfs.HintedOrder(self.paths, self.mount, seed=3)
         self.assertEqual([a.next_epoch() for _ in range(3)], [b.next_epoch() for _ in range(3)])
 
+    def test_a_group_gives_its_members_the_same_orders(self):
+        a = coorfs.HintedOrder(self.paths, self.mount, group="hp-search-7")
+        b = coorfs.HintedOrder(self.paths, self.mount, group="hp-search-7")
+        c = coorfs.HintedOrder(self.paths, self.mount, group="hp-search-8")
+        first = [a.next_epoch() for _ in range(3)]
+        self.assertEqual(first, [b.next_epoch() for _ in range(3)])
+        self.assertNotEqual(first, [c.next_epoch() for _ in range(3)])
+        with self.assertRaisesRegex(ValueError, "a group or a seed"):
+            coorfs.HintedOrder(self.paths, self.mount, seed=1, group="g")
+        with self.assertRaisesRegex(ValueError, "non-empty string"):
+            coorfs.HintedOrder(self.paths, self.mount, group="")
+
     def test_a_rejected_hint_warns_unless_strict(self):
         missing = os.path.join(self.mount, "no", "such", "dir")
         with warnings.catch_warnings(record=True) as caught:

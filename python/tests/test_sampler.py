@@ -45,6 +45,15 @@ class WithTorch(unittest.TestCase):
                 with open(os.path.join(mount, coorfs.ORDER_FILE)) as f:
                     self.assertEqual(f.read().split(), ["c/%02d.jpg" % i for i in order])
 
+    def test_a_group_draws_one_permutation_for_all_its_jobs(self):
+        with tempfile.TemporaryDirectory() as mount:
+            paths = [os.path.join(mount, "%02d.jpg" % i) for i in range(20)]
+            a = coorfs.HintedSampler(paths, mount, group="hp-search-7")
+            b = coorfs.HintedSampler(paths, mount, group="hp-search-7")
+            self.assertEqual([list(a) for _ in range(2)], [list(b) for _ in range(2)])
+            with self.assertRaisesRegex(ValueError, "a group or a generator"):
+                coorfs.HintedSampler(paths, mount, group="g", generator=torch.Generator())
+
     def test_paths_must_match_the_samples(self):
         with self.assertRaisesRegex(ValueError, "3 paths for 2 samples"):
             coorfs.HintedSampler([0, 1], "/mnt", paths=["a", "b", "c"])

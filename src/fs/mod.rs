@@ -554,8 +554,12 @@ impl DatasetFs {
                 .on_open(&job, counted.step, counted.staged, hit);
             // What it took from the staging area stays there for the jobs that still need it.
             if let Some(f) = file_id {
-                self.prefetcher
-                    .share(f, counted.job_key, &meta.version, &counted.claimed);
+                self.prefetcher.share(
+                    f,
+                    (counted.job_key, counted.job_epoch),
+                    &meta.version,
+                    &counted.claimed,
+                );
             }
         }
         let (keep_cache, direct_io, watch) = match access {

@@ -310,7 +310,12 @@ impl DatasetFs {
                 if let (Some(data), Some(f)) = (read, handle.file_id)
                     && !tiers.memory.contains(&handle.want(block).key)
                 {
-                    prefetcher.share(f, handle.job_key, &handle.version, &[(block, data)]);
+                    prefetcher.share(
+                        f,
+                        (handle.job_key, handle.att.job_epoch),
+                        &handle.version,
+                        &[(block, data)],
+                    );
                 }
                 prefetcher.on_fetch_done();
             }),

@@ -141,6 +141,14 @@ pub struct Hint {
     pub charge: Option<Arc<HintCharge>>,
 }
 
+/// A hash of an order, the same in every run (FNV-1a over the file ids): jobs that hand the
+/// mount the same order (a coordinated group, the same seed) have the same one.
+pub fn order_digest(order: &[FileId]) -> u64 {
+    order.iter().fold(0xcbf2_9ce4_8422_2325, |h, &f| {
+        (h ^ u64::from(f)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 /// Bytes of hint memory: every user's share of it, and the total.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HintLimits {
@@ -263,6 +271,8 @@ pub struct Job {
     pub hint: Option<Hint>,
     /// Where the prefetcher is in the job's hint or in the on-disk order, this epoch.
     pub prefetch_cursor: usize,
+    /// The hash of the last order the job gave ([`order_digest`]).
+    pub order_digest: Option<u64>,
 }
 
 impl Job {
@@ -273,6 +283,7 @@ impl Job {
             last_access: now,
             hint: None,
             prefetch_cursor: 0,
+            order_digest: None,
         }
     }
 
@@ -295,6 +306,7 @@ impl Job {
         } else {
             None
         };
+        self.order_digest = Some(order_digest(&order));
         self.hint = Some(Hint {
             order: Arc::new(order),
             epoch,
@@ -348,6 +360,9 @@ pub struct JobSummary {
     pub idle_seconds: f64,
     /// Files in the job's active order hint (0 without one).
     pub hint_files: u64,
+    /// The hash (16 hex digits) of the last order the job gave, if any: jobs reading in the
+    /// same order show the same.
+    pub order_digest: Option<String>,
     /// False once the job was forgotten for being idle.
     pub active: bool,
     pub epochs: Vec<EpochRecord>,
@@ -473,6 +488,7 @@ fn summary(job: &Job, now: f64, active: bool) -> JobSummary {
         epoch: job.epoch(),
         idle_seconds: (now - job.last_access).max(0.0),
         hint_files: job.active_order().map(|o| o.len() as u64).unwrap_or(0),
+        order_digest: job.order_digest.map(|d| format!("{d:016x}")),
         active,
         epochs: job.log.records().to_vec(),
     }

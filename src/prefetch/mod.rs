@@ -222,12 +222,13 @@ impl Prefetcher {
         claimed
     }
 
-    /// The active jobs other than `except` that will read file `f` in their current epoch as
-    /// far as their reads show: they have not read it, and they read the dataset (their
-    /// epoch is under way, [`START_FILES`]) or follow an order. A job whose lock is busy counts:
-    /// a block kept for a job that does not need it costs room until its epoch turns, a block
-    /// not kept costs a read of the source.
-    pub fn needing(&self, f: FileId, except: JobKey) -> Vec<JobKey> {
+    /// The active jobs other than `except` (whose epoch is `round`) that will read file `f`
+    /// soon as far as their reads show: those that have not read it in their current epoch,
+    /// which is under way ([`START_FILES`]) or follows an order; and those an epoch or more
+    /// behind `round` that read the whole dataset (or follow orders), which will read it in
+    /// their next epoch. A job whose lock is busy counts: a block kept for a job that does not
+    /// need it costs room until its epoch turns, a block not kept costs a read of the source.
+    pub fn needing(&self, f: FileId, except: JobKey, round: u64) -> Vec<JobKey> {
         let now = self.ledger.now();
         let total = self.total();
         let mut out = Vec::new();
@@ -243,28 +244,32 @@ impl Prefetcher {
                 continue;
             }
             let t = j.log.tracker();
-            let reads_on = j.active_order().is_some()
-                || t.read_in_epoch() >= START_FILES.min(total.div_ceil(100)).max(1);
-            if reads_on && !t.may_have_read(f) {
-                out.push(j.key);
+            let hinted = j.hint.is_some();
+            let reads_on =
+                hinted || t.read_in_epoch() >= START_FILES.min(total.div_ceil(100)).max(1);
+            let behind = j.epoch() < round
+                && (hinted || reads_the_dataset(t.read_in_epoch(), total, t.covered_dataset()));
+            if (reads_on && !t.may_have_read(f)) || behind {
+                out.push(key);
             }
         }
         out
     }
 
-    /// Keeps `blocks` of file `f` (at `version`), which `job` read and the cache did not keep,
-    /// in the staging area for the other jobs that will read the file ([`Prefetcher::needing`]).
+    /// Keeps `blocks` of file `f` (at `version`), which `job` read in its epoch `round` and
+    /// the cache did not keep, in the staging area for the other jobs that will read the file
+    /// ([`Prefetcher::needing`]).
     pub fn share(
         &self,
         f: FileId,
-        job: JobKey,
+        (job, round): (JobKey, u64),
         version: &FileVersion,
         blocks: &[(u64, Arc<Block>)],
     ) {
         if !self.config.enabled || !self.config.share || blocks.is_empty() {
             return;
         }
-        let needers = self.needing(f, job);
+        let needers = self.needing(f, job, round);
         if needers.is_empty() {
             return;
         }

@@ -9,15 +9,16 @@
 //! a 277 MiB dataset in three epochs with a cache of half of it).
 //!
 //! A small FIFO of the last blocks that came from the source, or from the staging area, and
-//! are not cached. Only an open that re-reads a file its job read in the current epoch
-//! ([`crate::epoch::Step::Repeat`]), or a process's second look at a file it read just
-//! before the epoch ended, takes blocks from it: the first read of a file in an epoch comes
-//! from the source (or the staging area), so every uncached file is read from the source
-//! exactly once an epoch. Bounded in blocks and
-//! bytes, so it holds what a few dozen workers have just read and is no second cache.
+//! are not cached, each with the job that read it. A job's re-read of a file it read moments
+//! ago ([`crate::epoch::Step::Repeat`]), or a process's second look at a file it read just
+//! before the epoch ended, may take blocks from it, and so may another job's read (jobs that
+//! read in one order move in step, a moment apart). A job's own first read of a file in an
+//! epoch never does: it comes from the source (or the staging area), so every uncached file
+//! is read from the source exactly once an epoch of a job reading alone. Bounded in blocks
+//! and bytes, so it holds what a few dozen workers have just read and is no second cache.
 //!
-//! As a tier it answers only re-reads ([`Why::Reread`]) and keeps what readers read (from
-//! the source, or taken from the staging area), never a prefetcher's guesses.
+//! As a tier it answers reads (never the prefetcher's guesses) and keeps what readers read
+//! (from the source, or taken from the staging area).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use parking_lot::Mutex;
 use super::{Found, Tier, TierError, Want, Why};
 use crate::block::Block;
 use crate::cache::BlockKey;
+use crate::jobs::JobKey;
 
 /// Blocks held: one file in flight for each of 64 readers (a DataLoader's workers, the
 /// threads of tf.data) with room to spare.
@@ -37,8 +39,8 @@ pub const RECENT_BYTES: u64 = 16 << 20;
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Each block with the number of its last put.
-    blocks: HashMap<BlockKey, (Arc<Block>, u64)>,
+    /// Each block with the number of its last put and the job that read it.
+    blocks: HashMap<BlockKey, (Arc<Block>, u64, JobKey)>,
     /// Puts, oldest first; a put of a block held already supersedes its earlier one.
     order: VecDeque<(BlockKey, u64)>,
     puts: u64,
@@ -65,6 +67,11 @@ impl RecentBlocks {
     /// Keeps `data` as block `key`, pushing out the oldest blocks past the bounds. Returns
     /// false if it cannot keep it (disabled, or larger than the bound).
     pub fn put(&self, key: BlockKey, data: &Arc<Block>) -> bool {
+        self.put_for(key, data, JobKey::All)
+    }
+
+    /// [`RecentBlocks::put`] of a block that `job` read.
+    pub fn put_for(&self, key: BlockKey, data: &Arc<Block>, job: JobKey) -> bool {
         let size = data.footprint();
         if !self.enabled || size > RECENT_BYTES {
             return false;
@@ -72,7 +79,7 @@ impl RecentBlocks {
         let mut inner = self.inner.lock();
         inner.puts += 1;
         let put = inner.puts;
-        if let Some((old, _)) = inner.blocks.insert(key, (data.clone(), put)) {
+        if let Some((old, ..)) = inner.blocks.insert(key, (data.clone(), put, job)) {
             inner.bytes -= old.footprint().min(inner.bytes);
         }
         inner.bytes += size;
@@ -82,7 +89,7 @@ impl RecentBlocks {
                 break;
             };
             if inner.blocks.get(&old).is_some_and(|b| b.1 == when)
-                && let Some((b, _)) = inner.blocks.remove(&old)
+                && let Some((b, ..)) = inner.blocks.remove(&old)
             {
                 inner.bytes -= b.footprint().min(inner.bytes);
             }
@@ -98,16 +105,23 @@ impl RecentBlocks {
 
     /// Block `key`, if it was read moments ago.
     pub fn get(&self, key: &BlockKey) -> Option<Arc<Block>> {
+        self.get_for(key, None)
+    }
+
+    /// Block `key`, if it was read moments ago, and by another job than `not_by` if given.
+    fn get_for(&self, key: &BlockKey, not_by: Option<JobKey>) -> Option<Arc<Block>> {
         if !self.enabled {
             return None;
         }
-        self.inner.lock().blocks.get(key).map(|b| b.0.clone())
+        let inner = self.inner.lock();
+        let (data, _, reader) = inner.blocks.get(key)?;
+        (not_by != Some(*reader)).then(|| data.clone())
     }
 
     /// Forgets block `key`.
     pub fn remove(&self, key: &BlockKey) {
         let mut inner = self.inner.lock();
-        if let Some((b, _)) = inner.blocks.remove(key) {
+        if let Some((b, ..)) = inner.blocks.remove(key) {
             inner.bytes -= b.footprint().min(inner.bytes);
         }
     }
@@ -125,14 +139,18 @@ impl Tier for RecentBlocks {
     }
 
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
-        if want.why != Why::Reread {
-            return Ok(None);
-        }
-        Ok(RecentBlocks::get(self, &want.key).map(Found::Block))
+        let not_by = match want.why {
+            Why::Reread => None,
+            // A job's first read of a file in an epoch comes from below, unless another job
+            // read it moments ago.
+            Why::Read => Some(want.job),
+            Why::Prefetch | Why::Claimed => return Ok(None),
+        };
+        Ok(self.get_for(&want.key, not_by).map(Found::Block))
     }
 
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool {
-        want.why != Why::Prefetch && self.put(want.key, data)
+        want.why != Why::Prefetch && self.put_for(want.key, data, want.job)
     }
 
     fn remove(&self, want: &Want<'_>) {
@@ -187,7 +205,7 @@ mod tests {
     }
 
     #[test]
-    fn as_a_tier_it_keeps_what_readers_read_and_serves_re_reads_only() {
+    fn as_a_tier_it_keeps_what_readers_read_and_serves_readers() {
         use crate::tier::tests::want;
         let r = RecentBlocks::new(true);
         let data = Arc::new(Block::copy_of(&[3; 100]).unwrap());
@@ -195,8 +213,20 @@ mod tests {
         assert!(!r.admit(&want(1, 100, 0, Why::Prefetch), &data));
         assert!(Tier::get(&r, &reread).unwrap().is_none());
         assert!(r.admit(&read, &data));
-        assert!(Tier::get(&r, &read).unwrap().is_none(), "a first read");
         assert!(matches!(Tier::get(&r, &reread), Ok(Some(Found::Block(b))) if b[0] == 3));
+        assert!(
+            Tier::get(&r, &read).unwrap().is_none(),
+            "its job's first read"
+        );
+        // Another job's first read of it moments later (a member of a group in step) needs
+        // no second read of the source.
+        let other = Want {
+            job: JobKey::Pgid(99),
+            ..read
+        };
+        assert!(matches!(Tier::get(&r, &other), Ok(Some(Found::Block(b))) if b[0] == 3));
+        let claimed = want(1, 100, 0, Why::Claimed);
+        assert!(Tier::get(&r, &claimed).unwrap().is_none());
         Tier::remove(&r, &read);
         assert!(Tier::get(&r, &reread).unwrap().is_none());
         assert_eq!(r.bytes(), 0);
