@@ -79,6 +79,21 @@ cg_destroy() {
     fi
 }
 
+# cg_kill NAME: ends the processes left in the cgroup, by their ids (SIGTERM, SIGKILL after
+# 5 s), so that it can be removed after a run cut short by an error or an interrupt. A
+# daemon's SIGTERM unmounts its mount.
+cg_kill() {
+    local procs=$CG_V2/$1/cgroup.procs pids i
+    if [ "$CG_VERSION" = 1 ]; then procs=$CG_MEM/$1/cgroup.procs; fi
+    for i in $(seq 1 51); do
+        pids=$(cat "$procs" 2>/dev/null) || return 0
+        [ -n "$pids" ] || return 0
+        # shellcheck disable=SC2086
+        case $i in 1) kill $pids 2>/dev/null || true ;; 51) kill -KILL $pids 2>/dev/null || true ;; esac
+        sleep 0.1
+    done
+}
+
 # device_of DIR: MAJ:MIN of the disk holding DIR (for throttling rules, which take a whole
 # disk: a partition's MAJ:MIN becomes its disk's), or the filesystem's own MAJ:MIN when it is
 # on no block device (tmpfs, overlay: nothing to throttle).
