@@ -17,13 +17,17 @@
 # whose reads take 1 ms more (storage the prefetcher must stay ahead of): with 0 and 2 workers,
 # and as 2 ranks of `torchrun` with DistributedSampler (train-input.py --distributed): the same
 # checksums, one hint accepted an epoch from each rank and none rejected, and from epoch 2 on at
-# least 90% of the reads the cache missed served by the prefetcher. First, the package's unit
+# least 90% of the reads the cache missed served by the prefetcher. Then a hyper-parameter
+# search: 3 PyTorch jobs at once in one coordinated group (HintedSampler(group=...)), the same
+# checksums, about one read of the storage per uncached file and round from the second round on.
+# First, the package's unit
 # tests run with torch installed, where the sampler's and coorfs run's hook's tests run on the
 # real torch too. Exits non-zero at the first failed check.
 #
 #   scripts/check-frameworks.sh                     # 2,000 files of ~110 KiB, 3 epochs
 #   FILES=5000 MODES=bytes scripts/check-frameworks.sh
 #   FILES=400 FRAMEWORKS=pytorch CHECKS=run scripts/check-frameworks.sh   # coorfs run's cases only
+#   FILES=400 CHECKS=group scripts/check-frameworks.sh                    # the group case only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -34,7 +38,8 @@ EPOCHS=${EPOCHS:-3}
 WORKERS=${WORKERS:-2}
 MODES=${MODES:-"bytes decode"}
 FRAMEWORKS=${FRAMEWORKS:-"pytorch tensorflow"}
-# Which checks: all of them, or "run" for the coorfs run cases alone (FRAMEWORKS must hold pytorch).
+# Which checks: all of them, "run" for the coorfs run cases alone (FRAMEWORKS must hold pytorch),
+# or "group" for the hyper-parameter search alone.
 CHECKS=${CHECKS:-all}
 DATA=${DATA:-/var/tmp/coorfs-frameworks/check-$FILES}
 
@@ -90,9 +95,62 @@ check_run() {
     RUN=1 RANKS=2 check pytorch bytes "$half" --read-delay 1ms
 }
 
+# A hyper-parameter search: JOBS (3) PyTorch jobs at once, one coordinated group
+# (HintedSampler(group=...)), half of the dataset cached. Each job's checksums must equal a run
+# on the source, the mount must see one order for all, and from the second round on (the first
+# depends on how far apart the jobs started) the storage must serve the uncached half about
+# once a round for the whole group: within 10%, by the jobs' per-epoch bytes from the source.
+check_group() {
+    local half=$((dataset_bytes / 2)) jobs=${JOBS:-3} pids=() j
+    $coorfs mount --cache-size "$half" "$DATA" "$mnt"
+    wait_scan "$mnt"
+    for ((j = 1; j <= jobs; j++)); do
+        "$py" scripts/train-input.py --mode bytes --epochs "$EPOCHS" --workers "$WORKERS" --json \
+            --hinted --group hp-search "$mnt" > "$work/group-$j.jsonl" 2> "$work/group-$j.err" &
+        pids+=($!)
+    done
+    for j in "${!pids[@]}"; do
+        wait "${pids[$j]}" || { cat "$work/group-$((j + 1)).err" >&2; return 1; }
+    done
+    $coorfs stats --json "$mnt" > "$work/stats.json"
+    $coorfs umount "$mnt"
+    "$py" scripts/train-input.py --mode bytes --epochs "$EPOCHS" --workers "$WORKERS" --json "$DATA" \
+        > "$work/source.jsonl"
+    python3 - "$work" "$jobs" "$EPOCHS" <<'PY'
+import json, sys
+work, jobs, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def epochs_of(path):
+    return [(e["samples"], e["checksum"]) for e in map(json.loads, open(path)) if e]
+source = epochs_of(f"{work}/source.jsonl")
+for j in range(1, jobs + 1):
+    got = epochs_of(f"{work}/group-{j}.jsonl")
+    assert got == source, f"job {j}: {got} through the mount, {source} on the source"
+s = json.load(open(f"{work}/stats.json"))
+dataset, cached = s["dataset_bytes"], s["cached_bytes"]
+digests = {j.get("order_digest") for j in s["jobs"]}
+assert len(s["jobs"]) == jobs and len(digests) == 1 and None not in digests, s["jobs"]
+assert s["hints_accepted"] == jobs * epochs and s["hints_rejected"] == 0, s
+# The first round depends on how far apart the jobs started (importing torch takes seconds, and
+# a job not started yet is no job of the mount, so nothing is kept for it); from the second on
+# the group reads in step: the uncached half once a round.
+later = sum(e["bytes_from_source"] for j in s["jobs"] for e in j["epochs"] if e["epoch"] >= 2)
+once = (epochs - 1) * (dataset - cached)
+first = s["bytes_from_source"] - later
+assert later <= 1.1 * once, f"rounds 2-{epochs} read {later} bytes from the source, {once} once a round"
+print(f"group of {jobs}: checksums equal the source's; round 1 read {first} bytes from the source "
+      f"(the dataset is {dataset}), rounds 2-{epochs} {later} ({once} once a round); "
+      f"{s['source_reads_per_file']} source reads a file and round; {s['shared_hits']} shared hits")
+PY
+}
+
 echo "== $FILES files, $dataset_bytes bytes; $EPOCHS epochs; $WORKERS workers"
 if [ "$CHECKS" = run ]; then
     check_run
+    echo "== all checks passed"
+    exit 0
+fi
+if [ "$CHECKS" = group ]; then
+    check_group
     echo "== all checks passed"
     exit 0
 fi
@@ -106,6 +164,7 @@ for framework in $FRAMEWORKS; do
     if [ "$framework" = pytorch ]; then
         HINTED=1 check pytorch bytes $((dataset_bytes / 2))
         check_run
+        check_group
     fi
 done
 echo "== all checks passed"

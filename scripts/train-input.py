@@ -93,7 +93,7 @@ def main():
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
         import coorfs
 
-        sampler = coorfs.HintedSampler(dataset, mount=root, strict=True)
+        sampler = coorfs.HintedSampler(dataset, mount=root, strict=True, group=args.group)
     elif args.distributed:
         torch.distributed.init_process_group("gloo")
         args.rank = torch.distributed.get_rank()

@@ -34,6 +34,9 @@ def arguments(description, workers_help, hinted=False, distributed=False):
         p.add_argument("--hinted", action="store_true",
                        help="sample with coorfs.HintedSampler instead of shuffle=True: DIR must "
                             "be a coorfs mount, which gets each epoch's order (a rejected order fails the run)")
+        p.add_argument("--group", metavar="NAME",
+                       help="with --hinted: the coordinated group of jobs this one reads in step with "
+                            "(HintedSampler(group=NAME): the same order every epoch as the group's other jobs)")
     if distributed:
         p.add_argument("--distributed", action="store_true",
                        help="one rank under torchrun: its shard of each epoch (DistributedSampler)")
@@ -51,6 +54,8 @@ def arguments(description, workers_help, hinted=False, distributed=False):
     a = p.parse_args()
     if a.epochs < 1 or a.batch_size < 1 or a.workers < 0:
         p.error("--epochs and --batch-size must be positive, --workers not negative")
+    if getattr(a, "group", None) and not a.hinted:
+        p.error("--group needs --hinted")
     if getattr(a, "hinted", False) and getattr(a, "distributed", False):
         p.error("--hinted and --distributed do not go together")
     if getattr(a, "all_files", False) and a.mode != "bytes":
