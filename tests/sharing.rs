@@ -14,6 +14,15 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 
+/// One test at a time: each runs four jobs of three processes, and two such tests at once on a
+/// 2-CPU machine would measure each other (jobs falling out of step, members idle for seconds).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds [`ONE_AT_A_TIME`] for a test (a test that failed does not stop the others).
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const FILES: usize = 1000;
 const SIZE: usize = 16 * 1024;
 const EPOCHS: usize = 3;
@@ -177,6 +186,7 @@ fn group_through_a_mount(delay: &str, extra: &[&str]) -> (Value, Vec<Vec<Epoch>>
 
 #[test]
 fn four_jobs_read_each_uncached_file_from_the_source_about_once_a_round() {
+    let _alone = alone();
     let shared = sweep_through_a_mount(&[]);
     let alone = sweep_through_a_mount(&["--no-share"]);
     let s = &shared;
@@ -214,6 +224,7 @@ fn four_jobs_read_each_uncached_file_from_the_source_about_once_a_round() {
 
 #[test]
 fn a_group_in_one_order_reads_each_uncached_file_from_the_source_once_a_round() {
+    let _alone = alone();
     let (s, _) = group_through_a_mount("0", &[]);
     assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
     assert_eq!(num(&s, "source_errors"), 0, "{s}");
@@ -243,6 +254,7 @@ fn a_group_in_one_order_reads_each_uncached_file_from_the_source_once_a_round() 
 
 #[test]
 fn a_slow_member_of_a_group_slows_nobody_and_reads_what_it_missed_itself() {
+    let _alone = alone();
     // The fourth member spends 6 ms on each sample (its 2 workers: about 3 s an epoch, several
     // times the others'), and the staging area holds about 120 files: it falls out of the
     // others' rubber band and reads the source itself, with the bytes right.
@@ -258,4 +270,101 @@ fn a_slow_member_of_a_group_slows_nobody_and_reads_what_it_missed_itself() {
     }
     assert_eq!(num(&s, "source_errors"), 0, "{s}");
     assert!(num(&s, "shared_hits") > 0, "{s}");
+}
+
+/// The group with a fourth member that is slower ($7 seconds a sample) and killed after $6
+/// seconds; the others spend $5 seconds on each sample.
+const GROUP_KILLED: &str = r#"
+    for trial in 1 2 3; do
+        python3 "$1" --workers 2 --epochs "$4" --seed 7 --hint "$2" --delay $5 "$2" \
+            > "$3/trial-$trial" &
+    done
+    timeout -s KILL $6 python3 "$1" --workers 2 --epochs "$4" --seed 7 --hint "$2" --delay $7 \
+        "$2" > "$3/trial-4"
+    wait
+"#;
+
+#[test]
+fn a_member_killed_mid_epoch_frees_what_was_kept_for_it() {
+    let _alone = alone();
+    let (dir, src, m) = half_cached(&[]);
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let child = Command::new("bash")
+        .args(["-c", GROUP_KILLED, "trials", PATTERN])
+        .arg(&m.mnt)
+        .arg(&out)
+        .args([&EPOCHS.to_string(), "0.01", "5", "0.02"])
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The others take about 5 s an epoch, the slow member twice that: once the cache is full
+    // (the first half of epoch 1), blocks the others read are kept for it. Killed after 5 s, it
+    // reads no more, and 5 s later nothing is kept for it, while the others still read.
+    let jobs = |s: &Value| -> Vec<(String, u64, f64)> {
+        s["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| {
+                let name = j["job"].as_str().unwrap().to_string();
+                (
+                    name,
+                    num(j, "kept_blocks"),
+                    j["idle_seconds"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // (its name, blocks kept for it once it stopped, before it was forgotten)
+    let mut stopped: Option<(String, u64)> = None;
+    let mut freed = None;
+    wait_for(Duration::from_secs(40), || {
+        let s = stats(&m.mnt);
+        let now = jobs(&s);
+        let running = now.iter().filter(|(_, _, idle)| *idle < 1.0).count();
+        for (name, kept, idle) in &now {
+            if (1.0..4.0).contains(idle) && stopped.is_none() {
+                stopped = Some((name.clone(), *kept));
+            }
+            if *idle > 5.5 && stopped.as_ref().is_some_and(|(n, _)| n == name) {
+                freed = Some((*kept, running, s.clone()));
+                return true;
+            }
+        }
+        false
+    });
+    let (name, kept_then) = stopped.expect("no member stopped");
+    let (kept, running, s) = freed.expect("the killed member never went idle for 5 s");
+    assert!(
+        kept_then > 0,
+        "{name}: nothing was kept for the lagging member: {s}"
+    );
+    assert_eq!(kept, 0, "{name}: still kept for the killed member: {s}");
+    assert_eq!(running, 3, "the others should still be reading: {s}");
+    let done = wait_within(child, COMMAND_LIMIT, "the group");
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert_staging_empties(&m);
+    m.unmount();
+    let theirs = dir.path().join("theirs");
+    let hints = dir.path().join("hints");
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::create_dir_all(&hints).unwrap();
+    let on_source = run_trials(GROUP, &src, &theirs, &[hints.to_str().unwrap(), "0"]);
+    for trial in 1..=3 {
+        let mine = std::fs::read_to_string(out.join(format!("trial-{trial}"))).unwrap();
+        let got: Vec<(String, u64)> = mine
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                (
+                    v["checksum"].as_str().unwrap().to_string(),
+                    num(&v, "samples"),
+                )
+            })
+            .collect();
+        assert_eq!(got, bytes_of(&on_source[..1])[0], "trial {trial}");
+    }
 }

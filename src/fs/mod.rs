@@ -912,7 +912,10 @@ impl DatasetFs {
         let cc = &cache.counters;
         let reads = Counters::get(&c.reads);
         let hits = Counters::get(&c.hits);
-        let jobs = self.jobs.summaries(stats.now());
+        let mut jobs = self.jobs.summaries(stats.now());
+        for j in jobs.iter_mut().filter(|j| j.active) {
+            j.kept_blocks = self.tiers.staging.needed_by(j.key);
+        }
         let from_source = self.ledger.file_rounds_from_source();
         let epochs = stats.epochs.lock();
         let value = |stat: Stat| -> Value {

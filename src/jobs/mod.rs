@@ -354,6 +354,8 @@ impl Job {
 /// What `stats` shows of a job.
 #[derive(Clone, Debug, Serialize)]
 pub struct JobSummary {
+    #[serde(skip)]
+    pub key: JobKey,
     pub job: String,
     pub epoch: u64,
     /// Seconds since the job's last access.
@@ -363,6 +365,8 @@ pub struct JobSummary {
     /// The hash (16 hex digits) of the last order the job gave, if any: jobs reading in the
     /// same order show the same.
     pub order_digest: Option<String>,
+    /// Blocks the staging area keeps for the job: read for other jobs, not yet by this one.
+    pub kept_blocks: u64,
     /// False once the job was forgotten for being idle.
     pub active: bool,
     pub epochs: Vec<EpochRecord>,
@@ -484,11 +488,13 @@ impl Jobs {
 
 fn summary(job: &Job, now: f64, active: bool) -> JobSummary {
     JobSummary {
+        key: job.key,
         job: job.key.to_string(),
         epoch: job.epoch(),
         idle_seconds: (now - job.last_access).max(0.0),
         hint_files: job.active_order().map(|o| o.len() as u64).unwrap_or(0),
         order_digest: job.order_digest.map(|d| format!("{d:016x}")),
+        kept_blocks: 0,
         active,
         epochs: job.log.records().to_vec(),
     }

@@ -31,6 +31,11 @@
 //! ends, what it staged for it and did not read moves to the new epoch if the job reads the
 //! whole dataset (it will read those files in the new one), and is released as unused if not.
 //!
+//! Jobs share what was read for one of them ([`Prefetcher::share`]): a block the cache did not
+//! keep stays staged for the jobs that will still read its file this epoch
+//! ([`Prefetcher::needing`]), so a file is read once a round however many jobs read it
+//! (`--no-share` turns it off; see [`crate::tier::staging`]).
+//!
 //! A cache policy that never evicts (MinIO) may admit prefetched blocks while it has room (a
 //! guess cannot push anything out); one that evicts (LRU) gets them only when they are read
 //! ([`crate::cache::policy::CachePolicy::admits_prefetch`]). The rest waits in the staging
