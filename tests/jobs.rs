@@ -99,6 +99,35 @@ fn the_trials_of_a_sweep_script_are_a_job_each() {
 }
 
 #[test]
+fn a_sweep_script_run_by_its_shebang_line_is_a_sweep_too() {
+    // `./sweep.sh`: the shell runs under the script's name (comm "sweep.sh"); its executable
+    // still says it is a shell. It once made the whole sweep one job.
+    let (dir, m) = mounted(&[]);
+    let script = dir.path().join("sweep.sh");
+    std::fs::write(&script, format!("#!/bin/bash\n{SWEEP}")).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mnt = m.mnt.to_str().unwrap();
+    let child = Command::new(&script)
+        .args([PATTERN, mnt, &EPOCHS.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = child.id();
+    let out = wait_within(child, COMMAND_LIMIT, "sweep.sh");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = stats(&m.mnt);
+    let jobs = jobs(&s);
+    assert_eq!(jobs.len(), 3, "{s}");
+    for job in jobs {
+        assert_trial_of(job, group, &s);
+        read_every_epoch(job);
+    }
+    m.unmount();
+}
+
+#[test]
 fn with_job_key_pgid_a_sweep_is_one_job() {
     let (_dir, m) = mounted(&["--job-key", "pgid"]);
     let mnt = m.mnt.to_str().unwrap();

@@ -13,7 +13,8 @@
 //! - If there is one, the job is the sweep's child on the way up, with everything it started
 //!   ([`JobKey::Proc`]). Otherwise, the job is the process group ([`JobKey::Pgid`]).
 //!
-//! A launcher is recognised by its name (`/proc/PID/comm`), so that a program that starts
+//! A launcher is recognised by its name (`/proc/PID/comm`) or, for a script run by its `#!`
+//! line (named after the script), by its executable (`/proc/PID/exe`), so that a program that starts
 //! helpers (torchrun and its ranks, a DataLoader and its workers, a script and its decoder)
 //! never splits its own job. A launcher with one child at a time (a loop that runs `cat` per
 //! file, a script that runs training and then evaluation) keeps one job; once a launcher was
@@ -115,7 +116,9 @@ impl Processes for ProcFs {
     fn get(&self, pid: u32) -> Option<Process> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let (comm, ppid, pgid, start) = parse_stat(&stat)?;
-        let launcher = LAUNCHERS.contains(&comm) || (comm == "coorfs" && is_coorfs_run(pid));
+        let launcher = LAUNCHERS.contains(&comm)
+            || (comm == "coorfs" && is_coorfs_run(pid))
+            || runs_a_launcher(pid);
         let children = match launcher {
             true => std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
                 .map(|c| c.split_whitespace().count())
@@ -151,6 +154,15 @@ fn parse_stat(stat: &str) -> Option<(&str, u32, u32, u64)> {
     let pgid = fields.get(2)?.parse().ok()?;
     let start = fields.get(19)?.parse().ok()?;
     Some((comm, ppid, pgid, start))
+}
+
+/// True if process `pid` runs a launcher's executable under another name: a script run by its
+/// `#!` line (`./sweep.sh`) is named after the script, and its executable is the shell.
+fn runs_a_launcher(pid: u32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|exe| Some(LAUNCHERS.contains(&exe.file_name()?.to_str()?)))
+        .unwrap_or(false)
 }
 
 /// True if process `pid` runs `coorfs run`.
