@@ -23,17 +23,23 @@ const PATTERN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/dataloader_pat
 /// scheduler or by another script, without job control), with `args` as $1...; returns its
 /// pid (= the group) and its standard output.
 fn run_script(script: &str, args: &[&str]) -> (u32, String) {
-    let child = Command::new("bash")
-        .args(["-c", script, "script"])
-        .args(args)
+    let mut bash = Command::new("bash");
+    bash.args(["-c", script, "script"]).args(args);
+    run_as_group_leader(&mut bash, script)
+}
+
+/// Runs `cmd` as the leader of a new process group; returns its pid (= the group) and its
+/// standard output, once it succeeded.
+fn run_as_group_leader(cmd: &mut Command, what: &str) -> (u32, String) {
+    let child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .spawn()
         .unwrap();
     let pid = child.id();
-    let out = wait_within(child, COMMAND_LIMIT, script);
-    assert!(out.status.success(), "{script}: {}", stderr(&out));
+    let out = wait_within(child, COMMAND_LIMIT, what);
+    assert!(out.status.success(), "{what}: {}", stderr(&out));
     (pid, String::from_utf8(out.stdout).unwrap())
 }
 
@@ -107,16 +113,9 @@ fn a_sweep_script_run_by_its_shebang_line_is_a_sweep_too() {
     std::fs::write(&script, format!("#!/bin/bash\n{SWEEP}")).unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mnt = m.mnt.to_str().unwrap();
-    let child = Command::new(&script)
-        .args([PATTERN, mnt, &EPOCHS.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let group = child.id();
-    let out = wait_within(child, COMMAND_LIMIT, "sweep.sh");
-    assert!(out.status.success(), "{}", stderr(&out));
+    let mut sweep = Command::new(&script);
+    sweep.args([PATTERN, mnt, &EPOCHS.to_string()]);
+    let (group, _) = run_as_group_leader(&mut sweep, "sweep.sh");
     let s = stats(&m.mnt);
     let jobs = jobs(&s);
     assert_eq!(jobs.len(), 3, "{s}");
