@@ -307,9 +307,7 @@ impl DatasetFs {
                 let read = r.as_ref().ok().cloned();
                 waiter(r);
                 // Kept for the other jobs that will read the file, if the cache did not keep it.
-                if let (Some(data), Some(f)) = (read, handle.file_id)
-                    && !tiers.memory.contains(&handle.want(block).key)
-                {
+                if let (Some(data), Some(f)) = (read, handle.file_id) {
                     prefetcher.share(
                         f,
                         (handle.job_key, handle.att.job_epoch),

@@ -61,7 +61,7 @@ use crate::tier::fetch::{Fetched, Report};
 use crate::tier::staging::Claimed;
 use crate::tier::{Tier, Tiers, Want, Why};
 use pacer::Pacer;
-use plan::{START_FILES, may_prefetch_remaining, next_candidates};
+use plan::{epoch_under_way, may_prefetch_remaining, next_candidates};
 
 /// How the prefetcher runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,7 +229,7 @@ impl Prefetcher {
 
     /// The active jobs other than `except` (whose epoch is `round`) that will read file `f`
     /// soon as far as their reads show: those that have not read it in their current epoch,
-    /// which is under way ([`START_FILES`]) or follows an order; and those an epoch or more
+    /// which is under way ([`epoch_under_way`]) or follows an order; and those an epoch or more
     /// behind `round` that read the whole dataset (or follow orders), which will read it in
     /// their next epoch. A job whose lock is busy counts: a block kept for a job that does not
     /// need it costs room until its epoch turns, a block not kept costs a read of the source.
@@ -250,8 +250,7 @@ impl Prefetcher {
             }
             let t = j.log.tracker();
             let hinted = j.hint.is_some();
-            let reads_on =
-                hinted || t.read_in_epoch() >= START_FILES.min(total.div_ceil(100)).max(1);
+            let reads_on = hinted || epoch_under_way(t.read_in_epoch(), total);
             let behind = j.epoch() < round
                 && (hinted || reads_the_dataset(t.read_in_epoch(), total, t.covered_dataset()));
             if (reads_on && !t.may_have_read(f)) || behind {

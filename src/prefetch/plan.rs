@@ -33,8 +33,13 @@ pub const START_FILES: usize = 32;
 /// reads the whole dataset ([`crate::jobs::reads_the_dataset`]) and its epoch is under way
 /// ([`START_FILES`]).
 pub fn may_prefetch_remaining(read: usize, total: usize, covered: bool) -> bool {
+    epoch_under_way(read, total) && crate::jobs::reads_the_dataset(read, total, covered)
+}
+
+/// True once a job has read [`START_FILES`] distinct files of its epoch (or 1% of a dataset of
+/// `total` files, if that is fewer): an epoch, not a glance.
+pub fn epoch_under_way(read: usize, total: usize) -> bool {
     read >= START_FILES.min(total.div_ceil(100)).max(1)
-        && crate::jobs::reads_the_dataset(read, total, covered)
 }
 
 /// Walks `order` from `cursor` and returns up to `want` files for which `eligible` holds,

@@ -335,7 +335,7 @@ pub(crate) mod tests {
             for block in [0, 1] {
                 let key = w.block(block).key;
                 assert_eq!(tiers.memory.contains(&key), cached, "{policy:?}");
-                assert_eq!(tiers.recent.get(&key).is_some(), recent, "{policy:?}");
+                assert_eq!(tiers.recent.get(&key, None).is_some(), recent, "{policy:?}");
             }
         }
     }

@@ -66,12 +66,8 @@ impl RecentBlocks {
 
     /// Keeps `data` as block `key`, pushing out the oldest blocks past the bounds. Returns
     /// false if it cannot keep it (disabled, or larger than the bound).
-    pub fn put(&self, key: BlockKey, data: &Arc<Block>) -> bool {
-        self.put_for(key, data, JobKey::All)
-    }
-
-    /// [`RecentBlocks::put`] of a block that `job` read.
-    pub fn put_for(&self, key: BlockKey, data: &Arc<Block>, job: JobKey) -> bool {
+    /// `job` is the job that read it.
+    pub fn put(&self, key: BlockKey, data: &Arc<Block>, job: JobKey) -> bool {
         let size = data.footprint();
         if !self.enabled || size > RECENT_BYTES {
             return false;
@@ -103,13 +99,8 @@ impl RecentBlocks {
         true
     }
 
-    /// Block `key`, if it was read moments ago.
-    pub fn get(&self, key: &BlockKey) -> Option<Arc<Block>> {
-        self.get_for(key, None)
-    }
-
     /// Block `key`, if it was read moments ago, and by another job than `not_by` if given.
-    fn get_for(&self, key: &BlockKey, not_by: Option<JobKey>) -> Option<Arc<Block>> {
+    pub fn get(&self, key: &BlockKey, not_by: Option<JobKey>) -> Option<Arc<Block>> {
         if !self.enabled {
             return None;
         }
@@ -146,11 +137,11 @@ impl Tier for RecentBlocks {
             Why::Read => Some(want.job),
             Why::Prefetch | Why::Claimed => return Ok(None),
         };
-        Ok(self.get_for(&want.key, not_by).map(Found::Block))
+        Ok(self.get(&want.key, not_by).map(Found::Block))
     }
 
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool {
-        want.why != Why::Prefetch && self.put_for(want.key, data, want.job)
+        want.why != Why::Prefetch && self.put(want.key, data, want.job)
     }
 
     fn remove(&self, want: &Want<'_>) {
@@ -171,37 +162,37 @@ mod tests {
         let r = RecentBlocks::new(true);
         let small = Arc::new(Block::copy_of(&[1; 100]).unwrap());
         for ino in 0..RECENT_BLOCKS as u64 + 10 {
-            r.put(key(ino), &small);
+            r.put(key(ino), &small, JobKey::All);
         }
-        assert!(r.get(&key(9)).is_none(), "the oldest went");
-        assert_eq!(&r.get(&key(10)).unwrap()[..], &[1; 100]);
+        assert!(r.get(&key(9), None).is_none(), "the oldest went");
+        assert_eq!(&r.get(&key(10), None).unwrap()[..], &[1; 100]);
         assert_eq!(r.bytes(), RECENT_BLOCKS as u64 * 4096);
         // Bytes bound too: large blocks push out many small ones.
         let big = Arc::new(Block::zeroed(4 << 20).unwrap());
         for ino in 1000..1004 {
-            r.put(key(ino), &big);
+            r.put(key(ino), &big, JobKey::All);
         }
         assert!(r.bytes() <= RECENT_BYTES);
-        assert!(r.get(&key(1003)).is_some());
-        assert!(r.get(&key(RECENT_BLOCKS as u64 + 9)).is_none());
+        assert!(r.get(&key(1003), None).is_some());
+        assert!(r.get(&key(RECENT_BLOCKS as u64 + 9), None).is_none());
         // A block put again is as recent as its last put.
         let r = RecentBlocks::new(true);
-        r.put(key(0), &small);
+        r.put(key(0), &small, JobKey::All);
         for ino in 1..RECENT_BLOCKS as u64 {
-            r.put(key(ino), &small);
+            r.put(key(ino), &small, JobKey::All);
         }
-        r.put(key(0), &small);
-        r.put(key(1000), &small);
-        assert!(r.get(&key(0)).is_some() && r.get(&key(1)).is_none());
+        r.put(key(0), &small, JobKey::All);
+        r.put(key(1000), &small, JobKey::All);
+        assert!(r.get(&key(0), None).is_some() && r.get(&key(1), None).is_none());
         assert_eq!(r.bytes(), RECENT_BLOCKS as u64 * 4096);
         for _ in 0..10_000 {
-            r.put(key(0), &small);
+            r.put(key(0), &small, JobKey::All);
         }
         assert!(r.inner.lock().order.len() <= 4 * RECENT_BLOCKS + 1);
         assert_eq!(r.bytes(), RECENT_BLOCKS as u64 * 4096);
         let off = RecentBlocks::new(false);
-        off.put(key(1), &small);
-        assert!(off.get(&key(1)).is_none());
+        off.put(key(1), &small, JobKey::All);
+        assert!(off.get(&key(1), None).is_none());
     }
 
     #[test]
