@@ -217,12 +217,10 @@ impl Staging {
         }
     }
 
-    /// Reserves `len` bytes for a prefetch, if there is room, making room by giving up shared
-    /// blocks only one job still needs: a job that lags the others by more than the staging
-    /// area reads the source itself, and the prefetch of the jobs ahead goes on.
+    /// Reserves `len` bytes for a prefetch, if there is room.
     pub fn reserve(&self, len: u64) -> bool {
         let mut inner = self.inner.lock();
-        if !inner.make_room(len, 2, self.capacity) {
+        if inner.bytes + len > self.capacity {
             return false;
         }
         inner.bytes += len;
@@ -549,7 +547,7 @@ mod tests {
             "needed by two, given up for one needed by four"
         );
         assert!(s.contains(&key(6, 0)) && s.contains(&key(2, 0)));
-        // A prefetch gives up only what one job alone needs.
+        // A prefetch pushes nothing out.
         assert!(!s.reserve(P), "key 2 (three jobs) and key 7 (four) stay");
         assert!(s.share(key(8, 0), &block(8), jobs.clone()));
         assert!(!s.contains(&key(2, 0)));
@@ -558,18 +556,6 @@ mod tests {
             "nothing needed less is left"
         );
         assert_eq!(s.bytes(), 3 * P);
-    }
-
-    #[test]
-    fn a_prefetch_pushes_out_blocks_only_one_lagging_job_needs() {
-        let s = Staging::new(2 * P, BLOCKS);
-        let (slow, other) = (JobKey::Pgid(1), JobKey::Pgid(2));
-        assert!(s.share(key(1, 0), &block(1), vec![slow]));
-        assert!(s.share(key(2, 0), &block(2), vec![slow, other]));
-        assert!(s.reserve(P), "the block only the slow job needs goes");
-        assert!(!s.contains(&key(1, 0)) && s.contains(&key(2, 0)));
-        assert!(!s.reserve(P));
-        assert_eq!((s.bytes(), s.needed_by(slow)), (2 * P, 1));
     }
 
     #[test]
