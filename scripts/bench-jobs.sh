@@ -28,7 +28,8 @@
 # and bytes_from_source. The table has medians over REPS; "storage / ((1-c) x D)" is the
 # storage bytes of a round over the bytes the cache does not hold (c: the mount's cached_bytes
 # / dataset_bytes, for native CACHE / D): about 1 when each uncached file is read once a
-# round, JOBS when each job reads it itself. SAMPLES=FILE keeps the per-run lines.
+# round, JOBS when each job reads it itself. SAMPLES=FILE keeps the per-run lines; KEEP=DIR keeps
+# each run's job reports and the mount's stats (sampled every second) in DIR/SYSTEM-REP/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -97,11 +98,17 @@ for rep in $(seq 1 "$REPS"); do
             ) &
             pids+=($!)
         done
+        sampler=
+        if [ -n "${KEEP:-}" ] && [ "$sys" != native ]; then
+            while sleep 1; do "$coorfs" stats --json "$mnt" 2>/dev/null | tr -d '\n'; echo; done > "$work/stats-1s.jsonl" &
+            sampler=$!
+        fi
         start=$EPOCHREALTIME
         touch "$work/go"
         failed=0
         for p in "${pids[@]}"; do wait "$p" || failed=1; done
         end=$EPOCHREALTIME
+        [ -z "$sampler" ] || kill "$sampler" 2>/dev/null || true
         pids=()
         if [ "$failed" != 0 ]; then cat "$work"/job*.err >&2; die "$sys: a job failed (rep $rep)"; fi
         after=$(cg_read_bytes "$cg" "$dev")
@@ -113,6 +120,9 @@ for rep in $(seq 1 "$REPS"); do
             "$coorfs" umount "$mnt" || die "$sys: coorfs umount failed"
         fi
         cg_destroy "$cg"
+        if [ -n "${KEEP:-}" ]; then
+            mkdir -p "$KEEP/$sys-$rep" && cp "$work"/job*.json "$work"/*stats*.json* "$KEEP/$sys-$rep/"
+        fi
         # One sample line: system rep round_seconds storage_bytes_per_round c
         # source_reads_per_file shared_hits bytes_from_source; the jobs' reports are checked.
         python3 - "$sys" "$rep" "$start" "$end" "$((after - before))" "$EPOCHS" "$JOBS" \

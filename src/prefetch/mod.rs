@@ -102,9 +102,15 @@ impl PrefetchConfig {
 /// Longer than a DataLoader takes to start the next epoch's workers.
 pub const ACTIVE_SECS: f64 = 5.0;
 
-/// The staging area's size while the storage is bandwidth-bound: a few files, to fill the
-/// storage's idle moments without running ahead of the reader (see [`Pacer`]).
+/// What a job may have staged ahead while the storage is bandwidth-bound: a few files, to fill
+/// the storage's idle moments without running ahead of the reader (see [`Pacer`]).
 const NARROW_STAGING: u64 = 2 << 20;
+
+/// How long [`Prefetcher::needing`] waits for a job's lock, which its opens and the prefetcher
+/// hold for microseconds. A job whose lock stays busy counts as a needer: a block kept for a
+/// job that has read it already stays staged until that job's next epoch, so guessing often
+/// fills the staging area with blocks nobody reads soon.
+const BUSY_WAIT: Duration = Duration::from_millis(2);
 
 /// How long the loop sleeps when nothing wakes it.
 const TICK: Duration = Duration::from_millis(50);
@@ -241,7 +247,7 @@ impl Prefetcher {
             if key == except {
                 continue;
             }
-            let Some(j) = job.try_lock() else {
+            let Some(j) = job.try_lock_for(BUSY_WAIT) else {
                 out.push(key);
                 continue;
             };
@@ -549,7 +555,9 @@ impl Prefetcher {
                 return true;
             }
             let staging = &self.tiers.staging;
-            if self.bandwidth_bound() && staging.bytes() + memory > NARROW_STAGING {
+            // What this job has staged ahead, not what is kept for other jobs: blocks kept
+            // for the members of a group that lag are no reason to stop reading ahead.
+            if self.bandwidth_bound() && staging.held_by(key) + memory > NARROW_STAGING {
                 return issued;
             }
             if !staging.reserve(memory) {

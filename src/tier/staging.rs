@@ -53,7 +53,7 @@ struct Inner {
     blocks: HashMap<BlockKey, Staged>,
     /// Bytes staged or reserved for fetches in flight.
     bytes: u64,
-    /// Blocks staged, per owner.
+    /// Bytes staged (the memory the blocks take), per owner.
     per_job: HashMap<JobKey, u64>,
     /// Blocks each job is among the needers of.
     needed_by: HashMap<JobKey, u64>,
@@ -86,7 +86,7 @@ impl Inner {
     /// Enters a block and its books: its owner's count, or the shared index; its needers.
     fn attach(&mut self, key: BlockKey, s: Staged) {
         match s.owner {
-            Some(job) => count(&mut self.per_job, job, 1),
+            Some(job) => count(&mut self.per_job, job, s.data.footprint() as i64),
             None => {
                 self.shared.insert((s.needers.len(), s.seq, key));
             }
@@ -101,7 +101,7 @@ impl Inner {
     fn detach(&mut self, key: BlockKey) -> Option<Staged> {
         let s = self.blocks.remove(&key)?;
         match s.owner {
-            Some(job) => count(&mut self.per_job, job, -1),
+            Some(job) => count(&mut self.per_job, job, -(s.data.footprint() as i64)),
             None => {
                 self.shared.remove(&(s.needers.len(), s.seq, key));
             }
@@ -389,7 +389,7 @@ impl Staging {
         })
     }
 
-    /// Blocks `job` has staged.
+    /// The memory of the blocks `job` has staged and not taken yet (not those kept for it).
     pub fn held_by(&self, job: JobKey) -> u64 {
         self.inner.lock().per_job.get(&job).copied().unwrap_or(0)
     }
@@ -577,7 +577,7 @@ mod tests {
             })
         );
         assert_eq!(dropped.get(&2), None);
-        assert_eq!((s.blocks(), s.bytes(), s.held_by(job)), (1, P, 1));
+        assert_eq!((s.blocks(), s.bytes(), s.held_by(job)), (1, P, P));
         assert_eq!(s.held_by(JobKey::Pgid(9)), 0);
     }
 
@@ -600,7 +600,7 @@ mod tests {
             s.drop_before(a, 4).values().map(|d| d.blocks).sum::<u64>(),
             2
         );
-        assert_eq!((s.held_by(a), s.held_by(b), s.bytes()), (0, 1, P));
+        assert_eq!((s.held_by(a), s.held_by(b), s.bytes()), (0, P, P));
     }
 
     #[test]
