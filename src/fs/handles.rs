@@ -59,6 +59,8 @@ pub(super) struct FileHandle {
     /// The epochs the open's reads count in.
     pub att: Attribution,
     pub job_key: JobKey,
+    /// The digest of the order the job followed at the open, if it gave one.
+    pub order: Option<u64>,
     /// This open re-reads what the job read moments ago: it is the same access and may take
     /// the blocks read then (see [`crate::tier::recent`]).
     pub same_access: bool,

@@ -201,6 +201,8 @@ struct Counted {
     epoch: u64,
     job_key: JobKey,
     job_epoch: u64,
+    /// The digest of the order the job follows this epoch, if it gave one.
+    order: Option<u64>,
     /// What the access did to the job's epoch (None: not an access of its own, or a file
     /// the scan has not seen).
     step: Option<Step>,
@@ -556,7 +558,7 @@ impl DatasetFs {
             if let Some(f) = file_id {
                 self.prefetcher.share(
                     f,
-                    (counted.job_key, counted.job_epoch),
+                    (counted.job_key, counted.job_epoch, counted.order),
                     &meta.version,
                     &counted.claimed,
                 );
@@ -594,6 +596,7 @@ impl DatasetFs {
                 job_epoch: counted.job_epoch,
             },
             job_key: counted.job_key,
+            order: counted.order,
             // A re-read within the epoch, or a second look right after it ended; not a read
             // that may be the new epoch's first of the file.
             same_access: access == Access::Silent
@@ -695,11 +698,13 @@ impl DatasetFs {
         if step.is_some_and(Step::began_epoch) {
             j.epoch_changed();
         }
+        let order = j.active_order().and(j.order_digest);
         drop(j);
         Counted {
             epoch: self.ledger.open_in_dataset(&opening),
             job_key,
             job_epoch,
+            order,
             step,
             staged: opening.staged,
             claimed: claimed.blocks,
@@ -709,14 +714,15 @@ impl DatasetFs {
     /// An open of no access of its own (see [`Access::Silent`]): its reads count in the
     /// epochs current now.
     fn silent_access(&self, job: &Arc<Mutex<Job>>) -> Counted {
-        let (job_key, job_epoch) = {
+        let (job_key, job_epoch, order) = {
             let j = job.lock();
-            (j.key, j.epoch())
+            (j.key, j.epoch(), j.active_order().and(j.order_digest))
         };
         Counted {
             epoch: self.ledger.epoch(),
             job_key,
             job_epoch,
+            order,
             step: None,
             staged: false,
             claimed: Vec::new(),

@@ -390,7 +390,11 @@ impl DatasetFs {
                 );
                 j.set_hint(order, charge);
                 j.last_access = now;
+                let joined = j.active_order().and(j.order_digest).map(|d| (d, j.key));
                 drop(j);
+                if let Some((digest, key)) = joined {
+                    self.prefetcher.joined(digest, key);
+                }
                 self.ledger.hint(true);
                 self.prefetcher.wake();
                 Ok(())

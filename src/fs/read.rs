@@ -310,7 +310,7 @@ impl DatasetFs {
                 if let (Some(data), Some(f)) = (read, handle.file_id) {
                     prefetcher.share(
                         f,
-                        (handle.job_key, handle.att.job_epoch),
+                        (handle.job_key, handle.att.job_epoch, handle.order),
                         &handle.version,
                         &[(block, data)],
                     );

@@ -266,13 +266,16 @@ impl Prefetcher {
         out
     }
 
-    /// Keeps `blocks` of file `f` (at `version`), which `job` read in its epoch `round` and
-    /// the cache did not keep, in the staging area for the other jobs that will read the file
-    /// ([`Prefetcher::needing`]).
+    /// Keeps `blocks` of file `f` (at `version`), which `job` read in its epoch `round`
+    /// following the order of digest `order` (if it gave one), and the cache did not keep, in
+    /// the staging area for the other jobs that will read the file ([`Prefetcher::needing`]).
+    /// Needed by nobody yet, they stay as spares if `job` follows an order: for the jobs that
+    /// will follow it too and have not started (a group's members start seconds apart:
+    /// Python, torch, the DataLoader's workers).
     pub fn share(
         &self,
         f: FileId,
-        (job, round): (JobKey, u64),
+        (job, round, order): (JobKey, u64, Option<u64>),
         version: &FileVersion,
         blocks: &[(u64, Arc<Block>)],
     ) {
@@ -280,7 +283,8 @@ impl Prefetcher {
             return;
         }
         let needers = self.needing(f, job, round);
-        if needers.is_empty() {
+        let order = order.map(|digest| (job, digest));
+        if needers.is_empty() && order.is_none() {
             return;
         }
         for (block, data) in blocks {
@@ -289,8 +293,20 @@ impl Prefetcher {
                 block: *block,
             };
             if !self.tiers.memory.contains(&key) {
-                self.tiers.staging.share(key, data, needers.clone());
+                self.tiers.staging.share(key, data, needers.clone(), order);
             }
+        }
+    }
+
+    /// `job` follows the order of digest `order` from now on (a hint for its epoch under way):
+    /// the spares read in that order by the jobs ahead are kept for it.
+    pub fn joined(&self, order: u64, job: JobKey) {
+        if !self.config.enabled || !self.config.share {
+            return;
+        }
+        let n = self.tiers.staging.join(order, job);
+        if n > 0 {
+            tracing::debug!("{job}: joins order {order:016x}, {n} spare blocks kept for it");
         }
     }
 
@@ -386,6 +402,7 @@ impl Prefetcher {
     /// new one if the job reads the whole dataset (it will read those files in this epoch),
     /// with the bytes read for them; otherwise it is dropped and counted as unused.
     fn after_epoch(&self, job: &Arc<Mutex<Job>>, key: JobKey, current: u64) {
+        self.tiers.staging.drop_spares(key);
         let keep = {
             let j = job.lock();
             let t = j.log.tracker();

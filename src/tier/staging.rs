@@ -20,6 +20,12 @@
 //! oldest); blocks fetched ahead for a job are never pushed out. So one read of the source
 //! serves every job that reads the file in the same round, within the one budget.
 //!
+//! A block needed by no other job yet, read by a job that follows an order hint, stays as a
+//! *spare* while there is free room: the members of a coordinated group (one order) start
+//! seconds apart, and a member that hints the order late takes the spares read in it
+//! ([`Staging::join`]) instead of reading the source again. Spares are the first to give way,
+//! to a prefetch or to a block a job needs, and leave when the job that read them stops.
+//!
 //! As a tier ([`Tier`]) it serves a reader of the job that staged a block (the claim, when a
 //! prefetch landed after the open), keeps only prefetched blocks, and forgets a block a
 //! reader of its job got another way (a read that joined the prefetch in flight).
@@ -46,6 +52,10 @@ struct Staged {
     needers: Vec<JobKey>,
     /// When it was staged: of two shared blocks needed by as many jobs, the older goes first.
     seq: u64,
+    /// Read by a job that follows an order: the job, and the order's digest. Jobs that join
+    /// the order later need it too ([`Staging::join`]); with no owner and no needers it is a
+    /// *spare*, kept for them while there is room, the first to give way.
+    order: Option<(JobKey, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +67,12 @@ struct Inner {
     per_job: HashMap<JobKey, u64>,
     /// Blocks each job is among the needers of.
     needed_by: HashMap<JobKey, u64>,
+    /// Blocks read in an order, per job that read them.
+    read_in_order: HashMap<JobKey, u64>,
+    /// The jobs that joined each order ([`Staging::join`]), until their epoch turns: a spare
+    /// read in that order after they joined is theirs at once (its reader may have looked for
+    /// needers just before they joined).
+    joined: HashMap<u64, Vec<JobKey>>,
     /// The blocks without an owner, by how many jobs still need them, then age: the first
     /// is the one to give up when room is short.
     shared: BTreeSet<(usize, u64, BlockKey)>,
@@ -94,6 +110,9 @@ impl Inner {
         for &n in &s.needers {
             count(&mut self.needed_by, n, 1);
         }
+        if let Some((reader, _)) = s.order {
+            count(&mut self.read_in_order, reader, 1);
+        }
         self.blocks.insert(key, s);
     }
 
@@ -109,6 +128,9 @@ impl Inner {
         for &n in &s.needers {
             count(&mut self.needed_by, n, -1);
         }
+        if let Some((reader, _)) = s.order {
+            count(&mut self.read_in_order, reader, -1);
+        }
         Some(s)
     }
 
@@ -119,13 +141,14 @@ impl Inner {
         Some(s)
     }
 
-    /// Re-enters a block changed by `change`, or drops it if then nobody owns or needs it.
+    /// Re-enters a block changed by `change`, or drops it if then nobody owns or needs it
+    /// and it is no spare.
     fn update(&mut self, key: BlockKey, change: impl FnOnce(&mut Staged)) {
         let Some(mut s) = self.detach(key) else {
             return;
         };
         change(&mut s);
-        if s.owner.is_none() && s.needers.is_empty() {
+        if s.owner.is_none() && s.needers.is_empty() && s.order.is_none() {
             self.bytes -= s.data.footprint().min(self.bytes);
         } else {
             self.attach(key, s);
@@ -160,6 +183,37 @@ impl Inner {
             self.served(key, job);
         }
         out
+    }
+
+    /// Takes `job` out of the needers of every block (if `needers`) and of the orders it
+    /// joined, and forgets the order of the blocks it read in one: its spares leave, and
+    /// later joiners no longer need the others.
+    fn release(&mut self, job: JobKey, needers: bool) {
+        self.joined.retain(|_, jobs| {
+            jobs.retain(|&j| j != job);
+            !jobs.is_empty()
+        });
+        let needs = needers && self.needed_by.contains_key(&job);
+        if !needs && !self.read_in_order.contains_key(&job) {
+            return;
+        }
+        let kept_by = |s: &Staged| s.order.is_some_and(|(reader, _)| reader == job);
+        let keys: Vec<BlockKey> = self
+            .blocks
+            .iter()
+            .filter(|(_, s)| (needs && s.needers.contains(&job)) || kept_by(s))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            self.update(key, |s| {
+                if needs {
+                    s.needers.retain(|&n| n != job);
+                }
+                if kept_by(s) {
+                    s.order = None;
+                }
+            });
+        }
     }
 
     /// Gives up shared blocks that fewer than `needers` jobs need, fewest first, until
@@ -217,10 +271,10 @@ impl Staging {
         }
     }
 
-    /// Reserves `len` bytes for a prefetch, if there is room.
+    /// Reserves `len` bytes for a prefetch, if there is room (spares give way).
     pub fn reserve(&self, len: u64) -> bool {
         let mut inner = self.inner.lock();
-        if inner.bytes + len > self.capacity {
+        if !inner.make_room(len, 1, self.capacity) {
             return false;
         }
         inner.bytes += len;
@@ -243,6 +297,7 @@ impl Staging {
                 epoch,
                 needers: Vec::new(),
                 seq: 0,
+                order: None,
             },
         );
     }
@@ -250,12 +305,30 @@ impl Staging {
     /// Keeps a block that one job read, and the cache did not keep, for the `needers`: other
     /// jobs that have not read its file in their current epoch. Room is made by giving up
     /// shared blocks fewer jobs need; true if it was kept. A block staged already gains the
-    /// needers (its owner keeps it).
-    pub fn share(&self, key: BlockKey, data: &Arc<Block>, needers: Vec<JobKey>) -> bool {
-        if needers.is_empty() {
+    /// needers (its owner keeps it). A block read by a job that follows an order (`order`:
+    /// the job and the order's digest) is needed by the jobs that joined that order too, and
+    /// with no needers yet it is kept as a spare if there is free room (a spare pushes nothing
+    /// out), for jobs that join the order late ([`Staging::join`]).
+    pub fn share(
+        &self,
+        key: BlockKey,
+        data: &Arc<Block>,
+        mut needers: Vec<JobKey>,
+        order: Option<(JobKey, u64)>,
+    ) -> bool {
+        let mut inner = self.inner.lock();
+        if let Some((reader, digest)) = order
+            && let Some(joined) = inner.joined.get(&digest)
+        {
+            for &j in joined {
+                if j != reader && !needers.contains(&j) {
+                    needers.push(j);
+                }
+            }
+        }
+        if needers.is_empty() && order.is_none() {
             return false;
         }
-        let mut inner = self.inner.lock();
         if inner.blocks.contains_key(&key) {
             inner.update(key, |s| {
                 for n in needers {
@@ -263,6 +336,7 @@ impl Staging {
                         s.needers.push(n);
                     }
                 }
+                s.order = s.order.or(order);
             });
             return true;
         }
@@ -279,27 +353,49 @@ impl Staging {
                 epoch: 0,
                 needers,
                 seq: 0,
+                order,
             },
         );
         true
     }
 
-    /// `job` will not read what it was kept for (it stopped, or reads no whole epochs): it
-    /// is no longer among any block's needers, and shared blocks nobody else needs leave.
-    pub fn forget_needer(&self, job: JobKey) {
+    /// `job` starts an epoch in the order of digest `order` (it has read none of its files
+    /// yet): the blocks read in that order by other jobs, spares or kept for others, are now
+    /// needed by it too, and so are those read in it later. Returns how many there were.
+    pub fn join(&self, order: u64, job: JobKey) -> u64 {
         let mut inner = self.inner.lock();
-        if !inner.needed_by.contains_key(&job) {
-            return;
+        let joined = inner.joined.entry(order).or_default();
+        if !joined.contains(&job) {
+            joined.push(job);
         }
         let keys: Vec<BlockKey> = inner
             .blocks
             .iter()
-            .filter(|(_, s)| s.needers.contains(&job))
+            .filter(|(_, s)| {
+                s.order
+                    .is_some_and(|(reader, d)| d == order && reader != job)
+                    && s.owner != Some(job)
+                    && !s.needers.contains(&job)
+            })
             .map(|(k, _)| *k)
             .collect();
-        for key in keys {
-            inner.update(key, |s| s.needers.retain(|&n| n != job));
+        for &key in &keys {
+            inner.update(key, |s| s.needers.push(job));
         }
+        keys.len() as u64
+    }
+
+    /// `job` will not read what it was kept for (it stopped, or reads no whole epochs): it
+    /// is no longer among any block's needers, shared blocks nobody else needs leave, and so
+    /// do the spares it read (a job that joins its order later would be far behind).
+    pub fn forget_needer(&self, job: JobKey) {
+        self.inner.lock().release(job, true);
+    }
+
+    /// `job`'s epoch turned: the spares it read in the last one's order leave (a job that
+    /// hints that order now would be an epoch behind), and it follows that order no more.
+    pub fn drop_spares(&self, job: JobKey) {
+        self.inner.lock().release(job, false);
     }
 
     /// Blocks `job` is among the needers of.
@@ -498,7 +594,7 @@ mod tests {
         let s = Staging::new(10 * P, BLOCKS);
         let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
         // Read by a (not staged for it), needed by b and c.
-        assert!(s.share(key(1, 0), &block(1), vec![b, c]));
+        assert!(s.share(key(1, 0), &block(1), vec![b, c], None));
         assert_eq!((s.needed_by(b), s.needed_by(c), s.bytes()), (1, 1, P));
         let got = s.claim(&key(1, 0).version, b);
         assert_eq!((got.blocks.len(), got.shared), (1, true));
@@ -514,7 +610,7 @@ mod tests {
         // Prefetched for a and needed by b: a takes it, and it stays for b.
         assert!(s.reserve(P));
         s.put(key(2, 0), block(2), a, 1);
-        assert!(s.share(key(2, 0), &block(2), vec![b, a]));
+        assert!(s.share(key(2, 0), &block(2), vec![b, a], None));
         assert_eq!(s.bytes(), P, "shared again, not copied");
         assert!(!s.claim(&key(2, 0).version, a).shared);
         assert_eq!((s.held_by(a), s.needed_by(b), s.blocks()), (0, 1, 1));
@@ -527,21 +623,21 @@ mod tests {
     fn room_goes_to_the_blocks_more_jobs_need() {
         let s = Staging::new(3 * P, BLOCKS);
         let jobs: Vec<JobKey> = (1..=4).map(JobKey::Pgid).collect();
-        assert!(s.share(key(1, 0), &block(1), jobs[..1].to_vec()));
-        assert!(s.share(key(2, 0), &block(2), jobs[..3].to_vec()));
-        assert!(s.share(key(3, 0), &block(3), jobs[..2].to_vec()));
+        assert!(s.share(key(1, 0), &block(1), jobs[..1].to_vec(), None));
+        assert!(s.share(key(2, 0), &block(2), jobs[..3].to_vec(), None));
+        assert!(s.share(key(3, 0), &block(3), jobs[..2].to_vec(), None));
         // Full: a block two jobs need pushes out the one one job needs, not the others.
-        assert!(s.share(key(4, 0), &block(4), jobs[..2].to_vec()));
+        assert!(s.share(key(4, 0), &block(4), jobs[..2].to_vec(), None));
         assert!(!s.contains(&key(1, 0)));
         assert!(s.contains(&key(2, 0)) && s.contains(&key(3, 0)));
         // One needed by two is not worth one needed by two (the older stays) or by three.
-        assert!(!s.share(key(5, 0), &block(5), jobs[..2].to_vec()));
+        assert!(!s.share(key(5, 0), &block(5), jobs[..2].to_vec(), None));
         // Blocks staged ahead of their job are never pushed out.
         s.claim(&key(3, 0).version, jobs[0]);
         s.claim(&key(3, 0).version, jobs[1]);
         assert!(s.reserve(P));
         s.put(key(6, 0), block(6), jobs[3], 1);
-        assert!(s.share(key(7, 0), &block(7), jobs.clone()));
+        assert!(s.share(key(7, 0), &block(7), jobs.clone(), None));
         assert!(
             !s.contains(&key(4, 0)),
             "needed by two, given up for one needed by four"
@@ -549,13 +645,63 @@ mod tests {
         assert!(s.contains(&key(6, 0)) && s.contains(&key(2, 0)));
         // A prefetch pushes nothing out.
         assert!(!s.reserve(P), "key 2 (three jobs) and key 7 (four) stay");
-        assert!(s.share(key(8, 0), &block(8), jobs.clone()));
+        assert!(s.share(key(8, 0), &block(8), jobs.clone(), None));
         assert!(!s.contains(&key(2, 0)));
         assert!(
-            !s.share(key(9, 0), &block(9), jobs.clone()),
+            !s.share(key(9, 0), &block(9), jobs.clone(), None),
             "nothing needed less is left"
         );
         assert_eq!(s.bytes(), 3 * P);
+    }
+
+    #[test]
+    fn spares_wait_for_jobs_that_join_the_order_and_give_way_first() {
+        let s = Staging::new(4 * P, BLOCKS);
+        let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
+        let (order, other) = (7, 8);
+        assert!(
+            !s.share(key(1, 0), &block(1), vec![], None),
+            "no order, no needer"
+        );
+        // Read by a in order 7, needed by nobody yet: spares.
+        assert!(s.share(key(1, 0), &block(1), vec![], Some((a, order))));
+        assert!(s.share(key(2, 0), &block(2), vec![], Some((a, order))));
+        assert_eq!((s.blocks(), s.needed_by(b)), (2, 0));
+        // b joins another order, then a's: the blocks read in order 7 are b's to read.
+        assert_eq!(s.join(other, b), 0);
+        assert_eq!(s.join(order, b), 2);
+        assert_eq!(s.needed_by(b), 2);
+        let got = s.claim(&key(1, 0).version, b);
+        assert_eq!((got.blocks.len(), got.shared), (1, true));
+        assert_eq!(s.needed_by(b), 1);
+        assert!(s.contains(&key(1, 0)), "a spare again, for later joiners");
+        // Read in order 7 after b joined (a looked for needers just before): b's at once.
+        assert!(s.share(key(3, 0), &block(3), vec![], Some((a, order))));
+        assert_eq!(s.needed_by(b), 2);
+        // a's epoch turns: its spare goes (a job hinting order 7 now would be an epoch
+        // behind); what b needs stays. b's turns: it follows order 7 no more.
+        s.drop_spares(a);
+        s.drop_spares(b);
+        assert!(!s.contains(&key(1, 0)));
+        assert_eq!((s.needed_by(b), s.bytes()), (2, 2 * P));
+        assert_eq!(s.join(order, c), 0, "nothing is read in order 7 any more");
+        // Spares take free room only, and give way to a prefetch and to a needed block.
+        assert!(s.share(key(5, 0), &block(5), vec![], Some((b, other))));
+        assert!(s.share(key(6, 0), &block(6), vec![], Some((b, other))));
+        assert!(
+            !s.share(key(7, 0), &block(7), vec![], Some((b, other))),
+            "full"
+        );
+        assert!(s.reserve(P), "the oldest spare gave way");
+        assert!(!s.contains(&key(5, 0)) && s.contains(&key(6, 0)));
+        s.unreserve(P);
+        assert!(s.share(key(7, 0), &block(7), vec![c], None));
+        assert!(s.share(key(8, 0), &block(8), vec![c], None));
+        assert!(!s.contains(&key(6, 0)));
+        // Jobs that stop leave what they needed.
+        s.forget_needer(c);
+        s.forget_needer(b);
+        assert_eq!((s.blocks(), s.bytes()), (0, 0));
     }
 
     #[test]
