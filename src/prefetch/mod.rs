@@ -282,6 +282,8 @@ impl Prefetcher {
         if !self.config.enabled || !self.config.share || blocks.is_empty() {
             return;
         }
+        // Jobs that join the order from now on are not among the needers looked for here.
+        let since = self.tiers.staging.joins();
         let needers = self.needing(f, job, round);
         let order = order.map(|digest| (job, digest));
         if needers.is_empty() && order.is_none() {
@@ -293,7 +295,9 @@ impl Prefetcher {
                 block: *block,
             };
             if !self.tiers.memory.contains(&key) {
-                self.tiers.staging.share(key, data, needers.clone(), order);
+                self.tiers
+                    .staging
+                    .share(key, data, needers.clone(), order, since);
             }
         }
     }

@@ -69,10 +69,12 @@ struct Inner {
     needed_by: HashMap<JobKey, u64>,
     /// Blocks read in an order, per job that read them.
     read_in_order: HashMap<JobKey, u64>,
-    /// The jobs that joined each order ([`Staging::join`]), until their epoch turns: a spare
-    /// read in that order after they joined is theirs at once (its reader may have looked for
-    /// needers just before they joined).
-    joined: HashMap<u64, Vec<JobKey>>,
+    /// The jobs that joined each order ([`Staging::join`]), with the join's number, until
+    /// their epoch turns: a block read in that order by a reader that looked for needers before
+    /// they joined is theirs too ([`Staging::share`]'s `since`).
+    joined: HashMap<u64, Vec<(JobKey, u64)>>,
+    /// Joins so far.
+    joins: u64,
     /// The blocks without an owner, by how many jobs still need them, then age: the first
     /// is the one to give up when room is short.
     shared: BTreeSet<(usize, u64, BlockKey)>,
@@ -190,7 +192,7 @@ impl Inner {
     /// later joiners no longer need the others.
     fn release(&mut self, job: JobKey, needers: bool) {
         self.joined.retain(|_, jobs| {
-            jobs.retain(|&j| j != job);
+            jobs.retain(|&(j, _)| j != job);
             !jobs.is_empty()
         });
         let needs = needers && self.needed_by.contains_key(&job);
@@ -306,7 +308,8 @@ impl Staging {
     /// jobs that have not read its file in their current epoch. Room is made by giving up
     /// shared blocks fewer jobs need; true if it was kept. A block staged already gains the
     /// needers (its owner keeps it). A block read by a job that follows an order (`order`:
-    /// the job and the order's digest) is needed by the jobs that joined that order too, and
+    /// the job and the order's digest) is needed by the jobs that joined that order after
+    /// join number `since` ([`Staging::joins`], read before the needers were looked for), and
     /// with no needers yet it is kept as a spare if there is free room (a spare pushes nothing
     /// out), for jobs that join the order late ([`Staging::join`]).
     pub fn share(
@@ -315,13 +318,14 @@ impl Staging {
         data: &Arc<Block>,
         mut needers: Vec<JobKey>,
         order: Option<(JobKey, u64)>,
+        since: u64,
     ) -> bool {
         let mut inner = self.inner.lock();
         if let Some((reader, digest)) = order
             && let Some(joined) = inner.joined.get(&digest)
         {
-            for &j in joined {
-                if j != reader && !needers.contains(&j) {
+            for &(j, at) in joined {
+                if at > since && j != reader && !needers.contains(&j) {
                     needers.push(j);
                 }
             }
@@ -364,10 +368,11 @@ impl Staging {
     /// needed by it too, and so are those read in it later. Returns how many there were.
     pub fn join(&self, order: u64, job: JobKey) -> u64 {
         let mut inner = self.inner.lock();
+        inner.joins += 1;
+        let at = inner.joins;
         let joined = inner.joined.entry(order).or_default();
-        if !joined.contains(&job) {
-            joined.push(job);
-        }
+        joined.retain(|&(j, _)| j != job);
+        joined.push((job, at));
         let keys: Vec<BlockKey> = inner
             .blocks
             .iter()
@@ -383,6 +388,11 @@ impl Staging {
             inner.update(key, |s| s.needers.push(job));
         }
         keys.len() as u64
+    }
+
+    /// The number of joins so far ([`Staging::join`]).
+    pub fn joins(&self) -> u64 {
+        self.inner.lock().joins
     }
 
     /// `job` will not read what it was kept for (it stopped, or reads no whole epochs): it
@@ -594,7 +604,7 @@ mod tests {
         let s = Staging::new(10 * P, BLOCKS);
         let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
         // Read by a (not staged for it), needed by b and c.
-        assert!(s.share(key(1, 0), &block(1), vec![b, c], None));
+        assert!(s.share(key(1, 0), &block(1), vec![b, c], None, 0));
         assert_eq!((s.needed_by(b), s.needed_by(c), s.bytes()), (1, 1, P));
         let got = s.claim(&key(1, 0).version, b);
         assert_eq!((got.blocks.len(), got.shared), (1, true));
@@ -610,7 +620,7 @@ mod tests {
         // Prefetched for a and needed by b: a takes it, and it stays for b.
         assert!(s.reserve(P));
         s.put(key(2, 0), block(2), a, 1);
-        assert!(s.share(key(2, 0), &block(2), vec![b, a], None));
+        assert!(s.share(key(2, 0), &block(2), vec![b, a], None, 0));
         assert_eq!(s.bytes(), P, "shared again, not copied");
         assert!(!s.claim(&key(2, 0).version, a).shared);
         assert_eq!((s.held_by(a), s.needed_by(b), s.blocks()), (0, 1, 1));
@@ -623,21 +633,21 @@ mod tests {
     fn room_goes_to_the_blocks_more_jobs_need() {
         let s = Staging::new(3 * P, BLOCKS);
         let jobs: Vec<JobKey> = (1..=4).map(JobKey::Pgid).collect();
-        assert!(s.share(key(1, 0), &block(1), jobs[..1].to_vec(), None));
-        assert!(s.share(key(2, 0), &block(2), jobs[..3].to_vec(), None));
-        assert!(s.share(key(3, 0), &block(3), jobs[..2].to_vec(), None));
+        assert!(s.share(key(1, 0), &block(1), jobs[..1].to_vec(), None, 0));
+        assert!(s.share(key(2, 0), &block(2), jobs[..3].to_vec(), None, 0));
+        assert!(s.share(key(3, 0), &block(3), jobs[..2].to_vec(), None, 0));
         // Full: a block two jobs need pushes out the one one job needs, not the others.
-        assert!(s.share(key(4, 0), &block(4), jobs[..2].to_vec(), None));
+        assert!(s.share(key(4, 0), &block(4), jobs[..2].to_vec(), None, 0));
         assert!(!s.contains(&key(1, 0)));
         assert!(s.contains(&key(2, 0)) && s.contains(&key(3, 0)));
         // One needed by two is not worth one needed by two (the older stays) or by three.
-        assert!(!s.share(key(5, 0), &block(5), jobs[..2].to_vec(), None));
+        assert!(!s.share(key(5, 0), &block(5), jobs[..2].to_vec(), None, 0));
         // Blocks staged ahead of their job are never pushed out.
         s.claim(&key(3, 0).version, jobs[0]);
         s.claim(&key(3, 0).version, jobs[1]);
         assert!(s.reserve(P));
         s.put(key(6, 0), block(6), jobs[3], 1);
-        assert!(s.share(key(7, 0), &block(7), jobs.clone(), None));
+        assert!(s.share(key(7, 0), &block(7), jobs.clone(), None, 0));
         assert!(
             !s.contains(&key(4, 0)),
             "needed by two, given up for one needed by four"
@@ -645,10 +655,10 @@ mod tests {
         assert!(s.contains(&key(6, 0)) && s.contains(&key(2, 0)));
         // A prefetch pushes nothing out.
         assert!(!s.reserve(P), "key 2 (three jobs) and key 7 (four) stay");
-        assert!(s.share(key(8, 0), &block(8), jobs.clone(), None));
+        assert!(s.share(key(8, 0), &block(8), jobs.clone(), None, 0));
         assert!(!s.contains(&key(2, 0)));
         assert!(
-            !s.share(key(9, 0), &block(9), jobs.clone(), None),
+            !s.share(key(9, 0), &block(9), jobs.clone(), None, 0),
             "nothing needed less is left"
         );
         assert_eq!(s.bytes(), 3 * P);
@@ -660,12 +670,12 @@ mod tests {
         let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
         let (order, other) = (7, 8);
         assert!(
-            !s.share(key(1, 0), &block(1), vec![], None),
+            !s.share(key(1, 0), &block(1), vec![], None, 0),
             "no order, no needer"
         );
         // Read by a in order 7, needed by nobody yet: spares.
-        assert!(s.share(key(1, 0), &block(1), vec![], Some((a, order))));
-        assert!(s.share(key(2, 0), &block(2), vec![], Some((a, order))));
+        assert!(s.share(key(1, 0), &block(1), vec![], Some((a, order)), 0));
+        assert!(s.share(key(2, 0), &block(2), vec![], Some((a, order)), 0));
         assert_eq!((s.blocks(), s.needed_by(b)), (2, 0));
         // b joins another order, then a's: the blocks read in order 7 are b's to read.
         assert_eq!(s.join(other, b), 0);
@@ -675,9 +685,12 @@ mod tests {
         assert_eq!((got.blocks.len(), got.shared), (1, true));
         assert_eq!(s.needed_by(b), 1);
         assert!(s.contains(&key(1, 0)), "a spare again, for later joiners");
-        // Read in order 7 after b joined (a looked for needers just before): b's at once.
-        assert!(s.share(key(3, 0), &block(3), vec![], Some((a, order))));
+        // Read in order 7 by a, which looked for needers before b joined: b's too. Had it
+        // looked after, b would have been among the needers it found, or had read the file.
+        assert!(s.share(key(3, 0), &block(3), vec![], Some((a, order)), 1));
         assert_eq!(s.needed_by(b), 2);
+        assert!(s.share(key(4, 0), &block(4), vec![], Some((a, order)), s.joins()));
+        assert_eq!(s.needed_by(b), 2, "a spare");
         // a's epoch turns: its spare goes (a job hinting order 7 now would be an epoch
         // behind); what b needs stays. b's turns: it follows order 7 no more.
         s.drop_spares(a);
@@ -686,17 +699,17 @@ mod tests {
         assert_eq!((s.needed_by(b), s.bytes()), (2, 2 * P));
         assert_eq!(s.join(order, c), 0, "nothing is read in order 7 any more");
         // Spares take free room only, and give way to a prefetch and to a needed block.
-        assert!(s.share(key(5, 0), &block(5), vec![], Some((b, other))));
-        assert!(s.share(key(6, 0), &block(6), vec![], Some((b, other))));
+        assert!(s.share(key(5, 0), &block(5), vec![], Some((b, other)), 0));
+        assert!(s.share(key(6, 0), &block(6), vec![], Some((b, other)), 0));
         assert!(
-            !s.share(key(7, 0), &block(7), vec![], Some((b, other))),
+            !s.share(key(7, 0), &block(7), vec![], Some((b, other)), 0),
             "full"
         );
         assert!(s.reserve(P), "the oldest spare gave way");
         assert!(!s.contains(&key(5, 0)) && s.contains(&key(6, 0)));
         s.unreserve(P);
-        assert!(s.share(key(7, 0), &block(7), vec![c], None));
-        assert!(s.share(key(8, 0), &block(8), vec![c], None));
+        assert!(s.share(key(7, 0), &block(7), vec![c], None, 0));
+        assert!(s.share(key(8, 0), &block(8), vec![c], None, 0));
         assert!(!s.contains(&key(6, 0)));
         // Jobs that stop leave what they needed.
         s.forget_needer(c);
