@@ -98,7 +98,7 @@ coorfs analyze /data/imagenet --mount /mnt/train --time 10s"
     Analyze(AnalyzeArgs),
     /// Run a command whose PyTorch DataLoaders hand each epoch's order to the coorfs mount.
     #[command(
-        override_usage = "coorfs run [--mount MOUNTPOINT] [--] CMD [ARG]...",
+        override_usage = "coorfs run [--mount MOUNTPOINT] [--group NAME] [--] CMD [ARG]...",
         long_about = "Run CMD (a training job, unchanged) so that every PyTorch DataLoader whose \
 dataset's files are on a coorfs mount hands each epoch's order to that mount before the epoch's \
 first batch: an order hint, which its prefetcher then follows exactly. Python processes that CMD \
@@ -112,9 +112,15 @@ Subset, ConcatDataset.\n\nAnything else (a command that is not Python, no torch,
 a dataset without paths or not on a coorfs mount, a hint the mount refuses) runs exactly as \
 without coorfs run, with one line on standard error saying why no hint was given. Signals sent \
 to coorfs run (INT, TERM, HUP, QUIT, USR1, USR2) are passed to CMD, and coorfs run exits with \
-CMD's status (128 + N if signal N ended it; 127 if CMD is not found, 126 if it cannot be run).",
+CMD's status (128 + N if signal N ended it; 127 if CMD is not found, 126 if it cannot be run).\n\n\
+With --group NAME, every job started with the same NAME draws the same order each epoch (a \
+coordinated group, such as the trials of a hyper-parameter search): the samplers' permutations \
+come from a generator seeded with NAME (DistributedSampler: its seed), as coorfs.HintedSampler's \
+group= does, instead of from the job's own random numbers. The mount then reads each file it does \
+not cache once a round for the whole group.",
         after_help = "Examples:\n  coorfs run -- python train.py --data /mnt/train\n  \
-coorfs run --mount /mnt/train -- torchrun --nproc-per-node 2 train.py"
+coorfs run --mount /mnt/train -- torchrun --nproc-per-node 2 train.py\n  \
+for lr in 0.1 0.01 0.001; do coorfs run --group sweep-7 -- python train.py --lr $lr & done"
     )]
     Run(RunArgs),
 }
@@ -293,6 +299,10 @@ pub struct RunArgs {
     /// mount their files are on].
     #[arg(long, value_name = "MOUNTPOINT")]
     pub mount: Option<PathBuf>,
+    /// Draw each epoch's order from NAME, like every job run with the same NAME (a coordinated
+    /// group), instead of from the job's own random numbers.
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
     /// The command and its arguments: everything after --, or from the first word that is not
     /// an option of coorfs run.
     #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true)]
@@ -304,6 +314,7 @@ impl RunArgs {
     pub fn into_config(self) -> crate::run::RunConfig {
         crate::run::RunConfig {
             mount: self.mount,
+            group: self.group,
             command: self.command,
         }
     }
@@ -596,7 +607,7 @@ impl CommandError {
             CommandError::Run(e) => match e {
                 RunError::NotFound(_) => return Self::NOT_FOUND,
                 RunError::NotExecutable(..) => return Self::NOT_EXECUTABLE,
-                RunError::NotAMount(_) => true,
+                RunError::NotAMount(_) | RunError::BadGroup(_) => true,
                 RunError::Wait(..) => false,
             },
         };

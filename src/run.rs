@@ -1,4 +1,4 @@
-//! `coorfs run [--mount MOUNTPOINT] [--] CMD [ARG]...`: runs CMD so that its PyTorch
+//! `coorfs run [--mount MOUNTPOINT] [--group NAME] [--] CMD [ARG]...`: runs CMD so that its PyTorch
 //! DataLoaders hand each epoch's order to the coorfs mount their files are on (an order hint),
 //! with no change to the job.
 //!
@@ -8,7 +8,8 @@
 //!   a private directory (mode 0700 in `$TMPDIR`, removed at exit): `sitecustomize.py` beside
 //!   the package under the name `_coorfs_run`, so that nothing needs installing and an
 //!   installed `coorfs` package is not shadowed. It goes first on `PYTHONPATH`, and
-//!   `COORFS_RUN_DIR` names it; `--mount` travels as `COORFS_MOUNT`.
+//!   `COORFS_RUN_DIR` names it; `--mount` travels as `COORFS_MOUNT`, `--group` as
+//!   `COORFS_GROUP`.
 //! - CMD runs as a child in coorfs run's own process group, so it is the job the caller started
 //!   (DataLoader workers and all). Signals sent to coorfs run ([`FORWARDED`]) are passed on to
 //!   it; those the kernel sends to the whole foreground process group (Ctrl-C, a hangup) reach
@@ -36,6 +37,8 @@ pub struct RunConfig {
     /// The coorfs mount point whose datasets are hinted (absolute, as given); `None`: whichever
     /// coorfs mount a DataLoader's files are on.
     pub mount: Option<PathBuf>,
+    /// `--group`: the name whose orders every DataLoader draws (a coordinated group).
+    pub group: Option<String>,
     /// CMD and its arguments (at least CMD).
     pub command: Vec<OsString>,
 }
@@ -49,6 +52,10 @@ pub enum RunError {
     NotExecutable(String, io::Error),
     #[error("--mount {0}: not a coorfs mount point")]
     NotAMount(PathBuf),
+    #[error(
+        "--group {0:?}: a group is a name of 1 to {MAX_GROUP} bytes without control characters"
+    )]
+    BadGroup(String),
     #[error("waiting for {0}: {1}")]
     Wait(String, io::Error),
 }
@@ -85,6 +92,9 @@ pub const HOOK_FILES: &[(&str, &str)] = &[
 /// The environment through which the hook learns of its run (python/coorfs/run.py reads them).
 pub const RUN_DIR_ENV: &str = "COORFS_RUN_DIR";
 pub const MOUNT_ENV: &str = "COORFS_MOUNT";
+pub const GROUP_ENV: &str = "COORFS_GROUP";
+/// The longest `--group` name, in bytes.
+pub const MAX_GROUP: usize = 256;
 /// How every line about a missing hint starts, here and in the hook.
 pub const NO_HINT: &str = "coorfs run: no order hint: ";
 
@@ -105,6 +115,11 @@ pub fn run(config: &RunConfig) -> Result<u8, RunError> {
         Some(m) => Some(check_mount(m)?),
         None => None,
     };
+    if let Some(group) = &config.group
+        && (group.is_empty() || group.len() > MAX_GROUP || group.chars().any(char::is_control))
+    {
+        return Err(RunError::BadGroup(group.clone()));
+    }
     let name = config.command[0].to_string_lossy().into_owned();
     let hook = match HookDir::create(&std::env::temp_dir()) {
         Ok(dir) => Some(dir),
@@ -128,6 +143,11 @@ pub fn run(config: &RunConfig) -> Result<u8, RunError> {
     if let Some(mount) = &mount {
         command.env(MOUNT_ENV, mount);
     }
+    match &config.group {
+        Some(group) => command.env(GROUP_ENV, group),
+        // A job that coorfs run starts inside another's is not in the outer one's group.
+        None => command.env_remove(GROUP_ENV),
+    };
     let status = run_forwarding(&mut command, &name)?;
     if let Some(why) = hook.and_then(|h| Verdict::read(h.path()).why_no_hint(&name)) {
         eprintln!("{NO_HINT}{why}");

@@ -53,13 +53,18 @@ impl Setup {
     /// `coorfs run -- ARGS` (or ARGS alone, without `run`), in a process group of its own (one
     /// job), with the stand-in torch on PYTHONPATH.
     fn command<S: AsRef<OsStr>>(&self, run: bool, args: &[S]) -> Command {
-        let (program, rest) = match run {
-            true => (OsStr::new(bin()), args),
-            false => (args[0].as_ref(), &args[1..]),
+        self.launch(run.then_some(&[]), args)
+    }
+
+    /// `coorfs run OPTIONS -- ARGS` (ARGS alone if `options` is None), as `command` says.
+    fn launch<S: AsRef<OsStr>>(&self, options: Option<&[&str]>, args: &[S]) -> Command {
+        let (program, rest) = match options {
+            Some(_) => (OsStr::new(bin()), args),
+            None => (args[0].as_ref(), &args[1..]),
         };
         let mut cmd = Command::new(program);
-        if run {
-            cmd.args(["run", "--"]);
+        if let Some(options) = options {
+            cmd.arg("run").args(options).arg("--");
         }
         cmd.args(rest)
             .env("PYTHONPATH", format!("{PYTHON}/faketorch"))
@@ -199,6 +204,81 @@ fn each_rank_of_a_distributed_job_hints_its_own_shard() {
     assert_eq!(num(&s, "hints_rejected"), 0, "{s}");
     // Together the ranks read every file once an epoch.
     assert_eq!(num(&s, "reads"), EPOCHS * FILES as u64, "{s}");
+    setup.mount.unmount();
+}
+
+#[test]
+fn jobs_run_in_one_group_draw_one_order_whatever_their_own_seeds() {
+    let setup = Setup::new(&["--cache-size", "1"]);
+    let mnt = setup.mount.mnt.display().to_string();
+    let job = format!("{PYTHON}/run_job.py");
+    let epochs = EPOCHS.to_string();
+    // One job run with `--group` (or none), with its own seed; its epochs and its job id.
+    let run = |group: Option<&str>, seed: &str| {
+        let options: Vec<&str> = group.map_or(vec![], |g| vec!["--group", g]);
+        let args = [
+            "python3",
+            &job,
+            "--epochs",
+            &epochs,
+            "--seed",
+            seed,
+            "--workers",
+            "2",
+            &mnt,
+        ];
+        let child = setup
+            .launch(Some(&options), &args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        let (reports, said) = reports(child.wait_with_output().unwrap());
+        assert_eq!(said, "");
+        let epochs: Vec<Value> = reports
+            .into_iter()
+            .filter(|r| r.get("epoch").is_some())
+            .collect();
+        assert_eq!(epochs.len() as u64, EPOCHS);
+        (epochs, pgid)
+    };
+    let orders =
+        |epochs: &[Value]| -> Vec<Value> { epochs.iter().map(|e| e["samples"].clone()).collect() };
+    let (a, a_job) = run(Some("sweep-7"), "1");
+    let (b, b_job) = run(Some("sweep-7"), "2");
+    let (c, c_job) = run(Some("sweep-8"), "1");
+    let (own, _) = run(None, "1");
+    assert_eq!(orders(&a), orders(&b), "one group, one order each epoch");
+    let checksums =
+        |epochs: &[Value]| -> Vec<Value> { epochs.iter().map(|e| e["checksum"].clone()).collect() };
+    assert_eq!(checksums(&a), checksums(&b), "and the same bytes");
+    assert_ne!(a[0]["samples"], a[1]["samples"], "a new order every epoch");
+    assert_ne!(orders(&a), orders(&c), "another group, another order");
+    assert_ne!(
+        orders(&a),
+        orders(&own),
+        "the group's order, not the job's own"
+    );
+    let s = stats(&setup.mount.mnt);
+    assert_eq!(num(&s, "hints_accepted"), 4 * EPOCHS, "{s}");
+    let digest = |pgid: u32| job_of(&s, pgid)["order_digest"].clone();
+    assert_eq!(digest(a_job), digest(b_job), "{s}");
+    assert_ne!(digest(a_job), digest(c_job), "{s}");
+    // A group must be a name.
+    for bad in ["", "a\nb", &"x".repeat(257)] {
+        let out = Command::new(bin())
+            .args(["run", "--group", bad, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let said = stderr(&out);
+        assert_eq!(said.lines().count(), 1, "{said}");
+        assert!(
+            said.contains("--group") && said.contains("a group is a name"),
+            "{said}"
+        );
+    }
     setup.mount.unmount();
 }
 

@@ -30,6 +30,14 @@ an epoch of at most twice the dataset's samples. A sampler that hints by itself
 ConcatDataset) and must all be on one coorfs mount: `--mount` (COORFS_MOUNT) if given, else the
 coorfs mount that /proc/self/mountinfo shows them under.
 
+A group. Under `coorfs run --group NAME` (COORFS_GROUP) the hinted samplers draw their
+permutations from a `torch.Generator` seeded with NAME (`coorfs.group_seed`), set as the
+sampler's generator when its DataLoader is first planned (DistributedSampler: its `seed`), so
+that every job run with the same NAME draws the same order each epoch: a coordinated group, whose
+members the mount serves with one read of each file a round. That is the one case where the job
+sees other indices than without coorfs run (the group's, by request), and RandomSampler no longer
+takes a seed from torch's global generator. SequentialSampler needs nothing.
+
 Harmless. Anything else (another sampler, a dataset without paths, files elsewhere, a hint the
 mount refuses, an old torch, an error here) leaves that DataLoader exactly as it was and prints
 one line to stderr, `coorfs run: no order hint: WHY`, once per reason for the whole run: the
@@ -45,12 +53,13 @@ import os
 import sys
 import weakref
 
-from .order import sample_paths, write_order
+from .order import group_seed, sample_paths, write_order
 
 PREFIX = "coorfs run: no order hint: "
 # Set by `coorfs run`: the directory of this run's markers (`status/`), and --mount.
 RUN_DIR_ENV = "COORFS_RUN_DIR"
 MOUNT_ENV = "COORFS_MOUNT"
+GROUP_ENV = "COORFS_GROUP"
 FS_TYPE = "fuse.coorfs"
 WATCHED = "torch.utils.data"
 # Samplers whose epochs are finite and drawn as described above, by class name in WATCHED.
@@ -305,7 +314,26 @@ def _make_plan(loader, sampler, kinds):
         say("%s: %s" % (what, located))
         return None
     mount, relative = located
+    _join_group(base, kinds, what)
     return _Plan(what, mount, relative, batches)
+
+
+def _join_group(sampler, kinds, what):
+    """Under --group, makes `sampler` draw the group's orders (see the module docstring)."""
+    group = os.environ.get(GROUP_ENV)
+    if not group or getattr(sampler, "_coorfs_group", None) == group:
+        return
+    name = kinds.known.get(type(sampler).__iter__)
+    # Within a torch seed's range, with room for DistributedSampler's seed + epoch.
+    seed = group_seed(group) & (2**62 - 1)
+    try:
+        if name == "DistributedSampler":
+            sampler.seed = seed
+        elif name != "SequentialSampler":
+            sampler.generator = sys.modules["torch"].Generator().manual_seed(seed)
+        sampler._coorfs_group = group
+    except Exception as e:
+        say("%s: cannot draw the orders of group %r: %r" % (what, group, e))
 
 
 def coorfs_mounts():
