@@ -109,8 +109,9 @@ const NARROW_STAGING: u64 = 2 << 20;
 /// How long [`Prefetcher::needing`] waits for a job's lock, which its opens and the prefetcher
 /// hold for microseconds. A job whose lock stays busy counts as a needer: a block kept for a
 /// job that has read it already stays staged until that job's next epoch, so guessing often
-/// fills the staging area with blocks nobody reads soon.
-const BUSY_WAIT: Duration = Duration::from_millis(2);
+/// fills the staging area with blocks nobody reads soon. Short, since the open that shares
+/// waits too: 2 ms, on 2 CPUs busy with 4 jobs, added seconds to a fast job's epochs.
+const BUSY_WAIT: Duration = Duration::from_micros(200);
 
 /// How long the loop sleeps when nothing wakes it.
 const TICK: Duration = Duration::from_millis(50);
