@@ -18,7 +18,8 @@
 # and as 2 ranks of `torchrun` with DistributedSampler (train-input.py --distributed): the same
 # checksums, one hint accepted an epoch from each rank and none rejected, and from epoch 2 on at
 # least 90% of the reads the cache missed served by the prefetcher. Then a hyper-parameter
-# search: 3 PyTorch jobs at once in one coordinated group (HintedSampler(group=...)), the same
+# search: 3 PyTorch jobs at once in one coordinated group (HintedSampler(group=...), then the
+# unchanged jobs under `coorfs run --group`), the same
 # checksums, one read of the storage per uncached file and round. First, the package's unit
 # tests run with torch installed, where the sampler's and coorfs run's hook's tests run on the
 # real torch too. Exits non-zero at the first failed check.
@@ -101,13 +102,18 @@ check_run() {
 # checksums must equal a run on the source, the mount must see one order for all, and the
 # storage must have served the dataset once and then the uncached half once a round for the
 # whole group, within 5% (the mount's bytes from the source and source_reads_per_file).
+# `check_group run`: the same jobs unchanged, each under `coorfs run --group hp-search`.
 check_group() {
-    local half=$((dataset_bytes / 2)) jobs=${JOBS:-3} pids=() j
+    local half=$((dataset_bytes / 2)) jobs=${JOBS:-3} pids=() j job
     $coorfs mount --cache-size "$half" "$DATA" "$mnt"
     wait_scan "$mnt"
+    job=("$py" scripts/train-input.py --mode decode --epochs "$EPOCHS" --workers "$WORKERS" --json)
     for ((j = 1; j <= jobs; j++)); do
-        "$py" scripts/train-input.py --mode decode --epochs "$EPOCHS" --workers "$WORKERS" --json \
-            --hinted --group hp-search "$mnt" > "$work/group-$j.jsonl" 2> "$work/group-$j.err" &
+        if [ "${1:-}" = run ]; then
+            $coorfs run --group hp-search -- "${job[@]}" "$mnt"
+        else
+            "${job[@]}" --hinted --group hp-search "$mnt"
+        fi > "$work/group-$j.jsonl" 2> "$work/group-$j.err" &
         pids+=($!)
     done
     for j in "${!pids[@]}"; do
@@ -117,7 +123,7 @@ check_group() {
     $coorfs umount "$mnt"
     "$py" scripts/train-input.py --mode decode --epochs "$EPOCHS" --workers "$WORKERS" --json "$DATA" \
         > "$work/source.jsonl"
-    python3 - "$work" "$jobs" "$EPOCHS" <<'PY'
+    python3 - "$work" "$jobs" "$EPOCHS" "$@" <<'PY'
 import json, sys
 work, jobs, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def epochs_of(path):
@@ -135,7 +141,7 @@ assert s["hints_accepted"] == jobs * epochs and s["hints_rejected"] == 0, s
 once = dataset + (epochs - 1) * (dataset - cached)
 got, ratio = s["bytes_from_source"], s["source_reads_per_file"]
 assert got <= 1.05 * once and ratio <= 1.05, f"{got} bytes from the source ({ratio} reads a file and round), {once} once a round"
-print(f"group of {jobs}: checksums equal the source's; {got} bytes from the source, {once} once a "
+print(f"group of {jobs}{' under coorfs run' if len(sys.argv) > 4 else ''}: checksums equal the source's; {got} bytes from the source, {once} once a "
       f"round; {ratio} source reads a file and round; {s['shared_hits']} shared hits")
 PY
 }
@@ -148,6 +154,7 @@ if [ "$CHECKS" = run ]; then
 fi
 if [ "$CHECKS" = group ]; then
     check_group
+    check_group run
     echo "== all checks passed"
     exit 0
 fi
@@ -162,6 +169,7 @@ for framework in $FRAMEWORKS; do
         HINTED=1 check pytorch bytes $((dataset_bytes / 2))
         check_run
         check_group
+        check_group run
     fi
 done
 echo "== all checks passed"
