@@ -180,6 +180,14 @@ impl Inner {
             let Some(s) = self.blocks.get(&key) else {
                 continue;
             };
+            // A spare waits for other jobs: its own reader reads the file as it would without
+            // it (a spare is no cache for the job that read it).
+            if s.owner.is_none()
+                && s.needers.is_empty()
+                && s.order.is_some_and(|(reader, _)| reader == job)
+            {
+                continue;
+            }
             out.shared |= s.owner != Some(job);
             out.blocks.push((block, s.data.clone()));
             self.served(key, job);
@@ -528,6 +536,9 @@ impl Tier for Staging {
         }
         let version = want.key.version;
         let claimed = inner.claim(&version, self.blocks.count(version.size), want.job);
+        if claimed.blocks.is_empty() {
+            return Ok(None); // only the job's own spares
+        }
         Ok(Some(Found::File(claimed.blocks)))
     }
 
@@ -673,10 +684,11 @@ mod tests {
             !s.share(key(1, 0), &block(1), vec![], None, 0),
             "no order, no needer"
         );
-        // Read by a in order 7, needed by nobody yet: spares.
+        // Read by a in order 7, needed by nobody yet: spares, for others than a.
         assert!(s.share(key(1, 0), &block(1), vec![], Some((a, order)), 0));
         assert!(s.share(key(2, 0), &block(2), vec![], Some((a, order)), 0));
         assert_eq!((s.blocks(), s.needed_by(b)), (2, 0));
+        assert!(s.claim(&key(1, 0).version, a).blocks.is_empty());
         // b joins another order, then a's: the blocks read in order 7 are b's to read.
         assert_eq!(s.join(other, b), 0);
         assert_eq!(s.join(order, b), 2);
