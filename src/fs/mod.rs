@@ -698,7 +698,7 @@ impl DatasetFs {
         if step.is_some_and(Step::began_epoch) {
             j.epoch_changed();
         }
-        let order = j.active_order().and(j.order_digest);
+        let order = j.following();
         drop(j);
         Counted {
             epoch: self.ledger.open_in_dataset(&opening),
@@ -716,7 +716,7 @@ impl DatasetFs {
     fn silent_access(&self, job: &Arc<Mutex<Job>>) -> Counted {
         let (job_key, job_epoch, order) = {
             let j = job.lock();
-            (j.key, j.epoch(), j.active_order().and(j.order_digest))
+            (j.key, j.epoch(), j.following())
         };
         Counted {
             epoch: self.ledger.epoch(),

@@ -390,7 +390,7 @@ impl DatasetFs {
                 );
                 j.set_hint(order, charge);
                 j.last_access = now;
-                let joined = j.active_order().and(j.order_digest).map(|d| (d, j.key));
+                let joined = j.following().map(|d| (d, j.key));
                 drop(j);
                 if let Some((digest, key)) = joined {
                     self.prefetcher.joined(digest, key);

@@ -294,8 +294,16 @@ impl Job {
 
     /// The active order of the current epoch, if the job gave one for it.
     pub fn active_order(&self) -> Option<Arc<Vec<FileId>>> {
-        let hint = self.hint.as_ref()?;
-        (hint.epoch == Some(self.epoch())).then(|| hint.order.clone())
+        self.current_hint().map(|h| h.order.clone())
+    }
+
+    /// The digest of the order the job follows this epoch, if it gave one for it.
+    pub fn following(&self) -> Option<u64> {
+        self.current_hint().and(self.order_digest)
+    }
+
+    fn current_hint(&self) -> Option<&Hint> {
+        self.hint.as_ref().filter(|h| h.epoch == Some(self.epoch()))
     }
 
     /// Takes a new order: it is for the current epoch if the job has read nothing in it

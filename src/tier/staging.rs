@@ -32,6 +32,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -58,6 +59,16 @@ struct Staged {
     order: Option<(JobKey, u64)>,
 }
 
+impl Staged {
+    /// The job that read it, if it is a spare.
+    fn spare_of(&self) -> Option<JobKey> {
+        match self.order {
+            Some((reader, _)) if self.owner.is_none() && self.needers.is_empty() => Some(reader),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     blocks: HashMap<BlockKey, Staged>,
@@ -73,8 +84,6 @@ struct Inner {
     /// their epoch turns: a block read in that order by a reader that looked for needers before
     /// they joined is theirs too ([`Staging::share`]'s `since`).
     joined: HashMap<u64, Vec<(JobKey, u64)>>,
-    /// Joins so far.
-    joins: u64,
     /// The blocks without an owner, by how many jobs still need them, then age: the first
     /// is the one to give up when room is short.
     shared: BTreeSet<(usize, u64, BlockKey)>,
@@ -182,10 +191,7 @@ impl Inner {
             };
             // A spare waits for other jobs: its own reader reads the file as it would without
             // it (a spare is no cache for the job that read it).
-            if s.owner.is_none()
-                && s.needers.is_empty()
-                && s.order.is_some_and(|(reader, _)| reader == job)
-            {
+            if s.spare_of() == Some(job) {
                 continue;
             }
             out.shared |= s.owner != Some(job);
@@ -257,6 +263,8 @@ pub struct Staging {
     capacity: u64,
     blocks: BlockSize,
     inner: Mutex<Inner>,
+    /// Joins so far ([`Staging::join`]): read without the lock on every share.
+    joins: AtomicU64,
 }
 
 /// What was dropped from the staging area, or moved to another epoch.
@@ -278,6 +286,7 @@ impl Staging {
             capacity,
             blocks,
             inner: Mutex::new(Inner::default()),
+            joins: AtomicU64::new(0),
         }
     }
 
@@ -376,8 +385,9 @@ impl Staging {
     /// needed by it too, and so are those read in it later. Returns how many there were.
     pub fn join(&self, order: u64, job: JobKey) -> u64 {
         let mut inner = self.inner.lock();
-        inner.joins += 1;
-        let at = inner.joins;
+        // Numbered under the lock, so that a share that reads the joined lists sees this join
+        // if it counted it.
+        let at = self.joins.fetch_add(1, Ordering::SeqCst) + 1;
         let joined = inner.joined.entry(order).or_default();
         joined.retain(|&(j, _)| j != job);
         joined.push((job, at));
@@ -400,7 +410,7 @@ impl Staging {
 
     /// The number of joins so far ([`Staging::join`]).
     pub fn joins(&self) -> u64 {
-        self.inner.lock().joins
+        self.joins.load(Ordering::SeqCst)
     }
 
     /// `job` will not read what it was kept for (it stopped, or reads no whole epochs): it
