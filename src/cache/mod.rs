@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::block::BlockSize;
+use crate::block::{Block, BlockSize};
 use crate::namespace::FileVersion;
 use arena::{Arena, Slot};
 use policy::{Admission, CachePolicy, LruPolicy, MinIoPolicy, NoCachePolicy};
@@ -326,6 +326,11 @@ impl BlockCache {
             self.policy.lock().touch(key);
         }
         Some(found)
+    }
+
+    /// A copy of the cached bytes of `key`, if any (and memory for the copy).
+    pub fn copy_of(&self, key: &BlockKey) -> Option<Arc<Block>> {
+        Block::copy_of(&self.get(key)?).ok().map(Arc::new)
     }
 
     /// True if `key` is cached.

@@ -280,9 +280,16 @@ impl DatasetFs {
         let started = Instant::now();
         let blocks = tiers.memory.blocks();
         let block_len = blocks.len(h.version.size, block);
+        // A prefetch of the block in flight when `local_block` looked may have staged it
+        // since, and left flight: the fetcher looks once more before reading it again.
+        let landed = || match self.local_block(h, block, 0)? {
+            Local::Fetched(data) => Some(data),
+            Local::Cached(bytes) => Block::copy_of(&bytes).ok().map(Arc::new),
+        };
         self.tiers.fetcher.fetch(
             h.rel.clone(),
             &h.want(block),
+            &landed,
             Box::new(move |r| {
                 // The path names another file now (or none); the open one is unchanged.
                 let r = match r {

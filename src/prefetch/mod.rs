@@ -608,9 +608,18 @@ impl Prefetcher {
                 epoch,
                 why: Why::Prefetch,
             };
+            // Another job's read may have left the block in the cache or staged it since it
+            // was looked for above: then it is this job's with no second read.
+            let tiers = &self.tiers;
             self.tiers.fetcher.fetch(
                 rel.clone(),
                 &want,
+                &|| {
+                    tiers
+                        .memory
+                        .copy_of(&bkey)
+                        .or_else(|| tiers.staging.peek(&bkey))
+                },
                 Box::new(move |r| {
                     // Staged even if the epoch turned meanwhile: for the new epoch if the
                     // job will read the file in it, else for the old one, and then a reader

@@ -128,10 +128,16 @@ impl Fetcher {
     /// Hands block `want.key` of the file at `rel` to `waiter`, fetching it unless a fetch is
     /// in flight. If this call starts the fetch, `report` hears how it went, and the block is
     /// offered to the cache as its policy takes blocks wanted for `want.why`.
+    ///
+    /// `landed` looks once more, in the tiers the caller looked in before, once this call is
+    /// the one to fetch: a fetch of the block that was in flight when the caller looked may
+    /// have ended since and left the block there (a prefetch stages it before the block leaves
+    /// flight). What it finds goes to the waiters with no read and no report.
     pub fn fetch(
         self: &Arc<Self>,
         rel: Arc<Path>,
         want: &Want<'_>,
+        landed: &dyn Fn() -> Option<Arc<Block>>,
         waiter: Waiter<FetchResult>,
         report: Report,
     ) {
@@ -140,6 +146,23 @@ impl Fetcher {
             return;
         }
         let demand = why.is_read();
+        if let Some(block) = landed() {
+            tracing::trace!(
+                "block {} of inode {} landed meanwhile",
+                key.block,
+                key.version.ino
+            );
+            // The waiters run where a fetch's would: a reader's here, the prefetcher's on the
+            // pool (it issues fetches holding its job's lock, which its waiter takes).
+            if demand {
+                self.inflight.complete(&key, Ok(block));
+            } else {
+                let this = self.clone();
+                self.io
+                    .spawn_blocking(move || this.inflight.complete(&key, Ok(block)));
+            }
+            return;
+        }
         let crowd = self.reading.fetch_add(1, Ordering::Relaxed) + 1;
         if demand {
             self.demand.fetch_add(1, Ordering::Relaxed);
@@ -365,6 +388,7 @@ mod tests {
             f.fetch(
                 Arc::from(Path::new("f")),
                 want,
+                &|| None,
                 Box::new(move |r| tx.send(r).unwrap()),
                 Box::new(move |fetched| {
                     assert_eq!(fetched.bytes, Some(100_000));
@@ -395,6 +419,38 @@ mod tests {
     }
 
     #[test]
+    fn a_block_that_landed_before_the_fetch_started_is_not_read_again() {
+        let (_dir, f, source, want, _io) = fetcher(Vec::new(), Duration::ZERO);
+        let landed = Arc::new(Block::copy_of(&[9; 100_000]).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        f.fetch(
+            Arc::from(Path::new("f")),
+            &want,
+            &|| Some(landed.clone()),
+            Box::new(move |r| tx.send(r).unwrap()),
+            Box::new(|_| panic!("no read, no report")),
+        );
+        assert!(rx.recv().unwrap().is_ok_and(|b| b[..] == [9; 100_000]));
+        assert_eq!(source.reads(), 0);
+        assert!(!f.in_flight(&want.key));
+        assert!(!f.memory.contains(&want.key), "not offered twice");
+        // A prefetch's waiter runs on the pool, as it would after a read: the prefetcher
+        // holds a lock its waiter takes while it issues the fetch.
+        let (tx, rx) = std::sync::mpsc::channel();
+        f.fetch(
+            Arc::from(Path::new("f")),
+            &want.because(super::super::Why::Prefetch),
+            &|| Some(landed.clone()),
+            Box::new(move |r| tx.send((r, std::thread::current().id())).unwrap()),
+            Box::new(|_| panic!("no read, no report")),
+        );
+        let (r, on) = rx.recv().unwrap();
+        assert!(r.is_ok_and(|b| b[..] == [9; 100_000]));
+        assert_ne!(on, std::thread::current().id());
+        assert_eq!(source.reads(), 0);
+    }
+
+    #[test]
     fn a_faulty_tier_in_front_of_the_source_falls_through_to_it() {
         let broken: Arc<dyn Tier> = Arc::new(crate::tier::tests::Told(Err(TierError(libc::EIO))));
         let (_dir, f, source, want, _io) = fetcher(vec![broken], Duration::ZERO);
@@ -414,6 +470,7 @@ mod tests {
             f.fetch(
                 Arc::from(Path::new("f")),
                 &want,
+                &|| None,
                 Box::new(move |r| tx.send(r).unwrap()),
                 Box::new(|fetched| assert_eq!(fetched.bytes, None)),
             );

@@ -306,19 +306,37 @@ impl Staging {
         inner.bytes -= len.min(inner.bytes);
     }
 
-    /// Stores a fetched block under its reservation, for `job`'s epoch `epoch`.
+    /// Stores a fetched block under its reservation, for `job`'s epoch `epoch`. If the block
+    /// was staged meanwhile (another job's read kept it for the jobs that need it), the jobs
+    /// that needed or owned it still need it.
     pub fn put(&self, key: BlockKey, data: Arc<Block>, job: JobKey, epoch: u64) {
-        self.inner.lock().insert(
+        let mut inner = self.inner.lock();
+        let (mut needers, order) = match inner.blocks.get(&key) {
+            Some(old) => {
+                let mut needers = old.needers.clone();
+                needers.extend(old.owner);
+                (needers, old.order)
+            }
+            None => (Vec::new(), None),
+        };
+        needers.retain(|&n| n != job);
+        needers.dedup();
+        inner.insert(
             key,
             Staged {
                 data,
                 owner: Some(job),
                 epoch,
-                needers: Vec::new(),
+                needers,
                 seq: 0,
-                order: None,
+                order,
             },
         );
+    }
+
+    /// The bytes of block `key` if it is staged, for whomever.
+    pub fn peek(&self, key: &BlockKey) -> Option<Arc<Block>> {
+        self.inner.lock().blocks.get(key).map(|s| s.data.clone())
     }
 
     /// Keeps a block that one job read, and the cache did not keep, for the `needers`: other
@@ -648,6 +666,29 @@ mod tests {
         // b stops: nobody needs it any more.
         s.forget_needer(b);
         assert_eq!((s.blocks(), s.bytes(), s.needed_by(b)), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_prefetch_that_lands_on_a_block_kept_for_others_keeps_them() {
+        let s = Staging::new(10 * P, BLOCKS);
+        let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
+        // c's read kept the block for a and b while a's prefetch of it was being issued.
+        assert!(s.share(key(1, 0), &block(1), vec![a, b], Some((c, 9)), 0));
+        assert!(s.reserve(P));
+        s.put(key(1, 0), block(1), a, 1);
+        assert_eq!(s.bytes(), P, "one copy");
+        assert_eq!((s.held_by(a), s.needed_by(a), s.needed_by(b)), (P, 0, 1));
+        // a takes it, and it stays for b (and as c's spare after that).
+        assert!(!s.claim(&key(1, 0).version, a).shared);
+        assert!(s.claim(&key(1, 0).version, b).shared);
+        assert_eq!((s.needed_by(b), s.blocks()), (0, 1));
+        // Another job's prefetch owned it: that job needs it still.
+        assert!(s.reserve(P));
+        s.put(key(2, 0), block(2), b, 1);
+        assert!(s.reserve(P));
+        s.put(key(2, 0), block(2), a, 1);
+        assert_eq!((s.held_by(a), s.held_by(b), s.needed_by(b)), (P, 0, 1));
+        assert_eq!(s.peek(&key(2, 0)).map(|d| d[0]), Some(2));
     }
 
     #[test]
