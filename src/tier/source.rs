@@ -47,7 +47,6 @@ impl SourceTier {
     fn read(&self, rel: &Path, key: BlockKey) -> Result<Block, TierError> {
         let len = self.blocks.len(key.version.size, key.block) as usize;
         let offset = self.blocks.offset(key.block);
-        tracing::debug!("fetch {} block {} ({len} bytes)", rel.display(), key.block);
         if len < MAP_FROM {
             // Read into this thread's scratch page(s), keep a copy of exactly `len` bytes.
             return SCRATCH.with(|scratch| {
@@ -113,6 +112,14 @@ impl Tier for SourceTier {
     }
 
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+        tracing::debug!(
+            "fetch {} block {} for {} epoch {} ({:?})",
+            want.rel.display(),
+            want.key.block,
+            want.job,
+            want.epoch,
+            want.why
+        );
         let block = self.read(want.rel, want.key)?;
         Ok(Some(Found::Block(Arc::new(block))))
     }
