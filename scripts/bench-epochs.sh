@@ -21,9 +21,12 @@
 #   --all-files: ImageFolder over every file, DataLoader with PROCS workers, shuffle=True, all
 #   epochs in one process, seed REP), with prefetch as hint has it: run, the pipeline unchanged
 #   under `coorfs run`, which hands the mount its DataLoader's order each epoch; sampler, the
-#   pipeline with the one-line change of coorfs.HintedSampler (--hinted). Their cgroup gets
-#   READER bytes more for the pipeline itself (416 MiB, as bench-frameworks.sh), and they need
-#   the torch venv of scripts/setup-python.sh (PYTHON to use another).
+#   pipeline with the one-line change of coorfs.HintedSampler (--hinted). The same pipeline
+#   unchanged and without `coorfs run` is the baseline they are measured against: torch, on
+#   the dataset itself (the native path); torchminio, on a mount with MinIO alone (prefetch
+#   off). Their cgroups get READER bytes more for the pipeline itself (416 MiB, as
+#   bench-frameworks.sh), and they need the torch venv of scripts/setup-python.sh (PYTHON to
+#   use another). BASELINE=torch compares every system with the pipeline on the native path.
 #
 # Native reads the dataset from inside a cgroup with a 1 GiB memory limit, so its page cache
 # lives within it. coorfs gets --cache-size 1G, and its daemon and the reader share one
@@ -37,6 +40,7 @@
 #   REPS=5 scripts/bench-epochs.sh prefetch
 #   STORAGES=lat SYSTEMS="native hint" scripts/bench-epochs.sh prefetch
 #   SYSTEMS="native minio hint run sampler" scripts/bench-epochs.sh prefetch   # coorfs run
+#   BASELINE=torch SYSTEMS="torch torchminio run sampler" scripts/bench-epochs.sh prefetch
 #   FILES=300 REPS=1 EPOCHS=2 STORAGES=lat SYSTEMS="hint run" DATA=/var/tmp/tiny \
 #       scripts/bench-epochs.sh prefetch    # a dry run of the script, in seconds
 set -euo pipefail
@@ -54,6 +58,7 @@ OVERHEAD=${OVERHEAD:-$((64 << 20))}
 STAGING=${STAGING:-$((256 << 20))}
 BPS=${BPS:-$((200 << 20))}
 DELAY=${DELAY:-2ms}
+BASELINE=${BASELINE:-native}
 case "$SCENARIO" in
     paper) PROCS=2; SYSTEMS=${SYSTEMS:-"native minio lru"}; STORAGES=${STORAGES:-bw} ;;
     prefetch) PROCS=1; SYSTEMS=${SYSTEMS:-"native minio prefetch hint"}; STORAGES=${STORAGES:-"bw lat"} ;;
@@ -65,7 +70,8 @@ coorfs=$PWD/target/release/coorfs
 python3 scripts/make-dataset.py --files "$FILES" --size 110K --classes 100 "$DATA" >/dev/null
 py=${PYTHON:-$PWD/.venv/bin/python}
 case " $SYSTEMS " in
-    *" run "* | *" sampler "*) [ -n "${PYTHON:-}" ] || scripts/setup-python.sh >/dev/null ;;
+    *" run "* | *" sampler "* | *" torch "* | *" torchminio "*)
+        [ -n "${PYTHON:-}" ] || scripts/setup-python.sh >/dev/null ;;
 esac
 dev=$(device_of "$DATA")
 dataset_bytes=$(du -sb --apparent-size "$DATA" | cut -f1)
@@ -95,7 +101,7 @@ samples=${SAMPLES:-$work/samples.txt}
 mount_opts() {
     echo "--job-key pgid"
     case "$1" in
-        minio) echo "--policy minio --no-prefetch" ;;
+        minio | torchminio) echo "--policy minio --no-prefetch" ;;
         lru) echo "--policy lru --no-prefetch" ;;
         prefetch | hint | run | sampler) echo "--policy minio --prefetch-memory $STAGING" ;;
     esac
@@ -103,6 +109,8 @@ mount_opts() {
 memory_of() {
     case "$1" in
         native) echo "$BUDGET" ;;
+        torch) echo $((BUDGET + READER)) ;;
+        torchminio) echo $((BUDGET + OVERHEAD + READER)) ;;
         prefetch | hint) echo $((BUDGET + OVERHEAD + STAGING)) ;;
         run | sampler) echo $((BUDGET + OVERHEAD + STAGING + READER)) ;;
         *) echo $((BUDGET + OVERHEAD)) ;;
@@ -114,23 +122,32 @@ storage_bytes() {
     if [ "$1" = bw ]; then cg_read_bytes "$cg" "$dev"; else coorfs_stat "$slow" bytes_from_source; fi
 }
 
-# hit_rate EPOCH: the mount's hit rate in its dataset-wide epoch EPOCH.
-hit_rate() {
-    coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$1 - 1]['hit_rate'])"
+# native SYSTEM: true if SYSTEM reads the dataset itself, with no mount.
+native() {
+    case "$1" in native | torch) true ;; *) false ;; esac
 }
 
-# pipeline SYSTEM STORAGE REP: the PyTorch pipeline's EPOCHS epochs over the mount, in one
+# hit_rate SYSTEM EPOCH: the mount's hit rate in its dataset-wide epoch EPOCH (- for native).
+hit_rate() {
+    if native "$1"; then echo -; return; fi
+    coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$2 - 1]['hit_rate'])"
+}
+
+# pipeline SYSTEM STORAGE REP DIR: the PyTorch pipeline's EPOCHS epochs over DIR, in one
 # process; one sample line per epoch, its storage bytes read as its report arrives.
 pipeline() {
-    local sys=$1 storage=$2 rep=$3 launch=() hinted=() before after
-    if [ "$sys" = run ]; then launch=("$coorfs" run --); else hinted=(--hinted); fi
+    local sys=$1 storage=$2 rep=$3 dir=$4 launch=() hinted=() before after
+    case "$sys" in
+        run) launch=("$coorfs" run --) ;;
+        sampler) hinted=(--hinted) ;;
+    esac
     before=$(storage_bytes "$storage")
     cg_run "$cg" "${launch[@]}" "$py" scripts/train-input.py --mode bytes --all-files --workers "$PROCS" \
-        --epochs "$EPOCHS" --seed "$rep" "${hinted[@]}" --json "$mnt" |
+        --epochs "$EPOCHS" --seed "$rep" "${hinted[@]}" --json "$dir" |
         while read -r report; do
             after=$(storage_bytes "$storage")
             python3 -c 'import json,sys; r = json.loads(sys.argv[1]); print(r["epoch"], r["seconds"])' "$report" |
-                { read -r epoch secs; echo "$storage/$sys $rep $epoch $secs $((after - before)) $(hit_rate "$epoch")"; }
+                { read -r epoch secs; echo "$storage/$sys $rep $epoch $secs $((after - before)) $(hit_rate "$sys" "$epoch")"; }
             before=$after
         done | tee -a "$samples" >&2
 }
@@ -153,7 +170,7 @@ for storage in $STORAGES; do
             drop_pages "$src"
             cg_create "$cg" "$(memory_of "$sys")" "$bps" "$dev"
             dir="$src"
-            if [ "$sys" != native ]; then
+            if ! native "$sys"; then
                 # shellcheck disable=SC2046
                 cg_run "$cg" "$coorfs" mount $(mount_opts "$sys") --cache-size "$BUDGET" "$src" "$mnt"
                 wait_scan "$mnt"
@@ -161,17 +178,15 @@ for storage in $STORAGES; do
             fi
             hint=; [ "$sys" = hint ] && hint=--hint
             epochs=$EPOCHS
-            case "$sys" in run | sampler) pipeline "$sys" "$storage" "$rep"; epochs=0 ;; esac
+            case "$sys" in run | sampler | torch | torchminio) pipeline "$sys" "$storage" "$rep" "$dir"; epochs=0 ;; esac
             for epoch in $(seq 1 "$epochs"); do
                 before=$(storage_bytes "$storage")
                 secs=$(cg_run "$cg" "$coorfs" read --json $hint --procs "$PROCS" --seed $((rep * 100 + epoch)) "$dir" |
                     python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
                 after=$(storage_bytes "$storage")
-                hit=-
-                if [ "$sys" != native ]; then hit=$(hit_rate "$epoch"); fi
-                echo "$storage/$sys $rep $epoch $secs $((after - before)) $hit" | tee -a "$samples" >&2
+                echo "$storage/$sys $rep $epoch $secs $((after - before)) $(hit_rate "$sys" "$epoch")" | tee -a "$samples" >&2
             done
-            if [ "$sys" != native ]; then
+            if ! native "$sys"; then
                 echo "  $sys: cached_bytes=$(coorfs_stat "$mnt" cached_bytes) staging_hits=$(coorfs_stat "$mnt" staging_hits)" \
                     "prefetched_unused=$(coorfs_stat "$mnt" prefetched_unused) fetch_stall=$(coorfs_stat "$mnt" fetch_stall_seconds)s;" \
                     "peak memory of daemon+reader: $(cat "$CG_MEM/$cg/memory.max_usage_in_bytes") bytes" >&2
@@ -190,6 +205,6 @@ echo "scripts/bench-epochs.sh $SCENARIO (REPS=$REPS) on $(nproc) CPUs, $(date -u
 for storage in $STORAGES; do
     echo
     grep "^$storage/" "$samples" | sed "s|^$storage/||" |
-        python3 scripts/epochstats.py --baseline native --dataset-bytes "$dataset_bytes" |
+        python3 scripts/epochstats.py --baseline "$BASELINE" --dataset-bytes "$dataset_bytes" |
         sed "s/^| \([a-z]*\) |/| $storage \1 |/"
 done
