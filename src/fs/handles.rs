@@ -19,6 +19,7 @@ use crate::cache::BlockKey;
 use crate::jobs::JobKey;
 use crate::jobs::ledger::Attribution;
 use crate::namespace::{FileId, FileVersion, NodeId};
+use crate::prefetch::ReadBy;
 use crate::source::Listing;
 use crate::tier::{Want, Why};
 
@@ -61,6 +62,8 @@ pub(super) struct FileHandle {
     pub job_key: JobKey,
     /// The digest of the order the job followed at the open, if it gave one.
     pub order: Option<u64>,
+    /// Files of its epoch the job had opened with this open.
+    pub position: u64,
     /// This open re-reads what the job read moments ago: it is the same access and may take
     /// the blocks read then (see [`crate::tier::recent`]).
     pub same_access: bool,
@@ -79,6 +82,16 @@ pub(super) struct FileHandle {
 }
 
 impl FileHandle {
+    /// The read this open is, as [`crate::prefetch::Prefetcher::share`] keeps its blocks.
+    pub fn read_by(&self) -> ReadBy {
+        ReadBy {
+            job: self.job_key,
+            round: self.att.job_epoch,
+            order: self.order,
+            position: self.position,
+        }
+    }
+
     /// Block `block` of the file, wanted by this open's reader.
     pub fn want(&self, block: u64) -> Want<'_> {
         Want {

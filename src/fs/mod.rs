@@ -76,7 +76,7 @@ use crate::epoch::Step;
 use crate::jobs::ledger::{Attribution, Ledger, Opening};
 use crate::jobs::{Job, JobKey, JobKeyKind, Jobs};
 use crate::namespace::{Attr, FileId, Kind, Namespace, NodeId, ROOT, SourceMeta};
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Prefetcher, ReadBy};
 use crate::source::beneath::is_moved;
 use crate::source::{Creds, DatasetSource, FsStats};
 use crate::stats::{self, Counters, Snapshot, Stat, Stats, Value};
@@ -203,6 +203,8 @@ struct Counted {
     job_epoch: u64,
     /// The digest of the order the job follows this epoch, if it gave one.
     order: Option<u64>,
+    /// Files of its epoch the job has opened, this one included.
+    position: u64,
     /// What the access did to the job's epoch (None: not an access of its own, or a file
     /// the scan has not seen).
     step: Option<Step>,
@@ -558,7 +560,12 @@ impl DatasetFs {
             if let Some(f) = file_id {
                 self.prefetcher.share(
                     f,
-                    (counted.job_key, counted.job_epoch, counted.order),
+                    ReadBy {
+                        job: counted.job_key,
+                        round: counted.job_epoch,
+                        order: counted.order,
+                        position: counted.position,
+                    },
                     &meta.version,
                     &counted.claimed,
                 );
@@ -597,6 +604,7 @@ impl DatasetFs {
             },
             job_key: counted.job_key,
             order: counted.order,
+            position: counted.position,
             // A re-read within the epoch, or a second look right after it ended; not a read
             // that may be the new epoch's first of the file.
             same_access: access == Access::Silent
@@ -699,12 +707,14 @@ impl DatasetFs {
             j.epoch_changed();
         }
         let order = j.following();
+        let position = j.log.tracker().read_in_epoch() as u64;
         drop(j);
         Counted {
             epoch: self.ledger.open_in_dataset(&opening),
             job_key,
             job_epoch,
             order,
+            position,
             step,
             staged: opening.staged,
             claimed: claimed.blocks,
@@ -714,15 +724,17 @@ impl DatasetFs {
     /// An open of no access of its own (see [`Access::Silent`]): its reads count in the
     /// epochs current now.
     fn silent_access(&self, job: &Arc<Mutex<Job>>) -> Counted {
-        let (job_key, job_epoch, order) = {
+        let (job_key, job_epoch, order, position) = {
             let j = job.lock();
-            (j.key, j.epoch(), j.following())
+            let position = j.log.tracker().read_in_epoch() as u64;
+            (j.key, j.epoch(), j.following(), position)
         };
         Counted {
             epoch: self.ledger.epoch(),
             job_key,
             job_epoch,
             order,
+            position,
             step: None,
             staged: false,
             claimed: Vec::new(),

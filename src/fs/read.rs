@@ -315,12 +315,7 @@ impl DatasetFs {
                 waiter(r);
                 // Kept for the other jobs that will read the file, if the cache did not keep it.
                 if let (Some(data), Some(f)) = (read, handle.file_id) {
-                    prefetcher.share(
-                        f,
-                        (handle.job_key, handle.att.job_epoch, handle.order),
-                        &handle.version,
-                        &[(block, data)],
-                    );
+                    prefetcher.share(f, handle.read_by(), &handle.version, &[(block, data)]);
                 }
                 prefetcher.on_fetch_done();
             }),

@@ -58,10 +58,21 @@ use crate::jobs::ledger::Ledger;
 use crate::jobs::{Job, JobKey, Jobs, reads_the_dataset};
 use crate::namespace::{FileId, FileVersion, Namespace};
 use crate::tier::fetch::{Fetched, Report};
-use crate::tier::staging::Claimed;
+use crate::tier::staging::{self, Claimed};
 use crate::tier::{Tier, Tiers, Want, Why};
 use pacer::Pacer;
 use plan::{epoch_under_way, may_prefetch_remaining, next_candidates};
+
+/// A read whose blocks [`Prefetcher::share`] keeps for other jobs: the job, its epoch, the
+/// digest of the order it followed (if any), and the files of that epoch it had opened with
+/// this one (its place in the order).
+#[derive(Clone, Copy, Debug)]
+pub struct ReadBy {
+    pub job: JobKey,
+    pub round: u64,
+    pub order: Option<u64>,
+    pub position: u64,
+}
 
 /// How the prefetcher runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,19 +278,25 @@ impl Prefetcher {
         out
     }
 
-    /// Keeps `blocks` of file `f` (at `version`), which `job` read in its epoch `round`
-    /// following the order of digest `order` (if it gave one), and the cache did not keep, in
-    /// the staging area for the other jobs that will read the file ([`Prefetcher::needing`]).
-    /// Needed by nobody yet, they stay as spares if `job` follows an order: for the jobs that
-    /// will follow it too and have not started (a group's members start seconds apart:
-    /// Python, torch, the DataLoader's workers).
+    /// Keeps `blocks` of file `f` (at `version`), which `by.job` read and the cache did not
+    /// keep, in the staging area for the other jobs that will read the file
+    /// ([`Prefetcher::needing`]). Needed by nobody yet, they stay as spares if the job follows
+    /// an order: for the jobs that will follow it too and have not started (a group's members
+    /// start seconds apart: Python, torch, the DataLoader's workers). Read in an order, they
+    /// are due where the reader was in it: the others in that order read them in that order.
     pub fn share(
         &self,
         f: FileId,
-        (job, round, order): (JobKey, u64, Option<u64>),
+        by: ReadBy,
         version: &FileVersion,
         blocks: &[(u64, Arc<Block>)],
     ) {
+        let ReadBy {
+            job,
+            round,
+            order,
+            position,
+        } = by;
         if !self.config.enabled || !self.config.share || blocks.is_empty() {
             return;
         }
@@ -290,6 +307,13 @@ impl Prefetcher {
         if needers.is_empty() && order.is_none() {
             return;
         }
+        // Epochs in one order follow each other: a place in epoch 3 comes after all of epoch 2.
+        let due = match order {
+            Some(_) => round
+                .saturating_mul(self.total() as u64 + 1)
+                .saturating_add(position),
+            None => staging::UNKNOWN,
+        };
         for (block, data) in blocks {
             let key = BlockKey {
                 version: *version,
@@ -298,7 +322,7 @@ impl Prefetcher {
             if !self.tiers.memory.contains(&key) {
                 self.tiers
                     .staging
-                    .share(key, data, needers.clone(), order, since);
+                    .share(key, data, needers.clone(), order, since, due);
             }
         }
     }

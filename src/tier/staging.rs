@@ -16,9 +16,12 @@
 //! that will still read its file this epoch, its *needers* ([`Staging::share`]; who they are is
 //! the prefetcher's call). Each needer's open takes a copy and leaves the needers; the block
 //! leaves with the last one, or when its needers stop ([`Staging::forget_needer`]). When room
-//! is short, a shared block gives way to one that more jobs need (fewest needers first, then
-//! oldest); blocks fetched ahead for a job are never pushed out. So one read of the source
-//! serves every job that reads the file in the same round, within the one budget.
+//! is short, a shared block gives way to one that more jobs need, or as many jobs need sooner
+//! (fewest needers first; then, for blocks read in an order, the latest in it, since the jobs
+//! that follow the order read them in that order; then the oldest); blocks fetched ahead for
+//! a job are never pushed out. So one read of the source serves every job that reads the file
+//! in the same round, within the one budget, and a member of a group that lags further
+//! behind than the staging area holds reads from the source only what the others read last.
 //!
 //! A block needed by no other job yet, read by a job that follows an order hint, stays as a
 //! *spare* while there is free room: the members of a coordinated group (one order) start
@@ -57,9 +60,33 @@ struct Staged {
     /// the order later need it too ([`Staging::join`]); with no owner and no needers it is a
     /// *spare*, kept for them while there is room, the first to give way.
     order: Option<(JobKey, u64)>,
+    /// When the jobs that need it will read it, if their order says ([`Due`]).
+    due: Due,
 }
 
+/// When a shared block will be read by the jobs that need it, as far as their orders say: its
+/// position in the order it was read in, counted across epochs, or [`UNKNOWN`] without an
+/// order. Room goes to the blocks needed soonest: the members of a group read one order, so the
+/// block a lagging member reads next is the one read earliest in it.
+pub type Due = u64;
+/// The [`Due`] of a block no order places: it gives way first among those as many jobs need.
+pub const UNKNOWN: Due = Due::MAX;
+
+/// Where a shared block stands in the queue to give up room: the first goes first. Fewest
+/// needers first, then the one needed latest, then the oldest.
+type Rank = (usize, std::cmp::Reverse<Due>, u64, BlockKey);
+
 impl Staged {
+    /// Its place among the shared blocks (see [`Rank`]).
+    fn rank(&self, key: BlockKey) -> Rank {
+        (
+            self.needers.len(),
+            std::cmp::Reverse(self.due),
+            self.seq,
+            key,
+        )
+    }
+
     /// The job that read it, if it is a spare.
     fn spare_of(&self) -> Option<JobKey> {
         match self.order {
@@ -84,9 +111,9 @@ struct Inner {
     /// their epoch turns: a block read in that order by a reader that looked for needers before
     /// they joined is theirs too ([`Staging::share`]'s `since`).
     joined: HashMap<u64, Vec<(JobKey, u64)>>,
-    /// The blocks without an owner, by how many jobs still need them, then age: the first
-    /// is the one to give up when room is short.
-    shared: BTreeSet<(usize, u64, BlockKey)>,
+    /// The blocks without an owner, by [`Rank`]: the first is the one to give up when room is
+    /// short.
+    shared: BTreeSet<Rank>,
     seq: u64,
 }
 
@@ -115,7 +142,7 @@ impl Inner {
         match s.owner {
             Some(job) => count(&mut self.per_job, job, s.data.footprint() as i64),
             None => {
-                self.shared.insert((s.needers.len(), s.seq, key));
+                self.shared.insert(s.rank(key));
             }
         }
         for &n in &s.needers {
@@ -133,7 +160,7 @@ impl Inner {
         match s.owner {
             Some(job) => count(&mut self.per_job, job, -(s.data.footprint() as i64)),
             None => {
-                self.shared.remove(&(s.needers.len(), s.seq, key));
+                self.shared.remove(&s.rank(key));
             }
         }
         for &n in &s.needers {
@@ -232,14 +259,14 @@ impl Inner {
         }
     }
 
-    /// Gives up shared blocks that fewer than `needers` jobs need, fewest first, until
-    /// `len` more bytes fit in `capacity`. True if they fit.
-    fn make_room(&mut self, len: u64, needers: usize, capacity: u64) -> bool {
+    /// Gives up shared blocks that fewer than `needers` jobs need, or as many but later than
+    /// `due`, in [`Rank`] order, until `len` more bytes fit in `capacity`. True if they fit.
+    fn make_room(&mut self, len: u64, needers: usize, due: Due, capacity: u64) -> bool {
         while self.bytes + len > capacity {
-            let Some(&(n, _, key)) = self.shared.first() else {
+            let Some(&(n, std::cmp::Reverse(d), _, key)) = self.shared.first() else {
                 return false;
             };
-            if n >= needers {
+            if (n, std::cmp::Reverse(d)) >= (needers, std::cmp::Reverse(due)) {
                 return false;
             }
             self.remove(&key);
@@ -293,7 +320,7 @@ impl Staging {
     /// Reserves `len` bytes for a prefetch, if there is room (spares give way).
     pub fn reserve(&self, len: u64) -> bool {
         let mut inner = self.inner.lock();
-        if !inner.make_room(len, 1, self.capacity) {
+        if !inner.make_room(len, 1, UNKNOWN, self.capacity) {
             return false;
         }
         inner.bytes += len;
@@ -311,13 +338,13 @@ impl Staging {
     /// that needed or owned it still need it.
     pub fn put(&self, key: BlockKey, data: Arc<Block>, job: JobKey, epoch: u64) {
         let mut inner = self.inner.lock();
-        let (mut needers, order) = match inner.blocks.get(&key) {
+        let (mut needers, order, due) = match inner.blocks.get(&key) {
             Some(old) => {
                 let mut needers = old.needers.clone();
                 needers.extend(old.owner);
-                (needers, old.order)
+                (needers, old.order, old.due)
             }
-            None => (Vec::new(), None),
+            None => (Vec::new(), None, UNKNOWN),
         };
         needers.retain(|&n| n != job);
         needers.dedup();
@@ -330,6 +357,7 @@ impl Staging {
                 needers,
                 seq: 0,
                 order,
+                due,
             },
         );
     }
@@ -346,7 +374,8 @@ impl Staging {
     /// the job and the order's digest) is needed by the jobs that joined that order after
     /// join number `since` ([`Staging::joins`], read before the needers were looked for), and
     /// with no needers yet it is kept as a spare if there is free room (a spare pushes nothing
-    /// out), for jobs that join the order late ([`Staging::join`]).
+    /// out), for jobs that join the order late ([`Staging::join`]). `due` places it among the
+    /// blocks as many jobs need when room is short ([`Due`]).
     pub fn share(
         &self,
         key: BlockKey,
@@ -354,6 +383,7 @@ impl Staging {
         mut needers: Vec<JobKey>,
         order: Option<(JobKey, u64)>,
         since: u64,
+        due: Due,
     ) -> bool {
         let mut inner = self.inner.lock();
         if let Some((reader, digest)) = order
@@ -376,11 +406,12 @@ impl Staging {
                     }
                 }
                 s.order = s.order.or(order);
+                s.due = s.due.min(due);
             });
             return true;
         }
         let len = data.footprint();
-        if !inner.make_room(len, needers.len(), self.capacity) {
+        if !inner.make_room(len, needers.len(), due, self.capacity) {
             return false;
         }
         inner.bytes += len;
@@ -393,6 +424,7 @@ impl Staging {
                 needers,
                 seq: 0,
                 order,
+                due,
             },
         );
         true
@@ -643,7 +675,7 @@ mod tests {
         let s = Staging::new(10 * P, BLOCKS);
         let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
         // Read by a (not staged for it), needed by b and c.
-        assert!(s.share(key(1, 0), &block(1), vec![b, c], None, 0));
+        assert!(s.share(key(1, 0), &block(1), vec![b, c], None, 0, UNKNOWN));
         assert_eq!((s.needed_by(b), s.needed_by(c), s.bytes()), (1, 1, P));
         let got = s.claim(&key(1, 0).version, b);
         assert_eq!((got.blocks.len(), got.shared), (1, true));
@@ -659,7 +691,7 @@ mod tests {
         // Prefetched for a and needed by b: a takes it, and it stays for b.
         assert!(s.reserve(P));
         s.put(key(2, 0), block(2), a, 1);
-        assert!(s.share(key(2, 0), &block(2), vec![b, a], None, 0));
+        assert!(s.share(key(2, 0), &block(2), vec![b, a], None, 0, UNKNOWN));
         assert_eq!(s.bytes(), P, "shared again, not copied");
         assert!(!s.claim(&key(2, 0).version, a).shared);
         assert_eq!((s.held_by(a), s.needed_by(b), s.blocks()), (0, 1, 1));
@@ -673,7 +705,7 @@ mod tests {
         let s = Staging::new(10 * P, BLOCKS);
         let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
         // c's read kept the block for a and b while a's prefetch of it was being issued.
-        assert!(s.share(key(1, 0), &block(1), vec![a, b], Some((c, 9)), 0));
+        assert!(s.share(key(1, 0), &block(1), vec![a, b], Some((c, 9)), 0, UNKNOWN));
         assert!(s.reserve(P));
         s.put(key(1, 0), block(1), a, 1);
         assert_eq!(s.bytes(), P, "one copy");
@@ -695,21 +727,21 @@ mod tests {
     fn room_goes_to_the_blocks_more_jobs_need() {
         let s = Staging::new(3 * P, BLOCKS);
         let jobs: Vec<JobKey> = (1..=4).map(JobKey::Pgid).collect();
-        assert!(s.share(key(1, 0), &block(1), jobs[..1].to_vec(), None, 0));
-        assert!(s.share(key(2, 0), &block(2), jobs[..3].to_vec(), None, 0));
-        assert!(s.share(key(3, 0), &block(3), jobs[..2].to_vec(), None, 0));
+        assert!(s.share(key(1, 0), &block(1), jobs[..1].to_vec(), None, 0, UNKNOWN));
+        assert!(s.share(key(2, 0), &block(2), jobs[..3].to_vec(), None, 0, UNKNOWN));
+        assert!(s.share(key(3, 0), &block(3), jobs[..2].to_vec(), None, 0, UNKNOWN));
         // Full: a block two jobs need pushes out the one one job needs, not the others.
-        assert!(s.share(key(4, 0), &block(4), jobs[..2].to_vec(), None, 0));
+        assert!(s.share(key(4, 0), &block(4), jobs[..2].to_vec(), None, 0, UNKNOWN));
         assert!(!s.contains(&key(1, 0)));
         assert!(s.contains(&key(2, 0)) && s.contains(&key(3, 0)));
         // One needed by two is not worth one needed by two (the older stays) or by three.
-        assert!(!s.share(key(5, 0), &block(5), jobs[..2].to_vec(), None, 0));
+        assert!(!s.share(key(5, 0), &block(5), jobs[..2].to_vec(), None, 0, UNKNOWN));
         // Blocks staged ahead of their job are never pushed out.
         s.claim(&key(3, 0).version, jobs[0]);
         s.claim(&key(3, 0).version, jobs[1]);
         assert!(s.reserve(P));
         s.put(key(6, 0), block(6), jobs[3], 1);
-        assert!(s.share(key(7, 0), &block(7), jobs.clone(), None, 0));
+        assert!(s.share(key(7, 0), &block(7), jobs.clone(), None, 0, UNKNOWN));
         assert!(
             !s.contains(&key(4, 0)),
             "needed by two, given up for one needed by four"
@@ -717,13 +749,40 @@ mod tests {
         assert!(s.contains(&key(6, 0)) && s.contains(&key(2, 0)));
         // A prefetch pushes nothing out.
         assert!(!s.reserve(P), "key 2 (three jobs) and key 7 (four) stay");
-        assert!(s.share(key(8, 0), &block(8), jobs.clone(), None, 0));
+        assert!(s.share(key(8, 0), &block(8), jobs.clone(), None, 0, UNKNOWN));
         assert!(!s.contains(&key(2, 0)));
         assert!(
-            !s.share(key(9, 0), &block(9), jobs.clone(), None, 0),
+            !s.share(key(9, 0), &block(9), jobs.clone(), None, 0, UNKNOWN),
             "nothing needed less is left"
         );
         assert_eq!(s.bytes(), 3 * P);
+    }
+
+    #[test]
+    fn of_blocks_as_many_jobs_need_the_one_needed_latest_gives_way() {
+        let s = Staging::new(3 * P, BLOCKS);
+        let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
+        let order = Some((a, 7));
+        // a leads a group in one order; b and c lag. Read at positions 10, 30 and 20.
+        assert!(s.share(key(1, 0), &block(1), vec![b, c], order, 0, 10));
+        assert!(s.share(key(2, 0), &block(2), vec![b, c], order, 0, 30));
+        assert!(s.share(key(3, 0), &block(3), vec![b, c], order, 0, 20));
+        // Full. Read at 40, needed after all three: not kept, nothing pushed out.
+        assert!(!s.share(key(4, 0), &block(4), vec![b, c], order, 0, 40));
+        assert!((1..=3).all(|k| s.contains(&key(k, 0))));
+        // Read at 15 (a member that was ahead read it late): the one at 30 gives way.
+        assert!(s.share(key(5, 0), &block(5), vec![b, c], order, 0, 15));
+        assert!(!s.contains(&key(2, 0)));
+        // A block no order places gives way before them, and takes the place of none.
+        assert!(!s.share(key(6, 0), &block(6), vec![b, c], None, 0, UNKNOWN));
+        // One that more jobs need takes room whatever its place: the one at 20 goes.
+        assert!(s.share(key(7, 0), &block(7), vec![a, b, c], None, 0, UNKNOWN));
+        assert!(!s.contains(&key(3, 0)));
+        assert!(s.contains(&key(1, 0)) && s.contains(&key(5, 0)));
+        // A claim leaves the needers: the block at 10, now needed by c alone, goes first.
+        s.claim(&key(1, 0).version, b);
+        assert!(s.share(key(8, 0), &block(8), vec![b, c], order, 0, 50));
+        assert!(!s.contains(&key(1, 0)) && s.contains(&key(5, 0)));
     }
 
     #[test]
@@ -732,12 +791,12 @@ mod tests {
         let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
         let (order, other) = (7, 8);
         assert!(
-            !s.share(key(1, 0), &block(1), vec![], None, 0),
+            !s.share(key(1, 0), &block(1), vec![], None, 0, UNKNOWN),
             "no order, no needer"
         );
         // Read by a in order 7, needed by nobody yet: spares, for others than a.
-        assert!(s.share(key(1, 0), &block(1), vec![], Some((a, order)), 0));
-        assert!(s.share(key(2, 0), &block(2), vec![], Some((a, order)), 0));
+        assert!(s.share(key(1, 0), &block(1), vec![], Some((a, order)), 0, UNKNOWN));
+        assert!(s.share(key(2, 0), &block(2), vec![], Some((a, order)), 0, UNKNOWN));
         assert_eq!((s.blocks(), s.needed_by(b)), (2, 0));
         assert!(s.claim(&key(1, 0).version, a).blocks.is_empty());
         // b joins another order, then a's: the blocks read in order 7 are b's to read.
@@ -750,9 +809,16 @@ mod tests {
         assert!(s.contains(&key(1, 0)), "a spare again, for later joiners");
         // Read in order 7 by a, which looked for needers before b joined: b's too. Had it
         // looked after, b would have been among the needers it found, or had read the file.
-        assert!(s.share(key(3, 0), &block(3), vec![], Some((a, order)), 1));
+        assert!(s.share(key(3, 0), &block(3), vec![], Some((a, order)), 1, UNKNOWN));
         assert_eq!(s.needed_by(b), 2);
-        assert!(s.share(key(4, 0), &block(4), vec![], Some((a, order)), s.joins()));
+        assert!(s.share(
+            key(4, 0),
+            &block(4),
+            vec![],
+            Some((a, order)),
+            s.joins(),
+            UNKNOWN
+        ));
         assert_eq!(s.needed_by(b), 2, "a spare");
         // a's epoch turns: its spare goes (a job hinting order 7 now would be an epoch
         // behind); what b needs stays. b's turns: it follows order 7 no more.
@@ -762,17 +828,17 @@ mod tests {
         assert_eq!((s.needed_by(b), s.bytes()), (2, 2 * P));
         assert_eq!(s.join(order, c), 0, "nothing is read in order 7 any more");
         // Spares take free room only, and give way to a prefetch and to a needed block.
-        assert!(s.share(key(5, 0), &block(5), vec![], Some((b, other)), 0));
-        assert!(s.share(key(6, 0), &block(6), vec![], Some((b, other)), 0));
+        assert!(s.share(key(5, 0), &block(5), vec![], Some((b, other)), 0, UNKNOWN));
+        assert!(s.share(key(6, 0), &block(6), vec![], Some((b, other)), 0, UNKNOWN));
         assert!(
-            !s.share(key(7, 0), &block(7), vec![], Some((b, other)), 0),
+            !s.share(key(7, 0), &block(7), vec![], Some((b, other)), 0, UNKNOWN),
             "full"
         );
         assert!(s.reserve(P), "the oldest spare gave way");
         assert!(!s.contains(&key(5, 0)) && s.contains(&key(6, 0)));
         s.unreserve(P);
-        assert!(s.share(key(7, 0), &block(7), vec![c], None, 0));
-        assert!(s.share(key(8, 0), &block(8), vec![c], None, 0));
+        assert!(s.share(key(7, 0), &block(7), vec![c], None, 0, UNKNOWN));
+        assert!(s.share(key(8, 0), &block(8), vec![c], None, 0, UNKNOWN));
         assert!(!s.contains(&key(6, 0)));
         // Jobs that stop leave what they needed.
         s.forget_needer(c);
