@@ -214,6 +214,40 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_nonzero_size, help_heading = "Jobs")]
     pub hint_memory: u64,
 
+    /// Join a cluster of mounts of one shared dataset, one per server: every member's address
+    /// (HOST:PORT), this one's included, in the same order on every member. Each member
+    /// caches the files it owns (rendezvous hashing of the path) and serves them to the others
+    /// over HTTP, which ask it before they read the source. Needs --node-rank and
+    /// --cluster-secret-file.
+    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', requires_all = ["node_rank", "cluster_secret_file"], help_heading = "Cluster")]
+    pub peers: Vec<String>,
+    /// This member's place in --peers, from 0 (e.g. torchrun's node rank).
+    #[arg(
+        long,
+        value_name = "N",
+        env = "COORFS_NODE_RANK",
+        requires = "peers",
+        help_heading = "Cluster"
+    )]
+    pub node_rank: Option<usize>,
+    /// A file holding the cluster's secret (at least 16 bytes, readable by its owner alone):
+    /// every request between members is signed with it.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "peers",
+        help_heading = "Cluster"
+    )]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Where this member's peer server listens [default: its own entry of --peers].
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        requires = "peers",
+        help_heading = "Cluster"
+    )]
+    pub peer_listen: Option<std::net::SocketAddr>,
+
     /// Add DURATION to every read of the source, to emulate network storage in benchmarks
     /// (e.g. --policy none --read-delay 2ms makes a slow passthrough mount).
     #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_duration, help_heading = "Testing")]
@@ -467,7 +501,7 @@ impl ReadArgs {
 
 impl MountArgs {
     /// The mount's configuration and how its daemon runs.
-    pub fn into_config(self) -> (MountConfig, DaemonOptions) {
+    pub fn into_config(self) -> Result<(MountConfig, DaemonOptions), MountError> {
         let mut config = MountConfig::new(self.source, self.mountpoint);
         if let Some(threads) = self.threads {
             config.threads = threads as usize;
@@ -505,12 +539,22 @@ impl MountArgs {
         };
         config.hint_limits = crate::jobs::HintLimits::of_total(self.hint_memory);
         config.read_delay = self.read_delay;
+        if let (Some(me), Some(secret)) = (self.node_rank, &self.cluster_secret_file)
+            && !self.peers.is_empty()
+        {
+            config.cluster = Some(crate::cluster::ClusterConfig::new(
+                self.peers,
+                me,
+                secret,
+                self.peer_listen,
+            )?);
+        }
         let options = DaemonOptions {
             foreground: self.foreground,
             log_file: self.log_file,
             log_level: self.log_level,
         };
-        (config, options)
+        Ok((config, options))
     }
 }
 
@@ -572,6 +616,8 @@ impl CommandError {
                 | MountError::FuseDenied
                 | MountError::CacheTooLarge { .. }
                 | MountError::CacheSizeZero
+                | MountError::Cluster(_)
+                | MountError::PeerListen(..)
                 | MountError::Memory(_)
                 | MountError::LogFile(..)
                 | MountError::NotMounted(_)

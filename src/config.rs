@@ -50,6 +50,8 @@ pub struct MountConfig {
     pub prefetch: PrefetchConfig,
     /// Added to every read of the source: emulates network storage in benchmarks.
     pub read_delay: Duration,
+    /// The cluster this mount is a member of (`--peers`), if any.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl MountConfig {
@@ -84,6 +86,7 @@ impl MountConfig {
             owner_uid: unsafe { libc::getuid() },
             prefetch: PrefetchConfig::default(),
             read_delay: Duration::ZERO,
+            cluster: None,
         }
     }
 }

@@ -85,6 +85,10 @@ pub enum MountError {
     )]
     CacheSizeZero,
     #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
+    #[error("the peer server cannot listen on {0}: {1}")]
+    PeerListen(std::net::SocketAddr, io::Error),
+    #[error(transparent)]
     Memory(#[from] crate::budget::Refusal),
     #[error("log file {0}: {1}")]
     LogFile(PathBuf, io::Error),
@@ -522,6 +526,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
             .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?,
     );
     fs.start_prefetcher().map_err(mount_err)?;
+    fs.start_peer_server()?;
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), config.acl);
 

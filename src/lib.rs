@@ -24,6 +24,7 @@ pub mod block;
 pub mod budget;
 pub mod cache;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod epoch;

@@ -13,10 +13,10 @@ fn main() -> ExitCode {
         Err(e) => return clap_failure(e),
     };
     let result = match cli.command {
-        Command::Mount(args) => {
-            let (config, options) = args.into_config();
-            daemon::mount(config, options).map_err(CommandError::from)
-        }
+        Command::Mount(args) => match args.into_config() {
+            Ok((config, options)) => daemon::mount(config, options).map_err(CommandError::from),
+            Err(e) => Err(CommandError::from(e)),
+        },
         Command::Umount(args) => {
             daemon::unmount(&args.mountpoint, args.lazy, args.timeout).map_err(CommandError::from)
         }

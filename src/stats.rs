@@ -83,6 +83,12 @@ stats! {
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
     TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory); each read was served by the next tier.";
+    PeerHits => "peer_hits", Count, "Blocks read from the member of the cluster that owns their file instead of from the source (--peers).";
+    BytesFromPeers => "bytes_from_peers", Bytes, "Bytes of those blocks.";
+    PeerErrors => "peer_errors", Count, "Peer reads that failed (timeout, refusal, short body, wrong checksum): each was read from the source instead, and the peer left alone for a while.";
+    PeerServed => "peer_served", Count, "Blocks this member served to the others.";
+    BytesToPeers => "bytes_to_peers", Bytes, "Bytes of those blocks.";
+    PeerRefused => "peer_refused", Count, "Requests to the peer server refused: not signed with the cluster's secret, malformed, for a path outside the dataset, or too long.";
     FetchStallSeconds => "fetch_stall_seconds", Seconds, "Seconds reads waited for the source, summed over concurrent reads: the fetch stall.";
     StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
     SharedHits => "shared_hits", Count, "Staging hits on blocks read for another job (kept for the jobs that had still to read the file).";
@@ -141,6 +147,12 @@ pub struct Counters {
     pub bytes_from_source: AtomicU64,
     pub source_errors: AtomicU64,
     pub tier_errors: AtomicU64,
+    pub peer_hits: AtomicU64,
+    pub bytes_from_peers: AtomicU64,
+    pub peer_errors: AtomicU64,
+    pub peer_served: AtomicU64,
+    pub bytes_to_peers: AtomicU64,
+    pub peer_refused: AtomicU64,
     pub staging_hits: AtomicU64,
     pub shared_hits: AtomicU64,
     /// Reads of a file's first block from the source.

@@ -248,10 +248,16 @@ pub struct BlockCache {
     index: RwLock<Index>,
     store: Store,
     pub counters: CacheCounters,
+    /// The files the cache may keep, by dataset-relative path, if not all: in a cluster, those
+    /// this member owns ([`BlockCache::keep_only`]).
+    keeps_path: std::sync::OnceLock<PathFilter>,
     /// Makes the next mapping fail, as an exhausted address space or memory would.
     #[cfg(test)]
     fail_next_mapping: std::sync::atomic::AtomicBool,
 }
+
+/// Says which files, by dataset-relative path, a cache may keep.
+pub type PathFilter = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 impl std::fmt::Debug for BlockCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -276,9 +282,24 @@ impl BlockCache {
             index: RwLock::new(Index::default()),
             store,
             counters: CacheCounters::default(),
+            keeps_path: std::sync::OnceLock::new(),
             #[cfg(test)]
             fail_next_mapping: Default::default(),
         })
+    }
+
+    /// From now on the cache keeps only the files whose dataset-relative path `keeps` says
+    /// yes to (the memory tier asks it before it offers a block). Set once.
+    pub fn keep_only(&self, keeps: PathFilter) {
+        let _ = self.keeps_path.set(keeps);
+    }
+
+    /// True if the cache may keep the file at `path` (relative to the dataset root).
+    pub fn may_keep(&self, path: &std::path::Path) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        self.keeps_path
+            .get()
+            .is_none_or(|keeps| keeps(path.as_os_str().as_bytes()))
     }
 
     /// The configuration.

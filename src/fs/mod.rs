@@ -256,6 +256,8 @@ pub struct DatasetFs {
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
     /// `--fast-open`: the kernel opens files without asking (see [`DatasetFs::fast_open`]).
     fast_open: bool,
+    /// The cluster this mount is a member of, if any.
+    cluster: Option<crate::cluster::ClusterConfig>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -281,12 +283,15 @@ impl DatasetFs {
             .worker_threads(1)
             .max_blocking_threads(config.io_threads.max(1))
             .thread_name("coorfs-io")
+            // Sockets, for the peer server of a cluster member.
+            .enable_io()
             .build()?;
         let stats = Arc::new(Stats::default());
         let tiers = Tiers::new(
             BlockCache::new(config.cache)?,
             config.prefetch.staging_bytes(),
             source.clone(),
+            config.cluster.as_ref(),
             stats.clone(),
             io.handle().clone(),
         );
@@ -329,8 +334,34 @@ impl DatasetFs {
             invalidator: std::sync::OnceLock::new(),
             stale_in_kernel: Default::default(),
             fast_open: config.fast_open,
+            cluster: config.cluster.clone(),
             _io: io,
         })
+    }
+
+    /// Starts serving the files this member of a cluster owns to the others (see
+    /// [`crate::cluster::server`]); nothing outside a cluster.
+    pub fn start_peer_server(&self) -> Result<(), crate::daemon::MountError> {
+        let Some(c) = &self.cluster else {
+            return Ok(());
+        };
+        let fail = |e| crate::daemon::MountError::PeerListen(c.listen, e);
+        let listener = std::net::TcpListener::bind(c.listen).map_err(fail)?;
+        let server = Arc::new(crate::cluster::server::PeerServer::new(
+            self.source.clone(),
+            self.tiers.clone(),
+            c.secret.clone(),
+            self.ledger.stats().clone(),
+        ));
+        server.serve(listener, self._io.handle()).map_err(fail)?;
+        tracing::info!(
+            "member {} of {} ({}): serving peers on {}",
+            c.me,
+            c.members.len(),
+            c.members[c.me],
+            c.listen
+        );
+        Ok(())
     }
 
     /// How long the kernel may cache entries and attributes.
@@ -958,6 +989,12 @@ impl DatasetFs {
                 Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
                 Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
                 Stat::TierErrors => Value::Count(Counters::get(&c.tier_errors)),
+                Stat::PeerHits => Value::Count(Counters::get(&c.peer_hits)),
+                Stat::BytesFromPeers => Value::Count(Counters::get(&c.bytes_from_peers)),
+                Stat::PeerErrors => Value::Count(Counters::get(&c.peer_errors)),
+                Stat::PeerServed => Value::Count(Counters::get(&c.peer_served)),
+                Stat::BytesToPeers => Value::Count(Counters::get(&c.bytes_to_peers)),
+                Stat::PeerRefused => Value::Count(Counters::get(&c.peer_refused)),
                 Stat::FetchStallSeconds => {
                     Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6)
                 }

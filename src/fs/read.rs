@@ -268,7 +268,7 @@ impl DatasetFs {
         let accounted = h.clone();
         let report: Report = Box::new(move |fetched| {
             prefetcher.record(fetched);
-            if let Some(n) = fetched.bytes {
+            if let Some(n) = fetched.bytes.filter(|_| fetched.source) {
                 ledger.fetched_for(&accounted.att, n);
                 if block == 0 {
                     ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);

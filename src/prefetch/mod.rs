@@ -616,7 +616,7 @@ impl Prefetcher {
             let (this, accounted) = (self.clone(), job.clone());
             let report: Report = Box::new(move |fetched| {
                 this.record(fetched);
-                if let Some(n) = fetched.bytes {
+                if let Some(n) = fetched.bytes.filter(|_| fetched.source) {
                     this.ledger.prefetched(&accounted, epoch, f, total, n);
                     if block == 0 {
                         this.ledger.file_from_source(Some(f), epoch);

@@ -39,6 +39,8 @@ pub type FetchResult = Result<Arc<Block>, i32>;
 pub struct Fetched {
     /// Bytes read, if the fetch succeeded.
     pub bytes: Option<u64>,
+    /// The source read them (not a tier in front of it: a peer).
+    pub source: bool,
     /// From the fetch's start to the end of its read.
     pub took: Duration,
     /// Reads in flight when it started, itself included.
@@ -189,7 +191,7 @@ impl Fetcher {
                 epoch,
                 why,
             };
-            let result = this.read(&want);
+            let (result, source) = this.read(&want);
             let took = issued.elapsed();
             if demand {
                 // An average over the last few reads: a slow one alone does not move it far.
@@ -203,6 +205,7 @@ impl Fetcher {
             running.uncount();
             report(&Fetched {
                 bytes: result.as_ref().ok().map(|b| b.len() as u64),
+                source,
                 took,
                 crowd,
             });
@@ -228,21 +231,24 @@ impl Fetcher {
         self.inflight.contains(key)
     }
 
-    /// Reads `want` from the tiers behind the fetch and offers it to the cache.
-    fn read(&self, want: &Want<'_>) -> FetchResult {
+    /// Reads `want` from the tiers behind the fetch and offers it to the cache; true if the
+    /// source read it.
+    fn read(&self, want: &Want<'_>) -> (FetchResult, bool) {
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
         let nearer = nearer.iter().map(|t| &**t);
-        let found = match look_up(nearer, want, &self.stats.counters.tier_errors) {
-            Some(found) => found,
+        let (found, from_source) = match look_up(nearer, want, &self.stats.counters.tier_errors) {
+            Some(found) => (found, false),
             None => match source.get(want) {
-                Ok(Some(found)) => found,
-                Ok(None) => return Err(libc::EIO),
-                Err(TierError(errno)) => return Err(errno),
+                Ok(Some(found)) => (found, true),
+                Ok(None) => return (Err(libc::EIO), true),
+                Err(TierError(errno)) => return (Err(errno), true),
             },
         };
-        let block = owned(found, want.key.block).ok_or(libc::EIO)?;
+        let Some(block) = owned(found, want.key.block) else {
+            return (Err(libc::EIO), from_source);
+        };
         self.memory.admit(want, &block);
-        Ok(block)
+        (Ok(block), from_source)
     }
 }
 

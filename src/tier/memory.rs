@@ -24,12 +24,12 @@ impl Tier for BlockCache {
 
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool {
         let offered = match want.why {
-            Why::Read | Why::Reread => true,
+            Why::Read | Why::Reread | Why::Peer => true,
             Why::Prefetch => self.admits_prefetch(),
             // A policy that took guesses was offered the block when it arrived.
             Why::Claimed => !self.admits_prefetch(),
         };
-        offered && self.insert(want.key, data)
+        offered && self.may_keep(want.rel) && self.insert(want.key, data)
     }
 
     fn remove(&self, want: &Want<'_>) {

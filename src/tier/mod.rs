@@ -30,6 +30,7 @@
 pub mod fetch;
 pub mod inflight;
 pub mod memory;
+pub mod peer;
 pub mod recent;
 pub mod source;
 pub mod staging;
@@ -59,12 +60,15 @@ pub enum Why {
     Prefetch,
     /// A reader took it from the staging area.
     Claimed,
+    /// Another member of the cluster asked for it, since this one owns its file: a read like
+    /// a reader's, that no peer is asked for (see [`peer`]).
+    Peer,
 }
 
 impl Why {
-    /// True if a reader waits for the block.
+    /// True if a reader waits for the block (here, or on another member).
     pub fn is_read(self) -> bool {
-        matches!(self, Why::Read | Why::Reread)
+        matches!(self, Why::Read | Why::Reread | Why::Peer)
     }
 }
 
@@ -156,25 +160,34 @@ pub struct Tiers {
 impl Tiers {
     /// The chain of a mount: `memory` in front, a staging area of `staging` bytes, the
     /// recent blocks (kept only if the cache keeps anything: `--policy none` is the kernel's
-    /// page cache alone), and fetches from `source` on the `io` pool, counted in `stats`.
+    /// page cache alone), and fetches on the `io` pool, counted in `stats`: from the member of
+    /// `cluster` that owns the file, if it is another, else from `source`. In a cluster, the
+    /// cache keeps only the files this member owns.
     pub fn new(
         memory: BlockCache,
         staging: u64,
         source: Arc<dyn DatasetSource>,
+        cluster: Option<&crate::cluster::ClusterConfig>,
         stats: Arc<Stats>,
         io: tokio::runtime::Handle,
     ) -> Self {
         let memory = Arc::new(memory);
         let blocks = memory.blocks();
         let recent = Arc::new(RecentBlocks::new(memory.caches()));
-        let source = SourceTier::new(source, blocks, stats.clone());
-        let fetcher = Fetcher::new(
-            vec![Arc::new(source)],
-            memory.clone(),
-            recent.clone(),
-            stats,
-            io,
-        );
+        let mut below: Vec<Arc<dyn Tier>> = Vec::new();
+        if let Some(c) = cluster {
+            let owns = c.clone();
+            memory.keep_only(Box::new(move |path| owns.owns(path)));
+            below.push(Arc::new(peer::PeerTier::new(
+                c.members.clone(),
+                c.me,
+                c.secret.clone(),
+                blocks,
+                stats.clone(),
+            )));
+        }
+        below.push(Arc::new(SourceTier::new(source, blocks, stats.clone())));
+        let fetcher = Fetcher::new(below, memory.clone(), recent.clone(), stats, io);
         Tiers {
             staging: Arc::new(Staging::new(staging, blocks)),
             memory,
@@ -325,7 +338,7 @@ pub(crate) mod tests {
             let source = crate::source::LocalSource::new(dir.path().to_path_buf(), false);
             let stats = Arc::new(Stats::default());
             let io = io.handle().clone();
-            let tiers = Tiers::new(memory, 1 << 20, Arc::new(source.unwrap()), stats, io);
+            let tiers = Tiers::new(memory, 1 << 20, Arc::new(source.unwrap()), None, stats, io);
             let w = want(1, 100, 0, Why::Read);
             let claimed = vec![
                 (0, Arc::new(Block::copy_of(&[1; 64]).unwrap())),

@@ -135,7 +135,7 @@ impl Tier for RecentBlocks {
             // A job's first read of a file in an epoch comes from below, unless another job
             // read it moments ago.
             Why::Read => Some(want.job),
-            Why::Prefetch | Why::Claimed => return Ok(None),
+            Why::Prefetch | Why::Claimed | Why::Peer => return Ok(None),
         };
         Ok(self.get(&want.key, not_by).map(Found::Block))
     }

@@ -1,0 +1,197 @@
+//! The peer server: serves the blocks of the files this member owns to the other members.
+//!
+//! It listens on the address given (`--peer-listen`, by default this member's own entry of
+//! `--peers`), never on every interface unless told to. Every request must be signed with the
+//! cluster's secret ([`super::auth`]); an unsigned one gets 401 and is counted
+//! (`peer_refused`), as is a malformed one or one for a path outside the dataset (400) or a
+//! target too long (414). A signed request names a path relative to the dataset root, judged
+//! like the FUSE side's ([`super::wire::confined`]) and opened beneath the root by the source,
+//! so that no request reads outside the dataset, symbolic links included.
+//!
+//! At most [`MAX_IN_FLIGHT`] requests are served at once (the asker reads the source for a
+//! 503). A block is served from the cache if it holds it, else fetched once (merged with any fetch
+//! of it in flight, [`crate::tier::fetch`]) from the tiers behind this member's fetcher: the
+//! source, since a member asks no peer for a file it owns. The cache then keeps it as its
+//! policy keeps what is read, so each member's cache fills with the files it owns.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+
+use super::auth::Secret;
+use super::wire::{BadRequest, BlockRequest, CRC_HEADER, MAX_TARGET};
+use crate::cache::BlockKey;
+use crate::jobs::JobKey;
+use crate::namespace::Kind;
+use crate::source::{Creds, DatasetSource};
+use crate::stats::{Counters, Stats};
+use crate::tier::{Tiers, Want, Why};
+
+/// Requests served at once; past it a request gets 503 at once. A member asks with one
+/// request per block its readers miss, as many as its fetch threads (64 by default).
+pub const MAX_IN_FLIGHT: usize = 256;
+
+/// What the server needs of its member.
+pub struct PeerServer {
+    source: Arc<dyn DatasetSource>,
+    tiers: Tiers,
+    secret: Secret,
+    stats: Arc<Stats>,
+    /// Requests being served (see [`MAX_IN_FLIGHT`]).
+    slots: tokio::sync::Semaphore,
+}
+
+impl PeerServer {
+    /// The server of a member reading `source` through `tiers`, for peers that hold `secret`,
+    /// counting in `stats`.
+    pub fn new(
+        source: Arc<dyn DatasetSource>,
+        tiers: Tiers,
+        secret: Secret,
+        stats: Arc<Stats>,
+    ) -> Self {
+        PeerServer {
+            source,
+            tiers,
+            secret,
+            stats,
+            slots: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+        }
+    }
+
+    /// Serves on `listener` (bound already: a bad address is the mount's error, before it
+    /// mounts), on the runtime of `rt`.
+    pub fn serve(
+        self: Arc<Self>,
+        listener: std::net::TcpListener,
+        rt: &tokio::runtime::Handle,
+    ) -> std::io::Result<()> {
+        listener.set_nonblocking(true)?;
+        let app = Router::new().fallback(handle).with_state(self);
+        let _guard = rt.enter();
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        rt.spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!("the peer server stopped: {e}");
+            }
+        });
+        Ok(())
+    }
+
+    fn refuse(&self, status: StatusCode, why: impl std::fmt::Display) -> Response {
+        Counters::add(&self.stats.counters.peer_refused, 1);
+        tracing::debug!("peer request refused: {status}: {why}");
+        (status, why.to_string()).into_response()
+    }
+
+    /// Block `r`, from the cache or fetched; the status of a refusal otherwise.
+    fn read(&self, r: &BlockRequest) -> Result<Arc<crate::block::Block>, (StatusCode, String)> {
+        let rel = Path::new(OsStr::from_bytes(&r.path));
+        let meta = self.source.metadata(rel, &Creds::DAEMON).map_err(|e| {
+            let status = match e.raw_os_error() {
+                Some(libc::ENOENT | libc::ENOTDIR) => StatusCode::NOT_FOUND,
+                Some(libc::EXDEV | libc::ELOOP) => StatusCode::BAD_REQUEST,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            (status, e.to_string())
+        })?;
+        let v = meta.version;
+        if meta.attr.kind != Kind::File {
+            return Err((StatusCode::NOT_FOUND, "not a regular file".into()));
+        }
+        if (v.size, v.mtime_ns, v.ctime_ns) != (r.size, r.mtime_ns, r.ctime_ns) {
+            return Err((StatusCode::CONFLICT, "another version".into()));
+        }
+        let blocks = self.tiers.memory.blocks();
+        if r.block >= blocks.count(v.size) {
+            return Err((StatusCode::BAD_REQUEST, "no such block".into()));
+        }
+        let key = BlockKey {
+            version: v,
+            block: r.block,
+        };
+        if let Some(block) = self.tiers.memory.copy_of(&key) {
+            return Ok(block);
+        }
+        let want = Want {
+            key,
+            rel,
+            job: JobKey::All,
+            epoch: 0,
+            why: Why::Peer,
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let memory = &self.tiers.memory;
+        self.tiers.fetcher.fetch(
+            Arc::from(rel),
+            &want,
+            &|| memory.copy_of(&key),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+            Box::new(|_| {}),
+        );
+        match rx.recv() {
+            Ok(Ok(block)) => Ok(block),
+            Ok(Err(errno)) => Err((
+                StatusCode::BAD_GATEWAY,
+                std::io::Error::from_raw_os_error(errno).to_string(),
+            )),
+            Err(_) => Err((StatusCode::BAD_GATEWAY, "the fetch ended".into())),
+        }
+    }
+}
+
+async fn handle(
+    State(s): State<Arc<PeerServer>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let target = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_string(), |pq| pq.as_str().to_string());
+    if target.len() > MAX_TARGET {
+        return s.refuse(StatusCode::URI_TOO_LONG, BadRequest::TooLong);
+    }
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|a| a.to_str().ok());
+    if let Err(why) = s.secret.verify(method.as_str(), &target, auth) {
+        return s.refuse(StatusCode::UNAUTHORIZED, why);
+    }
+    if method != Method::GET {
+        return s.refuse(StatusCode::METHOD_NOT_ALLOWED, "GET only");
+    }
+    let request = match BlockRequest::parse(&target) {
+        Ok(r) => r,
+        Err(BadRequest::Unknown) => return s.refuse(StatusCode::NOT_FOUND, BadRequest::Unknown),
+        Err(e) => return s.refuse(StatusCode::BAD_REQUEST, e),
+    };
+    let Ok(_slot) = s.slots.try_acquire() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response();
+    };
+    // The source's metadata and a fetch block: off the runtime's one worker.
+    let server = s.clone();
+    let read = tokio::task::spawn_blocking(move || server.read(&request)).await;
+    match read {
+        Ok(Ok(block)) => {
+            let counters = &s.stats.counters;
+            Counters::add(&counters.peer_served, 1);
+            Counters::add(&counters.bytes_to_peers, block.len() as u64);
+            let body = axum::body::Bytes::copy_from_slice(&block);
+            let crc = crc32c::crc32c(&body);
+            ([(CRC_HEADER, crc.to_string())], Body::from(body)).into_response()
+        }
+        Ok(Err((status, why))) if status == StatusCode::BAD_REQUEST => s.refuse(status, why),
+        Ok(Err((status, why))) => (status, why).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}

@@ -1,0 +1,213 @@
+//! The peer tier: a block of a file that another member of the cluster owns is asked of that
+//! member, over HTTP, before the source is read ([`crate::cluster`]).
+//!
+//! Which member owns a file is rendezvous hashing of its dataset-relative path over the
+//! members ([`crate::cluster::owner`]); a file this member owns is no peer's, and the tier
+//! answers nothing for it (the source is read, and the cache here keeps it). The request names
+//! the version the reader opened ([`crate::cluster::wire`]); the reply must carry exactly the
+//! block's length in bytes and their CRC32C. A reply that does not (a short body, a wrong
+//! checksum, a refusal), a timeout or a connection error is a fault of this tier: the read
+//! goes on to the source ([`super::look_up`]), and the member is *suspect*: not asked for a
+//! second, doubling with each fault in a row up to [`MAX_BACKOFF`]. A read never fails
+//! because a peer did.
+
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::{Found, Tier, TierError, Want, Why};
+use crate::block::{Block, BlockSize};
+use crate::cluster::auth::Secret;
+use crate::cluster::owner::owner;
+use crate::cluster::wire::{BlockRequest, CRC_HEADER};
+use crate::stats::{Counters, Stats};
+
+/// How long a peer may take to answer a block request, from connect to the last byte.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a peer may take to accept a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest a suspect member goes unasked.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// A member of the cluster, as the tier knows it.
+#[derive(Debug)]
+struct Member {
+    /// Its advertised address (`host:port`), which is also its name for ownership.
+    name: String,
+    /// Faults in a row.
+    faults: AtomicU32,
+    /// Not asked before this.
+    suspect_until: Mutex<Option<Instant>>,
+}
+
+impl Member {
+    fn suspect(&self) -> bool {
+        self.suspect_until
+            .lock()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    fn failed(&self) -> Duration {
+        let faults = self.faults.fetch_add(1, Ordering::Relaxed).min(16);
+        let backoff = Duration::from_secs(1 << faults).min(MAX_BACKOFF);
+        *self.suspect_until.lock() = Some(Instant::now() + backoff);
+        backoff
+    }
+
+    fn answered(&self) {
+        if self.faults.swap(0, Ordering::Relaxed) > 0 {
+            *self.suspect_until.lock() = None;
+        }
+    }
+}
+
+/// See the module documentation.
+pub struct PeerTier {
+    members: Vec<Member>,
+    names: Vec<String>,
+    /// This member's index in `members`.
+    me: usize,
+    secret: Secret,
+    agent: ureq::Agent,
+    blocks: BlockSize,
+    stats: Arc<Stats>,
+}
+
+impl std::fmt::Debug for PeerTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTier")
+            .field("members", &self.names)
+            .field("me", &self.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerTier {
+    /// The tier of member `me` of `members` (their `host:port` addresses), asking with
+    /// `secret`, for files cut into `blocks`.
+    pub fn new(
+        members: Vec<String>,
+        me: usize,
+        secret: Secret,
+        blocks: BlockSize,
+        stats: Arc<Stats>,
+    ) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(TIMEOUT))
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .max_idle_connections_per_host(16)
+            .http_status_as_error(false)
+            .build()
+            .into();
+        PeerTier {
+            members: members
+                .iter()
+                .map(|name| Member {
+                    name: name.clone(),
+                    faults: AtomicU32::new(0),
+                    suspect_until: Mutex::new(None),
+                })
+                .collect(),
+            names: members,
+            me,
+            secret,
+            agent,
+            blocks,
+            stats,
+        }
+    }
+
+    /// Block `want.key` from member `m`.
+    fn ask(&self, m: &Member, want: &Want<'_>) -> Result<Block, String> {
+        let v = want.key.version;
+        let request = BlockRequest {
+            path: want.rel.as_os_str().as_bytes().to_vec(),
+            block: want.key.block,
+            size: v.size,
+            mtime_ns: v.mtime_ns,
+            ctime_ns: v.ctime_ns,
+        };
+        let target = request.target();
+        let mut reply = self
+            .agent
+            .get(format!("http://{}{target}", m.name))
+            .header("authorization", self.secret.sign("GET", &target))
+            .call()
+            .map_err(|e| e.to_string())?;
+        if reply.status() != 200 {
+            return Err(format!("HTTP {}", reply.status()));
+        }
+        let crc: u32 = reply
+            .headers()
+            .get(CRC_HEADER)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse().ok())
+            .ok_or("no checksum")?;
+        let len = self.blocks.len(v.size, want.key.block);
+        let body = reply
+            .body_mut()
+            .with_config()
+            .limit(len + 1)
+            .read_to_vec()
+            .map_err(|e| e.to_string())?;
+        if body.len() as u64 != len {
+            return Err(format!("{} bytes of {len}", body.len()));
+        }
+        if crc32c::crc32c(&body) != crc {
+            return Err("a wrong checksum".into());
+        }
+        Block::copy_of(&body).map_err(|e| e.to_string())
+    }
+}
+
+impl Tier for PeerTier {
+    fn name(&self) -> &'static str {
+        "peer"
+    }
+
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+        // A member serves what it owns from its source: it asks nobody (members whose lists
+        // disagreed would otherwise ask each other in a ring).
+        if want.why == Why::Peer {
+            return Ok(None);
+        }
+        let path = want.rel.as_os_str().as_bytes();
+        let Some(i) = owner(&self.names, path) else {
+            return Ok(None);
+        };
+        let m = &self.members[i];
+        if i == self.me || m.suspect() {
+            return Ok(None);
+        }
+        let counters = &self.stats.counters;
+        match self.ask(m, want) {
+            Ok(block) => {
+                m.answered();
+                Counters::add(&counters.peer_hits, 1);
+                Counters::add(&counters.bytes_from_peers, block.len() as u64);
+                Ok(Some(Found::Block(Arc::new(block))))
+            }
+            Err(why) => {
+                let backoff = m.failed();
+                Counters::add(&counters.peer_errors, 1);
+                tracing::warn!(
+                    "peer {}: {why} for {} block {}; reading the source, not asking it for {:?}",
+                    m.name,
+                    want.rel.display(),
+                    want.key.block,
+                    backoff
+                );
+                Err(TierError(libc::EIO))
+            }
+        }
+    }
+
+    fn admit(&self, _want: &Want<'_>, _data: &Arc<Block>) -> bool {
+        false
+    }
+
+    fn remove(&self, _want: &Want<'_>) {}
+}

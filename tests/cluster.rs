@@ -1,0 +1,341 @@
+//! A cluster of three mounts of one dataset on this machine, each a member with its own
+//! cache, port and mount point (`--peers`): every member caches the files it owns and serves
+//! them to the others, a dead member's files come from the source, and the peer server
+//! refuses whoever does not hold the cluster's secret.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use coorfs::cluster::auth::Secret;
+use coorfs::cluster::owner::owner;
+
+const FILES: usize = 240;
+const SIZE: usize = 16 * 1024;
+const MEMBERS: usize = 3;
+
+/// Free TCP ports on the loopback interface.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    src: PathBuf,
+    rels: Vec<PathBuf>,
+    peers: Vec<String>,
+    secret: PathBuf,
+    mounts: Vec<Option<Mount>>,
+}
+
+impl Cluster {
+    /// Three members over a fresh dataset, each with a cache of half of it (a member owns a
+    /// third of the files, give or take a few: rendezvous hashing spreads them at random).
+    fn new() -> Cluster {
+        let dir = open_tempdir();
+        let src = dir.path().join("src");
+        let rels = make_dataset(&src, FILES, SIZE, 6);
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "a-cluster-secret-of-32-bytes....\n").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let peers: Vec<String> = free_ports(MEMBERS)
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let cache = (FILES * SIZE / 2).to_string();
+        let list = peers.join(",");
+        let mounts = (0..MEMBERS)
+            .map(|rank| {
+                let rank = rank.to_string();
+                let m = Mount::new(
+                    &src,
+                    &[
+                        "--peers",
+                        &list,
+                        "--node-rank",
+                        &rank,
+                        "--cluster-secret-file",
+                        secret.to_str().unwrap(),
+                        "--cache-size",
+                        &cache,
+                    ],
+                );
+                wait_for_scan(&m.mnt);
+                Some(m)
+            })
+            .collect();
+        Cluster {
+            _dir: dir,
+            src,
+            rels,
+            peers,
+            secret,
+            mounts,
+        }
+    }
+
+    /// The member that owns `rel`.
+    fn owner(&self, rel: &Path) -> usize {
+        owner(&self.peers, rel.as_os_str().as_bytes()).unwrap()
+    }
+
+    /// Epoch `epoch` of a job of one rank per member, each reading its own shard (a
+    /// different one each epoch, as DistributedSampler's): checks every file's bytes against
+    /// the source and returns, per member, the files it read.
+    fn epoch(&self, epoch: usize) -> Vec<Vec<PathBuf>> {
+        let mut shards = vec![Vec::new(); MEMBERS];
+        for (i, rel) in self.rels.iter().enumerate() {
+            shards[(i * 7 + epoch * 5) % MEMBERS].push(rel.clone());
+        }
+        self.read(&shards);
+        shards
+    }
+
+    /// Each member reads the files of its shard, and their bytes are checked.
+    fn read(&self, shards: &[Vec<PathBuf>]) {
+        for (member, shard) in shards.iter().enumerate() {
+            let Some(m) = &self.mounts[member] else {
+                continue;
+            };
+            for rel in shard {
+                let got = std::fs::read(m.path(rel)).unwrap();
+                let want = std::fs::read(self.src.join(rel)).unwrap();
+                assert!(got == want, "{} through member {member}", rel.display());
+            }
+        }
+    }
+
+    fn stat(&self, member: usize, key: &str) -> u64 {
+        num(&stats(&self.mounts[member].as_ref().unwrap().mnt), key)
+    }
+}
+
+#[test]
+fn members_serve_each_other_their_files_and_the_source_serves_a_dead_members() {
+    let mut c = Cluster::new();
+    // Epoch 1: each file is read from the source once, by its owner, whoever asked for it.
+    let shards = c.epoch(1);
+    let dataset = (FILES * SIZE) as u64;
+    let from_source: u64 = (0..MEMBERS).map(|i| c.stat(i, "bytes_from_source")).sum();
+    assert_eq!(from_source, dataset);
+    for (member, shard) in shards.iter().enumerate() {
+        let owned = c.rels.iter().filter(|r| c.owner(r) == member).count() as u64;
+        let asked = shard.iter().filter(|r| c.owner(r) != member).count() as u64;
+        let served = shards
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| *other != member)
+            .flat_map(|(_, s)| s)
+            .filter(|r| c.owner(r) == member)
+            .count() as u64;
+        assert_eq!(c.stat(member, "peer_hits"), asked, "member {member}");
+        assert_eq!(c.stat(member, "bytes_from_peers"), asked * SIZE as u64);
+        assert_eq!(c.stat(member, "peer_served"), served, "member {member}");
+        assert_eq!(c.stat(member, "bytes_to_peers"), served * SIZE as u64);
+        // Each member caches exactly the files it owns.
+        assert_eq!(c.stat(member, "cached_files"), owned, "member {member}");
+        assert_eq!(c.stat(member, "peer_errors"), 0);
+    }
+    // Epoch 2, other shards: nothing more from the source anywhere.
+    let last = c.epoch(2);
+    for member in 0..MEMBERS {
+        assert!(c.stat(member, "peer_hits") > 0);
+    }
+    let again: u64 = (0..MEMBERS).map(|i| c.stat(i, "bytes_from_source")).sum();
+    assert_eq!(again, dataset, "epoch 2 read the source");
+
+    // Member 2 dies. The others read the whole dataset between them with no error: its files
+    // come from the source, and it is asked once or twice, not for every file.
+    let dead = c.mounts[2].take().unwrap();
+    let pid = dead.pid();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(wait_for(std::time::Duration::from_secs(10), || {
+        !process_alive(pid)
+    }));
+    drop(dead);
+    // The survivors read its files, each one a file it did not read last (so that nothing
+    // comes from the blocks a member keeps of what it read moments ago, for a re-read).
+    let its: Vec<&PathBuf> = c.rels.iter().filter(|r| c.owner(r) == 2).collect();
+    let mut shards = vec![Vec::new(); MEMBERS];
+    for (i, rel) in its.iter().enumerate() {
+        let survivor = if last[i % 2].contains(rel) {
+            1 - i % 2
+        } else {
+            i % 2
+        };
+        shards[survivor].push(rel.to_path_buf());
+    }
+    c.read(&shards);
+    let its_files = its.len() as u64;
+    let fallback: u64 = (0..2).map(|i| c.stat(i, "bytes_from_source")).sum::<u64>()
+        - (0..2)
+            .map(|i| {
+                // What each survivor had read from the source before: its own files, once.
+                c.rels.iter().filter(|r| c.owner(r) == i).count() as u64 * SIZE as u64
+            })
+            .sum::<u64>();
+    // Each of the dead member's files came from the source, once.
+    assert_eq!(fallback, its_files * SIZE as u64);
+    // Each survivor asked it once, then again after a second, two, four (an epoch of this
+    // size takes well under 7 s).
+    let errors: Vec<u64> = (0..2).map(|i| c.stat(i, "peer_errors")).collect();
+    assert!(errors.iter().all(|e| (1..=3).contains(e)), "{errors:?}");
+}
+
+/// Sends `target` with `authorization` (if any) to `addr` as nobody; the status.
+fn status_as_nobody(addr: &str, target: &str, authorization: Option<&str>) -> u16 {
+    let script = r#"
+import http.client, sys
+c = http.client.HTTPConnection(sys.argv[1], timeout=10)
+headers = {"Authorization": sys.argv[3]} if len(sys.argv) > 3 else {}
+c.request("GET", sys.argv[2], headers=headers)
+print(c.getresponse().status)
+"#;
+    let mut args: Vec<&OsStr> = vec![OsStr::new("-c"), OsStr::new(script)];
+    args.extend([OsStr::new(addr), OsStr::new(target)]);
+    if let Some(a) = authorization {
+        args.push(OsStr::new(a));
+    }
+    let out = as_nobody("python3", &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn the_peer_server_refuses_whoever_lacks_the_secret_and_paths_outside_the_dataset() {
+    let c = Cluster::new();
+    std::os::unix::fs::symlink("/etc/passwd", c.src.join("escape")).unwrap();
+    let addr = &c.peers[0];
+    let rel = &c.rels[0];
+    let meta = std::fs::metadata(c.src.join(rel)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let target = coorfs::cluster::wire::BlockRequest {
+        path: rel.as_os_str().as_bytes().to_vec(),
+        block: 0,
+        size: meta.size(),
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+    }
+    .target();
+    let secret = Secret::load(&c.secret).unwrap();
+    // A member's request is served; nobody's, without the secret, is not.
+    assert_eq!(
+        status_as_nobody(addr, &target, Some(&secret.sign("GET", &target))),
+        200
+    );
+    let refused = [
+        status_as_nobody(addr, &target, None),
+        status_as_nobody(addr, &target, Some("coorfs-hmac t=1,s=00")),
+        status_as_nobody(
+            addr,
+            &target,
+            Some(&Secret::new(vec![7; 32]).unwrap().sign("GET", &target)),
+        ),
+    ];
+    assert_eq!(refused, [401, 401, 401]);
+    // Signed, but outside the dataset: refused before the source is asked.
+    let outside = [
+        "/v1/block?path=..%2F..%2Fetc%2Fpasswd&block=0&size=1&mtime=0&ctime=0",
+        "/v1/block?path=%2Fetc%2Fpasswd&block=0&size=1&mtime=0&ctime=0",
+    ];
+    for t in outside {
+        assert_eq!(
+            status_as_nobody(addr, t, Some(&secret.sign("GET", t))),
+            400,
+            "{t}"
+        );
+    }
+    // A symbolic link out of the dataset is no file of it.
+    let link = "/v1/block?path=escape&block=0&size=1&mtime=0&ctime=0";
+    assert_eq!(
+        status_as_nobody(addr, link, Some(&secret.sign("GET", link))),
+        404
+    );
+    let long = format!("/v1/block?path={}", "a".repeat(20_000));
+    assert_eq!(status_as_nobody(addr, &long, None), 414);
+    assert_eq!(c.stat(0, "peer_refused"), 3 + 2 + 1);
+    assert_eq!(c.stat(0, "peer_served"), 1);
+}
+
+#[test]
+fn bad_cluster_options_get_one_line_and_exit_2() {
+    let dir = open_tempdir();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let s = secret.to_str().unwrap();
+    let (src, mnt) = (src.to_str().unwrap(), mnt.to_str().unwrap());
+    for (args, line) in [
+        (
+            vec![
+                "--peers",
+                "a:1,b:2",
+                "--node-rank",
+                "0",
+                "--cluster-secret-file",
+                s,
+            ],
+            "may be read by other users (mode 644): chmod 600 it",
+        ),
+        (
+            vec![
+                "--peers",
+                "a:1,b",
+                "--node-rank",
+                "0",
+                "--cluster-secret-file",
+                s,
+            ],
+            "--peers: \"b\" is not HOST:PORT",
+        ),
+        (
+            vec![
+                "--peers",
+                "a:1,a:1",
+                "--node-rank",
+                "0",
+                "--cluster-secret-file",
+                s,
+            ],
+            "--peers names a:1 twice",
+        ),
+        (
+            vec![
+                "--peers",
+                "a:1,b:2",
+                "--node-rank",
+                "2",
+                "--cluster-secret-file",
+                s,
+            ],
+            "--node-rank 2 is no place in --peers (2 members: 0 to 1)",
+        ),
+        (
+            vec!["--peers", "a:1,b:2", "--node-rank", "0"],
+            "--cluster-secret-file",
+        ),
+    ] {
+        let mut all = vec!["mount"];
+        all.extend(args);
+        all.extend([src, mnt]);
+        let out = coorfs(&all);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
+        assert!(err.contains(line), "{all:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(!is_mounted(Path::new(mnt)));
+    }
+}
