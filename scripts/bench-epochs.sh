@@ -18,7 +18,8 @@
 #   Systems: native, minio (prefetch off), prefetch (remaining-set prefetch), hint
 #   (prefetch following the order that `coorfs read --hint` hands over each epoch).
 #   If SYSTEMS says so, also the PyTorch pipeline (scripts/train-input.py --mode bytes
-#   --all-files: ImageFolder over every file, DataLoader with PROCS workers, shuffle=True, all
+#   --all-files: ImageFolder over every file, DataLoader with WORKERS workers (default PROCS; 0
+#   loads in the training process, with no worker to pickle samples through), shuffle=True, all
 #   epochs in one process, seed REP), with prefetch as hint has it: run, the pipeline unchanged
 #   under `coorfs run`, which hands the mount its DataLoader's order each epoch; sampler, the
 #   pipeline with the one-line change of coorfs.HintedSampler (--hinted). The same pipeline
@@ -64,6 +65,7 @@ case "$SCENARIO" in
     prefetch) PROCS=1; SYSTEMS=${SYSTEMS:-"native minio prefetch hint"}; STORAGES=${STORAGES:-"bw lat"} ;;
     *) echo "bench-epochs.sh: unknown scenario \"$SCENARIO\" (paper or prefetch)" >&2; exit 2 ;;
 esac
+WORKERS=${WORKERS:-$PROCS}
 
 cargo build --release --quiet
 coorfs=$PWD/target/release/coorfs
@@ -142,7 +144,7 @@ pipeline() {
         sampler) hinted=(--hinted) ;;
     esac
     before=$(storage_bytes "$storage")
-    cg_run "$cg" "${launch[@]}" "$py" scripts/train-input.py --mode bytes --all-files --workers "$PROCS" \
+    cg_run "$cg" "${launch[@]}" "$py" scripts/train-input.py --mode bytes --all-files --workers "$WORKERS" \
         --epochs "$EPOCHS" --seed "$rep" "${hinted[@]}" --json "$dir" |
         while read -r report; do
             after=$(storage_bytes "$storage")
