@@ -95,6 +95,9 @@ pub fn render(doc: &Json) -> String {
         text("source"),
         text("policy")
     );
+    if let Some(cluster) = doc.get("cluster").and_then(Json::as_str) {
+        let _ = writeln!(out, "  cluster: {cluster}");
+    }
     let width = Stat::ALL.iter().map(|s| s.name().len()).max().unwrap_or(0);
     for stat in Stat::ALL {
         let _ = writeln!(

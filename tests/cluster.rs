@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use coorfs::cluster::auth::Secret;
 use coorfs::cluster::owner::owner;
+use coorfs::cluster::wire::members_digest;
 
 const FILES: usize = 240;
 const SIZE: usize = 16 * 1024;
@@ -145,6 +146,18 @@ fn members_serve_each_other_their_files_and_the_source_serves_a_dead_members() {
         assert_eq!(c.stat(member, "cached_files"), owned, "member {member}");
         assert_eq!(c.stat(member, "peer_errors"), 0);
     }
+    // `coorfs stats` names the members.
+    let view = coorfs([
+        OsStr::new("stats"),
+        c.mounts[1].as_ref().unwrap().mnt.as_os_str(),
+    ]);
+    let view = String::from_utf8_lossy(&view.stdout);
+    let line = format!(
+        "cluster: member 1 of 3 ({}); members {}",
+        c.peers[1],
+        c.peers.join(" ")
+    );
+    assert!(view.contains(&line), "{view}");
     // Epoch 2, other shards: nothing more from the source anywhere.
     let last = c.epoch(2);
     for member in 0..MEMBERS {
@@ -225,8 +238,10 @@ fn the_peer_server_refuses_whoever_lacks_the_secret_and_paths_outside_the_datase
         size: meta.size(),
         mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
         ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+        members: members_digest(&c.peers),
     }
     .target();
+    let ours = format!("&members={:016x}", members_digest(&c.peers));
     let secret = Secret::load(&c.secret).unwrap();
     // A member's request is served; nobody's, without the secret, is not.
     assert_eq!(
@@ -248,22 +263,31 @@ fn the_peer_server_refuses_whoever_lacks_the_secret_and_paths_outside_the_datase
         "/v1/block?path=..%2F..%2Fetc%2Fpasswd&block=0&size=1&mtime=0&ctime=0",
         "/v1/block?path=%2Fetc%2Fpasswd&block=0&size=1&mtime=0&ctime=0",
     ];
-    for t in outside {
+    for t in outside.map(|t| format!("{t}{ours}")) {
         assert_eq!(
-            status_as_nobody(addr, t, Some(&secret.sign("GET", t))),
+            status_as_nobody(addr, &t, Some(&secret.sign("GET", &t))),
             400,
             "{t}"
         );
     }
     // A symbolic link out of the dataset is no file of it.
-    let link = "/v1/block?path=escape&block=0&size=1&mtime=0&ctime=0";
+    let link = format!("/v1/block?path=escape&block=0&size=1&mtime=0&ctime=0{ours}");
     assert_eq!(
-        status_as_nobody(addr, link, Some(&secret.sign("GET", link))),
+        status_as_nobody(addr, &link, Some(&secret.sign("GET", &link))),
         404
+    );
+    // A member that lists other members would disagree on owners: refused.
+    let others = target.replace(
+        &ours,
+        &format!("&members={:016x}", members_digest(&["x:1"])),
+    );
+    assert_eq!(
+        status_as_nobody(addr, &others, Some(&secret.sign("GET", &others))),
+        409
     );
     let long = format!("/v1/block?path={}", "a".repeat(20_000));
     assert_eq!(status_as_nobody(addr, &long, None), 414);
-    assert_eq!(c.stat(0, "peer_refused"), 3 + 2 + 1);
+    assert_eq!(c.stat(0, "peer_refused"), 3 + 2 + 1 + 1);
     assert_eq!(c.stat(0, "peer_served"), 1);
 }
 

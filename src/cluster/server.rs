@@ -3,7 +3,8 @@
 //! It listens on the address given (`--peer-listen`, by default this member's own entry of
 //! `--peers`), never on every interface unless told to. Every request must be signed with the
 //! cluster's secret ([`super::auth`]); an unsigned one gets 401 and is counted
-//! (`peer_refused`), as is a malformed one or one for a path outside the dataset (400) or a
+//! (`peer_refused`), as is a malformed one or one for a path outside the dataset (400), one
+//! from a member that lists other members (409: the two would disagree on owners) or a
 //! target too long (414). A signed request names a path relative to the dataset root, judged
 //! like the FUSE side's ([`super::wire::confined`]) and opened beneath the root by the source,
 //! so that no request reads outside the dataset, symbolic links included.
@@ -44,14 +45,17 @@ pub struct PeerServer {
     tiers: Tiers,
     secret: Secret,
     stats: Arc<Stats>,
+    /// The digest of this member's list of members ([`super::wire::members_digest`]).
+    members: u64,
     /// Requests being served (see [`MAX_IN_FLIGHT`]).
     slots: tokio::sync::Semaphore,
 }
 
 impl PeerServer {
-    /// The server of a member reading `source` through `tiers`, for peers that hold `secret`,
-    /// counting in `stats`.
+    /// The server of a member of `members` reading `source` through `tiers`, for peers that
+    /// hold `secret`, counting in `stats`.
     pub fn new(
+        members: &[String],
         source: Arc<dyn DatasetSource>,
         tiers: Tiers,
         secret: Secret,
@@ -62,6 +66,7 @@ impl PeerServer {
             tiers,
             secret,
             stats,
+            members: super::wire::members_digest(members),
             slots: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
         }
     }
@@ -175,6 +180,12 @@ async fn handle(
         Err(BadRequest::Unknown) => return s.refuse(StatusCode::NOT_FOUND, BadRequest::Unknown),
         Err(e) => return s.refuse(StatusCode::BAD_REQUEST, e),
     };
+    if request.members != s.members {
+        tracing::warn!(
+            "a peer lists other members than --peers here: check every member's --peers"
+        );
+        return s.refuse(StatusCode::CONFLICT, "another list of members");
+    }
     let Ok(_slot) = s.slots.try_acquire() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response();
     };

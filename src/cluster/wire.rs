@@ -1,19 +1,22 @@
 //! What peers say to each other: one request, a block of a file, and its reply.
 //!
 //! ```text
-//! GET /v1/block?path=train%2Fcat%2F1.jpg&block=0&size=112640&mtime=...&ctime=...
+//! GET /v1/block?path=train/cat/1.jpg&block=0&size=112640&mtime=...&ctime=...&members=...
 //! Authorization: coorfs-hmac t=...,s=...                       (see [`super::auth`])
 //!
 //! 200, the block's bytes, x-coorfs-crc32c: <CRC32C of them, decimal>
 //! 400 a malformed request or a path outside the dataset    401 not signed by a member
-//! 404 no such file      409 the file is another version there     414 a target too long
+//! 404 no such file   409 another version there, or other members   414 a target too long
 //! 502 the owner's read of its source failed
 //! ```
 //!
 //! The path is relative to the dataset root, its bytes percent-encoded (names need not be
 //! UTF-8). The asker names the version it expects (size, mtime and ctime in nanoseconds: the
 //! members' views of one shared directory agree on those, not on device or inode numbers),
-//! so the owner never sends the bytes of another version. A path is confined as the FUSE side
+//! so the owner never sends the bytes of another version, and the digest of its member list
+//! ([`members_digest`]): members that list different members would disagree on owners, and
+//! each would cache files the others ask someone else for; the owner refuses them. A path is
+//! confined as the FUSE side
 //! confines one ([`confined`]), and the owner opens it beneath the dataset root as well.
 
 use std::fmt::Write as _;
@@ -44,6 +47,18 @@ pub struct BlockRequest {
     pub size: u64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    /// The asker's [`members_digest`].
+    pub members: u64,
+}
+
+/// The digest of a member list, in its order: xxh3 of the names, each ended by a newline.
+pub fn members_digest<S: AsRef<str>>(members: &[S]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for m in members {
+        h.update(m.as_ref().as_bytes());
+        h.update(b"\n");
+    }
+    h.digest()
 }
 
 /// Why a request target was refused (400 or 414).
@@ -81,8 +96,8 @@ impl BlockRequest {
             }),
         };
         format!(
-            "{BLOCK_PATH}?path={path}&block={}&size={}&mtime={}&ctime={}",
-            self.block, self.size, self.mtime_ns, self.ctime_ns
+            "{BLOCK_PATH}?path={path}&block={}&size={}&mtime={}&ctime={}&members={:016x}",
+            self.block, self.size, self.mtime_ns, self.ctime_ns, self.members
         )
     }
 
@@ -95,7 +110,8 @@ impl BlockRequest {
             .strip_prefix(BLOCK_PATH)
             .and_then(|q| q.strip_prefix('?'))
             .ok_or(BadRequest::Unknown)?;
-        let (mut path, mut block, mut size, mut mtime, mut ctime) = (None, None, None, None, None);
+        let (mut path, mut block, mut size, mut mtime, mut ctime, mut members) =
+            (None, None, None, None, None, None);
         for pair in query.split('&') {
             let (key, value) = pair.split_once('=').ok_or(BadRequest::Malformed)?;
             let slot = match key {
@@ -110,6 +126,7 @@ impl BlockRequest {
                 "size" => &mut size,
                 "mtime" => &mut mtime,
                 "ctime" => &mut ctime,
+                "members" => &mut members,
                 _ => return Err(BadRequest::Malformed),
             };
             if slot.replace(value).is_some() {
@@ -124,6 +141,10 @@ impl BlockRequest {
             size: num(size).ok_or(BadRequest::Malformed)?,
             mtime_ns: time(mtime).ok_or(BadRequest::Malformed)?,
             ctime_ns: time(ctime).ok_or(BadRequest::Malformed)?,
+            members: members
+                .filter(|m| m.len() == 16)
+                .and_then(|m| u64::from_str_radix(m, 16).ok())
+                .ok_or(BadRequest::Malformed)?,
         };
         if !confined(&request.path) {
             return Err(BadRequest::Outside);
@@ -144,6 +165,7 @@ mod tests {
             size: 12_345_678,
             mtime_ns: 1_700_000_000_123_456_789,
             ctime_ns: -5,
+            members: members_digest(&["a:1", "b:2"]),
         }
     }
 
@@ -165,8 +187,17 @@ mod tests {
         }
         assert_eq!(
             request(b"a/b c").target(),
-            "/v1/block?path=a/b%20c&block=3&size=12345678&mtime=1700000000123456789&ctime=-5"
+            format!(
+                "/v1/block?path=a/b%20c&block=3&size=12345678&mtime=1700000000123456789&ctime=-5&members={:016x}",
+                members_digest(&["a:1", "b:2"])
+            )
         );
+        // The order of the members is part of the list: it names each one's rank.
+        assert_ne!(
+            members_digest(&["a:1", "b:2"]),
+            members_digest(&["b:2", "a:1"])
+        );
+        assert_ne!(members_digest(&["a:1", "b:2"]), members_digest(&["a:1b:2"]));
     }
 
     #[test]
@@ -190,9 +221,9 @@ mod tests {
             );
         }
         // Encoded traversal is decoded before it is judged.
-        let sneaky = "/v1/block?path=%2E%2E%2Fetc%2Fshadow&block=0&size=1&mtime=0&ctime=0";
+        let sneaky = "/v1/block?path=%2E%2E%2Fetc%2Fshadow&block=0&size=1&mtime=0&ctime=0&members=0000000000000000";
         assert_eq!(BlockRequest::parse(sneaky), Err(BadRequest::Outside));
-        let good = "/v1/block?path=a&block=0&size=1&mtime=0&ctime=0";
+        let good = "/v1/block?path=a&block=0&size=1&mtime=0&ctime=0&members=00000000000000ff";
         assert!(BlockRequest::parse(good).is_ok());
         for (target, why) in [
             ("/v2/block?path=a", BadRequest::Unknown),
@@ -222,6 +253,10 @@ mod tests {
                 BadRequest::Malformed,
             ),
             ("/v1/block?path=a&block", BadRequest::Malformed),
+            (
+                "/v1/block?path=a&block=0&size=1&mtime=0&ctime=0&members=ff",
+                BadRequest::Malformed,
+            ),
         ] {
             assert_eq!(BlockRequest::parse(target), Err(why), "{target}");
         }

@@ -305,11 +305,20 @@ impl DatasetFs {
             jobs.clone(),
             ledger.clone(),
         );
-        let info = vec![
+        let mut info = vec![
             ("source", config.source.display().to_string()),
             ("mountpoint", config.mountpoint.display().to_string()),
             ("policy", config.cache.policy.name().to_string()),
         ];
+        if let Some(c) = &config.cluster {
+            let members = c.members.join(" ");
+            let me = &c.members[c.me];
+            let n = c.members.len();
+            info.push((
+                "cluster",
+                format!("member {} of {n} ({me}); members {members}", c.me),
+            ));
+        }
         Ok(DatasetFs {
             source,
             ns,
@@ -348,6 +357,7 @@ impl DatasetFs {
         let fail = |e| crate::daemon::MountError::PeerListen(c.listen, e);
         let listener = std::net::TcpListener::bind(c.listen).map_err(fail)?;
         let server = Arc::new(crate::cluster::server::PeerServer::new(
+            &c.members,
             self.source.clone(),
             self.tiers.clone(),
             c.secret.clone(),

@@ -22,7 +22,7 @@ use super::{Found, Tier, TierError, Want, Why};
 use crate::block::{Block, BlockSize};
 use crate::cluster::auth::Secret;
 use crate::cluster::owner::owner;
-use crate::cluster::wire::{BlockRequest, CRC_HEADER};
+use crate::cluster::wire::{BlockRequest, CRC_HEADER, members_digest};
 use crate::stats::{Counters, Stats};
 
 /// How long a peer may take to answer a block request, from connect to the last byte.
@@ -71,6 +71,8 @@ pub struct PeerTier {
     /// This member's index in `members`.
     me: usize,
     secret: Secret,
+    /// The digest of `names`, sent with every request ([`members_digest`]).
+    digest: u64,
     agent: ureq::Agent,
     blocks: BlockSize,
     stats: Arc<Stats>,
@@ -111,6 +113,7 @@ impl PeerTier {
                     suspect_until: Mutex::new(None),
                 })
                 .collect(),
+            digest: members_digest(&members),
             names: members,
             me,
             secret,
@@ -129,6 +132,7 @@ impl PeerTier {
             size: v.size,
             mtime_ns: v.mtime_ns,
             ctime_ns: v.ctime_ns,
+            members: self.digest,
         };
         let target = request.target();
         let mut reply = self
