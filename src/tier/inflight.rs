@@ -2,9 +2,11 @@
 //! caller of a key starts the fetch, later callers wait for its result. The key stays in
 //! flight until its waiters have run, and a caller that comes meanwhile gets the result
 //! after them, without a fetch of its own: a waiter that puts the result somewhere (the
-//! prefetcher's staging area) has done so before anyone can miss the key and fetch it again,
-//! and before a later caller that takes it from there (a reader that discards the staged
-//! copy of what it read).
+//! prefetcher's staging area) has done so before the key leaves flight, and before a later
+//! caller that takes it from there (a reader that discards the staged copy of what it read).
+//! A caller that looked there just before that and missed starts a fetch of its own, so the
+//! fetcher looks there once more when a caller starts one (`landed` in
+//! [`super::fetch::Fetcher::fetch`]).
 
 use std::collections::HashMap;
 use std::hash::Hash;
