@@ -195,6 +195,8 @@ pub struct EpochRecord {
     pub hit_rate: f64,
     pub bytes_from_cache: u64,
     pub bytes_from_source: u64,
+    /// Bytes read from the member of the cluster that owns their file (`--peers`).
+    pub bytes_from_peers: u64,
     /// Seconds reads spent waiting for the source (summed over concurrent reads).
     pub fetch_stall_seconds: f64,
     /// Accesses of uncached files whose bytes the prefetcher had staged in time.

@@ -145,6 +145,14 @@ fn members_serve_each_other_their_files_and_the_source_serves_a_dead_members() {
         // Each member caches exactly the files it owns.
         assert_eq!(c.stat(member, "cached_files"), owned, "member {member}");
         assert_eq!(c.stat(member, "peer_errors"), 0);
+        // The epoch records count them too: every read was the dataset-wide epoch 1's.
+        let s = stats(&c.mounts[member].as_ref().unwrap().mnt);
+        let epochs = s["epochs"].as_array().unwrap();
+        assert_eq!(
+            num(&epochs[0], "bytes_from_peers"),
+            asked * SIZE as u64,
+            "{s}"
+        );
     }
     // `coorfs stats` names the members.
     let view = coorfs([

@@ -268,11 +268,15 @@ impl DatasetFs {
         let accounted = h.clone();
         let report: Report = Box::new(move |fetched| {
             prefetcher.record(fetched);
-            if let Some(n) = fetched.bytes.filter(|_| fetched.source) {
-                ledger.fetched_for(&accounted.att, n);
-                if block == 0 {
-                    ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);
+            match fetched.bytes {
+                Some(n) if fetched.source => {
+                    ledger.fetched_for(&accounted.att, n);
+                    if block == 0 {
+                        ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);
+                    }
                 }
+                Some(n) => ledger.fetched_from_peer(&accounted.att, n),
+                None => {}
             }
         });
         let (handle, tiers) = (h.clone(), self.tiers.clone());

@@ -189,6 +189,11 @@ impl Ledger {
         self.update(a, |r| r.bytes_from_source += n);
     }
 
+    /// `n` bytes a fetch for an open read from another member of the cluster.
+    pub fn fetched_from_peer(&self, a: &Attribution, n: u64) {
+        self.update(a, |r| r.bytes_from_peers += n);
+    }
+
     /// The first block of `file` was read from the source for a job's epoch `round` (for a
     /// reader, or ahead of one).
     pub fn file_from_source(&self, file: Option<FileId>, round: u64) {
