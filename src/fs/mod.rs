@@ -213,6 +213,18 @@ struct Counted {
     claimed: Vec<(u64, Arc<crate::block::Block>)>,
 }
 
+impl Counted {
+    /// The read this access is, as [`Prefetcher::share`] keeps its blocks.
+    fn read_by(&self) -> ReadBy {
+        ReadBy {
+            job: self.job_key,
+            round: self.job_epoch,
+            order: self.order,
+            position: self.position,
+        }
+    }
+}
+
 /// What the scan of the source found, and the room the node table has.
 #[derive(Debug, Default)]
 struct ScanState {
@@ -599,17 +611,8 @@ impl DatasetFs {
                 .on_open(&job, counted.step, counted.staged, hit);
             // What it took from the staging area stays there for the jobs that still need it.
             if let Some(f) = file_id {
-                self.prefetcher.share(
-                    f,
-                    ReadBy {
-                        job: counted.job_key,
-                        round: counted.job_epoch,
-                        order: counted.order,
-                        position: counted.position,
-                    },
-                    &meta.version,
-                    &counted.claimed,
-                );
+                self.prefetcher
+                    .share(f, counted.read_by(), &meta.version, &counted.claimed);
             }
         }
         let (keep_cache, direct_io, watch) = match access {

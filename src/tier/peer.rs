@@ -64,14 +64,20 @@ impl Member {
     }
 }
 
+/// A member's name, which ownership is hashed over.
+impl AsRef<str> for Member {
+    fn as_ref(&self) -> &str {
+        &self.name
+    }
+}
+
 /// See the module documentation.
 pub struct PeerTier {
     members: Vec<Member>,
-    names: Vec<String>,
     /// This member's index in `members`.
     me: usize,
     secret: Secret,
-    /// The digest of `names`, sent with every request ([`members_digest`]).
+    /// The digest of the members' names, sent with every request ([`members_digest`]).
     digest: u64,
     agent: ureq::Agent,
     blocks: BlockSize,
@@ -81,7 +87,7 @@ pub struct PeerTier {
 impl std::fmt::Debug for PeerTier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerTier")
-            .field("members", &self.names)
+            .field("members", &self.members)
             .field("me", &self.me)
             .finish_non_exhaustive()
     }
@@ -114,7 +120,6 @@ impl PeerTier {
                 })
                 .collect(),
             digest: members_digest(&members),
-            names: members,
             me,
             secret,
             agent,
@@ -179,7 +184,7 @@ impl Tier for PeerTier {
             return Ok(None);
         }
         let path = want.rel.as_os_str().as_bytes();
-        let Some(i) = owner(&self.names, path) else {
+        let Some(i) = owner(&self.members, path) else {
             return Ok(None);
         };
         let m = &self.members[i];

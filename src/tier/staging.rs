@@ -341,13 +341,12 @@ impl Staging {
         let (mut needers, order, due) = match inner.blocks.get(&key) {
             Some(old) => {
                 let mut needers = old.needers.clone();
-                needers.extend(old.owner);
+                needers.extend(old.owner.filter(|o| !needers.contains(o)));
                 (needers, old.order, old.due)
             }
             None => (Vec::new(), None, UNKNOWN),
         };
         needers.retain(|&n| n != job);
-        needers.dedup();
         inner.insert(
             key,
             Staged {
