@@ -99,6 +99,9 @@ fn option_help(arg: &Arg) -> String {
     if !defaults.is_empty() && matches!(arg.get_action(), ArgAction::Set | ArgAction::Append) {
         text.push_str(&format!(" [default: {}]", defaults.join(", ")));
     }
+    if let Some(env) = arg.get_env() {
+        text.push_str(&format!(" [env: {}]", env.to_string_lossy()));
+    }
     let possible: Vec<String> = arg
         .get_possible_values()
         .iter()
@@ -208,6 +211,8 @@ ENODATA. They are read-only.",
         ".SH ENVIRONMENT\n\
          .TP\n\\fBRUST_LOG\\fR\n\
          The log filter when \\fB\\-\\-log\\-level\\fR is not given.\n\
+         .TP\n\\fBCOORFS_NODE_RANK\\fR\n\
+         \\fB\\-\\-node\\-rank\\fR when it is not given.\n\
          .TP\n\\fBPYTHONPATH\\fR, \\fBCOORFS_RUN_DIR\\fR, \\fBCOORFS_MOUNT\\fR\n\
          Set by \\fBcoorfs run\\fR for CMD: its hook's directory first on the Python path, the \
          same directory for the hook's own use, and \\fB\\-\\-mount\\fR.\n",
