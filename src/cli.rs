@@ -127,6 +127,7 @@ for lr in 0.1 0.01 0.001; do coorfs run --group sweep-7 -- python train.py --lr 
 
 /// `coorfs mount`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("membership").args(["peers", "cluster"])))]
 pub struct MountArgs {
     /// The dataset directory to expose.
     pub source: PathBuf,
@@ -218,8 +219,8 @@ pub struct MountArgs {
     /// (HOST:PORT), this one's included, in the same order on every member. Each member
     /// caches the files it owns (rendezvous hashing of the path) and serves them to the others
     /// over HTTP, which ask it before they read the source. Needs --node-rank and
-    /// --cluster-secret-file.
-    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', requires_all = ["node_rank", "cluster_secret_file"], help_heading = "Cluster")]
+    /// --cluster-secret-file. For members that come and go, see --cluster.
+    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', requires_all = ["node_rank", "cluster_secret_file"], conflicts_with = "cluster", help_heading = "Cluster")]
     pub peers: Vec<String>,
     /// This member's place in --peers, from 0 (e.g. torchrun's node rank).
     #[arg(
@@ -230,20 +231,44 @@ pub struct MountArgs {
         help_heading = "Cluster"
     )]
     pub node_rank: Option<usize>,
+    /// Join cluster NAME, whose members register in etcd (--etcd) and find each other there:
+    /// a member joins when it mounts and leaves when it unmounts, or some seconds after its
+    /// daemon dies. Needs --etcd, --peer-listen and --cluster-secret-file.
+    #[arg(long, value_name = "NAME", requires_all = ["etcd", "peer_listen", "cluster_secret_file"], help_heading = "Cluster")]
+    pub cluster: Option<String>,
+    /// etcd's client URLs (e.g. http://10.0.0.5:2379), for --cluster.
+    #[arg(
+        long,
+        value_name = "URL,...",
+        value_delimiter = ',',
+        requires = "cluster",
+        help_heading = "Cluster"
+    )]
+    pub etcd: Vec<String>,
+    /// The address the other members reach this one at, for --cluster [default:
+    /// --peer-listen, unless that is every interface].
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        requires = "cluster",
+        help_heading = "Cluster"
+    )]
+    pub advertise: Option<String>,
     /// A file holding the cluster's secret (at least 16 bytes, readable by its owner alone):
-    /// every request between members is signed with it.
+    /// every request between members is signed with it, and so is every member's record in
+    /// etcd.
     #[arg(
         long,
         value_name = "FILE",
-        requires = "peers",
+        requires = "membership",
         help_heading = "Cluster"
     )]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Where this member's peer server listens [default: its own entry of --peers].
+    /// Where this member's peer server listens [default with --peers: its own entry there].
     #[arg(
         long,
         value_name = "ADDR:PORT",
-        requires = "peers",
+        requires = "membership",
         help_heading = "Cluster"
     )]
     pub peer_listen: Option<std::net::SocketAddr>,
@@ -539,16 +564,26 @@ impl MountArgs {
         };
         config.hint_limits = crate::jobs::HintLimits::of_total(self.hint_memory);
         config.read_delay = self.read_delay;
-        if let (Some(me), Some(secret)) = (self.node_rank, &self.cluster_secret_file)
-            && !self.peers.is_empty()
-        {
-            config.cluster = Some(crate::cluster::ClusterConfig::new(
-                self.peers,
-                me,
+        config.cluster = match (self.cluster, &self.cluster_secret_file) {
+            (Some(name), Some(secret)) => Some(crate::cluster::ClusterConfig::in_etcd(
+                name,
+                self.etcd,
+                self.peer_listen
+                    .expect("clap requires --peer-listen with --cluster"),
+                self.advertise,
                 secret,
-                self.peer_listen,
-            )?);
-        }
+            )?),
+            (None, Some(secret)) if !self.peers.is_empty() => {
+                Some(crate::cluster::ClusterConfig::new(
+                    self.peers,
+                    self.node_rank
+                        .expect("clap requires --node-rank with --peers"),
+                    secret,
+                    self.peer_listen,
+                )?)
+            }
+            _ => None,
+        };
         let options = DaemonOptions {
             foreground: self.foreground,
             log_file: self.log_file,

@@ -526,7 +526,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
             .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?,
     );
     fs.start_prefetcher().map_err(mount_err)?;
-    fs.start_peer_server()?;
+    fs.start_cluster()?;
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), config.acl);
 
@@ -600,6 +600,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     if !config.read_delay.is_zero() {
         info!("every source read is delayed by {:?}", config.read_delay);
     }
+    let member = fs.clone();
     std::thread::Builder::new()
         .name("coorfs-scan".into())
         .spawn(move || fs.scan())
@@ -618,7 +619,9 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     if let Some(mut file) = ready.take() {
         let _ = file.write_all(b"ready\n");
     }
-    session.run().map_err(mount_err)
+    let served = session.run().map_err(mount_err);
+    member.leave_cluster();
+    served
 }
 
 /// How the signal thread ends the mount.

@@ -195,8 +195,13 @@ pub struct EpochRecord {
     pub hit_rate: f64,
     pub bytes_from_cache: u64,
     pub bytes_from_source: u64,
-    /// Bytes read from the member of the cluster that owns their file (`--peers`).
+    /// Bytes read from the member of the cluster that owns their file.
     pub bytes_from_peers: u64,
+    /// Blocks read from the member of the cluster that owns their file.
+    pub peer_hits: u64,
+    /// Blocks that member should have served and did not (it failed, or was suspect): each
+    /// was read from the source instead.
+    pub peer_fallbacks: u64,
     /// Seconds reads spent waiting for the source (summed over concurrent reads).
     pub fetch_stall_seconds: f64,
     /// Accesses of uncached files whose bytes the prefetcher had staged in time.

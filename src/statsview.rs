@@ -47,11 +47,15 @@ fn show(unit: Unit, v: f64) -> String {
     }
 }
 
-/// The epochs of `records` (a JSON array of epoch records) as a table.
+/// The epochs of `records` (a JSON array of epoch records) as a table; in a cluster, with
+/// what came from peers and how often a peer failed (the read went to the source).
 pub fn epoch_table(records: &[Json], out: &mut String) {
-    let _ = writeln!(
+    let cluster = records
+        .iter()
+        .any(|r| number(r, "bytes_from_peers") > 0.0 || number(r, "peer_fallbacks") > 0.0);
+    let _ = write!(
         out,
-        "{:>6} {:>9} {:>9} {:>9} {:>8} {:>12} {:>12} {:>9} {:>9}  state",
+        "{:>6} {:>9} {:>9} {:>9} {:>8} {:>12} {:>12} {:>9} {:>9}",
         "epoch",
         "files",
         "reads",
@@ -62,15 +66,19 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
         "stall s",
         "seconds"
     );
+    if cluster {
+        let _ = write!(out, " {:>12} {:>10}", "from peers", "peer fails");
+    }
+    out.push_str("  state\n");
     for r in records {
         let state = if r.get("complete").and_then(Json::as_bool) == Some(true) {
             "complete"
         } else {
             "running"
         };
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "{:>6} {:>9} {:>9} {:>8.1}% {:>8} {:>12} {:>12} {:>9.2} {:>9.2}  {state}",
+            "{:>6} {:>9} {:>9} {:>8.1}% {:>8} {:>12} {:>12} {:>9.2} {:>9.2}",
             number(r, "epoch") as u64,
             number(r, "files") as u64,
             number(r, "reads") as u64,
@@ -81,6 +89,15 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
             number(r, "fetch_stall_seconds"),
             number(r, "seconds"),
         );
+        if cluster {
+            let _ = write!(
+                out,
+                " {:>12} {:>10}",
+                format_size(number(r, "bytes_from_peers") as u64),
+                number(r, "peer_fallbacks") as u64
+            );
+        }
+        let _ = writeln!(out, "  {state}");
     }
 }
 
@@ -97,6 +114,14 @@ pub fn render(doc: &Json) -> String {
     );
     if let Some(cluster) = doc.get("cluster").and_then(Json::as_str) {
         let _ = writeln!(out, "  cluster: {cluster}");
+        for member in doc
+            .get("members")
+            .and_then(Json::as_str)
+            .into_iter()
+            .flat_map(|m| m.split("; "))
+        {
+            let _ = writeln!(out, "    {member}");
+        }
     }
     let width = Stat::ALL.iter().map(|s| s.name().len()).max().unwrap_or(0);
     for stat in Stat::ALL {

@@ -19,16 +19,6 @@ const FILES: usize = 240;
 const SIZE: usize = 16 * 1024;
 const MEMBERS: usize = 3;
 
-/// Free TCP ports on the loopback interface.
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
 struct Cluster {
     _dir: tempfile::TempDir,
     src: PathBuf,
@@ -153,19 +143,26 @@ fn members_serve_each_other_their_files_and_the_source_serves_a_dead_members() {
             asked * SIZE as u64,
             "{s}"
         );
+        assert_eq!(num(&epochs[0], "peer_hits"), asked, "{s}");
+        assert_eq!(num(&epochs[0], "peer_fallbacks"), 0, "{s}");
     }
-    // `coorfs stats` names the members.
+    // `coorfs stats` names the members and each one's share of the dataset.
     let view = coorfs([
         OsStr::new("stats"),
         c.mounts[1].as_ref().unwrap().mnt.as_os_str(),
     ]);
     let view = String::from_utf8_lossy(&view.stdout);
-    let line = format!(
-        "cluster: member 1 of 3 ({}); members {}",
-        c.peers[1],
-        c.peers.join(" ")
-    );
+    let line = format!("cluster: member 1 of 3 ({}), --peers\n", c.peers[1]);
     assert!(view.contains(&line), "{view}");
+    for (member, addr) in c.peers.iter().enumerate() {
+        let files = c.rels.iter().filter(|r| c.owner(r) == member).count();
+        let pct = 100.0 * files as f64 / FILES as f64;
+        let size = coorfs::units::format_size((files * SIZE) as u64);
+        let line = format!("\n    {addr} owns {pct:.1}% ({files} files, {size})\n");
+        assert!(view.contains(&line), "{line} in {view}");
+    }
+    // Its epoch table has the peers' columns.
+    assert!(view.contains("from peers peer fails  state"), "{view}");
     // Epoch 2, other shards: nothing more from the source anywhere.
     let last = c.epoch(2);
     for member in 0..MEMBERS {

@@ -131,6 +131,17 @@ impl Secret {
             .map_err(|_| Refused::Wrong)
     }
 
+    /// The signature of `record` (a member's entry in etcd, [`super::etcd`]), in hex.
+    pub fn sign_record(&self, record: &str) -> String {
+        let sig = self.mac("RECORD", record, 0).finalize().into_bytes();
+        sig.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// True if `sig` is the signature of `record` (compared in constant time).
+    pub fn verify_record(&self, record: &str, sig: &str) -> bool {
+        unhex(sig).is_some_and(|sig| self.mac("RECORD", record, 0).verify_slice(&sig).is_ok())
+    }
+
     /// Checks the `authorization` header of a request `method target` received now.
     pub fn verify(
         &self,

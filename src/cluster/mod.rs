@@ -9,46 +9,70 @@
 //! The asking side is a tier of the read path, in front of the source
 //! ([`crate::tier::peer`]).
 pub mod auth;
+pub mod etcd;
+pub mod members;
 pub mod owner;
 pub mod server;
 pub mod wire;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+
+use members::Membership;
 
 /// A member's place in its cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
-    /// Every member's advertised address (`host:port`), this one's included, in the order of
-    /// `--peers`: the names ownership is hashed over.
-    pub members: Vec<String>,
-    /// This member's index in `members` (`--node-rank`).
-    pub me: usize,
+    /// The members now: fixed by `--peers`, or followed in etcd.
+    pub membership: Arc<Membership>,
     /// Where this member's peer server listens.
     pub listen: SocketAddr,
     /// The cluster's secret.
     pub secret: auth::Secret,
+    /// Where the members register (`--cluster`, `--etcd`), if not fixed by `--peers`.
+    pub etcd: Option<etcd::EtcdConfig>,
 }
 
 impl ClusterConfig {
     /// True if this member owns the file at `path` (relative to the dataset root).
     pub fn owns(&self, path: &[u8]) -> bool {
-        owner::owner(&self.members, path) == Some(self.me)
+        self.membership.owns(path)
     }
 }
 
 /// Why the cluster options cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("--peers: \"{0}\" is not HOST:PORT")]
-    BadPeer(String),
+    #[error("{0}: \"{1}\" is not HOST:PORT")]
+    BadAddress(&'static str, String),
     #[error("--peers names {0} twice")]
     Twice(String),
     #[error("--peers: cannot resolve {0}: {1}")]
     Resolve(String, std::io::Error),
     #[error("--node-rank {0} is no place in --peers ({1} members: 0 to {max})", max = .1 - 1)]
     Rank(usize, usize),
+    #[error("--cluster \"{0}\": a cluster's name is 1 to 64 letters, digits, '.', '_' or '-'")]
+    BadName(String),
+    #[error(
+        "--peer-listen {0} is every interface: pass --advertise HOST:PORT, the address the other members reach this one at"
+    )]
+    NoAdvertise(SocketAddr),
+    #[error("etcd at {0}: {1}")]
+    Etcd(String, String),
     #[error(transparent)]
     Secret(#[from] auth::SecretError),
+}
+
+/// Checks that `addr` is HOST:PORT (a non-empty host, a port from 1), for option `option`.
+fn check_address(option: &'static str, addr: &str) -> Result<(), ClusterError> {
+    let port = addr
+        .rsplit_once(':')
+        .map(|(host, port)| (host, port.parse::<u16>()));
+    if matches!(port, Some((host, Ok(p))) if !host.is_empty() && p != 0) {
+        Ok(())
+    } else {
+        Err(ClusterError::BadAddress(option, addr.to_string()))
+    }
 }
 
 impl ClusterConfig {
@@ -62,12 +86,7 @@ impl ClusterConfig {
     ) -> Result<ClusterConfig, ClusterError> {
         use std::net::ToSocketAddrs;
         for (i, m) in members.iter().enumerate() {
-            let port = m
-                .rsplit_once(':')
-                .map(|(host, port)| (host, port.parse::<u16>()));
-            if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p != 0) {
-                return Err(ClusterError::BadPeer(m.clone()));
-            }
+            check_address("--peers", m)?;
             if members[..i].contains(m) {
                 return Err(ClusterError::Twice(m.clone()));
             }
@@ -87,10 +106,42 @@ impl ClusterConfig {
                 })?,
         };
         Ok(ClusterConfig {
-            members,
-            me,
+            membership: Arc::new(Membership::fixed(members, me)),
             listen,
             secret,
+            etcd: None,
+        })
+    }
+
+    /// The configuration of a member of cluster `name`, registered in etcd at `endpoints`,
+    /// listening on `listen` and reached by the others at `advertise` (by default `listen`,
+    /// unless that is every interface), with the secret in `secret_file`.
+    pub fn in_etcd(
+        name: String,
+        endpoints: Vec<String>,
+        listen: SocketAddr,
+        advertise: Option<String>,
+        secret_file: &std::path::Path,
+    ) -> Result<ClusterConfig, ClusterError> {
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
+            return Err(ClusterError::BadName(name));
+        }
+        let advertise = match advertise {
+            Some(a) => a,
+            None if listen.ip().is_unspecified() => return Err(ClusterError::NoAdvertise(listen)),
+            None => listen.to_string(),
+        };
+        check_address("--advertise", &advertise)?;
+        let secret = auth::Secret::load(secret_file)?;
+        Ok(ClusterConfig {
+            membership: Arc::new(Membership::dynamic(advertise)),
+            listen,
+            secret,
+            etcd: Some(etcd::EtcdConfig {
+                endpoints,
+                cluster: name,
+            }),
         })
     }
 }

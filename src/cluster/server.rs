@@ -4,8 +4,8 @@
 //! `--peers`), never on every interface unless told to. Every request must be signed with the
 //! cluster's secret ([`super::auth`]); an unsigned one gets 401 and is counted
 //! (`peer_refused`), as is a malformed one or one for a path outside the dataset (400), one
-//! from a member that lists other members (409: the two would disagree on owners) or a
-//! target too long (414). A signed request names a path relative to the dataset root, judged
+//! from a member that lists other members than `--peers` here (409: the two would disagree on
+//! owners) or a target too long (414). A signed request names a path relative to the dataset root, judged
 //! like the FUSE side's ([`super::wire::confined`]) and opened beneath the root by the source,
 //! so that no request reads outside the dataset, symbolic links included.
 //!
@@ -45,17 +45,17 @@ pub struct PeerServer {
     tiers: Tiers,
     secret: Secret,
     stats: Arc<Stats>,
-    /// The digest of this member's list of members ([`super::wire::members_digest`]).
-    members: u64,
+    /// The members, as this member sees them.
+    membership: Arc<super::members::Membership>,
     /// Requests being served (see [`MAX_IN_FLIGHT`]).
     slots: tokio::sync::Semaphore,
 }
 
 impl PeerServer {
-    /// The server of a member of `members` reading `source` through `tiers`, for peers that
-    /// hold `secret`, counting in `stats`.
+    /// The server of a member of `membership` reading `source` through `tiers`, for peers
+    /// that hold `secret`, counting in `stats`.
     pub fn new(
-        members: &[String],
+        membership: Arc<super::members::Membership>,
         source: Arc<dyn DatasetSource>,
         tiers: Tiers,
         secret: Secret,
@@ -66,7 +66,7 @@ impl PeerServer {
             tiers,
             secret,
             stats,
-            members: super::wire::members_digest(members),
+            membership,
             slots: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
         }
     }
@@ -180,7 +180,9 @@ async fn handle(
         Err(BadRequest::Unknown) => return s.refuse(StatusCode::NOT_FOUND, BadRequest::Unknown),
         Err(e) => return s.refuse(StatusCode::BAD_REQUEST, e),
     };
-    if request.members != s.members {
+    // Members fixed by --peers must list the same members; members in etcd may see different
+    // sets for a moment, while news of a change travels, and serve each other meanwhile.
+    if s.membership.is_fixed() && request.members != s.membership.view().digest {
         tracing::warn!(
             "a peer lists other members than --peers here: check every member's --peers"
         );

@@ -15,9 +15,10 @@
 //! members' views of one shared directory agree on those, not on device or inode numbers),
 //! so the owner never sends the bytes of another version, and the digest of its member list
 //! ([`members_digest`]): members that list different members would disagree on owners, and
-//! each would cache files the others ask someone else for; the owner refuses them. A path is
-//! confined as the FUSE side
-//! confines one ([`confined`]), and the owner opens it beneath the dataset root as well.
+//! each would cache files the others ask someone else for; the owner refuses them when the
+//! members are fixed (`--peers`). Members in etcd may differ for a moment while a change
+//! travels, and are served. A path is confined as the FUSE side confines one
+//! ([`confined`]), and the owner opens it beneath the dataset root as well.
 
 use std::fmt::Write as _;
 

@@ -56,6 +56,7 @@
 //! counted first takes them.
 
 mod callers;
+mod cluster;
 mod handles;
 mod kernel_cache;
 mod order;
@@ -270,6 +271,10 @@ pub struct DatasetFs {
     fast_open: bool,
     /// The cluster this mount is a member of, if any.
     cluster: Option<crate::cluster::ClusterConfig>,
+    /// Its registration in etcd, while it lasts.
+    registration: Mutex<Option<crate::cluster::etcd::Registration>>,
+    /// The members' shares, for the stats.
+    shares: Mutex<cluster::Shares>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -295,8 +300,9 @@ impl DatasetFs {
             .worker_threads(1)
             .max_blocking_threads(config.io_threads.max(1))
             .thread_name("coorfs-io")
-            // Sockets, for the peer server of a cluster member.
+            // Sockets and timers, for the peer server and etcd client of a cluster member.
             .enable_io()
+            .enable_time()
             .build()?;
         let stats = Arc::new(Stats::default());
         let tiers = Tiers::new(
@@ -317,20 +323,11 @@ impl DatasetFs {
             jobs.clone(),
             ledger.clone(),
         );
-        let mut info = vec![
+        let info = vec![
             ("source", config.source.display().to_string()),
             ("mountpoint", config.mountpoint.display().to_string()),
             ("policy", config.cache.policy.name().to_string()),
         ];
-        if let Some(c) = &config.cluster {
-            let members = c.members.join(" ");
-            let me = &c.members[c.me];
-            let n = c.members.len();
-            info.push((
-                "cluster",
-                format!("member {} of {n} ({me}); members {members}", c.me),
-            ));
-        }
         Ok(DatasetFs {
             source,
             ns,
@@ -356,34 +353,10 @@ impl DatasetFs {
             stale_in_kernel: Default::default(),
             fast_open: config.fast_open,
             cluster: config.cluster.clone(),
+            registration: Default::default(),
+            shares: Default::default(),
             _io: io,
         })
-    }
-
-    /// Starts serving the files this member of a cluster owns to the others (see
-    /// [`crate::cluster::server`]); nothing outside a cluster.
-    pub fn start_peer_server(&self) -> Result<(), crate::daemon::MountError> {
-        let Some(c) = &self.cluster else {
-            return Ok(());
-        };
-        let fail = |e| crate::daemon::MountError::PeerListen(c.listen, e);
-        let listener = std::net::TcpListener::bind(c.listen).map_err(fail)?;
-        let server = Arc::new(crate::cluster::server::PeerServer::new(
-            &c.members,
-            self.source.clone(),
-            self.tiers.clone(),
-            c.secret.clone(),
-            self.ledger.stats().clone(),
-        ));
-        server.serve(listener, self._io.handle()).map_err(fail)?;
-        tracing::info!(
-            "member {} of {} ({}): serving peers on {}",
-            c.me,
-            c.members.len(),
-            c.members[c.me],
-            c.listen
-        );
-        Ok(())
     }
 
     /// How long the kernel may cache entries and attributes.
@@ -1042,7 +1015,12 @@ impl DatasetFs {
         drop(epochs);
         Snapshot {
             values,
-            info: self.info.clone(),
+            info: self
+                .info
+                .iter()
+                .cloned()
+                .chain(self.cluster_info())
+                .collect(),
             epochs: records,
             jobs: serde_json::to_value(jobs).unwrap_or_default(),
         }

@@ -271,6 +271,9 @@ impl DatasetFs {
             match fetched.bytes {
                 Some(n) if fetched.source => {
                     ledger.fetched_for(&accounted.att, n);
+                    if fetched.fallback {
+                        ledger.peer_fell_back(&accounted.att);
+                    }
                     if block == 0 {
                         ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);
                     }

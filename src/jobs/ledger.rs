@@ -189,9 +189,18 @@ impl Ledger {
         self.update(a, |r| r.bytes_from_source += n);
     }
 
-    /// `n` bytes a fetch for an open read from another member of the cluster.
+    /// A block of `n` bytes a fetch for an open read from another member of the cluster.
     pub fn fetched_from_peer(&self, a: &Attribution, n: u64) {
-        self.update(a, |r| r.bytes_from_peers += n);
+        self.update(a, |r| {
+            r.bytes_from_peers += n;
+            r.peer_hits += 1;
+        });
+    }
+
+    /// A fetch for an open read the source because the member that owns the file did not
+    /// serve it.
+    pub fn peer_fell_back(&self, a: &Attribution) {
+        self.update(a, |r| r.peer_fallbacks += 1);
     }
 
     /// The first block of `file` was read from the source for a job's epoch `round` (for a
@@ -234,13 +243,48 @@ impl Ledger {
     /// dataset's epoch now and in the job's epoch that will read them, in a dataset of
     /// `total` files.
     pub fn prefetched(&self, job: &Mutex<Job>, epoch: u64, f: FileId, total: usize, n: u64) {
+        self.prefetch_update(job, epoch, f, total, |r| r.bytes_from_source += n);
+    }
+
+    /// The prefetcher fetched a block of `n` bytes of file `f` for `job`'s epoch `epoch`
+    /// from another member of the cluster (`peer`), or read the source since that member
+    /// did not serve it (`!peer`).
+    pub fn prefetched_via_peer(
+        &self,
+        job: &Mutex<Job>,
+        epoch: u64,
+        f: FileId,
+        total: usize,
+        n: u64,
+        peer: bool,
+    ) {
+        self.prefetch_update(job, epoch, f, total, |r| {
+            if peer {
+                r.bytes_from_peers += n;
+                r.peer_hits += 1;
+            } else {
+                r.peer_fallbacks += 1;
+            }
+        });
+    }
+
+    /// Applies `change` to the mount's current epoch and to the epoch of `job` that a
+    /// prefetch of file `f` for its epoch `epoch` is for.
+    fn prefetch_update(
+        &self,
+        job: &Mutex<Job>,
+        epoch: u64,
+        f: FileId,
+        total: usize,
+        change: impl Fn(&mut EpochRecord),
+    ) {
         let mut log = self.stats.epochs.lock();
         let current = log.tracker().epoch();
-        log.update(current, |r| r.bytes_from_source += n);
+        log.update(current, &change);
         drop(log);
         let mut j = job.lock();
         let target = j.staging_epoch(epoch, f, total);
-        j.log.update(target, |r| r.bytes_from_source += n);
+        j.log.update(target, &change);
     }
 
     /// The prefetcher fetched blocks of a file for `job`'s epoch `epoch`.

@@ -616,11 +616,21 @@ impl Prefetcher {
             let (this, accounted) = (self.clone(), job.clone());
             let report: Report = Box::new(move |fetched| {
                 this.record(fetched);
-                if let Some(n) = fetched.bytes.filter(|_| fetched.source) {
-                    this.ledger.prefetched(&accounted, epoch, f, total, n);
-                    if block == 0 {
-                        this.ledger.file_from_source(Some(f), epoch);
+                match fetched.bytes {
+                    Some(n) if fetched.source => {
+                        this.ledger.prefetched(&accounted, epoch, f, total, n);
+                        if fetched.fallback {
+                            this.ledger
+                                .prefetched_via_peer(&accounted, epoch, f, total, n, false);
+                        }
+                        if block == 0 {
+                            this.ledger.file_from_source(Some(f), epoch);
+                        }
                     }
+                    Some(n) => this
+                        .ledger
+                        .prefetched_via_peer(&accounted, epoch, f, total, n, true),
+                    None => {}
                 }
             });
             let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());

@@ -41,6 +41,8 @@ pub struct Fetched {
     pub bytes: Option<u64>,
     /// The source read them (not a tier in front of it: a peer).
     pub source: bool,
+    /// A tier in front of the source failed to (a peer), so the source read them.
+    pub fallback: bool,
     /// From the fetch's start to the end of its read.
     pub took: Duration,
     /// Reads in flight when it started, itself included.
@@ -191,7 +193,7 @@ impl Fetcher {
                 epoch,
                 why,
             };
-            let (result, source) = this.read(&want);
+            let (result, source, fallback) = this.read(&want);
             let took = issued.elapsed();
             if demand {
                 // An average over the last few reads: a slow one alone does not move it far.
@@ -206,6 +208,7 @@ impl Fetcher {
             report(&Fetched {
                 bytes: result.as_ref().ok().map(|b| b.len() as u64),
                 source,
+                fallback,
                 took,
                 crowd,
             });
@@ -231,24 +234,29 @@ impl Fetcher {
         self.inflight.contains(key)
     }
 
-    /// Reads `want` from the tiers behind the fetch and offers it to the cache; true if the
-    /// source read it.
-    fn read(&self, want: &Want<'_>) -> (FetchResult, bool) {
+    /// Reads `want` from the tiers behind the fetch and offers it to the cache; says if the
+    /// source read it, and if it did because a tier in front of it failed.
+    fn read(&self, want: &Want<'_>) -> (FetchResult, bool, bool) {
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
         let nearer = nearer.iter().map(|t| &**t);
-        let (found, from_source) = match look_up(nearer, want, &self.stats.counters.tier_errors) {
+        let faults = AtomicU64::new(0);
+        let found = look_up(nearer, want, &faults);
+        let faults = faults.into_inner();
+        Counters::add(&self.stats.counters.tier_errors, faults);
+        let fallback = faults > 0;
+        let (found, from_source) = match found {
             Some(found) => (found, false),
             None => match source.get(want) {
                 Ok(Some(found)) => (found, true),
-                Ok(None) => return (Err(libc::EIO), true),
-                Err(TierError(errno)) => return (Err(errno), true),
+                Ok(None) => return (Err(libc::EIO), true, fallback),
+                Err(TierError(errno)) => return (Err(errno), true, fallback),
             },
         };
         let Some(block) = owned(found, want.key.block) else {
-            return (Err(libc::EIO), from_source);
+            return (Err(libc::EIO), from_source, fallback);
         };
         self.memory.admit(want, &block);
-        (Ok(block), from_source)
+        (Ok(block), from_source, fallback)
     }
 }
 

@@ -176,11 +176,10 @@ impl Tiers {
         let recent = Arc::new(RecentBlocks::new(memory.caches()));
         let mut below: Vec<Arc<dyn Tier>> = Vec::new();
         if let Some(c) = cluster {
-            let owns = c.clone();
+            let owns = c.membership.clone();
             memory.keep_only(Box::new(move |path| owns.owns(path)));
             below.push(Arc::new(peer::PeerTier::new(
-                c.members.clone(),
-                c.me,
+                c.membership.clone(),
                 c.secret.clone(),
                 blocks,
                 stats.clone(),

@@ -11,6 +11,7 @@
 //! second, doubling with each fault in a row up to [`MAX_BACKOFF`]. A read never fails
 //! because a peer did.
 
+use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -21,8 +22,8 @@ use parking_lot::Mutex;
 use super::{Found, Tier, TierError, Want, Why};
 use crate::block::{Block, BlockSize};
 use crate::cluster::auth::Secret;
-use crate::cluster::owner::owner;
-use crate::cluster::wire::{BlockRequest, CRC_HEADER, members_digest};
+use crate::cluster::members::Membership;
+use crate::cluster::wire::{BlockRequest, CRC_HEADER};
 use crate::stats::{Counters, Stats};
 
 /// How long a peer may take to answer a block request, from connect to the last byte.
@@ -64,21 +65,12 @@ impl Member {
     }
 }
 
-/// A member's name, which ownership is hashed over.
-impl AsRef<str> for Member {
-    fn as_ref(&self) -> &str {
-        &self.name
-    }
-}
-
 /// See the module documentation.
 pub struct PeerTier {
-    members: Vec<Member>,
-    /// This member's index in `members`.
-    me: usize,
+    membership: Arc<Membership>,
+    /// What this member knows of each member it asked, by name.
+    members: Mutex<HashMap<String, Arc<Member>>>,
     secret: Secret,
-    /// The digest of the members' names, sent with every request ([`members_digest`]).
-    digest: u64,
     agent: ureq::Agent,
     blocks: BlockSize,
     stats: Arc<Stats>,
@@ -87,18 +79,16 @@ pub struct PeerTier {
 impl std::fmt::Debug for PeerTier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerTier")
-            .field("members", &self.members)
-            .field("me", &self.me)
+            .field("membership", &self.membership)
             .finish_non_exhaustive()
     }
 }
 
 impl PeerTier {
-    /// The tier of member `me` of `members` (their `host:port` addresses), asking with
-    /// `secret`, for files cut into `blocks`.
+    /// The tier of a member of `membership`, asking with `secret`, for files cut into
+    /// `blocks`.
     pub fn new(
-        members: Vec<String>,
-        me: usize,
+        membership: Arc<Membership>,
         secret: Secret,
         blocks: BlockSize,
         stats: Arc<Stats>,
@@ -111,16 +101,8 @@ impl PeerTier {
             .build()
             .into();
         PeerTier {
-            members: members
-                .iter()
-                .map(|name| Member {
-                    name: name.clone(),
-                    faults: AtomicU32::new(0),
-                    suspect_until: Mutex::new(None),
-                })
-                .collect(),
-            digest: members_digest(&members),
-            me,
+            membership,
+            members: Mutex::new(HashMap::new()),
             secret,
             agent,
             blocks,
@@ -128,8 +110,27 @@ impl PeerTier {
         }
     }
 
+    /// What this member knows of member `name`; a member that left and came back starts
+    /// afresh.
+    fn member(&self, name: &str) -> Arc<Member> {
+        let mut members = self.members.lock();
+        if let Some(m) = members.get(name) {
+            return m.clone();
+        }
+        // Forget the members that left, so that the map holds no more than the members.
+        let view = self.membership.view();
+        members.retain(|n, _| view.names.contains(n));
+        let m = Arc::new(Member {
+            name: name.to_string(),
+            faults: AtomicU32::new(0),
+            suspect_until: Mutex::new(None),
+        });
+        members.insert(name.to_string(), m.clone());
+        m
+    }
+
     /// Block `want.key` from member `m`.
-    fn ask(&self, m: &Member, want: &Want<'_>) -> Result<Block, String> {
+    fn ask(&self, m: &Member, digest: u64, want: &Want<'_>) -> Result<Block, String> {
         let v = want.key.version;
         let request = BlockRequest {
             path: want.rel.as_os_str().as_bytes().to_vec(),
@@ -137,7 +138,7 @@ impl PeerTier {
             size: v.size,
             mtime_ns: v.mtime_ns,
             ctime_ns: v.ctime_ns,
-            members: self.digest,
+            members: digest,
         };
         let target = request.target();
         let mut reply = self
@@ -184,15 +185,17 @@ impl Tier for PeerTier {
             return Ok(None);
         }
         let path = want.rel.as_os_str().as_bytes();
-        let Some(i) = owner(&self.members, path) else {
+        let view = self.membership.view();
+        let i = view.owner(path);
+        if i == view.me {
             return Ok(None);
-        };
-        let m = &self.members[i];
-        if i == self.me || m.suspect() {
+        }
+        let m = self.member(&view.names[i]);
+        if m.suspect() {
             return Ok(None);
         }
         let counters = &self.stats.counters;
-        match self.ask(m, want) {
+        match self.ask(&m, view.digest, want) {
             Ok(block) => {
                 m.answered();
                 Counters::add(&counters.peer_hits, 1);

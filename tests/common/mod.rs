@@ -365,3 +365,13 @@ pub fn sh_as_nobody(script: &str, args: &[&Path]) -> Output {
     all.extend(args.iter().map(|p| p.as_os_str()));
     as_nobody("sh", &all)
 }
+
+/// Free TCP ports on the loopback interface.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}

@@ -1,0 +1,160 @@
+//! The mount as a member of a cluster: its peer server, its registration in etcd, and what
+//! `coorfs stats` says of the members ([`crate::cluster`]).
+
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use super::DatasetFs;
+use crate::cluster::etcd;
+use crate::cluster::members::View;
+use crate::daemon::MountError;
+use crate::namespace::Namespace;
+use crate::units::format_size;
+
+/// The members' shares of the files seen so far, as last counted.
+#[derive(Debug, Default)]
+pub(super) struct Shares {
+    /// The membership change and file count they were counted at.
+    at: Option<(u64, usize)>,
+    /// Per member, in the view's order: files and bytes owned.
+    owned: Vec<(u64, u64)>,
+}
+
+/// Files and bytes each member of `view` owns, of the files of `ns`.
+fn count_shares(ns: &Namespace, view: &View) -> Vec<(u64, u64)> {
+    let mut owned = vec![(0u64, 0u64); view.names.len()];
+    for f in ns.files_in_inode_order() {
+        let Some(node) = ns.file_node(f) else {
+            continue;
+        };
+        let (Some(path), Some(info)) = (ns.path(node), ns.info(node)) else {
+            continue;
+        };
+        let share = &mut owned[view.owner(path.as_os_str().as_bytes())];
+        share.0 += 1;
+        share.1 += info.version.size;
+    }
+    owned
+}
+
+impl DatasetFs {
+    /// Starts serving the files this member of a cluster owns to the others (see
+    /// [`crate::cluster::server`]) and, with etcd, registers it; nothing outside a cluster.
+    pub fn start_cluster(&self) -> Result<(), MountError> {
+        let Some(c) = &self.cluster else {
+            return Ok(());
+        };
+        let fail = |e| MountError::PeerListen(c.listen, e);
+        let listener = std::net::TcpListener::bind(c.listen).map_err(fail)?;
+        let server = Arc::new(crate::cluster::server::PeerServer::new(
+            c.membership.clone(),
+            self.source.clone(),
+            self.tiers.clone(),
+            c.secret.clone(),
+            self.ledger.stats().clone(),
+        ));
+        server.serve(listener, self._io.handle()).map_err(fail)?;
+        let view = c.membership.view();
+        tracing::info!(
+            "cluster member {}: serving peers on {}",
+            view.my_name(),
+            c.listen
+        );
+        if let Some(config) = &c.etcd {
+            let record = etcd::Record {
+                addr: view.my_name().to_string(),
+                cache_bytes: self.tiers.memory.config().capacity,
+                host: hostname(),
+                pid: std::process::id(),
+            };
+            let registration = etcd::join(
+                config,
+                record,
+                &c.secret,
+                c.membership.clone(),
+                self._io.handle(),
+            )?;
+            let view = c.membership.view();
+            tracing::info!(
+                "joined cluster {} in etcd ({}): {} members: {}",
+                config.cluster,
+                config.endpoints.join(","),
+                view.names.len(),
+                view.names.join(" ")
+            );
+            *self.registration.lock() = Some(registration);
+        }
+        Ok(())
+    }
+
+    /// Leaves the cluster in etcd at once (at unmount), rather than when the lease runs out.
+    pub fn leave_cluster(&self) {
+        if let Some(r) = self.registration.lock().take() {
+            r.leave();
+        }
+    }
+
+    /// What the stats say of the cluster: this member's place, and every member's share of
+    /// the files seen so far (and its cache budget, where etcd tells it).
+    pub(super) fn cluster_info(&self) -> Vec<(&'static str, String)> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        let view = c.membership.view();
+        let at = (c.membership.changes(), self.ns.file_count());
+        let owned = {
+            let mut shares = self.shares.lock();
+            if shares.at != Some(at) {
+                shares.owned = count_shares(&self.ns, &view);
+                shares.at = Some(at);
+            }
+            shares.owned.clone()
+        };
+        let total_bytes: u64 = owned.iter().map(|o| o.1).sum();
+        let registration = self.registration.lock();
+        let members: Vec<String> = view
+            .names
+            .iter()
+            .zip(&owned)
+            .map(|(name, (files, bytes))| {
+                let pct = if total_bytes == 0 {
+                    0.0
+                } else {
+                    100.0 * *bytes as f64 / total_bytes as f64
+                };
+                let budget = registration
+                    .as_ref()
+                    .and_then(|r| r.record(name))
+                    .map(|r| format!(", cache {}", format_size(r.cache_bytes)))
+                    .unwrap_or_default();
+                format!(
+                    "{name} owns {pct:.1}% ({files} files, {}{budget})",
+                    format_size(*bytes)
+                )
+            })
+            .collect();
+        let how = match &c.etcd {
+            Some(e) => format!("cluster {} in etcd", e.cluster),
+            None => "--peers".to_string(),
+        };
+        vec![
+            (
+                "cluster",
+                format!(
+                    "member {} of {} ({}), {how}",
+                    view.me,
+                    view.names.len(),
+                    view.my_name()
+                ),
+            ),
+            ("members", members.join("; ")),
+        ]
+    }
+}
+
+/// This machine's name, for a member's record.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
