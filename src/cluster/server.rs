@@ -154,6 +154,15 @@ impl PeerServer {
     }
 }
 
+/// A block shared with the response body that sends it.
+struct Shared(Arc<crate::block::Block>);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 async fn handle(
     State(s): State<Arc<PeerServer>>,
     method: Method,
@@ -199,8 +208,9 @@ async fn handle(
             let counters = &s.stats.counters;
             Counters::add(&counters.peer_served, 1);
             Counters::add(&counters.bytes_to_peers, block.len() as u64);
-            let body = axum::body::Bytes::copy_from_slice(&block);
-            let crc = crc32c::crc32c(&body);
+            let crc = crc32c::crc32c(&block);
+            // The block itself goes out, not a copy of it.
+            let body = axum::body::Bytes::from_owner(Shared(block));
             ([(CRC_HEADER, crc.to_string())], Body::from(body)).into_response()
         }
         Ok(Err((status, why))) if status == StatusCode::BAD_REQUEST => s.refuse(status, why),

@@ -12,6 +12,7 @@
 //! because a peer did.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -156,20 +157,36 @@ impl PeerTier {
             .and_then(|h| h.to_str().ok())
             .and_then(|h| h.parse().ok())
             .ok_or("no checksum")?;
-        let len = self.blocks.len(v.size, want.key.block);
-        let body = reply
+        let len = self.blocks.len(v.size, want.key.block) as usize;
+        // Straight into the block: no buffer to grow and copy from.
+        let mut block = Block::zeroed(len).map_err(|e| e.to_string())?;
+        let mut body = reply
             .body_mut()
             .with_config()
-            .limit(len + 1)
-            .read_to_vec()
-            .map_err(|e| e.to_string())?;
-        if body.len() as u64 != len {
-            return Err(format!("{} bytes of {len}", body.len()));
+            .limit(len as u64 + 1)
+            .reader();
+        let mut got = 0;
+        loop {
+            let room = &mut block.whole_mut()[got..];
+            if room.is_empty() {
+                // A body longer than the block: one more byte says so.
+                got += body.read(&mut [0]).map_err(|e| e.to_string())?;
+                break;
+            }
+            let n = body.read(room).map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            got += n;
         }
-        if crc32c::crc32c(&body) != crc {
+        if got != len {
+            return Err(format!("{got} bytes of {len}"));
+        }
+        block.truncate(len);
+        if crc32c::crc32c(&block) != crc {
             return Err("a wrong checksum".into());
         }
-        Block::copy_of(&body).map_err(|e| e.to_string())
+        Ok(block)
     }
 }
 
