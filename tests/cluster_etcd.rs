@@ -1,5 +1,6 @@
 //! A cluster whose members find each other in a real etcd (`--cluster`, `--etcd`): three
-//! mounts of one dataset on this machine register, partition the cache, survive a member's
+//! mounts of one dataset on this machine, each through a view of its own (a bind mount),
+//! register, partition the cache, survive a member's
 //! `kill -9` mid-epoch with no read error, re-home its files, and take it back when it
 //! restarts. A record written to etcd without the cluster's secret is ignored.
 
@@ -97,13 +98,39 @@ fn healthy(addr: &str) -> bool {
     reply.contains("\"health\":\"true\"")
 }
 
+/// A bind mount of a directory: one server's view of the shared dataset.
+struct View(PathBuf);
+
+impl View {
+    fn new(of: &Path, at: PathBuf) -> View {
+        std::fs::create_dir_all(&at).unwrap();
+        let ok = Command::new("mount")
+            .arg("--bind")
+            .arg(of)
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount --bind {}", of.display());
+        View(at)
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Dropped in this order: the mounts first.
 struct Cluster {
+    mounts: Vec<Option<Mount>>,
     etcd: Etcd,
+    /// Each member's view of the dataset.
+    views: Vec<View>,
     dir: tempfile::TempDir,
     src: PathBuf,
     rels: Vec<PathBuf>,
     addrs: Vec<String>,
-    mounts: Vec<Option<Mount>>,
     extra: &'static [&'static str],
 }
 
@@ -122,8 +149,12 @@ impl Cluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
+        let views = (0..MEMBERS)
+            .map(|m| View::new(&src, dir.path().join(format!("view{m}"))))
+            .collect();
         let mut c = Cluster {
             etcd,
+            views,
             dir,
             src,
             rels,
@@ -158,7 +189,7 @@ impl Cluster {
             "--cache-size",
             &cache,
         ]);
-        let m = Mount::new(&self.src, &args);
+        let m = Mount::new(&self.views[member].0, &args);
         wait_for_scan(&m.mnt);
         m
     }
