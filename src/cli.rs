@@ -41,6 +41,8 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per run: the size of the mount's options costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Mount SOURCE read-only at MOUNTPOINT and serve it from a background daemon.
     #[command(
@@ -220,9 +222,17 @@ pub struct MountArgs {
     /// caches the files it owns (rendezvous hashing of the path) and serves them to the others
     /// over HTTP, which ask it before they read the source. Needs --node-rank and
     /// --cluster-secret-file. For members that come and go, see --cluster.
-    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', requires_all = ["node_rank", "cluster_secret_file"], conflicts_with = "cluster", help_heading = "Cluster")]
+    #[arg(
+        long,
+        value_name = "HOST:PORT,...",
+        value_delimiter = ',',
+        requires = "cluster_secret_file",
+        conflicts_with = "cluster",
+        help_heading = "Cluster"
+    )]
     pub peers: Vec<String>,
-    /// This member's place in --peers, from 0 (e.g. torchrun's node rank).
+    /// This member's place in --peers, from 0 [default: torchrun's GROUP_RANK, else NODE_RANK,
+    /// from the environment].
     #[arg(
         long,
         value_name = "N",
@@ -272,6 +282,28 @@ pub struct MountArgs {
         help_heading = "Cluster"
     )]
     pub peer_listen: Option<std::net::SocketAddr>,
+
+    /// This member's TLS certificate chain (PEM): members serve each other over HTTPS. Needs
+    /// --peer-tls-key and --peer-tls-ca; every member of the cluster must use TLS.
+    #[arg(long, value_name = "FILE", requires_all = ["membership", "peer_tls_key", "peer_tls_ca"], help_heading = "Cluster")]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// The private key of --peer-tls-cert (PEM).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "peer_tls_cert",
+        help_heading = "Cluster"
+    )]
+    pub peer_tls_key: Option<PathBuf>,
+    /// The certificate authorities (PEM) a member's certificate must come from; it must name
+    /// the host of the member's address.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "peer_tls_cert",
+        help_heading = "Cluster"
+    )]
+    pub peer_tls_ca: Option<PathBuf>,
 
     /// Add DURATION to every read of the source, to emulate network storage in benchmarks
     /// (e.g. --policy none --read-delay 2ms makes a slow passthrough mount).
@@ -574,16 +606,30 @@ impl MountArgs {
                 secret,
             )?),
             (None, Some(secret)) if !self.peers.is_empty() => {
+                let rank = match self.node_rank {
+                    Some(rank) => rank,
+                    None => crate::cluster::rank_from_environment()?,
+                };
                 Some(crate::cluster::ClusterConfig::new(
                     self.peers,
-                    self.node_rank
-                        .expect("clap requires --node-rank with --peers"),
+                    rank,
                     secret,
                     self.peer_listen,
                 )?)
             }
             _ => None,
         };
+        if let (Some(cluster), Some(cert), Some(key), Some(ca)) = (
+            config.cluster.as_mut(),
+            &self.peer_tls_cert,
+            &self.peer_tls_key,
+            &self.peer_tls_ca,
+        ) {
+            cluster.tls = Some(
+                crate::cluster::tls::PeerTls::load(cert, key, ca)
+                    .map_err(crate::cluster::ClusterError::from)?,
+            );
+        }
         let options = DaemonOptions {
             foreground: self.foreground,
             log_file: self.log_file,

@@ -183,7 +183,7 @@ A size-0 probe returns the value's length, a buffer too small gets ERANGE, an un
 ENODATA. They are read-only.",
     ));
     out.push_str(&format!(
-        ".TP\n\\fB{}\\fR\nEvery statistic below, the dataset's epochs (\\fBepochs\\fR) and every job with its epochs (\\fBjobs\\fR), as one JSON document; what \\fBcoorfs stats \\-\\-json\\fR prints. The kernel caps an attribute value at 64 KiB: when the histories do not fit, only the most recent epochs are kept, and \\fBepochs_omitted\\fR counts the records left out.\n",
+        ".TP\n\\fB{}\\fR\nEvery statistic below, the dataset's epochs (\\fBepochs\\fR) and every job with its epochs (\\fBjobs\\fR), as one JSON document; what \\fBcoorfs stats \\-\\-json\\fR prints. In a cluster it also names this member (\\fBcluster\\fR) and every member with its share of the dataset (\\fBmembers\\fR), and each epoch counts the blocks from peers and the reads a peer failed (\\fBpeer_hits\\fR, \\fBbytes_from_peers\\fR, \\fBpeer_fallbacks\\fR). The kernel caps an attribute value at 64 KiB: when the histories do not fit, only the most recent epochs are kept, and \\fBepochs_omitted\\fR counts the records left out.\n",
         esc(crate::stats::STATS_XATTR)
     ));
     for stat in crate::stats::Stat::ALL {
@@ -213,6 +213,9 @@ ENODATA. They are read-only.",
          The log filter when \\fB\\-\\-log\\-level\\fR is not given.\n\
          .TP\n\\fBCOORFS_NODE_RANK\\fR\n\
          \\fB\\-\\-node\\-rank\\fR when it is not given.\n\
+         .TP\n\\fBGROUP_RANK\\fR, \\fBNODE_RANK\\fR\n\
+         The node rank that torchrun and launch scripts set: \\fB\\-\\-node\\-rank\\fR when \
+         neither it nor \\fBCOORFS_NODE_RANK\\fR is given, GROUP_RANK first.\n\
          .TP\n\\fBPYTHONPATH\\fR, \\fBCOORFS_RUN_DIR\\fR, \\fBCOORFS_MOUNT\\fR\n\
          Set by \\fBcoorfs run\\fR for CMD: its hook's directory first on the Python path, the \
          same directory for the hook's own use, and \\fB\\-\\-mount\\fR.\n",

@@ -83,7 +83,7 @@ stats! {
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
     TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory); each read was served by the next tier.";
-    PeerHits => "peer_hits", Count, "Blocks read from the member of the cluster that owns their file instead of from the source (--peers).";
+    PeerHits => "peer_hits", Count, "Blocks read from the member of the cluster that owns their file instead of from the source (--peers, --cluster).";
     BytesFromPeers => "bytes_from_peers", Bytes, "Bytes of those blocks.";
     PeerErrors => "peer_errors", Count, "Peer reads that failed (timeout, refusal, short body, wrong checksum): each was read from the source instead, and the peer left alone for a while.";
     PeerServed => "peer_served", Count, "Blocks this member served to the others.";

@@ -32,7 +32,14 @@ impl Cluster {
     /// Three members over a fresh dataset, each with a cache of half of it (a member owns a
     /// third of the files, give or take a few: rendezvous hashing spreads them at random).
     fn new() -> Cluster {
+        Cluster::with(|_| Vec::new())
+    }
+
+    /// The same, each member mounted with the options `extra` gives for the cluster's
+    /// directory as well.
+    fn with(extra: impl Fn(&Path) -> Vec<String>) -> Cluster {
         let dir = open_tempdir();
+        let more = extra(dir.path());
         let src = dir.path().join("src");
         let rels = make_dataset(&src, FILES, SIZE, 6);
         let secret = dir.path().join("secret");
@@ -47,19 +54,18 @@ impl Cluster {
         let mounts = (0..MEMBERS)
             .map(|rank| {
                 let rank = rank.to_string();
-                let m = Mount::new(
-                    &src,
-                    &[
-                        "--peers",
-                        &list,
-                        "--node-rank",
-                        &rank,
-                        "--cluster-secret-file",
-                        secret.to_str().unwrap(),
-                        "--cache-size",
-                        &cache,
-                    ],
-                );
+                let mut args = vec![
+                    "--peers",
+                    &list,
+                    "--node-rank",
+                    &rank,
+                    "--cluster-secret-file",
+                    secret.to_str().unwrap(),
+                    "--cache-size",
+                    &cache,
+                ];
+                args.extend(more.iter().map(String::as_str));
+                let m = Mount::new(&src, &args);
                 wait_for_scan(&m.mnt);
                 Some(m)
             })
@@ -296,6 +302,129 @@ fn the_peer_server_refuses_whoever_lacks_the_secret_and_paths_outside_the_datase
     assert_eq!(c.stat(0, "peer_served"), 1);
 }
 
+/// A certificate authority (`ca.pem`) and a certificate for 127.0.0.1 it signed
+/// (`member.pem`, `member.key`), made in `dir` with openssl.
+fn make_certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", stderr(&out));
+    };
+    std::fs::write(
+        dir.join("openssl.cnf"),
+        "[req]\ndistinguished_name=dn\nprompt=no\n[dn]\nCN=coorfs test CA\n\
+         [ca]\nbasicConstraints=critical,CA:true\nkeyUsage=critical,keyCertSign\n",
+    )
+    .unwrap();
+    let ec = [
+        "-config",
+        "openssl.cnf",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let ca = ["-x509", "-extensions", "ca", "-days", "2"];
+    run(&[
+        &["req"],
+        &ec[..],
+        &ca,
+        &["-keyout", "ca.key", "-out", "ca.pem"],
+    ]
+    .concat());
+    run(&[
+        &["req"],
+        &ec[..],
+        &[
+            "-keyout",
+            "member.key",
+            "-out",
+            "member.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    ]
+    .concat());
+    std::fs::write(dir.join("san"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "member.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-out",
+        "member.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san",
+    ]);
+}
+
+#[test]
+fn members_over_tls_serve_each_other_and_nothing_in_the_clear() {
+    let c = Cluster::with(|dir| {
+        make_certificates(dir);
+        let file = |name: &str| dir.join(name).to_str().unwrap().to_string();
+        vec![
+            "--peer-tls-cert".into(),
+            file("member.pem"),
+            "--peer-tls-key".into(),
+            file("member.key"),
+            "--peer-tls-ca".into(),
+            file("ca.pem"),
+        ]
+    });
+    // The members serve each other, over HTTPS.
+    c.epoch(1);
+    let dataset = (FILES * SIZE) as u64;
+    let from_source: u64 = (0..MEMBERS).map(|i| c.stat(i, "bytes_from_source")).sum();
+    assert_eq!(from_source, dataset);
+    for member in 0..MEMBERS {
+        assert!(c.stat(member, "peer_hits") > 0, "member {member}");
+        assert_eq!(c.stat(member, "peer_errors"), 0, "member {member}");
+    }
+    // Plain HTTP gets no answer; HTTPS trusting the cluster's authority gets the server, which
+    // still wants the signature.
+    let script = r#"
+import http.client, ssl, sys
+host, port = sys.argv[1].rsplit(":", 1)
+try:
+    c = http.client.HTTPConnection(host, int(port), timeout=10)
+    c.request("GET", "/v1/block")
+    print("plain", c.getresponse().status)
+except Exception as e:
+    print("plain refused")
+ctx = ssl.create_default_context(cadata=sys.argv[2])
+c = http.client.HTTPSConnection(host, int(port), timeout=10, context=ctx)
+c.request("GET", "/v1/block")
+print("tls", c.getresponse().status)
+"#;
+    let ca = std::fs::read_to_string(c._dir.path().join("ca.pem")).unwrap();
+    let out = as_nobody(
+        "python3",
+        &[
+            OsStr::new("-c"),
+            OsStr::new(script),
+            OsStr::new(&c.peers[0]),
+            OsStr::new(&ca),
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "plain refused\ntls 401\n",
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn bad_cluster_options_get_one_line_and_exit_2() {
     let dir = open_tempdir();
@@ -356,6 +485,19 @@ fn bad_cluster_options_get_one_line_and_exit_2() {
             vec!["--peers", "a:1,b:2", "--node-rank", "0"],
             "--cluster-secret-file",
         ),
+        (
+            vec![
+                "--peers",
+                "a:1,b:2",
+                "--node-rank",
+                "0",
+                "--cluster-secret-file",
+                s,
+                "--peer-tls-cert",
+                "/nonexistent.pem",
+            ],
+            "--peer-tls-key",
+        ),
     ] {
         let mut all = vec!["mount"];
         all.extend(args);
@@ -366,5 +508,41 @@ fn bad_cluster_options_get_one_line_and_exit_2() {
         assert!(err.contains(line), "{all:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(!is_mounted(Path::new(mnt)));
+    }
+    // Without --node-rank, the rank comes from the launcher's environment.
+    for (env, line) in [
+        (
+            vec![],
+            "--peers needs this member's place: --node-rank N, or COORFS_NODE_RANK",
+        ),
+        (
+            vec![("NODE_RANK", "one")],
+            "NODE_RANK=\"one\" is not a node rank",
+        ),
+        // torchrun's GROUP_RANK first; a good rank moves on to the next check, the secret's.
+        (
+            vec![("GROUP_RANK", "1"), ("NODE_RANK", "one")],
+            "may be read by other users",
+        ),
+    ] {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args([
+            "mount",
+            "--peers",
+            "a:1,b:2",
+            "--cluster-secret-file",
+            s,
+            src,
+            mnt,
+        ]);
+        for name in ["COORFS_NODE_RANK", "GROUP_RANK", "NODE_RANK"] {
+            cmd.env_remove(name);
+        }
+        cmd.envs(env.iter().copied());
+        let out = output_within(&mut cmd, std::time::Duration::from_secs(30));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {err}");
+        assert!(err.contains(line), "{env:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     }
 }

@@ -13,6 +13,7 @@ pub mod etcd;
 pub mod members;
 pub mod owner;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -31,6 +32,8 @@ pub struct ClusterConfig {
     pub secret: auth::Secret,
     /// Where the members register (`--cluster`, `--etcd`), if not fixed by `--peers`.
     pub etcd: Option<etcd::EtcdConfig>,
+    /// TLS between members (`--peer-tls-*`), if any.
+    pub tls: Option<tls::PeerTls>,
 }
 
 impl ClusterConfig {
@@ -61,6 +64,30 @@ pub enum ClusterError {
     Etcd(String, String),
     #[error(transparent)]
     Secret(#[from] auth::SecretError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error(
+        "--peers needs this member's place: --node-rank N, or COORFS_NODE_RANK, GROUP_RANK (torchrun) or NODE_RANK in the environment"
+    )]
+    NoRank,
+    #[error("{0}={1:?} is not a node rank (0, 1, 2, ...)")]
+    BadRank(&'static str, String),
+}
+
+/// The node rank that launchers put in the environment: torchrun's GROUP_RANK, else the
+/// NODE_RANK that launch scripts pass to torchrun's --node-rank (COORFS_NODE_RANK is read as
+/// --node-rank itself).
+pub fn rank_from_environment() -> Result<usize, ClusterError> {
+    for name in ["GROUP_RANK", "NODE_RANK"] {
+        if let Some(value) = std::env::var_os(name) {
+            let value = value.to_string_lossy().into_owned();
+            return value
+                .trim()
+                .parse()
+                .map_err(|_| ClusterError::BadRank(name, value));
+        }
+    }
+    Err(ClusterError::NoRank)
 }
 
 /// Checks that `addr` is HOST:PORT (a non-empty host, a port from 1), for option `option`.
@@ -110,6 +137,7 @@ impl ClusterConfig {
             listen,
             secret,
             etcd: None,
+            tls: None,
         })
     }
 
@@ -142,6 +170,7 @@ impl ClusterConfig {
                 endpoints,
                 cluster: name,
             }),
+            tls: None,
         })
     }
 }

@@ -27,7 +27,9 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
 use super::auth::Secret;
-use super::wire::{BadRequest, BlockRequest, CRC_HEADER, MAX_TARGET};
+use super::wire::{
+    BadRequest, BlockRequest, CRC_HEADER, MAX_TARGET, VERSION_HEADER, version_value,
+};
 use crate::cache::BlockKey;
 use crate::jobs::JobKey;
 use crate::namespace::Kind;
@@ -72,21 +74,36 @@ impl PeerServer {
     }
 
     /// Serves on `listener` (bound already: a bad address is the mount's error, before it
-    /// mounts), on the runtime of `rt`.
+    /// mounts), on the runtime of `rt`, over TLS with `tls` if given.
     pub fn serve(
         self: Arc<Self>,
         listener: std::net::TcpListener,
         rt: &tokio::runtime::Handle,
+        tls: Option<Arc<rustls::ServerConfig>>,
     ) -> std::io::Result<()> {
         listener.set_nonblocking(true)?;
         let app = Router::new().fallback(handle).with_state(self);
         let _guard = rt.enter();
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        rt.spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!("the peer server stopped: {e}");
+        let stopped = |e: std::io::Error| tracing::error!("the peer server stopped: {e}");
+        match tls {
+            Some(config) => {
+                let config = axum_server::tls_rustls::RustlsConfig::from_config(config);
+                let server = axum_server::from_tcp_rustls(listener, config)?;
+                rt.spawn(async move {
+                    if let Err(e) = server.serve(app.into_make_service()).await {
+                        stopped(e);
+                    }
+                });
             }
-        });
+            None => {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                rt.spawn(async move {
+                    if let Err(e) = axum::serve(listener, app).await {
+                        stopped(e);
+                    }
+                });
+            }
+        }
         Ok(())
     }
 
@@ -202,6 +219,8 @@ async fn handle(
     };
     // The source's metadata and a fetch block: off the runtime's one worker.
     let server = s.clone();
+    // `read` serves only the version asked for.
+    let version = version_value(request.size, request.mtime_ns, request.ctime_ns);
     let read = tokio::task::spawn_blocking(move || server.read(&request)).await;
     match read {
         Ok(Ok(block)) => {
@@ -211,7 +230,8 @@ async fn handle(
             let crc = crc32c::crc32c(&block);
             // The block itself goes out, not a copy of it.
             let body = axum::body::Bytes::from_owner(Shared(block));
-            ([(CRC_HEADER, crc.to_string())], Body::from(body)).into_response()
+            let headers = [(CRC_HEADER, crc.to_string()), (VERSION_HEADER, version)];
+            (headers, Body::from(body)).into_response()
         }
         Ok(Err((status, why))) if status == StatusCode::BAD_REQUEST => s.refuse(status, why),
         Ok(Err((status, why))) => (status, why).into_response(),

@@ -4,7 +4,8 @@
 //! GET /v1/block?path=train/cat/1.jpg&block=0&size=112640&mtime=...&ctime=...&members=...
 //! Authorization: coorfs-hmac t=...,s=...                       (see [`super::auth`])
 //!
-//! 200, the block's bytes, x-coorfs-crc32c: <CRC32C of them, decimal>
+//! 200, the block's bytes, x-coorfs-crc32c: <CRC32C of them, decimal>,
+//!      x-coorfs-version: <size> <mtime> <ctime> (of the file they were read from)
 //! 400 a malformed request or a path outside the dataset    401 not signed by a member
 //! 404 no such file   409 another version there, or other members   414 a target too long
 //! 502 the owner's read of its source failed
@@ -28,6 +29,14 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_perc
 pub const MAX_TARGET: usize = 3 * 4096 + 256;
 /// The header that carries the CRC32C of a block.
 pub const CRC_HEADER: &str = "x-coorfs-crc32c";
+/// The header that carries the version of the file a block was read from.
+pub const VERSION_HEADER: &str = "x-coorfs-version";
+
+/// The value of [`VERSION_HEADER`] for a file of `size` bytes modified at `mtime_ns` and
+/// changed at `ctime_ns`: the three, space-separated.
+pub fn version_value(size: u64, mtime_ns: i64, ctime_ns: i64) -> String {
+    format!("{size} {mtime_ns} {ctime_ns}")
+}
 /// The path of a block request.
 pub const BLOCK_PATH: &str = "/v1/block";
 

@@ -53,7 +53,10 @@ impl DatasetFs {
             c.secret.clone(),
             self.ledger.stats().clone(),
         ));
-        server.serve(listener, self._io.handle()).map_err(fail)?;
+        let tls = c.tls.as_ref().map(|t| t.server.clone());
+        server
+            .serve(listener, self._io.handle(), tls)
+            .map_err(fail)?;
         let view = c.membership.view();
         tracing::info!(
             "cluster member {}: serving peers on {}",

@@ -181,6 +181,7 @@ impl Tiers {
             below.push(Arc::new(peer::PeerTier::new(
                 c.membership.clone(),
                 c.secret.clone(),
+                c.tls.as_ref(),
                 blocks,
                 stats.clone(),
             )));

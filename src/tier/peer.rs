@@ -4,12 +4,12 @@
 //! Which member owns a file is rendezvous hashing of its dataset-relative path over the
 //! members ([`crate::cluster::owner`]); a file this member owns is no peer's, and the tier
 //! answers nothing for it (the source is read, and the cache here keeps it). The request names
-//! the version the reader opened ([`crate::cluster::wire`]); the reply must carry exactly the
-//! block's length in bytes and their CRC32C. A reply that does not (a short body, a wrong
-//! checksum, a refusal), a timeout or a connection error is a fault of this tier: the read
-//! goes on to the source ([`super::look_up`]), and the member is *suspect*: not asked for a
-//! second, doubling with each fault in a row up to [`MAX_BACKOFF`]. A read never fails
-//! because a peer did.
+//! the version the reader opened ([`crate::cluster::wire`]); the reply must carry that version,
+//! exactly the block's length in bytes and their CRC32C. A reply that does not (another
+//! version, a short body, a wrong checksum, a refusal), a timeout or a connection error is a
+//! fault of this tier: the read goes on to the source ([`super::look_up`]), and the member is
+//! *suspect*: not asked for a second, doubling with each fault in a row up to
+//! [`MAX_BACKOFF`]. A read never fails because a peer did.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -24,7 +24,7 @@ use super::{Found, Tier, TierError, Want, Why};
 use crate::block::{Block, BlockSize};
 use crate::cluster::auth::Secret;
 use crate::cluster::members::Membership;
-use crate::cluster::wire::{BlockRequest, CRC_HEADER};
+use crate::cluster::wire::{BlockRequest, CRC_HEADER, VERSION_HEADER, version_value};
 use crate::stats::{Counters, Stats};
 
 /// How long a peer may take to answer a block request, from connect to the last byte.
@@ -73,6 +73,8 @@ pub struct PeerTier {
     members: Mutex<HashMap<String, Arc<Member>>>,
     secret: Secret,
     agent: ureq::Agent,
+    /// `http` or, with TLS between members, `https`.
+    scheme: &'static str,
     blocks: BlockSize,
     stats: Arc<Stats>,
 }
@@ -86,26 +88,29 @@ impl std::fmt::Debug for PeerTier {
 }
 
 impl PeerTier {
-    /// The tier of a member of `membership`, asking with `secret`, for files cut into
-    /// `blocks`.
+    /// The tier of a member of `membership`, asking with `secret` (over TLS trusting the
+    /// authorities of `tls`, if given), for files cut into `blocks`.
     pub fn new(
         membership: Arc<Membership>,
         secret: Secret,
+        tls: Option<&crate::cluster::tls::PeerTls>,
         blocks: BlockSize,
         stats: Arc<Stats>,
     ) -> Self {
-        let agent = ureq::Agent::config_builder()
+        let mut agent = ureq::Agent::config_builder()
             .timeout_global(Some(TIMEOUT))
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .max_idle_connections_per_host(16)
-            .http_status_as_error(false)
-            .build()
-            .into();
+            .http_status_as_error(false);
+        if let Some(tls) = tls {
+            agent = agent.tls_config(tls.client());
+        }
         PeerTier {
+            scheme: if tls.is_some() { "https" } else { "http" },
+            agent: agent.build().into(),
             membership,
             members: Mutex::new(HashMap::new()),
             secret,
-            agent,
             blocks,
             stats,
         }
@@ -144,12 +149,19 @@ impl PeerTier {
         let target = request.target();
         let mut reply = self
             .agent
-            .get(format!("http://{}{target}", m.name))
+            .get(format!("{}://{}{target}", self.scheme, m.name))
             .header("authorization", self.secret.sign("GET", &target))
             .call()
             .map_err(|e| e.to_string())?;
         if reply.status() != 200 {
             return Err(format!("HTTP {}", reply.status()));
+        }
+        let version = reply
+            .headers()
+            .get(VERSION_HEADER)
+            .and_then(|h| h.to_str().ok());
+        if version != Some(&version_value(v.size, v.mtime_ns, v.ctime_ns)) {
+            return Err(format!("a reply for another version ({version:?})"));
         }
         let crc: u32 = reply
             .headers()
@@ -239,4 +251,135 @@ impl Tier for PeerTier {
     }
 
     fn remove(&self, _want: &Want<'_>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::wire::version_value;
+    use crate::tier::tests::want;
+    use std::io::Write;
+
+    const SIZE: usize = 1000;
+
+    /// A member at a port of its own that answers one request with `reply` (raw HTTP); its
+    /// address.
+    fn one_reply(reply: Vec<u8>) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            // The request's head, up to its blank line.
+            let mut head = Vec::new();
+            let mut byte = [0u8];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = conn.write_all(&reply);
+        });
+        addr
+    }
+
+    fn reply(status: u16, crc: Option<u32>, version: Option<String>, body: &[u8]) -> Vec<u8> {
+        let mut r = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n", body.len());
+        if let Some(crc) = crc {
+            r += &format!("{CRC_HEADER}: {crc}\r\n");
+        }
+        if let Some(v) = version {
+            r += &format!("{VERSION_HEADER}: {v}\r\n");
+        }
+        r += "connection: close\r\n\r\n";
+        let mut r = r.into_bytes();
+        r.extend_from_slice(body);
+        r
+    }
+
+    /// A tier of a member of two whose other member, at `peer`, owns file "f".
+    fn tier_asking(peer: &str) -> (PeerTier, Arc<Stats>) {
+        let me = (0..)
+            .map(|i| format!("me-{i}:1"))
+            .find(|me| crate::cluster::owner::owner(&[peer, me.as_str()], b"f") == Some(0))
+            .unwrap();
+        let membership = Arc::new(Membership::fixed(vec![peer.to_string(), me], 1));
+        let secret = Secret::new(b"0123456789abcdef".to_vec()).unwrap();
+        let blocks = BlockSize::new(std::num::NonZeroU64::new(1 << 20).unwrap());
+        let stats = Arc::new(Stats::default());
+        (
+            PeerTier::new(membership, secret, None, blocks, stats.clone()),
+            stats,
+        )
+    }
+
+    #[test]
+    fn a_reply_that_is_not_the_block_asked_for_is_a_fault_and_its_member_is_left_alone() {
+        let body = vec![7u8; SIZE];
+        let crc = crc32c::crc32c(&body);
+        let version = || Some(version_value(SIZE as u64, 0, 0));
+        let other = vec![8u8; SIZE];
+        for (why, reply, ok) in [
+            ("the block", reply(200, Some(crc), version(), &body), true),
+            (
+                "a wrong checksum",
+                reply(200, Some(crc), version(), &other),
+                false,
+            ),
+            ("no checksum", reply(200, None, version(), &body), false),
+            (
+                "a short body",
+                reply(200, Some(crc), version(), &body[1..]),
+                false,
+            ),
+            (
+                "a long body",
+                reply(200, Some(crc), version(), &[&body[..], b"x"].concat()),
+                false,
+            ),
+            (
+                "another version",
+                reply(
+                    200,
+                    Some(crc),
+                    Some(version_value(SIZE as u64, 1, 0)),
+                    &body,
+                ),
+                false,
+            ),
+            ("no version", reply(200, Some(crc), None, &body), false),
+            (
+                "a refusal",
+                reply(409, None, None, b"another version"),
+                false,
+            ),
+            (
+                "a reply cut short",
+                b"HTTP/1.1 200 OK\r\ncontent-le".to_vec(),
+                false,
+            ),
+        ] {
+            let peer = one_reply(reply);
+            let (tier, stats) = tier_asking(&peer);
+            let w = want(1, SIZE as u64, 0, Why::Read);
+            match tier.get(&w) {
+                Ok(Some(Found::Block(b))) if ok => assert_eq!(&b[..], &body[..], "{why}"),
+                Err(TierError(e)) if !ok => assert_eq!(e, libc::EIO, "{why}"),
+                other => panic!("{why}: {:?}", other.map(|f| f.is_some())),
+            }
+            let c = &stats.counters;
+            assert_eq!(Counters::get(&c.peer_errors), u64::from(!ok), "{why}");
+            assert_eq!(Counters::get(&c.peer_hits), u64::from(ok), "{why}");
+            if !ok {
+                // Suspect now: the next read goes straight to the source, unasked.
+                assert!(matches!(tier.get(&w), Ok(None)), "{why}");
+                assert_eq!(Counters::get(&c.peer_errors), 1, "{why}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_member_asks_nobody_for_a_file_it_owns_or_for_a_peer() {
+        let (tier, stats) = tier_asking("127.0.0.1:1");
+        // A peer's request: served from this member's source, no ring.
+        assert!(matches!(tier.get(&want(1, 10, 0, Why::Peer)), Ok(None)));
+        assert_eq!(Counters::get(&stats.counters.peer_errors), 0);
+    }
 }
