@@ -4,6 +4,7 @@
 # members partition one cache and serve each other.
 #
 #   scripts/bench-cluster.sh                     # REPS=3, 3 nodes, 5 epochs
+#   BPS=$((100 << 20)) scripts/bench-cluster.sh  # storage 4x faster
 #   FILES=600 REPS=1 EPOCHS=2 scripts/bench-cluster.sh     # a dry run, in seconds
 #
 # The dataset: FILES files of ~110 KiB. Each epoch, every node reads its DistributedSampler
@@ -15,7 +16,10 @@
 # mount with --policy none --read-delay DELAY, which adds a network round trip to each read
 # and has its own page cache, as an NFS client on each server would), and the three views'
 # daemons run in one cgroup whose reads of the disk are throttled to BPS in all and whose
-# page cache is STORE_MEM: the storage's bandwidth is what the nodes share.
+# page cache is STORE_MEM: the storage's bandwidth is what the nodes share. BPS is 25 MiB/s
+# by default: here the three nodes share 2 CPUs, which move about 250 MB/s of reads through
+# FUSE and HTTP for the whole cluster, so 25 MiB/s keeps a real cluster's ratio of network to
+# storage (about 10x a node; docs/BENCHMARKS.md has the arithmetic).
 #
 # Each node runs in a memory cgroup of its own. native: the shard read from the node's view,
 # its page cache within BUDGET (SHARE% of the dataset) + READER. independent: a coorfs mount
