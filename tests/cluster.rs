@@ -427,15 +427,8 @@ print("tls", c.getresponse().status)
 
 #[test]
 fn bad_cluster_options_get_one_line_and_exit_2() {
-    let dir = open_tempdir();
-    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::create_dir_all(&mnt).unwrap();
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, "0123456789abcdef0123").unwrap();
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let s = secret.to_str().unwrap();
-    let (src, mnt) = (src.to_str().unwrap(), mnt.to_str().unwrap());
+    let scratch = scratch(0o644);
+    let (src, mnt, s) = (&*scratch.src, &*scratch.mnt, &*scratch.secret);
     for (args, line) in [
         (
             vec![
@@ -502,11 +495,7 @@ fn bad_cluster_options_get_one_line_and_exit_2() {
         let mut all = vec!["mount"];
         all.extend(args);
         all.extend([src, mnt]);
-        let out = coorfs(&all);
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
-        assert!(err.contains(line), "{all:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        fails_with_line(&coorfs(&all), 2, line, &format!("{all:?}"));
         assert!(!is_mounted(Path::new(mnt)));
     }
     // Without --node-rank, the rank comes from the launcher's environment.
@@ -540,9 +529,6 @@ fn bad_cluster_options_get_one_line_and_exit_2() {
         }
         cmd.envs(env.iter().copied());
         let out = output_within(&mut cmd, std::time::Duration::from_secs(30));
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{env:?}: {err}");
-        assert!(err.contains(line), "{env:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        fails_with_line(&out, 2, line, &format!("{env:?}"));
     }
 }

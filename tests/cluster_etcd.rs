@@ -457,17 +457,9 @@ fn a_member_record_not_signed_with_the_secret_is_ignored() {
 
 #[test]
 fn etcd_out_of_reach_or_bad_cluster_options_get_one_line_and_a_failure() {
-    let dir = open_tempdir();
-    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::create_dir_all(&mnt).unwrap();
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, "0123456789abcdef0123").unwrap();
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let s = secret.to_str().unwrap();
-    let port = free_ports(1)[0];
-    let listen = format!("127.0.0.1:{port}");
-    let (src, mnt) = (src.to_str().unwrap(), mnt.to_str().unwrap());
+    let scratch = scratch(0o600);
+    let (src, mnt, s) = (&*scratch.src, &*scratch.mnt, &*scratch.secret);
+    let listen = format!("127.0.0.1:{}", free_ports(1)[0]);
     let cluster = ["--cluster-secret-file", s, "--peer-listen", &listen];
     for (args, line) in [
         (
@@ -494,13 +486,9 @@ fn etcd_out_of_reach_or_bad_cluster_options_get_one_line_and_a_failure() {
         all.extend(args);
         all.extend(cluster);
         all.extend([src, mnt]);
-        let out = coorfs(&all);
-        let err = stderr(&out);
         // The daemon finds etcd out of reach: the mount fails (1); bad options are usage (2).
         let code = if line.starts_with("etcd") { 1 } else { 2 };
-        assert_eq!(out.status.code(), Some(code), "{all:?}: {err}");
-        assert!(err.contains(line), "{all:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        fails_with_line(&coorfs(&all), code, line, &format!("{all:?}"));
         assert!(!is_mounted(Path::new(mnt)));
     }
     // Every interface, and no address to tell the others.

@@ -267,15 +267,17 @@ fn a_group_in_one_order_reads_each_uncached_file_from_the_source_once_a_round() 
 #[test]
 fn a_slow_member_of_a_group_slows_nobody_and_reads_what_it_missed_itself() {
     let _alone = alone();
-    // The fourth member spends 6 ms on each sample (its 2 workers: about 3 s an epoch, 3 times
+    // The fourth member spends 10 ms on each sample (its 2 workers: about 5 s an epoch, 5 times
     // the others'), and the staging area holds about 120 files: it falls out of the others'
-    // rubber band and reads the source itself, with the bytes right.
-    let (s, trials) = group_through_a_mount("0.006", "0", &["--prefetch-memory", "2M"]);
+    // rubber band and reads the source itself, with the bytes right. A fast member held back by
+    // it would take as long as it; on 2 busy CPUs a debug build's fast members took 0.62 of a
+    // 6 ms member's time (CI, 8.47 s against 13.71 s), so the margin is wide.
+    let (s, trials) = group_through_a_mount("0.010", "0", &["--prefetch-memory", "2M"]);
     let seconds = |t: &Vec<Epoch>| t.iter().map(|e| e.2).sum::<f64>();
     let slow = seconds(&trials[3]);
     for fast in &trials[..3] {
         assert!(
-            seconds(fast) < slow / 2.0,
+            seconds(fast) < slow * 0.6,
             "a fast member took {:.2} s, the slow one {slow:.2} s: {s}",
             seconds(fast)
         );

@@ -375,3 +375,36 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         .map(|l| l.local_addr().unwrap().port())
         .collect()
 }
+
+/// A scratch place for bad mount options: an empty source and mount point, and a cluster
+/// secret with file mode `mode`.
+pub struct Scratch {
+    _dir: tempfile::TempDir,
+    pub src: String,
+    pub mnt: String,
+    pub secret: String,
+}
+
+pub fn scratch(mode: u32) -> Scratch {
+    let dir = open_tempdir();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (src, mnt, secret) = (path("src"), path("mnt"), path("secret"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::write(&secret, "0123456789abcdef0123").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(mode)).unwrap();
+    Scratch {
+        _dir: dir,
+        src,
+        mnt,
+        secret,
+    }
+}
+
+/// Checks that `out` (of `what`) exited with `code` and said one line that holds `line`.
+pub fn fails_with_line(out: &Output, code: i32, line: &str, what: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "{what}: {err}");
+    assert!(err.contains(line), "{what}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{what}: {err}");
+}
