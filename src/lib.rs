@@ -13,11 +13,13 @@
 //! - `block`, `namespace`, `epoch`, `stats`: block buffers, node ids for the source tree,
 //!   epoch tracking (pure), and the statistics every view renders.
 //!
-//! Around them: `cli` (clap, at the edge), `config` (plain structs), `budget` (how much
-//! memory the cache may take: the memory cgroup), `daemon` (mount life cycle), `manpage`
-//! (generated from the CLI), `analyze` (`coorfs analyze`: measure the storage, simulate the
-//! cache, predict data stalls), `run` (`coorfs run`: a training command whose DataLoaders hand
-//! the mount their order, through the Python hook of `python/coorfs/run.py`).
+//! Around them: `cli` (clap, at the edge), `helper` (mount(8)'s command line as `coorfs
+//! mount`'s), `config` (plain structs), `budget` (how much memory the cache may take: the
+//! memory cgroup), `daemon` (mount life cycle), `manpage` (generated from the CLI), `metrics`
+//! (the statistics for Prometheus),
+//! `analyze` (`coorfs analyze`: measure the storage, simulate the cache, predict data stalls),
+//! `run` (`coorfs run`: a training command whose DataLoaders hand the mount their order,
+//! through the Python hook of `python/coorfs/run.py`).
 
 pub mod analyze;
 pub mod block;
@@ -30,8 +32,10 @@ pub mod daemon;
 pub mod epoch;
 pub mod fs;
 pub mod fuse;
+pub mod helper;
 pub mod jobs;
 pub mod manpage;
+pub mod metrics;
 pub mod mountinfo;
 pub mod namespace;
 pub mod prefetch;

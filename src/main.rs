@@ -6,9 +6,21 @@ use std::process::ExitCode;
 use clap::Parser;
 use coorfs::cli::{Cli, Command, CommandError};
 use coorfs::daemon;
+use coorfs::helper::Helper;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // As a mount helper (`mount -t fuse.coorfs`, fstab), the command line is mount(8)'s.
+    let parsed = match coorfs::helper::parse(&argv) {
+        None => Cli::try_parse_from(&argv),
+        Some(Ok(Helper::Mount(args))) => Cli::try_parse_from(args),
+        Some(Ok(Helper::Fake)) => return ExitCode::SUCCESS,
+        Some(Err(e)) => {
+            eprintln!("coorfs: {e}");
+            return ExitCode::from(CommandError::BAD_INPUT);
+        }
+    };
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => return clap_failure(e),
     };
