@@ -305,6 +305,12 @@ pub struct MountArgs {
     )]
     pub peer_tls_ca: Option<PathBuf>,
 
+    /// Serve every statistic as Prometheus metrics at http://ADDR:PORT/metrics (e.g.
+    /// 127.0.0.1:9464; anyone who can reach the address can read them, as every user of the
+    /// mount can read its statistics).
+    #[arg(long, value_name = "ADDR:PORT", help_heading = "Statistics")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
     /// Add DURATION to every read of the source, to emulate network storage in benchmarks
     /// (e.g. --policy none --read-delay 2ms makes a slow passthrough mount).
     #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_duration, help_heading = "Testing")]
@@ -596,6 +602,7 @@ impl MountArgs {
         };
         config.hint_limits = crate::jobs::HintLimits::of_total(self.hint_memory);
         config.read_delay = self.read_delay;
+        config.metrics_addr = self.metrics_addr;
         config.cluster = match (self.cluster, &self.cluster_secret_file) {
             (Some(name), Some(secret)) => Some(crate::cluster::ClusterConfig::in_etcd(
                 name,
@@ -699,6 +706,7 @@ impl CommandError {
                 | MountError::CacheSizeZero
                 | MountError::Cluster(_)
                 | MountError::PeerListen(..)
+                | MountError::MetricsListen(..)
                 | MountError::Memory(_)
                 | MountError::LogFile(..)
                 | MountError::NotMounted(_)

@@ -50,6 +50,8 @@ pub struct MountConfig {
     pub prefetch: PrefetchConfig,
     /// Added to every read of the source: emulates network storage in benchmarks.
     pub read_delay: Duration,
+    /// Where Prometheus metrics are served (`--metrics-addr`), if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// The cluster this mount is a member of (`--peers`), if any.
     pub cluster: Option<crate::cluster::ClusterConfig>,
 }
@@ -86,6 +88,7 @@ impl MountConfig {
             owner_uid: unsafe { libc::getuid() },
             prefetch: PrefetchConfig::default(),
             read_delay: Duration::ZERO,
+            metrics_addr: None,
             cluster: None,
         }
     }

@@ -88,6 +88,8 @@ pub enum MountError {
     Cluster(#[from] crate::cluster::ClusterError),
     #[error("the peer server cannot listen on {0}: {1}")]
     PeerListen(std::net::SocketAddr, io::Error),
+    #[error("the metrics server cannot listen on {0}: {1}")]
+    MetricsListen(std::net::SocketAddr, io::Error),
     #[error(transparent)]
     Memory(#[from] crate::budget::Refusal),
     #[error("log file {0}: {1}")]
@@ -527,6 +529,12 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     );
     fs.start_prefetcher().map_err(mount_err)?;
     fs.start_cluster()?;
+    if let Some(addr) = config.metrics_addr {
+        let fail = |e| MountError::MetricsListen(addr, e);
+        let listener = std::net::TcpListener::bind(addr).map_err(fail)?;
+        fs.start_metrics(listener).map_err(fail)?;
+        info!("Prometheus metrics at http://{addr}/metrics");
+    }
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), config.acl);
 

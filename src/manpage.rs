@@ -198,6 +198,19 @@ ENODATA. They are read-only.",
         esc(crate::stats::CACHED_XATTR)
     ));
     out.push_str(
+        ".SH MOUNT HELPER\n\
+         With a link \\fB/sbin/mount.fuse.coorfs\\fR to coorfs (or through \\fBmount.fuse3\\fR, \
+         which runs \\fBcoorfs SOURCE MOUNTPOINT \\-o OPTIONS\\fR), \\fBmount \\-t fuse.coorfs \
+         SOURCE MOUNTPOINT \\-o OPTIONS\\fR and \\fB/etc/fstab\\fR lines of type \
+         \\fBfuse.coorfs\\fR mount coorfs. Each option \\fIname\\fR=\\fIvalue\\fR or \
+         \\fIname\\fR is the mount option \\fB\\-\\-\\fR\\fIname\\fR, with underscores for \
+         dashes (cache_size=8G is \\fB\\-\\-cache\\-size 8G\\fR); a value with commas is \
+         written in double quotes. The generic options of mount(8), fstab and systemd (defaults, \
+         ro, rw, auto, noauto, nofail, _netdev, user, nosuid, nodev, noexec, noatime, x\\-*, \
+         comment=, ...) are passed over; any other option is refused with one line and status 2. \
+         \\fB\\-f\\fR checks the options and mounts nothing. \\fBumount MOUNTPOINT\\fR unmounts.\n",
+    );
+    out.push_str(
         ".SH EXIT STATUS\n\
          0 on success; 2 for bad input (an unknown option, a malformed value, a missing or \
          unsuitable source, mount point or dataset, a path that is not a coorfs mount), with one \

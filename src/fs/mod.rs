@@ -359,6 +359,12 @@ impl DatasetFs {
         })
     }
 
+    /// Serves this mount's statistics as Prometheus metrics on `listener`
+    /// ([`crate::metrics`]).
+    pub fn start_metrics(self: &Arc<Self>, listener: std::net::TcpListener) -> io::Result<()> {
+        crate::metrics::serve(self.clone(), listener, self._io.handle())
+    }
+
     /// How long the kernel may cache entries and attributes.
     pub fn ttl(&self) -> Duration {
         self.ttl
