@@ -37,6 +37,10 @@ const EPOCHS: usize = 3;
 /// Bytes the prefetcher may have in flight (`--prefetch-depth` 16 files of `SIZE`) when an
 /// epoch ends: they count in the epoch that issued them, though the next one reads them.
 const IN_FLIGHT: usize = 16 * SIZE;
+/// What an epoch's end may move between two epochs: the prefetches in flight, and as many
+/// again staged ahead of the new epoch's reads (CI, a loaded 2-CPU machine: 31 files of 16 KiB
+/// in one epoch of two workers; the run's total stays within one [`IN_FLIGHT`]).
+const AT_AN_EPOCHS_END: usize = 2 * IN_FLIGHT;
 
 /// The files of a job's first epoch that the prefetcher may stage: those it has not read when
 /// its reads show it reads the dataset, past clearly more than half of the files (more than
@@ -329,9 +333,10 @@ impl JobRun {
     /// Checks what holds for every pattern: one job epoch per epoch the script ran, each with
     /// the files the script read in it (within `slack` of them: the few a new pass may read
     /// before its re-reads show it began), nothing prefetched unread, and each epoch's bytes
-    /// from the source within 2% of its uncached bytes, give or take the prefetches in flight
-    /// where it ends ([`IN_FLIGHT`]), and the run's within 2% and that once. `complete` says whether the last
-    /// epoch read the whole dataset (then it is over, and the job's next epoch has begun).
+    /// from the source within 2% of its uncached bytes, give or take what moves at its end
+    /// ([`AT_AN_EPOCHS_END`]), and the run's within 2% and one prefetch depth ([`IN_FLIGHT`]).
+    /// `complete` says whether the last epoch read the whole dataset (then it is over, and the
+    /// job's next epoch has begun).
     fn assert_epochs_follow_the_script(&self, slack: u64, complete: bool) {
         let s = &self.stats;
         assert_eq!(num(s, "prefetched_unused"), 0, "{s}");
@@ -351,7 +356,7 @@ impl JobRun {
             let want = self.uncached_bytes(e);
             let got = num(r, "bytes_from_source");
             assert!(
-                got.abs_diff(want) as f64 <= 0.02 * want as f64 + IN_FLIGHT as f64,
+                got.abs_diff(want) as f64 <= 0.02 * want as f64 + AT_AN_EPOCHS_END as f64,
                 "{want} bytes uncached, {got} from the source: {what}"
             );
         }
