@@ -198,9 +198,10 @@ impl Member {
 
     /// Keeps the lease alive; registers afresh if it ran out.
     async fn keep_alive(self, mut client: Client) {
+        let mut failures = 0;
         loop {
-            if let Err(e) = self.renew(&mut client).await {
-                tracing::warn!("etcd: keeping this member's lease: {e}; trying again");
+            if let Err(e) = self.renew(&mut client, &mut failures).await {
+                failed("keeping this member's lease", &e, &mut failures);
             }
             tokio::time::sleep(RETRY).await;
         }
@@ -208,7 +209,7 @@ impl Member {
 
     /// Renews the lease every third of its life, until a call fails or the lease is gone
     /// (then registers again).
-    async fn renew(&self, client: &mut Client) -> Result<(), String> {
+    async fn renew(&self, client: &mut Client, failures: &mut u32) -> Result<(), String> {
         let lease = self.lease.load(std::sync::atomic::Ordering::Relaxed);
         let (mut keeper, mut replies) = client.lease_keep_alive(lease).await.map_err(why)?;
         loop {
@@ -217,6 +218,7 @@ impl Member {
                 .await
                 .map_err(|_| "no reply".to_string())?
                 .map_err(why)?;
+            recovered(failures);
             if reply.is_none_or(|r| r.ttl() <= 0) {
                 tracing::warn!(
                     "etcd: this member's lease ran out; registering {} again",
@@ -231,16 +233,18 @@ impl Member {
 
     /// Follows the member set.
     async fn watch(self, mut client: Client) {
+        let mut failures = 0;
         loop {
-            if let Err(e) = self.follow(&mut client).await {
-                tracing::warn!("etcd: watching the members: {e}; trying again");
+            if let Err(e) = self.follow(&mut client, &mut failures).await {
+                failed("watching the members", &e, &mut failures);
             }
             tokio::time::sleep(RETRY).await;
         }
     }
 
-    async fn follow(&self, client: &mut Client) -> Result<(), String> {
+    async fn follow(&self, client: &mut Client, failures: &mut u32) -> Result<(), String> {
         let revision = self.refresh(client).await?;
+        recovered(failures);
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -257,6 +261,29 @@ impl Member {
             }
         }
         Err("the watch ended".into())
+    }
+}
+
+/// One more failed attempt at `what`: a warning for the first, then one a minute (an etcd
+/// that is down for an hour does not fill the log).
+fn failed(what: &str, e: &str, failures: &mut u32) {
+    *failures += 1;
+    if *failures == 1 || (*failures).is_multiple_of(60) {
+        tracing::warn!(
+            "etcd: {what}: {e}; trying again every second (attempt {failures}); the members stay as last seen",
+            failures = *failures
+        );
+    }
+}
+
+/// A call to etcd succeeded: says so if calls had been failing.
+fn recovered(failures: &mut u32) {
+    if *failures > 0 {
+        tracing::info!(
+            "etcd: reachable again after {failures} failed attempts",
+            failures = *failures
+        );
+        *failures = 0;
     }
 }
 
