@@ -358,8 +358,14 @@ fn a_member_killed_mid_epoch_frees_what_was_kept_for_it() {
         let now = jobs(&s);
         let running = now.iter().filter(|(_, _, idle)| *idle < 1.0).count();
         for (name, kept, idle) in &now {
-            if (1.0..4.0).contains(idle) && stopped.is_none() {
-                stopped = Some((name.clone(), *kept));
+            // The most kept for it while it is stopped: the others go on reading blocks it has
+            // not, and keep them for it until it is forgotten (a first look can come before).
+            if (1.0..4.0).contains(idle) {
+                match &mut stopped {
+                    None => stopped = Some((name.clone(), *kept)),
+                    Some((n, most)) if n == name => *most = (*most).max(*kept),
+                    Some(_) => {}
+                }
             }
             if *idle > 5.5 && stopped.as_ref().is_some_and(|(n, _)| n == name) {
                 freed = Some((*kept, running, s.clone()));
