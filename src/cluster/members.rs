@@ -1,8 +1,8 @@
 //! Who is in the cluster now: the member set ownership is hashed over, fixed (`--peers`) or
 //! kept up to date from etcd ([`super::etcd`]).
 //!
-//! A [`View`] is one member set; [`Membership`] holds the current one and tells whoever asked
-//! when it changes. A member always counts itself in: if its own registration lapses (etcd
+//! A [`View`] is one member set; [`Membership`] holds the current one, which the peer tier,
+//! the cache's ownership filter and the peer server read at each use. A member always counts itself in: if its own registration lapses (etcd
 //! unreachable for longer than the lease), it goes on caching what it would own and the others
 //! stop asking it, which costs reads of the source, never wrong bytes. Members that see
 //! different sets for a moment (one joined, and the news has not reached every member yet)
@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use super::owner::owner;
 use super::wire::members_digest;
@@ -49,9 +49,6 @@ impl View {
     }
 }
 
-/// Called with the new view after every change.
-type Listener = Box<dyn Fn(&Arc<View>) + Send + Sync>;
-
 /// See the module documentation.
 pub struct Membership {
     view: RwLock<Arc<View>>,
@@ -60,7 +57,6 @@ pub struct Membership {
     fixed: bool,
     /// Changes so far.
     changes: AtomicU64,
-    listeners: Mutex<Vec<Listener>>,
 }
 
 impl std::fmt::Debug for Membership {
@@ -88,7 +84,6 @@ impl Membership {
             view: RwLock::new(Arc::new(view)),
             fixed,
             changes: AtomicU64::new(0),
-            listeners: Mutex::new(Vec::new()),
         }
     }
 
@@ -113,37 +108,26 @@ impl Membership {
         view.owner(path) == view.me
     }
 
-    /// From now on the members are `names` (and this member, listed or not); the listeners
-    /// hear of it if that is a change. Returns true if it was. A fixed set never changes.
+    /// From now on the members are `names` (and this member, listed or not). Returns true if
+    /// that is a change. A fixed set never changes.
     pub fn set(&self, mut names: Vec<String>) -> bool {
         if self.fixed {
             return false;
         }
-        let new = {
-            let mut view = self.view.write();
-            let me = view.my_name().to_string();
-            if !names.contains(&me) {
-                names.push(me.clone());
-            }
-            names.sort();
-            names.dedup();
-            if names == view.names {
-                return false;
-            }
-            let at = names.iter().position(|n| *n == me).expect("pushed above");
-            *view = Arc::new(View::new(names, at));
-            view.clone()
-        };
-        self.changes.fetch_add(1, Ordering::Relaxed);
-        for listen in self.listeners.lock().iter() {
-            listen(&new);
+        let mut view = self.view.write();
+        let me = view.my_name().to_string();
+        if !names.contains(&me) {
+            names.push(me.clone());
         }
+        names.sort();
+        names.dedup();
+        if names == view.names {
+            return false;
+        }
+        let at = names.iter().position(|n| *n == me).expect("pushed above");
+        *view = Arc::new(View::new(names, at));
+        self.changes.fetch_add(1, Ordering::Relaxed);
         true
-    }
-
-    /// Calls `listen` with the new view after every change from now on.
-    pub fn on_change(&self, listen: Listener) {
-        self.listeners.lock().push(listen);
     }
 }
 
@@ -156,13 +140,10 @@ mod tests {
     }
 
     #[test]
-    fn a_dynamic_set_is_sorted_always_holds_this_member_and_tells_only_of_changes() {
-        let m = Arc::new(Membership::dynamic("b:1".into()));
+    fn a_dynamic_set_is_sorted_always_holds_this_member_and_counts_only_changes() {
+        let m = Membership::dynamic("b:1".into());
         assert_eq!(m.view().names, ["b:1"]);
         assert!(m.owns(b"any/path"), "alone, a member owns everything");
-        let heard = Arc::new(Mutex::new(Vec::new()));
-        let h = heard.clone();
-        m.on_change(Box::new(move |v| h.lock().push(v.names.clone())));
         assert!(m.set(names(&["c:1", "a:1"])));
         let v = m.view();
         assert_eq!(v.names, ["a:1", "b:1", "c:1"]);
@@ -170,10 +151,7 @@ mod tests {
         assert_eq!(v.digest, members_digest(&["a:1", "b:1", "c:1"]));
         assert!(!m.set(names(&["a:1", "c:1", "b:1"])), "the same set");
         assert!(m.set(names(&["a:1"])));
-        assert_eq!(
-            *heard.lock(),
-            [names(&["a:1", "b:1", "c:1"]), names(&["a:1", "b:1"])]
-        );
+        assert_eq!(m.view().names, ["a:1", "b:1"]);
         assert_eq!(m.changes(), 2);
         // Ownership follows the view: of many paths, about half are b's now.
         let owned = (0..1000)

@@ -36,13 +36,6 @@ pub struct ClusterConfig {
     pub tls: Option<tls::PeerTls>,
 }
 
-impl ClusterConfig {
-    /// True if this member owns the file at `path` (relative to the dataset root).
-    pub fn owns(&self, path: &[u8]) -> bool {
-        self.membership.owns(path)
-    }
-}
-
 /// Why the cluster options cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
