@@ -168,7 +168,7 @@ pub struct MountArgs {
     pub metadata_ttl: Duration,
 
     /// The cache budget: bytes of file data kept in coorfs's memory (K/M/G/T suffixes); 0
-    /// only with --policy none. Refused when it and --prefetch-memory do not fit in what the
+    /// only with --policy none or a --cache-dir. Refused when it and --prefetch-memory do not fit in what the
     /// memory cgroup has left [default: half of what the memory cgroup (a container's limit)
     /// leaves free after --prefetch-memory and 64 MiB for the daemon, at most half of the
     /// memory available; the daemon logs the choice].
@@ -183,6 +183,17 @@ pub struct MountArgs {
     /// random access into big files caches only what is read.
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
     pub block_size: std::num::NonZeroU64,
+    /// A second cache on local disk, below memory, that survives restarts: blocks read from
+    /// the source are written to DIR while there is room (never evicted), found again after
+    /// an unmount, a kill or a reboot, and checked (source version, CRC32C) before they are
+    /// served. DIR is created 0700 if missing; it must not be writable by other users, nor
+    /// lie inside the source or the mount point, and one daemon uses it at a time.
+    #[arg(long, value_name = "DIR", help_heading = "Cache")]
+    pub cache_dir: Option<PathBuf>,
+    /// The disk tier's budget (K/M/G/T suffixes) [default: half of the space free on DIR's
+    /// filesystem at mount].
+    #[arg(long, value_name = "SIZE", requires = "cache_dir", value_parser = parse_nonzero_size, help_heading = "Cache")]
+    pub disk_cache_size: Option<u64>,
 
     /// Turn off prefetch: read only what jobs ask for.
     #[arg(long, help_heading = "Prefetch")]
@@ -534,6 +545,14 @@ fn parse_block_size(text: &str) -> Result<std::num::NonZeroU64, String> {
     }
 }
 
+/// Half of the space free for the daemon on the filesystem that holds (or will hold) `dir`.
+fn half_the_free_space(dir: &std::path::Path) -> std::io::Result<u64> {
+    let mut at = std::path::absolute(dir)?;
+    while !at.exists() && at.pop() {}
+    let st = rustix::fs::statvfs(&at)?;
+    Ok(st.f_bavail * st.f_frsize / 2)
+}
+
 fn parse_nonzero_size(text: &str) -> Result<u64, String> {
     match crate::units::parse_size(text)? {
         0 => Err(format!("\"{text}\": must be more than 0")),
@@ -603,6 +622,14 @@ impl MountArgs {
         config.hint_limits = crate::jobs::HintLimits::of_total(self.hint_memory);
         config.read_delay = self.read_delay;
         config.metrics_addr = self.metrics_addr;
+        if let Some(dir) = self.cache_dir {
+            let size = match self.disk_cache_size {
+                Some(size) => size,
+                None => half_the_free_space(&dir)
+                    .map_err(|e| crate::tier::disk::DiskError::Io(dir.clone(), e))?,
+            };
+            config.disk = Some(crate::tier::disk::DiskConfig { dir, size });
+        }
         config.cluster = match (self.cluster, &self.cluster_secret_file) {
             (Some(name), Some(secret)) => Some(crate::cluster::ClusterConfig::in_etcd(
                 name,
@@ -707,6 +734,9 @@ impl CommandError {
                 | MountError::Cluster(_)
                 | MountError::PeerListen(..)
                 | MountError::MetricsListen(..)
+                | MountError::Disk(_)
+                | MountError::DiskInside(_)
+                | MountError::DiskWithoutPolicy
                 | MountError::Memory(_)
                 | MountError::LogFile(..)
                 | MountError::NotMounted(_)

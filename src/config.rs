@@ -54,6 +54,8 @@ pub struct MountConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The cluster this mount is a member of (`--peers`), if any.
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// The disk tier (`--cache-dir`, `--disk-cache-size`), if any.
+    pub disk: Option<crate::tier::disk::DiskConfig>,
 }
 
 impl MountConfig {
@@ -90,6 +92,7 @@ impl MountConfig {
             read_delay: Duration::ZERO,
             metrics_addr: None,
             cluster: None,
+            disk: None,
         }
     }
 }

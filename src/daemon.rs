@@ -86,6 +86,14 @@ pub enum MountError {
     CacheSizeZero,
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
+    #[error(transparent)]
+    Disk(#[from] crate::tier::disk::DiskError),
+    #[error(
+        "cache directory {0} is inside the source or the mount point; coorfs never writes to the source"
+    )]
+    DiskInside(PathBuf),
+    #[error("--cache-dir needs a cache policy that keeps files (minio or lru), not --policy none")]
+    DiskWithoutPolicy,
     #[error("the peer server cannot listen on {0}: {1}")]
     PeerListen(std::net::SocketAddr, io::Error),
     #[error("the metrics server cannot listen on {0}: {1}")]
@@ -135,7 +143,7 @@ pub struct SetupLock {
 /// and canonical in `config`. The returned lock keeps any other `coorfs mount` from setting
 /// up at the same mount point until it is dropped.
 pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
-    if config.cache.capacity == 0 && config.cache.policy.caches() {
+    if config.cache.capacity == 0 && config.cache.policy.caches() && config.disk.is_none() {
         return Err(MountError::CacheSizeZero);
     }
     let source = std::path::absolute(&config.source)
@@ -189,6 +197,19 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
             dataset: source,
         });
     }
+    if let Some(disk) = &mut config.disk {
+        if !config.cache.policy.caches() {
+            return Err(MountError::DiskWithoutPolicy);
+        }
+        disk.dir = resolve_partly(&disk.dir)
+            .map_err(|e| crate::tier::disk::DiskError::Io(disk.dir.clone(), e))?;
+        if disk.dir.starts_with(&source) || disk.dir.starts_with(&mountpoint) {
+            return Err(MountError::DiskInside(disk.dir.clone()));
+        }
+        // Refused here, in one line, rather than by the daemon once it has forked; the
+        // daemon takes the lock again.
+        drop(crate::tier::disk::take(&disk.dir)?);
+    }
     let lock = lock_mountpoint(&mountpoint)?;
     if !config.allow_non_empty {
         let mut entries = std::fs::read_dir(&mountpoint)
@@ -210,6 +231,31 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     config.source = source;
     config.mountpoint = mountpoint;
     Ok(lock)
+}
+
+/// `path`, absolute, with every part that exists resolved (symlinks, `..`): where a directory
+/// that may not exist yet would be.
+fn resolve_partly(path: &Path) -> io::Result<PathBuf> {
+    let path = std::path::absolute(path)?;
+    let mut existing = path.as_path();
+    let mut rest = Vec::new();
+    loop {
+        match std::fs::canonicalize(existing) {
+            Ok(real) => {
+                return Ok(rest.iter().rev().fold(real, |p, part| p.join(part)));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match (existing.parent(), existing.file_name()) {
+                    (Some(parent), Some(name)) => {
+                        rest.push(name.to_owned());
+                        existing = parent;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Sets the cache budget from the memory the daemon may use (see `budget.rs`): the default
@@ -523,8 +569,16 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
         *slow.read_delay.lock() = config.read_delay;
         Arc::new(slow)
     };
+    let stats = Arc::new(crate::stats::Stats::default());
+    let disk = match &config.disk {
+        Some(d) => {
+            let blocks = crate::block::BlockSize::new(config.cache.block_size);
+            Some(crate::tier::disk::DiskTier::open(d, blocks, stats.clone())?)
+        }
+        None => None,
+    };
     let fs = Arc::new(
-        DatasetFs::new(source, &config)
+        DatasetFs::with_disk(source, &config, stats, disk)
             .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?,
     );
     fs.start_prefetcher().map_err(mount_err)?;
@@ -629,6 +683,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     }
     let served = session.run().map_err(mount_err);
     member.leave_cluster();
+    member.close_disk();
     served
 }
 

@@ -83,6 +83,14 @@ stats! {
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
     TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory); each read was served by the next tier.";
+    DiskHits => "disk_hits", Count, "Blocks read from the disk tier (--cache-dir) instead of from peers or the source.";
+    BytesFromDisk => "bytes_from_disk", Bytes, "Bytes of those blocks.";
+    DiskCachedBytes => "disk_cached_bytes", Bytes, "Bytes of file data in the disk tier.";
+    DiskCachedBlocks => "disk_cached_blocks", Count, "Blocks in the disk tier.";
+    DiskUsed => "disk_used", Bytes, "Bytes of the disk tier's data file: blocks, their alignment, and dropped blocks (space is not reused).";
+    DiskCapacity => "disk_capacity", Bytes, "The disk tier's budget in bytes (--disk-cache-size); 0 without --cache-dir.";
+    DiskDropped => "disk_dropped", Count, "Blocks the disk tier dropped instead of serving: a wrong checksum (torn or corrupt), or their file changed in the source.";
+    DiskEnabled => "disk_enabled", Count, "1 while the disk tier serves and takes blocks; 0 without --cache-dir, or after a write or read error (a full disk) turned it off.";
     PeerHits => "peer_hits", Count, "Blocks read from the member of the cluster that owns their file instead of from the source (--peers, --cluster).";
     BytesFromPeers => "bytes_from_peers", Bytes, "Bytes of those blocks.";
     PeerErrors => "peer_errors", Count, "Peer reads that failed (timeout, refusal, short body, wrong checksum): each was read from the source instead, and the peer left alone for a while.";
@@ -147,6 +155,9 @@ pub struct Counters {
     pub bytes_from_source: AtomicU64,
     pub source_errors: AtomicU64,
     pub tier_errors: AtomicU64,
+    pub disk_hits: AtomicU64,
+    pub bytes_from_disk: AtomicU64,
+    pub disk_dropped: AtomicU64,
     pub peer_hits: AtomicU64,
     pub bytes_from_peers: AtomicU64,
     pub peer_errors: AtomicU64,

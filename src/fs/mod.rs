@@ -292,6 +292,17 @@ impl DatasetFs {
     /// A core over `source` with the cache of `config`. Fails if the source root cannot be
     /// read or the cache cannot be set up.
     pub fn new(source: Arc<dyn DatasetSource>, config: &MountConfig) -> io::Result<Self> {
+        Self::with_disk(source, config, Arc::new(Stats::default()), None)
+    }
+
+    /// [`DatasetFs::new`], with the disk tier `disk` (opened by the caller, counting in
+    /// `stats`) between the memory tier and the source.
+    pub fn with_disk(
+        source: Arc<dyn DatasetSource>,
+        config: &MountConfig,
+        stats: Arc<Stats>,
+        disk: Option<Arc<crate::tier::disk::DiskTier>>,
+    ) -> io::Result<Self> {
         let root = source.metadata(Path::new(""), &Creds::DAEMON)?;
         if root.attr.kind != Kind::Dir {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
@@ -304,10 +315,10 @@ impl DatasetFs {
             .enable_io()
             .enable_time()
             .build()?;
-        let stats = Arc::new(Stats::default());
         let tiers = Tiers::new(
             BlockCache::new(config.cache)?,
             config.prefetch.staging_bytes(),
+            disk,
             source.clone(),
             config.cluster.as_ref(),
             stats.clone(),
@@ -572,7 +583,11 @@ impl DatasetFs {
     ) -> Result<(FileHandle, Opened), FsError> {
         let opened = self.open_source(ino, caller)?;
         let now = self.ledger.now();
-        let hit = self.tiers.memory.holds_file(&opened.meta.version);
+        let version = &opened.meta.version;
+        let in_memory = self.tiers.memory.holds_file(version);
+        // A file the disk tier holds whole is a hit too: no byte of it is read from below.
+        let hit = in_memory
+            || (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&opened.rel, version));
         let job = self.jobs.get(caller.pid, caller.uid, now);
         let counted = match access {
             Access::Counted => self.count_access(&job, &opened, hit, caller, now),
@@ -595,7 +610,7 @@ impl DatasetFs {
             }
         }
         let (keep_cache, direct_io, watch) = match access {
-            Access::Counted => self.kernel_caching(file_id, meta.version.size, hit, changed),
+            Access::Counted => self.kernel_caching(file_id, meta.version.size, in_memory, changed),
             Access::Silent => (true, false, None),
         };
         let fh = self.handles.next_fh();
@@ -945,12 +960,20 @@ impl DatasetFs {
         }
     }
 
+    /// Writes the blocks the disk tier has queued and stops its writer: at unmount.
+    pub fn close_disk(&self) {
+        if let Some(disk) = &self.tiers.disk {
+            disk.close();
+        }
+    }
+
     /// Every stat, now.
     pub fn snapshot(&self) -> Snapshot {
         let stats = self.ledger.stats();
         let c = &stats.counters;
         let cache = &self.tiers.memory;
         let cc = &cache.counters;
+        let disk = self.tiers.disk.as_deref();
         let reads = Counters::get(&c.reads);
         let hits = Counters::get(&c.hits);
         let mut jobs = self.jobs.summaries(stats.now());
@@ -981,6 +1004,14 @@ impl DatasetFs {
                 Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
                 Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
                 Stat::TierErrors => Value::Count(Counters::get(&c.tier_errors)),
+                Stat::DiskHits => Value::Count(Counters::get(&c.disk_hits)),
+                Stat::BytesFromDisk => Value::Count(Counters::get(&c.bytes_from_disk)),
+                Stat::DiskCachedBytes => Value::Count(disk.map_or(0, |d| d.cached_bytes())),
+                Stat::DiskCachedBlocks => Value::Count(disk.map_or(0, |d| d.cached_blocks())),
+                Stat::DiskUsed => Value::Count(disk.map_or(0, |d| d.used())),
+                Stat::DiskCapacity => Value::Count(disk.map_or(0, |d| d.capacity())),
+                Stat::DiskDropped => Value::Count(Counters::get(&c.disk_dropped)),
+                Stat::DiskEnabled => Value::Count(u64::from(disk.is_some_and(|d| d.enabled()))),
                 Stat::PeerHits => Value::Count(Counters::get(&c.peer_hits)),
                 Stat::BytesFromPeers => Value::Count(Counters::get(&c.bytes_from_peers)),
                 Stat::PeerErrors => Value::Count(Counters::get(&c.peer_errors)),

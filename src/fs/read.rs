@@ -33,7 +33,7 @@ use crate::block::Block;
 use crate::cache::CachedBytes;
 use crate::namespace::NodeId;
 use crate::source::{read_open_file, stat_fd};
-use crate::tier::fetch::{FetchResult, Report};
+use crate::tier::fetch::{FetchResult, Origin, Report};
 use crate::tier::{Found, Tier, look_up};
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
@@ -252,24 +252,29 @@ impl DatasetFs {
 
     /// Fetches block `block` of the handle's file for `waiter`, attributing the bytes read
     /// from the source and the time waited to the handle's epochs. If the open counted the
-    /// file as a hit (it was wholly cached then, and LRU has since evicted part of it), it
-    /// becomes a miss, so that hits never include reads of the source.
+    /// file as a hit (it was wholly cached then, and LRU has since evicted part of it, or the
+    /// disk tier dropped a corrupt block of it), and the block is read from below the disk
+    /// tier, the hit becomes a miss, so that hits never include reads of the source.
     fn fetch_for(
         &self,
         h: &Arc<FileHandle>,
         block: u64,
         waiter: Box<dyn FnOnce(FetchResult) + Send>,
     ) {
-        if !h.silent && h.counted_at_open.swap(false, Ordering::Relaxed) {
-            tracing::debug!("{}: the hit at open became a miss", h.rel.display());
-            self.ledger.hit_became_miss(&h.att, h.version.size);
-        }
         let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
         let accounted = h.clone();
         let report: Report = Box::new(move |fetched| {
             prefetcher.record(fetched);
+            if fetched.origin != Origin::Disk
+                && !accounted.silent
+                && accounted.counted_at_open.swap(false, Ordering::Relaxed)
+            {
+                tracing::debug!("{}: the hit at open became a miss", accounted.rel.display());
+                ledger.hit_became_miss(&accounted.att, accounted.version.size);
+            }
             match fetched.bytes {
-                Some(n) if fetched.source => {
+                Some(_) if fetched.origin == Origin::Disk => {}
+                Some(n) if fetched.origin == Origin::Source => {
                     ledger.fetched_for(&accounted.att, n);
                     if fetched.fallback {
                         ledger.peer_fell_back(&accounted.att);

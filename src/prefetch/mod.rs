@@ -57,7 +57,7 @@ use crate::epoch::Step;
 use crate::jobs::ledger::Ledger;
 use crate::jobs::{Job, JobKey, Jobs, reads_the_dataset};
 use crate::namespace::{FileId, FileVersion, Namespace};
-use crate::tier::fetch::{Fetched, Report};
+use crate::tier::fetch::{Fetched, Origin, Report};
 use crate::tier::staging::{self, Claimed};
 use crate::tier::{Tier, Tiers, Want, Why};
 use pacer::Pacer;
@@ -373,7 +373,13 @@ impl Prefetcher {
 
     /// A fetch ended (any fetch, by the caller that started it): the pacer learns from it.
     pub fn record(&self, fetched: &Fetched) {
-        let Some(pacer) = &self.pacer else {
+        // The pacer learns how the storage answers: a read of the local disk tier says
+        // nothing of it.
+        let Some(pacer) = self
+            .pacer
+            .as_ref()
+            .filter(|_| fetched.origin != Origin::Disk)
+        else {
             return;
         };
         let mut pacer = pacer.lock();
@@ -617,7 +623,8 @@ impl Prefetcher {
             let report: Report = Box::new(move |fetched| {
                 this.record(fetched);
                 match fetched.bytes {
-                    Some(n) if fetched.source => {
+                    Some(_) if fetched.origin == Origin::Disk => {}
+                    Some(n) if fetched.origin == Origin::Source => {
                         this.ledger.prefetched(&accounted, epoch, f, total, n);
                         if fetched.fallback {
                             this.ledger

@@ -39,14 +39,25 @@ pub type FetchResult = Result<Arc<Block>, i32>;
 pub struct Fetched {
     /// Bytes read, if the fetch succeeded.
     pub bytes: Option<u64>,
-    /// The source read them (not a tier in front of it: a peer).
-    pub source: bool,
+    /// The tier that read them (or failed to).
+    pub origin: Origin,
     /// A tier in front of the source failed to (a peer), so the source read them.
     pub fallback: bool,
     /// From the fetch's start to the end of its read.
     pub took: Duration,
     /// Reads in flight when it started, itself included.
     pub crowd: usize,
+}
+
+/// Where a fetched block came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The local disk tier (`--cache-dir`).
+    Disk,
+    /// The member of the cluster that owns the file.
+    Peer,
+    /// The source (also when a fetch fails).
+    Source,
 }
 
 /// Called once by the fetch that a caller started, before its waiters run.
@@ -193,7 +204,7 @@ impl Fetcher {
                 epoch,
                 why,
             };
-            let (result, source, fallback) = this.read(&want);
+            let (result, origin, fallback) = this.read(&want);
             let took = issued.elapsed();
             if demand {
                 // An average over the last few reads: a slow one alone does not move it far.
@@ -207,7 +218,7 @@ impl Fetcher {
             running.uncount();
             report(&Fetched {
                 bytes: result.as_ref().ok().map(|b| b.len() as u64),
-                source,
+                origin,
                 fallback,
                 took,
                 crowd,
@@ -234,29 +245,41 @@ impl Fetcher {
         self.inflight.contains(key)
     }
 
-    /// Reads `want` from the tiers behind the fetch and offers it to the cache; says if the
-    /// source read it, and if it did because a tier in front of it failed.
-    fn read(&self, want: &Want<'_>) -> (FetchResult, bool, bool) {
+    /// Reads `want` from the tiers behind the fetch, nearest first, and offers what the
+    /// source read to the tiers in front of it that keep blocks (the disk tier) and to the
+    /// cache; says which tier read it, and if the source did because a tier in front of it
+    /// failed.
+    fn read(&self, want: &Want<'_>) -> (FetchResult, Origin, bool) {
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
-        let nearer = nearer.iter().map(|t| &**t);
         let faults = AtomicU64::new(0);
-        let found = look_up(nearer, want, &faults);
+        let mut found = None;
+        for tier in nearer {
+            if let Some(f) = look_up([&**tier], want, &faults) {
+                found = Some((f, tier.origin()));
+                break;
+            }
+        }
         let faults = faults.into_inner();
         Counters::add(&self.stats.counters.tier_errors, faults);
         let fallback = faults > 0;
-        let (found, from_source) = match found {
-            Some(found) => (found, false),
+        let (found, origin) = match found {
+            Some(found) => found,
             None => match source.get(want) {
-                Ok(Some(found)) => (found, true),
-                Ok(None) => return (Err(libc::EIO), true, fallback),
-                Err(TierError(errno)) => return (Err(errno), true, fallback),
+                Ok(Some(found)) => (found, Origin::Source),
+                Ok(None) => return (Err(libc::EIO), Origin::Source, fallback),
+                Err(TierError(errno)) => return (Err(errno), Origin::Source, fallback),
             },
         };
         let Some(block) = owned(found, want.key.block) else {
-            return (Err(libc::EIO), from_source, fallback);
+            return (Err(libc::EIO), origin, fallback);
         };
+        if origin == Origin::Source {
+            for tier in nearer {
+                tier.admit(want, &block);
+            }
+        }
         self.memory.admit(want, &block);
-        (Ok(block), from_source, fallback)
+        (Ok(block), origin, fallback)
     }
 }
 

@@ -9,7 +9,8 @@
 //!    │            that will read it this epoch
 //!    ├─ recent    read moments ago, for a re-read only          recent.rs
 //!    │  I/O pool (or the FUSE thread while storage is fast), one fetch per block
-//!    └─ fetch ──► (later: peers, local disk) ──► source         fetch.rs, source.rs
+//!    └─ fetch ──► local disk ──► peers ──► source          fetch.rs, disk.rs, peer.rs,
+//!                                                              source.rs
 //! ```
 //!
 //! Each tier is one type behind [`Tier`]: `get` a block, `admit` one offered from below,
@@ -27,6 +28,7 @@
 //! Lookups cost what they cost before the chain: a call through `&dyn Tier` per tier asked,
 //! no allocation, and the memory tier lends its bytes without a copy or a reference count.
 
+pub mod disk;
 pub mod fetch;
 pub mod inflight;
 pub mod memory;
@@ -134,6 +136,11 @@ pub trait Tier: Send + Sync {
     /// The tier's name, for the log.
     fn name(&self) -> &'static str;
 
+    /// What the blocks this tier finds count as, behind the fetch.
+    fn origin(&self) -> fetch::Origin {
+        fetch::Origin::Source
+    }
+
     /// Block `want.key`, if this tier holds it for `want`. `Err` is a fault of the tier, not
     /// a miss: the caller counts it and asks the next tier.
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError>;
@@ -153,6 +160,8 @@ pub struct Tiers {
     pub memory: Arc<BlockCache>,
     pub staging: Arc<Staging>,
     pub recent: Arc<RecentBlocks>,
+    /// The disk tier (`--cache-dir`), if any: behind the fetch, in front of peers and source.
+    pub disk: Option<Arc<disk::DiskTier>>,
     /// One fetch per block, from the tiers behind it.
     pub fetcher: Arc<Fetcher>,
 }
@@ -160,12 +169,14 @@ pub struct Tiers {
 impl Tiers {
     /// The chain of a mount: `memory` in front, a staging area of `staging` bytes, the
     /// recent blocks (kept only if the cache keeps anything: `--policy none` is the kernel's
-    /// page cache alone), and fetches on the `io` pool, counted in `stats`: from the member of
-    /// `cluster` that owns the file, if it is another, else from `source`. In a cluster, the
-    /// cache keeps only the files this member owns.
+    /// page cache alone), and fetches on the `io` pool, counted in `stats`: from `disk` if it
+    /// holds the block, else from the member of `cluster` that owns the file, if it is
+    /// another, else from `source`. In a cluster, the cache keeps only the files this member
+    /// owns.
     pub fn new(
         memory: BlockCache,
         staging: u64,
+        disk: Option<Arc<disk::DiskTier>>,
         source: Arc<dyn DatasetSource>,
         cluster: Option<&crate::cluster::ClusterConfig>,
         stats: Arc<Stats>,
@@ -175,6 +186,9 @@ impl Tiers {
         let blocks = memory.blocks();
         let recent = Arc::new(RecentBlocks::new(memory.caches()));
         let mut below: Vec<Arc<dyn Tier>> = Vec::new();
+        if let Some(d) = &disk {
+            below.push(d.clone());
+        }
         if let Some(c) = cluster {
             let owns = c.membership.clone();
             memory.keep_only(Box::new(move |path| owns.owns(path)));
@@ -192,6 +206,7 @@ impl Tiers {
             staging: Arc::new(Staging::new(staging, blocks)),
             memory,
             recent,
+            disk,
             fetcher: Arc::new(fetcher),
         }
     }
@@ -338,7 +353,15 @@ pub(crate) mod tests {
             let source = crate::source::LocalSource::new(dir.path().to_path_buf(), false);
             let stats = Arc::new(Stats::default());
             let io = io.handle().clone();
-            let tiers = Tiers::new(memory, 1 << 20, Arc::new(source.unwrap()), None, stats, io);
+            let tiers = Tiers::new(
+                memory,
+                1 << 20,
+                None,
+                Arc::new(source.unwrap()),
+                None,
+                stats,
+                io,
+            );
             let w = want(1, 100, 0, Why::Read);
             let claimed = vec![
                 (0, Arc::new(Block::copy_of(&[1; 64]).unwrap())),

@@ -207,6 +207,10 @@ impl Tier for PeerTier {
         "peer"
     }
 
+    fn origin(&self) -> super::fetch::Origin {
+        super::fetch::Origin::Peer
+    }
+
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
         // A member serves what it owns from its source: it asks nobody (members whose lists
         // disagreed would otherwise ask each other in a ring).

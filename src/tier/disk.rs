@@ -1,0 +1,1012 @@
+//! The disk tier: a second MinIO cache on local disk, below memory, that outlives the daemon.
+//!
+//! Cloud training nodes have fast local NVMe and lose their memory at every restart. With
+//! `--cache-dir DIR --disk-cache-size SIZE`, every block read from the source is also written
+//! to DIR while there is room, and never evicted (the MinIO policy: under a random order per
+//! epoch, keeping the first bytes that fit is the best any cache does). A later fetch finds
+//! it here before asking peers or the source, and the memory tier fills from it as from the
+//! source. A restarted daemon (unmounted, killed with `kill -9`, or after a reboot) opens the
+//! same directory and finds every block it wrote: epoch 1 after a restart hits what the disk
+//! holds.
+//!
+//! # Layout
+//! DIR holds three files, each created `0600`, opened without following symlinks:
+//! - `lock`: held with `flock` for the daemon's life, with its pid, so that a second daemon
+//!   is refused the directory instead of writing into it too.
+//! - `data`: the blocks, appended in large sequential writes (a batch of up to 8 MiB is one
+//!   `pwrite`). A block of 64 KiB or more starts on a page boundary, so that it is read with
+//!   `O_DIRECT` straight into its page-aligned buffer; smaller ones are packed. Reads use
+//!   `O_DIRECT` (where the filesystem takes it, else `pread` and `POSIX_FADV_DONTNEED`), and
+//!   written ranges are synced and dropped from the page cache: the disk tier does not take
+//!   the page cache's memory, which belongs to the jobs.
+//! - `index`: a log of fixed 72-byte records, one per block written (or dropped: a tombstone),
+//!   appended after the block's bytes are synced. A record names the block by a hash of the
+//!   file's path (xxh3, the same on every machine and build) and its number, and carries the
+//!   source version it was read from (inode, size, mtime, ctime), where its bytes are, their
+//!   CRC32C, and a CRC32C of the record itself.
+//!
+//! # Never serving what is wrong
+//! - A record whose CRC does not match (the tail of a log cut by `kill -9` or a crash) ends
+//!   the log: it is cut there. A record pointing past the end of `data` is dropped.
+//! - A block is served only for the version it was read from: a file changed in the source
+//!   since (another size, mtime or ctime, or another inode at the path) is a miss, and its
+//!   blocks are dropped. Two paths whose hashes collide could only be served for each other
+//!   if both were the same inode with the same times and size: the same file.
+//! - The bytes' CRC32C is checked the first time each block is read after the directory is
+//!   opened, and on one read in [`SAMPLE_EVERY`] after that. A torn or corrupted block is
+//!   dropped (a tombstone in the log) and fetched again from below, never served.
+//! - A write or read error (a full disk: ENOSPC) disables the tier with one log line; reads
+//!   go on from the tiers below.
+//!
+//! Space of dropped blocks is not reused (the log only grows); delete DIR's files, with the
+//! mount down, to start afresh. A directory written with another block size is started
+//! afresh (its blocks would not line up).
+//!
+//! # Memory
+//! The index: about 90 bytes per block on disk (a 1.28 M-file dataset: about 115 MB). Blocks
+//! waiting for the writer: at most [`PENDING_MAX`] bytes (more are not written; the tier is
+//! a cache), plus one batch buffer of [`BATCH_MAX`] bytes.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use super::{Found, Tier, TierError, Want};
+use crate::block::{ALIGN, Block, BlockSize, MAP_FROM};
+use crate::namespace::FileVersion;
+use crate::source::read_at_most;
+use crate::stats::{Counters, Stats};
+
+/// The disk tier's configuration: `--cache-dir`, `--disk-cache-size`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    pub dir: PathBuf,
+    /// Bytes the data file may grow to.
+    pub size: u64,
+}
+
+/// Why the cache directory cannot be used. Each is one line for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("cache directory {0}: {1}")]
+    Io(PathBuf, io::Error),
+    #[error("cache directory {0}: not a directory")]
+    NotDir(PathBuf),
+    #[error(
+        "cache directory {0} is writable by users other than its owner (mode {1:04o}); make it 0700 or 0755"
+    )]
+    Writable(PathBuf, u32),
+    #[error("cache directory {0} belongs to uid {1}; the daemon (uid {2}) needs one of its own")]
+    Owner(PathBuf, u32, u32),
+    #[error("cache directory {dir} is in use by another coorfs daemon{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    InUse { dir: PathBuf, pid: Option<u32> },
+}
+
+/// Blocks waiting for the writer hold at most this many bytes; more are not written.
+pub const PENDING_MAX: u64 = 32 << 20;
+/// One write of the data file: at most this many bytes.
+pub const BATCH_MAX: usize = 8 << 20;
+/// After its first read, a block's checksum is checked on one read in this many.
+pub const SAMPLE_EVERY: u64 = 16;
+
+const MAGIC: &[u8; 8] = b"COORFSD1";
+/// The index's header: the magic and the block size.
+const HEADER: u64 = 16;
+/// One index record.
+const RECORD: usize = 72;
+/// The length of a tombstone record.
+const TOMBSTONE: u32 = u32::MAX;
+
+/// What a block was read from: the source file's version, without the device (a device
+/// number can change across reboots; the inode, size and times do not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Version {
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl From<&FileVersion> for Version {
+    fn from(v: &FileVersion) -> Self {
+        Version {
+            ino: v.ino,
+            size: v.size,
+            mtime_ns: v.mtime_ns,
+            ctime_ns: v.ctime_ns,
+        }
+    }
+}
+
+/// Where a block's bytes are in `data`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Extent {
+    offset: u64,
+    len: u32,
+    crc: u32,
+}
+
+/// One block on disk.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    version: Version,
+    extent: Extent,
+    /// Its checksum was checked (or computed) since the directory was opened.
+    checked: bool,
+}
+
+/// A block: the hash of its file's path, and its number.
+type Key = (u64, u64);
+
+fn path_hash(rel: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    xxhash_rust::xxh3::xxh3_64(rel.as_os_str().as_bytes())
+}
+
+/// One index record, as written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Record {
+    key: Key,
+    version: Version,
+    extent: Extent,
+}
+
+impl Record {
+    fn encode(&self) -> [u8; RECORD] {
+        let mut r = [0u8; RECORD];
+        let fields: [u64; 8] = [
+            self.key.0,
+            self.key.1,
+            self.version.ino,
+            self.version.size,
+            self.version.mtime_ns as u64,
+            self.version.ctime_ns as u64,
+            self.extent.offset,
+            u64::from(self.extent.len) | (u64::from(self.extent.crc) << 32),
+        ];
+        for (i, f) in fields.iter().enumerate() {
+            r[i * 8..i * 8 + 8].copy_from_slice(&f.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&r[..64]);
+        r[64..68].copy_from_slice(&crc.to_le_bytes());
+        r
+    }
+
+    /// The record in `r`, unless its checksum says it is torn.
+    fn decode(r: &[u8]) -> Option<Record> {
+        let crc = u32::from_le_bytes(r[64..68].try_into().ok()?);
+        if crc32c::crc32c(&r[..64]) != crc {
+            return None;
+        }
+        let f = |i: usize| u64::from_le_bytes(r[i * 8..i * 8 + 8].try_into().unwrap());
+        Some(Record {
+            key: (f(0), f(1)),
+            version: Version {
+                ino: f(2),
+                size: f(3),
+                mtime_ns: f(4) as i64,
+                ctime_ns: f(5) as i64,
+            },
+            extent: Extent {
+                offset: f(6),
+                len: f(7) as u32,
+                crc: (f(7) >> 32) as u32,
+            },
+        })
+    }
+}
+
+/// A block handed to the writer.
+struct Pending {
+    key: Key,
+    version: Version,
+    data: Arc<Block>,
+}
+
+/// The writer's queue.
+#[derive(Default)]
+struct Queue {
+    blocks: Vec<Pending>,
+    bytes: u64,
+    closing: bool,
+}
+
+/// The index in memory, and where the data file ends.
+#[derive(Default)]
+struct Index {
+    entries: HashMap<Key, Entry>,
+    /// Bytes of live blocks.
+    bytes: u64,
+    /// Where the next write goes: the end of `data`.
+    tail: u64,
+}
+
+impl Index {
+    fn insert(&mut self, key: Key, entry: Entry) {
+        self.bytes += u64::from(entry.extent.len);
+        if let Some(old) = self.entries.insert(key, entry) {
+            self.bytes -= u64::from(old.extent.len);
+        }
+    }
+
+    fn remove(&mut self, key: &Key) -> bool {
+        match self.entries.remove(key) {
+            Some(old) => {
+                self.bytes -= u64::from(old.extent.len);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The disk tier of a mount.
+pub struct DiskTier {
+    dir: PathBuf,
+    capacity: u64,
+    blocks: BlockSize,
+    data: File,
+    /// `data` opened with `O_DIRECT`, if the filesystem takes it.
+    direct: Option<File>,
+    index_log: Mutex<File>,
+    /// Held (flock) while this tier lives.
+    _lock: File,
+    index: RwLock<Index>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    enabled: AtomicBool,
+    /// The writer stopped admitting: the next block would pass the capacity.
+    full: AtomicBool,
+    reads: AtomicU64,
+    /// Where blocks read from here, and blocks dropped, are counted.
+    stats: Arc<Stats>,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("dir", &self.dir)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens `dir/name` for reading and writing, creating it `0600`, without following a
+/// symlink.
+fn open_rw(dir: &Path, name: &str) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir.join(name))
+}
+
+/// The bytes of an `O_DIRECT` read covering `len` bytes at `offset`.
+fn aligned_span(offset: u64, len: u64) -> (u64, usize, usize) {
+    let start = offset & !(ALIGN as u64 - 1);
+    let skip = (offset - start) as usize;
+    let span = (skip + len as usize).div_ceil(ALIGN) * ALIGN;
+    (start, skip, span)
+}
+
+/// Creates `dir` (0700) if missing, checks that it is the daemon's alone, and takes its
+/// lock, writing this process's pid into it: the lock file, which holds the lock while open.
+pub fn take(dir: &Path) -> Result<File, DiskError> {
+    let io_err = |e| DiskError::Io(dir.to_path_buf(), e);
+    match std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err(e)),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(io_err)?;
+    if !meta.is_dir() {
+        return Err(DiskError::NotDir(dir.to_path_buf()));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(DiskError::Owner(dir.to_path_buf(), meta.uid(), me));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(DiskError::Writable(dir.to_path_buf(), meta.mode() & 0o7777));
+    }
+    let mut lock = open_rw(dir, "lock").map_err(io_err)?;
+    if let Err(e) = rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        if e == rustix::io::Errno::WOULDBLOCK {
+            let mut text = String::new();
+            let _ = lock.read_to_string(&mut text);
+            return Err(DiskError::InUse {
+                dir: dir.to_path_buf(),
+                pid: text.trim().parse().ok(),
+            });
+        }
+        return Err(io_err(e.into()));
+    }
+    lock.set_len(0).map_err(io_err)?;
+    lock.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0)
+        .map_err(io_err)?;
+    Ok(lock)
+}
+
+impl DiskTier {
+    /// Opens (creating it if need be) the cache directory of `config` for blocks of `blocks`,
+    /// loads its index, and starts the writer. Counts reads in `stats`.
+    pub fn open(
+        config: &DiskConfig,
+        blocks: BlockSize,
+        stats: Arc<Stats>,
+    ) -> Result<Arc<DiskTier>, DiskError> {
+        let dir = config.dir.clone();
+        let io_err = |e| DiskError::Io(dir.clone(), e);
+        let lock = take(&dir)?;
+        let data = open_rw(&dir, "data").map_err(io_err)?;
+        let log = open_rw(&dir, "index").map_err(io_err)?;
+        let index = load(&dir, &log, &data, blocks).map_err(io_err)?;
+        let direct = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dir.join("data"))
+            .ok();
+        tracing::info!(
+            "disk cache {}: {} blocks, {} of {} used{}",
+            dir.display(),
+            index.entries.len(),
+            crate::units::format_size(index.tail),
+            crate::units::format_size(config.size),
+            if direct.is_some() {
+                ""
+            } else {
+                " (the filesystem refuses O_DIRECT: reads drop their pages instead)"
+            }
+        );
+        let tier = Arc::new(DiskTier {
+            dir,
+            capacity: config.size,
+            blocks,
+            data,
+            direct,
+            index_log: Mutex::new(log),
+            _lock: lock,
+            full: AtomicBool::new(index.tail >= config.size),
+            index: RwLock::new(index),
+            queue: Mutex::default(),
+            wake: Condvar::new(),
+            writer: Mutex::new(None),
+            enabled: AtomicBool::new(true),
+            reads: AtomicU64::new(0),
+            stats,
+        });
+        let writer = tier.clone();
+        let handle = std::thread::Builder::new()
+            .name("coorfs-disk".into())
+            .spawn(move || writer.write_loop())
+            .map_err(|e| DiskError::Io(tier.dir.clone(), e))?;
+        *tier.writer.lock() = Some(handle);
+        Ok(tier)
+    }
+
+    /// Bytes the data file may grow to.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes of the data file in use (blocks, alignment, and dropped blocks).
+    pub fn used(&self) -> u64 {
+        self.index.read().tail
+    }
+
+    /// Bytes of the blocks held.
+    pub fn cached_bytes(&self) -> u64 {
+        self.index.read().bytes
+    }
+
+    /// Blocks held.
+    pub fn cached_blocks(&self) -> u64 {
+        self.index.read().entries.len() as u64
+    }
+
+    /// False once an error disabled the tier.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// True if every block of the file at `rel`, as of `version`, is on disk.
+    pub fn holds_file(&self, rel: &Path, version: &FileVersion) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let (hash, v) = (path_hash(rel), Version::from(version));
+        let index = self.index.read();
+        (0..self.blocks.count(version.size)).all(|b| {
+            index
+                .entries
+                .get(&(hash, b))
+                .is_some_and(|e| e.version == v)
+        })
+    }
+
+    /// Writes what is queued and stops the writer: at unmount.
+    pub fn close(&self) {
+        self.queue.lock().closing = true;
+        self.wake.notify_all();
+        if let Some(writer) = self.writer.lock().take() {
+            let _ = writer.join();
+        }
+    }
+
+    /// Turns the tier off after `e`, once, with a log line.
+    fn disable(&self, what: &str, e: &io::Error) {
+        if self.enabled.swap(false, Ordering::Relaxed) {
+            tracing::error!(
+                "disk cache {}: {what}: {e}; the disk tier is off until the next mount, reads go on from the source",
+                self.dir.display()
+            );
+        }
+        let mut q = self.queue.lock();
+        q.blocks.clear();
+        q.bytes = 0;
+    }
+
+    /// Drops block `key` (its bytes are wrong, or its file changed): from the index now, and
+    /// from the log with a tombstone, so that a restart does not load it again.
+    fn drop_block(&self, key: Key, why: &str, rel: &Path) {
+        if !self.index.write().remove(&key) {
+            return;
+        }
+        Counters::add(&self.stats.counters.disk_dropped, 1);
+        tracing::warn!(
+            "disk cache: block {} of {} dropped: {why}; reading it again",
+            key.1,
+            rel.display()
+        );
+        let tomb = Record {
+            key,
+            version: Version {
+                ino: 0,
+                size: 0,
+                mtime_ns: 0,
+                ctime_ns: 0,
+            },
+            extent: Extent {
+                offset: 0,
+                len: TOMBSTONE,
+                crc: 0,
+            },
+        };
+        if let Err(e) = append(&self.index_log.lock(), &[tomb.encode()]) {
+            self.disable("writing the index", &e);
+        }
+    }
+
+    /// Reads `extent` from the data file.
+    fn read_extent(&self, extent: Extent) -> io::Result<Option<Block>> {
+        let len = u64::from(extent.len);
+        if let Some(direct) = &self.direct {
+            let (start, skip, span) = aligned_span(extent.offset, len);
+            let mut buf = Block::zeroed(span)?;
+            let n = read_at_most(direct, start, &mut buf.whole_mut()[..span], true)?;
+            if n < skip + len as usize {
+                return Ok(None);
+            }
+            if skip == 0 && len as usize >= MAP_FROM {
+                buf.truncate(len as usize);
+                return Ok(Some(buf));
+            }
+            let bytes = &buf.whole_mut()[skip..skip + len as usize];
+            return Ok(Some(if bytes.len() < MAP_FROM {
+                Block::exact(bytes)
+            } else {
+                Block::copy_of(bytes)?
+            }));
+        }
+        let mut buf = Block::zeroed(len as usize)?;
+        let n = read_at_most(&self.data, extent.offset, buf.whole_mut(), false)?;
+        // SAFETY: `data` is open for the call; fadvise only advises the kernel's page cache.
+        unsafe {
+            libc::posix_fadvise(
+                self.data.as_raw_fd(),
+                extent.offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+        if n < len as usize {
+            return Ok(None);
+        }
+        buf.truncate(len as usize);
+        Ok(Some(if buf.len() < MAP_FROM {
+            Block::exact(&buf)
+        } else {
+            buf
+        }))
+    }
+
+    /// The writer: takes queued blocks, writes them in batches, publishes them.
+    fn write_loop(&self) {
+        loop {
+            let batch = {
+                let mut q = self.queue.lock();
+                while q.blocks.is_empty() && !q.closing {
+                    self.wake.wait_for(&mut q, Duration::from_secs(1));
+                }
+                if q.blocks.is_empty() && q.closing {
+                    return;
+                }
+                q.bytes = 0;
+                std::mem::take(&mut q.blocks)
+            };
+            let mut rest = batch.as_slice();
+            while !rest.is_empty() && self.enabled() {
+                rest = self.write_batch(rest);
+            }
+        }
+    }
+
+    /// Writes the first blocks of `pending` that fit one batch and the capacity; returns the
+    /// rest (empty once the capacity is reached: what does not fit is not written).
+    fn write_batch<'p>(&self, pending: &'p [Pending]) -> &'p [Pending] {
+        let tail = self.index.read().tail;
+        let mut buf: Vec<u8> = Vec::with_capacity(BATCH_MAX.min(pending_bytes(pending)));
+        let mut records = Vec::new();
+        let mut in_batch = std::collections::HashSet::new();
+        let mut taken = 0;
+        for p in pending {
+            let len = p.data.len();
+            if !records.is_empty() && buf.len() + len > BATCH_MAX {
+                break;
+            }
+            taken += 1;
+            if self
+                .index
+                .read()
+                .entries
+                .get(&p.key)
+                .is_some_and(|e| e.version == p.version)
+                || !in_batch.insert(p.key)
+            {
+                continue;
+            }
+            let mut at = buf.len();
+            if len >= MAP_FROM {
+                at = (tail as usize + at).div_ceil(ALIGN) * ALIGN - tail as usize;
+            }
+            if tail + (at + len) as u64 > self.capacity {
+                if !self.full.swap(true, Ordering::Relaxed) {
+                    tracing::info!(
+                        "disk cache {} is full ({}): it keeps what it has and takes no more",
+                        self.dir.display(),
+                        crate::units::format_size(self.capacity)
+                    );
+                }
+                taken = pending.len();
+                break;
+            }
+            buf.resize(at, 0);
+            buf.extend_from_slice(&p.data);
+            records.push(Record {
+                key: p.key,
+                version: p.version,
+                extent: Extent {
+                    offset: tail + at as u64,
+                    len: len as u32,
+                    crc: crc32c::crc32c(&p.data),
+                },
+            });
+        }
+        if records.is_empty() {
+            return &pending[taken..];
+        }
+        if let Err(e) = self.write_data(tail, &buf) {
+            self.disable("writing blocks", &e);
+            return &[];
+        }
+        let encoded: Vec<[u8; RECORD]> = records.iter().map(Record::encode).collect();
+        if let Err(e) = append(&self.index_log.lock(), &encoded) {
+            self.disable("writing the index", &e);
+            return &[];
+        }
+        let mut index = self.index.write();
+        for r in &records {
+            index.insert(
+                r.key,
+                Entry {
+                    version: r.version,
+                    extent: r.extent,
+                    checked: true,
+                },
+            );
+        }
+        index.tail = tail + buf.len() as u64;
+        &pending[taken..]
+    }
+
+    /// Writes `buf` at `at` of the data file, syncs it, and drops it from the page cache.
+    fn write_data(&self, at: u64, buf: &[u8]) -> io::Result<()> {
+        self.data.write_all_at(buf, at)?;
+        self.data.sync_data()?;
+        // SAFETY: `data` is open for the call; fadvise only advises the kernel's page cache.
+        unsafe {
+            libc::posix_fadvise(
+                self.data.as_raw_fd(),
+                at as libc::off_t,
+                buf.len() as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+        Ok(())
+    }
+}
+
+fn pending_bytes(pending: &[Pending]) -> usize {
+    pending.iter().map(|p| p.data.len()).sum()
+}
+
+/// Appends `records` to the index log in one write.
+fn append(log: &File, records: &[[u8; RECORD]]) -> io::Result<()> {
+    let bytes: Vec<u8> = records.iter().flatten().copied().collect();
+    let end = log.metadata()?.len();
+    log.write_all_at(&bytes, end)
+}
+
+/// Reads the index log of `dir` into memory: cuts a torn tail, drops records that point past
+/// the end of `data`, and starts both afresh if they were written with another block size.
+fn load(dir: &Path, log: &File, data: &File, blocks: BlockSize) -> io::Result<Index> {
+    let mut header = [0u8; HEADER as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..].copy_from_slice(&blocks.get().to_le_bytes());
+    let mut bytes = Vec::new();
+    (&*log).read_to_end(&mut bytes)?;
+    if bytes.len() < HEADER as usize || bytes[..HEADER as usize] != header {
+        if !bytes.is_empty() {
+            tracing::warn!(
+                "disk cache {}: written by another version or with another block size; starting it afresh",
+                dir.display()
+            );
+        }
+        data.set_len(0)?;
+        log.set_len(0)?;
+        log.write_all_at(&header, 0)?;
+        log.sync_data()?;
+        return Ok(Index::default());
+    }
+    let data_len = data.metadata()?.len();
+    let mut index = Index::default();
+    let mut good = HEADER as usize;
+    let mut torn = false;
+    for r in bytes[HEADER as usize..].chunks(RECORD) {
+        let Some(rec) = (r.len() == RECORD).then(|| Record::decode(r)).flatten() else {
+            torn = true;
+            break;
+        };
+        good += RECORD;
+        if rec.extent.len == TOMBSTONE {
+            index.remove(&rec.key);
+        } else if rec.extent.offset + u64::from(rec.extent.len) <= data_len {
+            index.insert(
+                rec.key,
+                Entry {
+                    version: rec.version,
+                    extent: rec.extent,
+                    checked: false,
+                },
+            );
+        }
+    }
+    if torn {
+        tracing::warn!(
+            "disk cache {}: the index ends in a torn record (the daemon stopped mid-write); cut there",
+            dir.display()
+        );
+        log.set_len(good as u64)?;
+    }
+    index.tail = data_len;
+    Ok(index)
+}
+
+impl Tier for DiskTier {
+    fn name(&self) -> &'static str {
+        "disk"
+    }
+
+    fn origin(&self) -> super::fetch::Origin {
+        super::fetch::Origin::Disk
+    }
+
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let key = (path_hash(want.rel), want.key.block);
+        let Some(entry) = self.index.read().entries.get(&key).copied() else {
+            return Ok(None);
+        };
+        if entry.version != Version::from(&want.key.version) {
+            self.drop_block(key, "its file changed in the source", want.rel);
+            return Ok(None);
+        }
+        let block = match self.read_extent(entry.extent) {
+            Ok(Some(block)) => block,
+            Ok(None) => {
+                self.drop_block(key, "the cache file ends before it (torn)", want.rel);
+                return Ok(None);
+            }
+            Err(e) => {
+                self.disable("reading", &e);
+                return Err(TierError::of(&e));
+            }
+        };
+        let n = self.reads.fetch_add(1, Ordering::Relaxed);
+        if !entry.checked || n.is_multiple_of(SAMPLE_EVERY) {
+            if crc32c::crc32c(&block) != entry.extent.crc {
+                self.drop_block(key, "its checksum does not match (corrupt)", want.rel);
+                return Ok(None);
+            }
+            if !entry.checked
+                && let Some(e) = self.index.write().entries.get_mut(&key)
+            {
+                e.checked = true;
+            }
+        }
+        Counters::add(&self.stats.counters.disk_hits, 1);
+        Counters::add(&self.stats.counters.bytes_from_disk, block.len() as u64);
+        Ok(Some(Found::Block(Arc::new(block))))
+    }
+
+    fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool {
+        if !self.enabled() || self.full.load(Ordering::Relaxed) {
+            return false;
+        }
+        let key = (path_hash(want.rel), want.key.block);
+        let version = Version::from(&want.key.version);
+        if self
+            .index
+            .read()
+            .entries
+            .get(&key)
+            .is_some_and(|e| e.version == version)
+        {
+            return false;
+        }
+        let mut q = self.queue.lock();
+        let len = data.len() as u64;
+        if q.closing || q.bytes + len > PENDING_MAX {
+            return false;
+        }
+        q.bytes += len;
+        q.blocks.push(Pending {
+            key,
+            version,
+            data: data.clone(),
+        });
+        drop(q);
+        self.wake.notify_one();
+        true
+    }
+
+    fn remove(&self, _want: &Want<'_>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::Why;
+    use std::num::NonZeroU64;
+
+    fn blocks() -> BlockSize {
+        BlockSize::new(NonZeroU64::new(1 << 20).unwrap())
+    }
+
+    /// A want for block `block` of file `rel` of `size` bytes.
+    fn want(rel: &'static str, size: u64, block: u64) -> Want<'static> {
+        let mut w = crate::tier::tests::want(7, size, block, Why::Read);
+        w.rel = Path::new(rel);
+        w
+    }
+
+    fn open(dir: &Path, size: u64) -> Arc<DiskTier> {
+        let config = DiskConfig {
+            dir: dir.to_path_buf(),
+            size,
+        };
+        DiskTier::open(&config, blocks(), Arc::new(Stats::default())).unwrap()
+    }
+
+    fn bytes(found: Option<Found<'_>>) -> Option<Vec<u8>> {
+        match found? {
+            Found::Block(b) => Some(b.to_vec()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Admits `data` as `w` and waits for the writer to publish it.
+    fn put(t: &DiskTier, w: &Want<'_>, data: &[u8]) {
+        assert!(t.admit(w, &Arc::new(Block::copy_of(data).unwrap())));
+        for _ in 0..500 {
+            if t.index
+                .read()
+                .entries
+                .contains_key(&(path_hash(w.rel), w.key.block))
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        panic!("never written");
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_one_is_refused() {
+        let r = Record {
+            key: (u64::MAX, 3),
+            version: Version {
+                ino: 9,
+                size: 1 << 40,
+                mtime_ns: -5,
+                ctime_ns: 1_700_000_000_000_000_000,
+            },
+            extent: Extent {
+                offset: 123 << 20,
+                len: 1 << 20,
+                crc: 0xdead_beef,
+            },
+        };
+        let mut e = r.encode();
+        assert_eq!(Record::decode(&e), Some(r));
+        e[70] ^= 1; // the padding is not covered, a field is
+        assert_eq!(Record::decode(&e), Some(r));
+        e[3] ^= 1;
+        assert_eq!(Record::decode(&e), None);
+    }
+
+    #[test]
+    fn aligned_spans_cover_the_extent_in_whole_pages() {
+        // (offset, len) -> (start, skip, span)
+        for (off, len, want) in [
+            (0, 10, (0, 0, 4096)),
+            (4096, 4096, (4096, 0, 4096)),
+            (5000, 100, (4096, 904, 4096)),
+            (4000, 200, (0, 4000, 8192)),
+            (8192, 1 << 20, (8192, 0, 1 << 20)),
+        ] {
+            assert_eq!(aligned_span(off, len), want, "{off} {len}");
+        }
+    }
+
+    #[test]
+    fn blocks_survive_a_reopen_and_their_versions_and_checksums_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let small: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let big: Vec<u8> = (0..(200u32 << 10)).map(|i| (i % 241) as u8).collect();
+        let (a, b, c) = (
+            want("a", small.len() as u64, 0),
+            want("b/big", big.len() as u64, 0),
+            want("c", small.len() as u64, 0),
+        );
+        {
+            let t = open(dir.path(), 1 << 30);
+            put(&t, &a, &small);
+            put(&t, &b, &big);
+            put(&t, &c, &small);
+            assert_eq!(bytes(t.get(&a).unwrap()), Some(small.clone()));
+            assert!(t.holds_file(a.rel, &a.key.version));
+            assert!(
+                !t.admit(&a, &Arc::new(Block::exact(&small))),
+                "held already"
+            );
+            // A second daemon is refused the directory while this one holds it.
+            let again = DiskConfig {
+                dir: dir.path().to_path_buf(),
+                size: 1 << 30,
+            };
+            let err = DiskTier::open(&again, blocks(), Arc::new(Stats::default())).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "cache directory {} is in use by another coorfs daemon (pid {})",
+                    dir.path().display(),
+                    std::process::id()
+                )
+            );
+            t.close();
+        }
+        // Flip a byte of c's block in the data file.
+        let data = dir.path().join("data");
+        let off = {
+            let t = open(dir.path(), 1 << 30);
+            let e = t.index.read().entries[&(path_hash(c.rel), 0)];
+            t.close();
+            e.extent.offset
+        };
+        let f = OpenOptions::new().write(true).open(&data).unwrap();
+        f.write_all_at(&[small[7] ^ 0xff], off + 7).unwrap();
+        let t = open(dir.path(), 1 << 30);
+        assert_eq!(t.cached_blocks(), 3);
+        assert_eq!(bytes(t.get(&a).unwrap()), Some(small.clone()));
+        assert_eq!(bytes(t.get(&b).unwrap()), Some(big.clone()));
+        assert_eq!(
+            bytes(t.get(&c).unwrap()),
+            None,
+            "corrupt: dropped, not served"
+        );
+        assert_eq!(Counters::get(&t.stats.counters.disk_dropped), 1);
+        // A changed source file (another mtime) is a miss, and its block is dropped.
+        let mut changed = a;
+        changed.key.version.mtime_ns += 1;
+        assert!(!t.holds_file(a.rel, &changed.key.version));
+        assert_eq!(bytes(t.get(&changed).unwrap()), None);
+        assert_eq!(bytes(t.get(&a).unwrap()), None, "dropped for good");
+        t.close();
+        drop(t);
+        // The tombstones hold across a restart.
+        let t = open(dir.path(), 1 << 30);
+        assert_eq!(t.cached_blocks(), 1);
+        assert_eq!(bytes(t.get(&b).unwrap()), Some(big));
+        t.close();
+    }
+
+    #[test]
+    fn a_torn_index_tail_is_cut_and_the_disk_fills_only_to_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![5u8; 3000];
+        {
+            let t = open(dir.path(), 7000);
+            put(&t, &want("a", 3000, 0), &data);
+            put(&t, &want("b", 3000, 0), &data);
+            // A third would pass 7000 bytes: not written.
+            assert!(t.admit(&want("c", 3000, 0), &Arc::new(Block::exact(&data))));
+            t.close();
+            assert_eq!(t.cached_blocks(), 2);
+            assert_eq!(t.used(), 6000);
+            assert!(!t.admit(&want("d", 10, 0), &Arc::new(Block::exact(&[1; 10]))));
+        }
+        // Half a record at the end of the log, as a kill -9 mid-append leaves it.
+        let log = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("index"))
+            .unwrap();
+        std::io::Write::write_all(&mut &log, &[1u8; RECORD / 2]).unwrap();
+        let t = open(dir.path(), 7000);
+        assert_eq!(t.cached_blocks(), 2);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("index")).unwrap().len(),
+            HEADER + 2 * RECORD as u64
+        );
+        assert_eq!(bytes(t.get(&want("b", 3000, 0)).unwrap()), Some(data));
+        t.close();
+    }
+
+    #[test]
+    fn a_directory_others_may_write_to_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let config = DiskConfig {
+            dir: dir.path().to_path_buf(),
+            size: 1 << 20,
+        };
+        let err = DiskTier::open(&config, blocks(), Arc::new(Stats::default())).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cache directory {} is writable by users other than its owner (mode 0777); make it 0700 or 0755",
+                dir.path().display()
+            )
+        );
+    }
+}

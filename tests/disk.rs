@@ -1,0 +1,258 @@
+//! The disk tier (`--cache-dir`, `--disk-cache-size`) on real mounts: the hit rate survives a
+//! restart, a `kill -9` and flipped bytes never serve anything corrupt, a changed source file
+//! is a miss, a full disk turns the tier off without a failed read, and the directory is one
+//! daemon's and root's alone.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+
+/// Files of the dataset, and their size: a multiple of the page, so that the disk holds
+/// exactly as many as its size says (blocks of 64 KiB and more start on a page).
+const FILES: usize = 40;
+const SIZE: usize = 64 << 10;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    src: PathBuf,
+    cache: PathBuf,
+    /// Relative to `src`, in the order they are read.
+    files: Vec<PathBuf>,
+}
+
+fn setup() -> Setup {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let files = make_dataset(&src, FILES, SIZE, 4);
+    let cache = dir.path().join("cache");
+    Setup {
+        cache,
+        src,
+        files,
+        _dir: dir,
+    }
+}
+
+impl Setup {
+    /// Mounts with no memory cache and a disk tier of `files` files, plus `extra`.
+    fn mount(&self, files: usize, extra: &[&str]) -> Mount {
+        let size = (files * SIZE).to_string();
+        let mut args = vec![
+            "--cache-size",
+            "0",
+            "--no-prefetch",
+            "--cache-dir",
+            self.cache.to_str().unwrap(),
+            "--disk-cache-size",
+            &size,
+        ];
+        args.extend(extra);
+        Mount::new(&self.src, &args)
+    }
+
+    /// Reads every file through `m` and checks its bytes against the source.
+    fn read_all(&self, m: &Mount) {
+        for rel in &self.files {
+            let got = std::fs::read(m.path(rel)).unwrap();
+            let want = std::fs::read(self.src.join(rel)).unwrap();
+            assert!(got == want, "{} differs", rel.display());
+        }
+    }
+}
+
+/// Waits until the disk tier of `m` holds `blocks` blocks.
+fn wait_for_disk(m: &Mount, blocks: u64) {
+    assert!(
+        wait_for(Duration::from_secs(20), || num(
+            &stats(&m.mnt),
+            "disk_cached_blocks"
+        ) == blocks),
+        "the disk tier holds {} blocks, not {blocks}",
+        num(&stats(&m.mnt), "disk_cached_blocks")
+    );
+}
+
+#[test]
+fn a_restart_keeps_the_disk_tiers_hit_rate() {
+    let s = setup();
+    let m = s.mount(FILES / 2, &[]);
+    s.read_all(&m);
+    wait_for_disk(&m, FILES as u64 / 2);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "hits"), 0);
+    assert_eq!(num(&st, "disk_used"), (FILES / 2 * SIZE) as u64);
+    assert_eq!(num(&st, "disk_enabled"), 1);
+    m.unmount();
+    // Every file in the directory is root's alone.
+    for name in ["data", "index", "lock"] {
+        let out = as_nobody("cat", &[s.cache.join(name).as_os_str()]);
+        assert!(!out.status.success(), "nobody read {name}");
+        assert!(
+            stderr(&out).contains("Permission denied"),
+            "{}",
+            stderr(&out)
+        );
+    }
+
+    // Epoch 1 after the restart: memory holds nothing, the disk half the dataset.
+    let m = s.mount(FILES / 2, &[]);
+    s.read_all(&m);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "reads"), FILES as u64);
+    assert_eq!(num(&st, "hits"), FILES as u64 / 2);
+    assert_eq!(st["hit_rate"].as_f64(), Some(0.5));
+    assert_eq!(num(&st, "disk_hits"), FILES as u64 / 2);
+    assert_eq!(num(&st, "bytes_from_disk"), (FILES / 2 * SIZE) as u64);
+    assert_eq!(num(&st, "bytes_from_source"), (FILES / 2 * SIZE) as u64);
+    assert_eq!(num(&st, "disk_dropped"), 0);
+    m.unmount();
+}
+
+#[test]
+fn after_a_kill_corrupt_blocks_and_changed_files_are_read_again_not_served() {
+    let s = setup();
+    let m = s.mount(FILES, &[]);
+    s.read_all(&m);
+    wait_for_disk(&m, FILES as u64);
+    let pid = m.pid();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)));
+    drop(m);
+    // A torn record at the end of the index, as a kill mid-append leaves it.
+    let index = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.cache.join("index"))
+        .unwrap();
+    std::io::Write::write_all(&mut &index, &[0xa5; 40]).unwrap();
+    // Flip bytes inside three blocks of the data file.
+    let data = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(s.cache.join("data"))
+        .unwrap();
+    for block in [3u64, 17, 31] {
+        let at = block * SIZE as u64 + 1000;
+        let mut b = [0u8; 16];
+        data.read_exact_at(&mut b, at).unwrap();
+        b.iter_mut().for_each(|x| *x ^= 0xff);
+        data.write_all_at(&b, at).unwrap();
+    }
+    // And one file changes in the source, keeping its size.
+    std::fs::write(s.src.join(&s.files[5]), bytes(99, SIZE)).unwrap();
+
+    // Room for the blocks read again: dropped blocks' space is not reused.
+    let m = s.mount(2 * FILES, &[]);
+    s.read_all(&m);
+    let st = stats(&m.mnt);
+    // Four blocks dropped (three corrupt, one stale) and read from the source; none served.
+    assert_eq!(num(&st, "disk_dropped"), 4);
+    assert_eq!(num(&st, "disk_hits"), FILES as u64 - 4);
+    assert_eq!(num(&st, "bytes_from_source"), 4 * SIZE as u64);
+    // The changed file was a miss at open; the three corrupt ones were hits that became misses.
+    assert_eq!(num(&st, "hits"), FILES as u64 - 4);
+    // They are written again, at the end, and served from disk on the next mount.
+    wait_for_disk(&m, FILES as u64);
+    m.unmount();
+    let m = s.mount(2 * FILES, &[]);
+    s.read_all(&m);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "disk_hits"), FILES as u64);
+    assert_eq!(num(&st, "bytes_from_source"), 0);
+    m.unmount();
+}
+
+#[test]
+fn a_full_disk_turns_the_tier_off_and_reads_go_on() {
+    let s = setup();
+    // A 256 KiB filesystem for a disk tier told it may take 100 MiB.
+    std::fs::create_dir(&s.cache).unwrap();
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs"])
+        .arg(&s.cache)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _tmpfs = Unmount(&s.cache);
+    let log = s._dir.path().join("log");
+    let m = s.mount(1600, &["--log-file", log.to_str().unwrap()]);
+    s.read_all(&m);
+    assert!(wait_for(Duration::from_secs(10), || num(
+        &stats(&m.mnt),
+        "disk_enabled"
+    ) == 0));
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "source_errors"), 0);
+    assert_eq!(num(&st, "bytes_from_source"), (FILES * SIZE) as u64);
+    // A second epoch is read from the source alone, right.
+    s.read_all(&m);
+    m.unmount();
+    let log = std::fs::read_to_string(&log).unwrap();
+    let off: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("the disk tier is off"))
+        .collect();
+    assert_eq!(off.len(), 1, "{log}");
+    assert!(off[0].contains("No space left on device"), "{log}");
+}
+
+#[test]
+fn a_cache_directory_is_one_daemons_and_never_inside_the_dataset() {
+    let s = setup();
+    let m = s.mount(FILES, &[]);
+    let pid = m.pid();
+    let other = open_tempdir();
+    let dir = s.cache.to_str().unwrap();
+    let out = coorfs([
+        OsStr::new("mount"),
+        OsStr::new("--cache-dir"),
+        OsStr::new(dir),
+        s.src.as_os_str(),
+        other.path().as_os_str(),
+    ]);
+    fails_with_line(
+        &out,
+        2,
+        &format!("cache directory {dir} is in use by another coorfs daemon (pid {pid})"),
+        "a second daemon",
+    );
+    m.unmount();
+    let inside = s.src.join("cache");
+    let out = coorfs([
+        OsStr::new("mount"),
+        OsStr::new("--cache-dir"),
+        inside.as_os_str(),
+        s.src.as_os_str(),
+        other.path().as_os_str(),
+    ]);
+    fails_with_line(
+        &out,
+        2,
+        &format!(
+            "cache directory {} is inside the source or the mount point; coorfs never writes to the source",
+            inside.display()
+        ),
+        "inside the source",
+    );
+    assert!(!inside.exists(), "the source was written to");
+    let out = coorfs([
+        OsStr::new("mount"),
+        OsStr::new("--disk-cache-size"),
+        OsStr::new("1G"),
+        s.src.as_os_str(),
+        other.path().as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--cache-dir"), "{}", stderr(&out));
+}
