@@ -13,12 +13,13 @@
 //! DIR holds three files, each created `0600`, opened without following symlinks:
 //! - `lock`: held with `flock` for the daemon's life, with its pid, so that a second daemon
 //!   is refused the directory instead of writing into it too.
-//! - `data`: the blocks, appended in large sequential writes (a batch of up to 8 MiB is one
-//!   `pwrite`). A block of 64 KiB or more starts on a page boundary, so that it is read with
-//!   `O_DIRECT` straight into its page-aligned buffer; smaller ones are packed. Reads use
-//!   `O_DIRECT` (where the filesystem takes it, else `pread` and `POSIX_FADV_DONTNEED`), and
-//!   written ranges are synced and dropped from the page cache: the disk tier does not take
-//!   the page cache's memory, which belongs to the jobs.
+//! - `data`: the blocks, appended in large sequential writes: what the writer has queued, up
+//!   to 8 MiB, is one `O_DIRECT` write of whole pages from a page boundary, synced (the
+//!   last page padded). Within a batch a block of 64 KiB or more starts on a page, so that it
+//!   is read with `O_DIRECT` straight into its page-aligned buffer; smaller ones are packed.
+//!   Reads use `O_DIRECT` too. Neither touches the page cache, which belongs to the jobs (in
+//!   a memory cgroup, dirty pages would also throttle the writer); a filesystem that refuses
+//!   `O_DIRECT` gets buffered I/O that drops its pages after each read and write.
 //! - `index`: a log of fixed 72-byte records, one per block written (or dropped: a tombstone),
 //!   appended after the block's bytes are synced. A record names the block by a hash of the
 //!   file's path (xxh3, the same on every machine and build) and its number, and carries the
@@ -254,8 +255,9 @@ pub struct DiskTier {
     capacity: u64,
     blocks: BlockSize,
     data: File,
-    /// `data` opened with `O_DIRECT`, if the filesystem takes it.
+    /// `data` opened with `O_DIRECT` to read, and to write, if the filesystem takes it.
     direct: Option<File>,
+    direct_writes: Option<File>,
     index_log: Mutex<File>,
     /// Held (flock) while this tier lives.
     _lock: File,
@@ -358,11 +360,13 @@ impl DiskTier {
         let data = open_rw(&dir, "data").map_err(io_err)?;
         let log = open_rw(&dir, "index").map_err(io_err)?;
         let index = load(&dir, &log, &data, blocks).map_err(io_err)?;
-        let direct = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(dir.join("data"))
-            .ok();
+        let direct_open = |o: &mut OpenOptions| {
+            o.custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(dir.join("data"))
+                .ok()
+        };
+        let direct = direct_open(OpenOptions::new().read(true));
+        let direct_writes = direct_open(OpenOptions::new().write(true));
         tracing::info!(
             "disk cache {}: {} blocks, {} of {} used{}",
             dir.display(),
@@ -381,6 +385,7 @@ impl DiskTier {
             blocks,
             data,
             direct,
+            direct_writes,
             index_log: Mutex::new(log),
             _lock: lock,
             full: AtomicBool::new(index.tail >= config.size),
@@ -562,13 +567,14 @@ impl DiskTier {
     /// rest (empty once the capacity is reached: what does not fit is not written).
     fn write_batch<'p>(&self, pending: &'p [Pending]) -> &'p [Pending] {
         let tail = self.index.read().tail;
-        let mut buf: Vec<u8> = Vec::with_capacity(BATCH_MAX.min(pending_bytes(pending)));
         let mut records = Vec::new();
+        let mut chosen = Vec::new();
         let mut in_batch = std::collections::HashSet::new();
+        let mut end = 0usize;
         let mut taken = 0;
         for p in pending {
             let len = p.data.len();
-            if !records.is_empty() && buf.len() + len > BATCH_MAX {
+            if !records.is_empty() && end + len > BATCH_MAX {
                 break;
             }
             taken += 1;
@@ -582,11 +588,13 @@ impl DiskTier {
             {
                 continue;
             }
-            let mut at = buf.len();
-            if len >= MAP_FROM {
-                at = (tail as usize + at).div_ceil(ALIGN) * ALIGN - tail as usize;
-            }
-            if tail + (at + len) as u64 > self.capacity {
+            // Large blocks start on a page, to be read straight into their buffer.
+            let at = if len >= MAP_FROM {
+                end.next_multiple_of(ALIGN)
+            } else {
+                end
+            };
+            if tail + (at + len).next_multiple_of(ALIGN) as u64 > self.capacity {
                 if !self.full.swap(true, Ordering::Relaxed) {
                     tracing::info!(
                         "disk cache {} is full ({}): it keeps what it has and takes no more",
@@ -597,8 +605,8 @@ impl DiskTier {
                 taken = pending.len();
                 break;
             }
-            buf.resize(at, 0);
-            buf.extend_from_slice(&p.data);
+            end = at + len;
+            chosen.push((at, &p.data));
             records.push(Record {
                 key: p.key,
                 version: p.version,
@@ -612,7 +620,16 @@ impl DiskTier {
         if records.is_empty() {
             return &pending[taken..];
         }
-        if let Err(e) = self.write_data(tail, &buf) {
+        // Whole pages, in page-aligned memory: one O_DIRECT write.
+        let size = end.next_multiple_of(ALIGN);
+        let written = Block::zeroed(size).and_then(|mut buf| {
+            let whole = buf.whole_mut();
+            for (at, data) in &chosen {
+                whole[*at..*at + data.len()].copy_from_slice(data);
+            }
+            self.write_data(tail, &whole[..size])
+        });
+        if let Err(e) = written {
             self.disable("writing blocks", &e);
             return &[];
         }
@@ -632,12 +649,19 @@ impl DiskTier {
                 },
             );
         }
-        index.tail = tail + buf.len() as u64;
+        index.tail = tail + size as u64;
         &pending[taken..]
     }
 
-    /// Writes `buf` at `at` of the data file, syncs it, and drops it from the page cache.
+    /// Writes `buf` (whole pages) at `at` (a page boundary) of the data file and syncs it:
+    /// with `O_DIRECT` where the filesystem takes it, so that the writes neither dirty nor
+    /// fill the page cache (in a memory cgroup, dirty pages would throttle the writer and
+    /// take the jobs' memory); else buffered, then dropped from the page cache.
     fn write_data(&self, at: u64, buf: &[u8]) -> io::Result<()> {
+        if let Some(direct) = &self.direct_writes {
+            direct.write_all_at(buf, at)?;
+            return direct.sync_data();
+        }
         self.data.write_all_at(buf, at)?;
         self.data.sync_data()?;
         // SAFETY: `data` is open for the call; fadvise only advises the kernel's page cache.
@@ -651,10 +675,6 @@ impl DiskTier {
         }
         Ok(())
     }
-}
-
-fn pending_bytes(pending: &[Pending]) -> usize {
-    pending.iter().map(|p| p.data.len()).sum()
 }
 
 /// Appends `records` to the index log in one write.
@@ -715,7 +735,9 @@ fn load(dir: &Path, log: &File, data: &File, blocks: BlockSize) -> io::Result<In
         );
         log.set_len(good as u64)?;
     }
-    index.tail = data_len;
+    // Batches are written in whole pages from a page boundary; a write cut short may have
+    // left less.
+    index.tail = data_len.next_multiple_of(ALIGN as u64);
     Ok(index)
 }
 
@@ -965,14 +987,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data = vec![5u8; 3000];
         {
-            let t = open(dir.path(), 7000);
+            // Each block is a batch of its own here, padded to a page.
+            let t = open(dir.path(), 10_000);
             put(&t, &want("a", 3000, 0), &data);
             put(&t, &want("b", 3000, 0), &data);
-            // A third would pass 7000 bytes: not written.
+            // A third would pass 10,000 bytes: not written.
             assert!(t.admit(&want("c", 3000, 0), &Arc::new(Block::exact(&data))));
             t.close();
             assert_eq!(t.cached_blocks(), 2);
-            assert_eq!(t.used(), 6000);
+            assert_eq!(t.used(), 8192);
             assert!(!t.admit(&want("d", 10, 0), &Arc::new(Block::exact(&[1; 10]))));
         }
         // Half a record at the end of the log, as a kill -9 mid-append leaves it.
@@ -981,7 +1004,7 @@ mod tests {
             .open(dir.path().join("index"))
             .unwrap();
         std::io::Write::write_all(&mut &log, &[1u8; RECORD / 2]).unwrap();
-        let t = open(dir.path(), 7000);
+        let t = open(dir.path(), 10_000);
         assert_eq!(t.cached_blocks(), 2);
         assert_eq!(
             std::fs::metadata(dir.path().join("index")).unwrap().len(),
