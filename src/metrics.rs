@@ -57,6 +57,11 @@ const EPOCH_FIELDS: &[(&str, &str)] = &[
         "fetch_stall_seconds",
         "Seconds reads waited for the source.",
     ),
+    (
+        "data_wait_seconds",
+        "Seconds reader processes waited for data, each process counted once.",
+    ),
+    ("readers", "Reader processes that opened files."),
     ("staging_hits", "Accesses served by prefetch."),
 ];
 

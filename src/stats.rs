@@ -98,6 +98,7 @@ stats! {
     BytesToPeers => "bytes_to_peers", Bytes, "Bytes of those blocks.";
     PeerRefused => "peer_refused", Count, "Requests to the peer server refused: not signed with the cluster's secret, malformed, for a path outside the dataset, or too long.";
     FetchStallSeconds => "fetch_stall_seconds", Seconds, "Seconds reads waited for the source, summed over concurrent reads: the fetch stall.";
+    DataWaitSeconds => "data_wait_seconds", Seconds, "Seconds reader processes waited for data: for each process, the time at least one of its reads waited for a fetch, summed over processes. Per epoch, over the readers' time, it gives the verdict of coorfs stats (data-bound or compute-bound).";
     StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
     SharedHits => "shared_hits", Count, "Staging hits on blocks read for another job (kept for the jobs that had still to read the file).";
     SourceReadsPerFile => "source_reads_per_file", Ratio, "Reads of files from the source per file and round (a round: the epochs of the same number of every job): 1.0 when each file is read from the source once a round however many jobs read it; N when N jobs each read it themselves.";
@@ -172,6 +173,8 @@ pub struct Counters {
     pub prefetched_unused: AtomicU64,
     /// Microseconds.
     pub fetch_stall_us: AtomicU64,
+    /// Microseconds.
+    pub data_wait_us: AtomicU64,
     pub hints_accepted: AtomicU64,
     pub hints_rejected: AtomicU64,
 }
@@ -215,6 +218,13 @@ pub struct EpochRecord {
     pub peer_fallbacks: u64,
     /// Seconds reads spent waiting for the source (summed over concurrent reads).
     pub fetch_stall_seconds: f64,
+    /// Reader processes that opened the epoch's files (at most [`READERS_COUNTED`]).
+    pub readers: u64,
+    /// Seconds reader processes waited for data (the cache missed, a fetch ran): for each
+    /// process the time at least one of its reads waited, summed over the processes. Of
+    /// `readers` x `seconds`, the share the readers spent waiting rather than preparing
+    /// samples or feeding the GPU ([`DataWait`]).
+    pub data_wait_seconds: f64,
     /// Accesses of uncached files whose bytes the prefetcher had staged in time.
     pub staging_hits: u64,
     /// Of those, files read for another job.
@@ -257,7 +267,12 @@ pub struct EpochLog {
     /// The last accesses (epoch recorded in, hit, size), so that those of a new epoch that
     /// the tracker recognised late can be moved to it (see [`Step::Restarted`]).
     accesses: std::collections::VecDeque<(u64, bool, u64)>,
+    /// The processes that opened files in an epoch: the epoch, and their pids.
+    readers: (u64, std::collections::HashSet<u32>),
 }
+
+/// Reader processes counted in an epoch at most (the pids kept to tell them apart).
+pub const READERS_COUNTED: usize = 4096;
 
 impl EpochLog {
     /// A log at the start of epoch 1, following `rule`.
@@ -266,6 +281,7 @@ impl EpochLog {
             tracker: EpochTracker::new(rule),
             records: Vec::new(),
             accesses: Default::default(),
+            readers: Default::default(),
         }
     }
 
@@ -321,10 +337,20 @@ impl EpochLog {
                 r.complete = true;
             }
         }
+        if step != Step::Trailing {
+            if self.readers.0 != epoch {
+                self.readers = (epoch, Default::default());
+            }
+            if self.readers.1.len() < READERS_COUNTED {
+                self.readers.1.insert(reader);
+            }
+        }
+        let readers = self.readers.1.len() as u64;
         if let Some(r) = self.record(epoch, now) {
             count_access(r, hit, size, 1);
             if step != Step::Trailing {
                 r.seconds = now - r.start;
+                r.readers = readers;
             }
         }
         let current = self.tracker.files_in_epoch() as u64;
@@ -396,6 +422,54 @@ fn count_access(r: &mut EpochRecord, hit: bool, size: u64, sign: i64) {
         add(&mut r.misses, 1);
     }
     r.hit_rate = r.hits as f64 / r.reads.max(1) as f64;
+}
+
+/// Where a job's readers spent an epoch: waiting for data, or doing the rest (reading
+/// what was at hand, preparing samples, the GPU's step), as DS-Analyzer asks it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DataWait {
+    /// The share of the readers' time spent waiting for data, from 0 to 1.
+    pub share: f64,
+}
+
+/// From this share of their time waiting for data on, readers are data-bound.
+pub const DATA_BOUND_FROM: f64 = 0.25;
+/// Epochs shorter than this say nothing yet.
+pub const DATA_WAIT_MIN_SECONDS: f64 = 0.5;
+
+impl DataWait {
+    /// Of an epoch where `readers` processes read for `seconds` and waited `wait_seconds` in
+    /// all; None if it is too short to tell, or no process read.
+    pub fn of(wait_seconds: f64, readers: u64, seconds: f64) -> Option<DataWait> {
+        if readers == 0 || seconds.is_nan() || seconds < DATA_WAIT_MIN_SECONDS {
+            return None;
+        }
+        let share = (wait_seconds / (readers as f64 * seconds)).clamp(0.0, 1.0);
+        Some(DataWait { share })
+    }
+
+    /// Of an epoch record (as JSON), if it says.
+    pub fn of_record(r: &serde_json::Value) -> Option<DataWait> {
+        let n = |k: &str| r.get(k).and_then(serde_json::Value::as_f64);
+        DataWait::of(n("data_wait_seconds")?, n("readers")? as u64, n("seconds")?)
+    }
+
+    /// True if the readers spent at least [`DATA_BOUND_FROM`] of their time waiting.
+    pub fn data_bound(self) -> bool {
+        self.share >= DATA_BOUND_FROM
+    }
+
+    /// The verdict, for people.
+    pub fn verdict(self) -> String {
+        let pct = (self.share * 100.0).round();
+        if self.data_bound() {
+            format!("data-bound {pct:.0}%: more cache or prefetch helps")
+        } else {
+            format!(
+                "compute-bound: storage is not the bottleneck, add CPU workers or offload preprocessing (readers waited for data {pct:.0}% of the time)"
+            )
+        }
+    }
 }
 
 /// A mount's stats: counters, plus the dataset-wide epoch log.
@@ -665,5 +739,37 @@ mod tests {
         };
         let doc: serde_json::Value = serde_json::from_str(&small.to_json(XATTR_SIZE_MAX)).unwrap();
         assert_eq!(doc["epochs_omitted"], 0);
+    }
+
+    #[test]
+    fn the_verdict_says_data_bound_from_a_quarter_of_the_readers_time_waiting() {
+        // (wait seconds, readers, seconds) -> share, if any
+        let table = [
+            ((62.0, 2, 50.0), Some(0.62)),
+            ((10.0, 4, 10.0), Some(0.25)),
+            ((3.0, 4, 10.0), Some(0.075)),
+            ((50.0, 1, 10.0), Some(1.0)),
+            ((1.0, 0, 10.0), None),
+            ((0.1, 1, 0.2), None),
+            ((0.0, 1, f64::NAN), None),
+        ];
+        for ((wait, readers, secs), share) in table {
+            let got = DataWait::of(wait, readers, secs).map(|d| d.share);
+            assert_eq!(got, share, "{wait} {readers} {secs}");
+        }
+        assert_eq!(
+            DataWait::of(62.0, 2, 50.0).unwrap().verdict(),
+            "data-bound 62%: more cache or prefetch helps"
+        );
+        assert_eq!(
+            DataWait::of(3.0, 4, 10.0).unwrap().verdict(),
+            "compute-bound: storage is not the bottleneck, add CPU workers or offload preprocessing (readers waited for data 8% of the time)"
+        );
+        let r = serde_json::json!({"data_wait_seconds": 10.0, "readers": 4, "seconds": 10.0});
+        assert!(DataWait::of_record(&r).unwrap().data_bound());
+        assert_eq!(
+            DataWait::of_record(&serde_json::json!({"seconds": 3.0})),
+            None
+        );
     }
 }

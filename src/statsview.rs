@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-use crate::stats::{STATS_XATTR, Stat, Unit};
+use crate::stats::{DataWait, STATS_XATTR, Stat, Unit};
 use crate::units::format_size;
 
 /// Why the stats could not be shown.
@@ -55,7 +55,7 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
         .any(|r| number(r, "bytes_from_peers") > 0.0 || number(r, "peer_fallbacks") > 0.0);
     let _ = write!(
         out,
-        "{:>6} {:>9} {:>9} {:>9} {:>8} {:>12} {:>12} {:>9} {:>9}",
+        "{:>6} {:>9} {:>9} {:>9} {:>8} {:>12} {:>12} {:>9} {:>9} {:>9}",
         "epoch",
         "files",
         "reads",
@@ -64,6 +64,7 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
         "from cache",
         "from source",
         "stall s",
+        "data wait",
         "seconds"
     );
     if cluster {
@@ -78,7 +79,7 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
         };
         let _ = write!(
             out,
-            "{:>6} {:>9} {:>9} {:>8.1}% {:>8} {:>12} {:>12} {:>9.2} {:>9.2}",
+            "{:>6} {:>9} {:>9} {:>8.1}% {:>8} {:>12} {:>12} {:>9.2} {:>9} {:>9.2}",
             number(r, "epoch") as u64,
             number(r, "files") as u64,
             number(r, "reads") as u64,
@@ -87,6 +88,7 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
             format_size(number(r, "bytes_from_cache") as u64),
             format_size(number(r, "bytes_from_source") as u64),
             number(r, "fetch_stall_seconds"),
+            DataWait::of_record(r).map_or("-".into(), |w| format!("{:.0}%", w.share * 100.0)),
             number(r, "seconds"),
         );
         if cluster {
@@ -163,8 +165,33 @@ pub fn render(doc: &Json) -> String {
             .cloned()
             .unwrap_or_default();
         epoch_table(&records, &mut out);
+        if let Some(verdict) = verdict(&records) {
+            let _ = writeln!(out, "  {verdict}");
+        }
     }
     out
+}
+
+/// What held the job back in its last epoch long enough to tell (the last complete one, or
+/// the running one if none is), as a line: "epoch N: data-bound 62%: ...".
+pub fn verdict(records: &[Json]) -> Option<String> {
+    let complete = |r: &&Json| r.get("complete").and_then(Json::as_bool) == Some(true);
+    let last = records
+        .iter()
+        .rev()
+        .filter(complete)
+        .find_map(|r| Some((r, DataWait::of_record(r)?)))
+        .or_else(|| {
+            records
+                .iter()
+                .rev()
+                .find_map(|r| Some((r, DataWait::of_record(r)?)))
+        })?;
+    Some(format!(
+        "epoch {}: {}",
+        number(last.0, "epoch") as u64,
+        last.1.verdict()
+    ))
 }
 
 #[cfg(test)]
@@ -197,7 +224,7 @@ mod tests {
         assert!(line("cached_bytes").ends_with(" 2048 (2.0 KiB)"), "{text}");
         assert!(
             text.contains(
-                "     1         4         4     50.0%        0      1.0 KiB      1.0 KiB      0.00      1.50  complete"
+                "     1         4         4     50.0%        0      1.0 KiB      1.0 KiB      0.00         -      1.50  complete"
             ),
             "{text}"
         );

@@ -280,6 +280,9 @@ pub struct LiveEpoch {
     pub bytes_from_source: u64,
     /// Seconds readers waited for storage, if the mount reports it.
     pub fetch_stall_seconds: Option<f64>,
+    /// The share of the readers' time they waited for data, if the mount reports it (see
+    /// `stats::DataWait`).
+    pub data_wait: Option<f64>,
 }
 
 /// One job's epochs.
@@ -314,6 +317,7 @@ pub fn live_epochs(records: Option<&Json>, keep: usize) -> Vec<LiveEpoch> {
                 },
                 bytes_from_source: from_source as u64,
                 fetch_stall_seconds: num(r, "fetch_stall_seconds"),
+                data_wait: crate::stats::DataWait::of_record(r).map(|d| d.share),
             }
         })
         .collect();
@@ -695,8 +699,15 @@ fn live_table(who: &str, epochs: &[LiveEpoch], predicted: &[Prediction], out: &m
     }
     let _ = writeln!(
         out,
-        "  {who}\n  {:>6} {:>9} {:>10} {:>9} {:>10} {:>12} {:>12}",
-        "epoch", "seconds", "predicted", "hit rate", "predicted", "from source", "fetch stall"
+        "  {who}\n  {:>6} {:>9} {:>10} {:>9} {:>10} {:>12} {:>12} {:>10}",
+        "epoch",
+        "seconds",
+        "predicted",
+        "hit rate",
+        "predicted",
+        "from source",
+        "fetch stall",
+        "data wait"
     );
     for e in epochs {
         // Epochs past the simulated ones are in the steady state: take the last simulated.
@@ -705,7 +716,7 @@ fn live_table(who: &str, epochs: &[LiveEpoch], predicted: &[Prediction], out: &m
             .or(predicted.last());
         let _ = writeln!(
             out,
-            "  {:>6} {:>9.2} {:>10} {:>9.3} {:>10} {:>12} {:>12}",
+            "  {:>6} {:>9.2} {:>10} {:>9.3} {:>10} {:>12} {:>12} {:>10}",
             e.epoch,
             e.seconds,
             p.map(|p| format!("{:.2}", p.epoch_seconds))
@@ -716,7 +727,18 @@ fn live_table(who: &str, epochs: &[LiveEpoch], predicted: &[Prediction], out: &m
             format_size(e.bytes_from_source),
             e.fetch_stall_seconds
                 .map(|s| format!("{s:.2} s"))
+                .unwrap_or("-".into()),
+            e.data_wait
+                .map(|w| format!("{:.0}%", w * 100.0))
                 .unwrap_or("-".into())
+        );
+    }
+    // The last epoch's verdict: is the job waiting on data or on compute?
+    if let Some(share) = epochs.last().and_then(|e| e.data_wait) {
+        let _ = writeln!(
+            out,
+            "  {who}: {}",
+            crate::stats::DataWait { share }.verdict()
         );
     }
 }
@@ -825,7 +847,8 @@ mod tests {
                 {"epoch": 1, "seconds": 10.0, "complete": true, "hit_rate": 0.0,
                  "bytes_from_cache": 0, "bytes_from_source": 1000},
                 {"epoch": 2, "seconds": 5.0, "complete": true, "hit_rate": 0.5,
-                 "bytes_from_cache": 600, "bytes_from_source": 400, "fetch_stall_seconds": 1.5},
+                 "bytes_from_cache": 600, "bytes_from_source": 400, "fetch_stall_seconds": 1.5,
+                 "readers": 2, "data_wait_seconds": 4.0},
                 {"epoch": 3, "seconds": 1.0, "complete": false, "hit_rate": 0.5}
             ],
             "jobs": [{"job": "pgid 42", "epoch": 2, "epochs": [
@@ -844,8 +867,10 @@ mod tests {
                 byte_hit_rate: 0.6,
                 bytes_from_source: 400,
                 fetch_stall_seconds: Some(1.5),
+                data_wait: Some(0.4),
             }
         );
+        assert_eq!(e[0].data_wait, None, "an older daemon's record");
         assert_eq!(live_epochs(doc.get("epochs"), 1)[0].epoch, 2);
         let jobs = live_jobs(&doc, 3);
         assert_eq!(jobs.len(), 1);

@@ -72,6 +72,8 @@ pub(super) struct FileHandle {
     pub watch: Option<kernel_cache::Watch>,
     /// The node opened, for invalidation.
     pub ino: NodeId,
+    /// The process that opened it: its reads' waits count as that reader's.
+    pub pid: u32,
     /// The file's dense id (None for a file the scan has not seen).
     pub file_id: Option<FileId>,
     /// A read found the source file changed since the open.

@@ -653,6 +653,7 @@ impl DatasetFs {
             }),
             watch,
             ino,
+            pid: caller.pid,
             file_id,
             changed_while_open: AtomicBool::new(false),
             silent: access == Access::Silent,
@@ -1021,6 +1022,7 @@ impl DatasetFs {
                 Stat::FetchStallSeconds => {
                     Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6)
                 }
+                Stat::DataWaitSeconds => Value::Ratio(Counters::get(&c.data_wait_us) as f64 / 1e6),
                 Stat::StagingHits => Value::Count(Counters::get(&c.staging_hits)),
                 Stat::SharedHits => Value::Count(Counters::get(&c.shared_hits)),
                 Stat::SourceReadsPerFile => Value::Ratio(if from_source == 0 {

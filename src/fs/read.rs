@@ -290,6 +290,7 @@ impl DatasetFs {
         let (handle, tiers) = (h.clone(), self.tiers.clone());
         let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
         let started = Instant::now();
+        ledger.wait_begins(h.pid);
         let blocks = tiers.memory.blocks();
         let block_len = blocks.len(h.version.size, block);
         // A prefetch of the block in flight when `local_block` looked may have staged it
@@ -322,7 +323,7 @@ impl DatasetFs {
                     }
                     tiers.staging.remove(&want);
                 }
-                ledger.stalled(&handle.att, waited);
+                ledger.stalled(&handle.att, handle.pid, waited);
                 let read = r.as_ref().ok().cloned();
                 waiter(r);
                 // Kept for the other jobs that will read the file, if the cache did not keep it.

@@ -91,6 +91,9 @@ impl FileRounds {
 pub struct Ledger {
     stats: Arc<Stats>,
     from_source: Mutex<FileRounds>,
+    /// Processes with reads waiting for data now: how many, and since when (seconds since
+    /// the mount). An entry lives only while its process waits.
+    waiting: Mutex<std::collections::HashMap<u32, (u32, f64)>>,
 }
 
 impl Ledger {
@@ -99,6 +102,7 @@ impl Ledger {
         Ledger {
             stats,
             from_source: Mutex::default(),
+            waiting: Mutex::default(),
         }
     }
 
@@ -224,14 +228,53 @@ impl Ledger {
         self.update(a, |r| r.bytes_from_source += n);
     }
 
-    /// An open's read waited `waited` for the source: the fetch stall.
-    pub fn stalled(&self, a: &Attribution, waited: Duration) {
+    /// A read of process `pid` begins to wait for a fetch.
+    pub fn wait_begins(&self, pid: u32) {
+        self.wait_begins_at(pid, self.now());
+    }
+
+    fn wait_begins_at(&self, pid: u32, now: f64) {
+        let mut waiting = self.waiting.lock();
+        let (reads, since) = waiting.entry(pid).or_insert((0, now));
+        if *reads == 0 {
+            *since = now;
+        }
+        *reads += 1;
+    }
+
+    /// A read of process `pid`, of an open attributed to `a`, waited `waited` for a fetch
+    /// (begun with [`Ledger::wait_begins`]): the fetch stall. When it was the process's last
+    /// read waiting, the time since its first began counts as the process's data wait.
+    pub fn stalled(&self, a: &Attribution, pid: u32, waited: Duration) {
+        self.stalled_at(a, pid, waited, self.now());
+    }
+
+    fn stalled_at(&self, a: &Attribution, pid: u32, waited: Duration, now: f64) {
         Counters::add(
             &self.stats.counters.fetch_stall_us,
             waited.as_micros() as u64,
         );
+        let span = {
+            let mut waiting = self.waiting.lock();
+            match waiting.get_mut(&pid) {
+                Some((reads, since)) if *reads <= 1 => {
+                    let span = (now - *since).max(0.0);
+                    waiting.remove(&pid);
+                    span
+                }
+                Some((reads, _)) => {
+                    *reads -= 1;
+                    0.0
+                }
+                None => 0.0,
+            }
+        };
+        Counters::add(&self.stats.counters.data_wait_us, (span * 1e6) as u64);
         let secs = waited.as_secs_f64();
-        self.update(a, |r| r.fetch_stall_seconds += secs);
+        self.update(a, |r| {
+            r.fetch_stall_seconds += secs;
+            r.data_wait_seconds += span;
+        });
     }
 
     /// The prefetcher issued a fetch of a block.
@@ -378,7 +421,8 @@ mod tests {
         ledger.served_from_cache(&att[1], 40);
         ledger.fetched_for(&att[2], 100);
         ledger.read_directly(&att[2], 5);
-        ledger.stalled(&att[2], Duration::from_millis(3));
+        ledger.wait_begins(7);
+        ledger.stalled(&att[2], 7, Duration::from_millis(3));
         ledger.hit_became_miss(&att[0], 100);
         let c = &ledger.stats().counters;
         let got = [
@@ -432,5 +476,36 @@ mod tests {
             Counters::get(&c.hints_rejected),
         ];
         assert_eq!(got, [1, 1, 2]);
+    }
+
+    #[test]
+    fn a_process_waits_once_however_many_of_its_reads_wait_at_once() {
+        let ledger = Ledger::new(Arc::new(Stats::default()));
+        let job = Jobs::new(JobConfig::default()).get(7, 0, 0.0);
+        let o = opening(0, false, false);
+        let (job_epoch, _) = ledger.open_in_job(&mut job.lock(), &o);
+        let a = Attribution {
+            epoch: ledger.open_in_dataset(&o),
+            job: job.clone(),
+            job_epoch,
+        };
+        let ms = Duration::from_millis;
+        // Process 7: two reads, waiting over 10.0-10.3 and 10.1-10.5; process 8: 10.2-10.4.
+        ledger.wait_begins_at(7, 10.0);
+        ledger.wait_begins_at(7, 10.1);
+        ledger.wait_begins_at(8, 10.2);
+        ledger.stalled_at(&a, 7, ms(300), 10.3);
+        ledger.stalled_at(&a, 8, ms(200), 10.4);
+        ledger.stalled_at(&a, 7, ms(400), 10.5);
+        // A wait that never began (a read of an open before a restart of the books) adds none.
+        ledger.stalled_at(&a, 9, ms(100), 10.6);
+        let r = record(&job, 1);
+        assert!((r.fetch_stall_seconds - 1.0).abs() < 1e-9, "{r:?}");
+        // 0.5 s for process 7, 0.2 s for process 8.
+        assert!((r.data_wait_seconds - 0.7).abs() < 1e-9, "{r:?}");
+        let c = &ledger.stats().counters;
+        assert_eq!(Counters::get(&c.data_wait_us), 700_000);
+        assert!(ledger.waiting.lock().is_empty());
+        assert_eq!(r.readers, 1, "one process opened a file");
     }
 }
