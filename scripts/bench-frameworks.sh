@@ -31,6 +31,8 @@
 #   REPS=5 SYSTEMS="native minio lru prefetch" scripts/bench-frameworks.sh
 #   PIPELINE=scripts/train-input-tf.py READER=... scripts/bench-frameworks.sh  # tf.data; set
 #                                      # READER to its peak anonymous memory (printed per run)
+#   MODE=decode SYSTEMS=minio scripts/bench-frameworks.sh   # decoding too; each coorfs run
+#                                      # prints its job's data wait and verdict (coorfs stats)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -105,6 +107,14 @@ for rep in $(seq 1 "$REPS"); do
         if [ "$sys" != native ]; then
             hits=$($coorfs stats --json "$mnt" | python3 -c 'import json,sys; print(json.dumps([e["hit_rate"] for e in json.load(sys.stdin)["epochs"]]))')
             echo "  $sys: cached_bytes=$(coorfs_stat "$mnt" cached_bytes) of dataset $dataset_bytes" >&2
+            # Stall attribution: the job's share of time waiting for data each epoch, and the
+            # verdict of coorfs stats (data-bound or compute-bound).
+            $coorfs stats --json "$mnt" | python3 -c '
+import json, sys
+for j in json.load(sys.stdin)["jobs"]:
+    print("  " + sys.argv[1] + ": " + j["job"] + " data wait by epoch: " + " ".join(
+        "%.0f%%" % (100 * e["data_wait_seconds"] / max(e["readers"] * e["seconds"], 1e-9)) for e in j["epochs"]))' "$sys" >&2
+            $coorfs stats "$mnt" | sed -n '/^job /,$p' | grep -E '^  epoch [0-9]+: ' | sed "s/^ */  $sys: verdict: /" >&2
             $coorfs umount "$mnt"
         fi
         wait

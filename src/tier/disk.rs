@@ -677,11 +677,13 @@ impl DiskTier {
     }
 }
 
-/// Appends `records` to the index log in one write.
+/// Appends `records` to the index log in one write, synced: a power cut after it loses none
+/// of the blocks it names.
 fn append(log: &File, records: &[[u8; RECORD]]) -> io::Result<()> {
     let bytes: Vec<u8> = records.iter().flatten().copied().collect();
     let end = log.metadata()?.len();
-    log.write_all_at(&bytes, end)
+    log.write_all_at(&bytes, end)?;
+    log.sync_data()
 }
 
 /// Reads the index log of `dir` into memory: cuts a torn tail, drops records that point past
