@@ -67,7 +67,10 @@ MOUNTPOINT' and 'fusermount3 -u MOUNTPOINT' work too, but return before the daem
         long_about = "Show the statistics of a coorfs mount: accesses, hits and misses, bytes from \
 the cache and from the source, what the cache holds, and every epoch so far. The same numbers \
 are extended attributes of the mount's root: 'getfattr -d -m - MOUNTPOINT' lists them, and \
-user.coorfs.stats holds them all as one JSON document (what --json prints).",
+user.coorfs.stats holds them all as one JSON document (what --json prints). Each job gets a \
+verdict for its last epoch: data-bound (a quarter or more of its readers' time went to waiting \
+for data: more cache or prefetch helps) or compute-bound (add CPU workers or offload \
+preprocessing).",
         after_help = "Examples:\n  coorfs stats /mnt/train\n  coorfs stats --watch 2 /mnt/train\n  \
 getfattr -n user.coorfs.hit_rate --only-values /mnt/train"
     )]
