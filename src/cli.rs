@@ -189,8 +189,9 @@ pub struct MountArgs {
     /// A second cache on local disk, below memory, that survives restarts: blocks read from
     /// the source are written to DIR while there is room (never evicted), found again after
     /// an unmount, a kill or a reboot, and checked (source version, CRC32C) before they are
-    /// served. DIR is created 0700 if missing; it must not be writable by other users, nor
-    /// lie inside the source or the mount point, and one daemon uses it at a time.
+    /// served. DIR is created 0700 if missing; it must hold nothing but coorfs's files, not be
+    /// writable by other users, nor lie inside the source or the mount point; one daemon uses
+    /// it at a time (datasets mounted in turn over it keep apart).
     #[arg(long, value_name = "DIR", help_heading = "Cache")]
     pub cache_dir: Option<PathBuf>,
     /// The disk tier's budget (K/M/G/T suffixes) [default: half of the space free on DIR's

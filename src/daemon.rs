@@ -573,7 +573,12 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     let disk = match &config.disk {
         Some(d) => {
             let blocks = crate::block::BlockSize::new(config.cache.block_size);
-            Some(crate::tier::disk::DiskTier::open(d, blocks, stats.clone())?)
+            Some(crate::tier::disk::DiskTier::open(
+                d,
+                &config.source,
+                blocks,
+                stats.clone(),
+            )?)
         }
         None => None,
     };

@@ -21,8 +21,9 @@
 //!   a memory cgroup, dirty pages would also throttle the writer); a filesystem that refuses
 //!   `O_DIRECT` gets buffered I/O that drops its pages after each read and write.
 //! - `index`: a log of fixed 72-byte records, one per block written (or dropped: a tombstone),
-//!   appended after the block's bytes are synced. A record names the block by a hash of the
-//!   file's path (xxh3, the same on every machine and build) and its number, and carries the
+//!   appended and synced after the block's bytes are synced. A record names the block by a hash
+//!   of the file's path (xxh3, the same on every machine and build, seeded with the hash of the
+//!   source's root so that datasets mounted in turn keep apart) and its number, and carries the
 //!   source version it was read from (inode, size, mtime, ctime), where its bytes are, their
 //!   CRC32C, and a CRC32C of the record itself.
 //!
@@ -87,6 +88,10 @@ pub enum DiskError {
     Writable(PathBuf, u32),
     #[error("cache directory {0} belongs to uid {1}; the daemon (uid {2}) needs one of its own")]
     Owner(PathBuf, u32, u32),
+    #[error(
+        "cache directory {0} holds {1}, which coorfs did not write; give coorfs an empty directory of its own"
+    )]
+    Foreign(PathBuf, String),
     #[error("cache directory {dir} is in use by another coorfs daemon{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
     InUse { dir: PathBuf, pid: Option<u32> },
 }
@@ -99,6 +104,8 @@ pub const BATCH_MAX: usize = 8 << 20;
 pub const SAMPLE_EVERY: u64 = 16;
 
 const MAGIC: &[u8; 8] = b"COORFSD1";
+/// The files of a cache directory.
+const FILES: [&str; 3] = ["data", "index", "lock"];
 /// The index's header: the magic and the block size.
 const HEADER: u64 = 16;
 /// One index record.
@@ -147,9 +154,11 @@ struct Entry {
 /// A block: the hash of its file's path, and its number.
 type Key = (u64, u64);
 
-fn path_hash(rel: &Path) -> u64 {
+/// The hash of a path of the dataset whose root's own hash is `seed`: datasets mounted in
+/// turn over one cache directory keep apart.
+fn path_hash(seed: u64, rel: &Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
-    xxhash_rust::xxh3::xxh3_64(rel.as_os_str().as_bytes())
+    xxhash_rust::xxh3::xxh3_64_with_seed(rel.as_os_str().as_bytes(), seed)
 }
 
 /// One index record, as written.
@@ -254,6 +263,8 @@ pub struct DiskTier {
     dir: PathBuf,
     capacity: u64,
     blocks: BlockSize,
+    /// The hash of the source's root, the seed of every path's hash.
+    seed: u64,
     data: File,
     /// `data` opened with `O_DIRECT` to read, and to write, if the filesystem takes it.
     direct: Option<File>,
@@ -328,6 +339,16 @@ pub fn take(dir: &Path) -> Result<File, DiskError> {
     if meta.mode() & 0o022 != 0 {
         return Err(DiskError::Writable(dir.to_path_buf(), meta.mode() & 0o7777));
     }
+    // Never write beside files of someone else's (a mistyped /etc, a dataset).
+    for entry in std::fs::read_dir(dir).map_err(io_err)? {
+        let name = entry.map_err(io_err)?.file_name();
+        if !FILES.iter().any(|f| name == *f) {
+            return Err(DiskError::Foreign(
+                dir.to_path_buf(),
+                name.to_string_lossy().into_owned(),
+            ));
+        }
+    }
     let mut lock = open_rw(dir, "lock").map_err(io_err)?;
     if let Err(e) = rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         if e == rustix::io::Errno::WOULDBLOCK {
@@ -347,13 +368,16 @@ pub fn take(dir: &Path) -> Result<File, DiskError> {
 }
 
 impl DiskTier {
-    /// Opens (creating it if need be) the cache directory of `config` for blocks of `blocks`,
-    /// loads its index, and starts the writer. Counts reads in `stats`.
+    /// Opens (creating it if need be) the cache directory of `config` for blocks of `blocks`
+    /// of the dataset at `source`, loads its index, and starts the writer. Counts reads in
+    /// `stats`.
     pub fn open(
         config: &DiskConfig,
+        source: &Path,
         blocks: BlockSize,
         stats: Arc<Stats>,
     ) -> Result<Arc<DiskTier>, DiskError> {
+        use std::os::unix::ffi::OsStrExt;
         let dir = config.dir.clone();
         let io_err = |e| DiskError::Io(dir.clone(), e);
         let lock = take(&dir)?;
@@ -379,10 +403,21 @@ impl DiskTier {
                 " (the filesystem refuses O_DIRECT: reads drop their pages instead)"
             }
         );
+        if let Ok(st) = rustix::fs::statvfs(&dir)
+            && index.tail + st.f_bavail * st.f_frsize < config.size
+        {
+            tracing::warn!(
+                "disk cache {}: {} free on its filesystem, less than --disk-cache-size {}: the tier turns off when the disk is full",
+                dir.display(),
+                crate::units::format_size(st.f_bavail * st.f_frsize),
+                crate::units::format_size(config.size)
+            );
+        }
         let tier = Arc::new(DiskTier {
             dir,
             capacity: config.size,
             blocks,
+            seed: xxhash_rust::xxh3::xxh3_64(source.as_os_str().as_bytes()),
             data,
             direct,
             direct_writes,
@@ -436,7 +471,7 @@ impl DiskTier {
         if !self.enabled() {
             return false;
         }
-        let (hash, v) = (path_hash(rel), Version::from(version));
+        let (hash, v) = (path_hash(self.seed, rel), Version::from(version));
         let index = self.index.read();
         (0..self.blocks.count(version.size)).all(|b| {
             index
@@ -756,7 +791,7 @@ impl Tier for DiskTier {
         if !self.enabled() {
             return Ok(None);
         }
-        let key = (path_hash(want.rel), want.key.block);
+        let key = (path_hash(self.seed, want.rel), want.key.block);
         let Some(entry) = self.index.read().entries.get(&key).copied() else {
             return Ok(None);
         };
@@ -796,7 +831,7 @@ impl Tier for DiskTier {
         if !self.enabled() || self.full.load(Ordering::Relaxed) {
             return false;
         }
-        let key = (path_hash(want.rel), want.key.block);
+        let key = (path_hash(self.seed, want.rel), want.key.block);
         let version = Version::from(&want.key.version);
         if self
             .index
@@ -848,7 +883,13 @@ mod tests {
             dir: dir.to_path_buf(),
             size,
         };
-        DiskTier::open(&config, blocks(), Arc::new(Stats::default())).unwrap()
+        DiskTier::open(
+            &config,
+            Path::new("/src"),
+            blocks(),
+            Arc::new(Stats::default()),
+        )
+        .unwrap()
     }
 
     fn bytes(found: Option<Found<'_>>) -> Option<Vec<u8>> {
@@ -865,7 +906,7 @@ mod tests {
             if t.index
                 .read()
                 .entries
-                .contains_key(&(path_hash(w.rel), w.key.block))
+                .contains_key(&(path_hash(t.seed, w.rel), w.key.block))
             {
                 return;
             }
@@ -938,7 +979,13 @@ mod tests {
                 dir: dir.path().to_path_buf(),
                 size: 1 << 30,
             };
-            let err = DiskTier::open(&again, blocks(), Arc::new(Stats::default())).unwrap_err();
+            let err = DiskTier::open(
+                &again,
+                Path::new("/src"),
+                blocks(),
+                Arc::new(Stats::default()),
+            )
+            .unwrap_err();
             assert_eq!(
                 err.to_string(),
                 format!(
@@ -953,7 +1000,7 @@ mod tests {
         let data = dir.path().join("data");
         let off = {
             let t = open(dir.path(), 1 << 30);
-            let e = t.index.read().entries[&(path_hash(c.rel), 0)];
+            let e = t.index.read().entries[&(path_hash(t.seed, c.rel), 0)];
             t.close();
             e.extent.offset
         };
@@ -1017,7 +1064,7 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_others_may_write_to_is_refused() {
+    fn a_directory_others_may_write_to_or_holding_other_files_is_refused() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -1025,13 +1072,69 @@ mod tests {
             dir: dir.path().to_path_buf(),
             size: 1 << 20,
         };
-        let err = DiskTier::open(&config, blocks(), Arc::new(Stats::default())).unwrap_err();
+        let open = || {
+            DiskTier::open(
+                &config,
+                Path::new("/src"),
+                blocks(),
+                Arc::new(Stats::default()),
+            )
+        };
         assert_eq!(
-            err.to_string(),
+            open().unwrap_err().to_string(),
             format!(
                 "cache directory {} is writable by users other than its owner (mode 0777); make it 0700 or 0755",
                 dir.path().display()
             )
         );
+        // A directory of other files (a mistyped /etc) is not written to.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.path().join("passwd"), "root:x:0:0").unwrap();
+        assert_eq!(
+            open().unwrap_err().to_string(),
+            format!(
+                "cache directory {} holds passwd, which coorfs did not write; give coorfs an empty directory of its own",
+                dir.path().display()
+            )
+        );
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["passwd"]);
+    }
+
+    #[test]
+    fn datasets_mounted_in_turn_over_one_directory_keep_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = DiskConfig {
+            dir: dir.path().to_path_buf(),
+            size: 1 << 20,
+        };
+        let open = |source: &str| {
+            DiskTier::open(
+                &config,
+                Path::new(source),
+                blocks(),
+                Arc::new(Stats::default()),
+            )
+            .unwrap()
+        };
+        // The same relative path, with the same version: another dataset's file.
+        let w = want("train/x.jpg", 100, 0);
+        let t = open("/data/a");
+        put(&t, &w, &[1; 100]);
+        t.close();
+        drop(t);
+        let t = open("/data/b");
+        assert_eq!(bytes(t.get(&w).unwrap()), None);
+        assert!(!t.holds_file(w.rel, &w.key.version));
+        put(&t, &w, &[2; 100]);
+        t.close();
+        drop(t);
+        let t = open("/data/a");
+        assert_eq!(bytes(t.get(&w).unwrap()), Some(vec![1; 100]));
+        t.close();
     }
 }
