@@ -23,14 +23,14 @@ for p in paths:
         pass
 "#;
 
-/// Mounts a dataset of 150 files of 16 KiB whose every read from the source takes 8 ms more,
+/// Mounts a dataset of 100 files of 16 KiB whose every read from the source takes 10 ms more,
 /// runs the reader with `work_ms` of CPU per file, and returns `coorfs stats` and the job's
 /// last epoch record.
 fn run(work_ms: u32) -> (String, serde_json::Value) {
     let dir = open_tempdir();
     let src = dir.path().join("src");
-    make_dataset(&src, 150, 16 << 10, 3);
-    let m = Mount::new(&src, &["--no-prefetch", "--read-delay", "8ms"]);
+    make_dataset(&src, 100, 16 << 10, 3);
+    let m = Mount::new(&src, &["--no-prefetch", "--read-delay", "10ms"]);
     wait_for_scan(&m.mnt);
     let out = std::process::Command::new("python3")
         .args(["-c", READER])
@@ -69,7 +69,7 @@ fn a_job_that_only_reads_slow_storage_is_data_bound() {
     let (view, epoch) = run(0);
     assert_eq!(epoch["readers"], 1, "{epoch}");
     let share = epoch["data_wait_seconds"].as_f64().unwrap() / epoch["seconds"].as_f64().unwrap();
-    // 150 reads of 8 ms and little else.
+    // 100 reads of 10 ms and little else.
     assert!(share > 0.6, "{epoch}");
     let v = verdict(&view);
     assert!(v.starts_with("epoch 1: data-bound "), "{view}");
@@ -78,11 +78,12 @@ fn a_job_that_only_reads_slow_storage_is_data_bound() {
 
 #[test]
 fn a_job_that_computes_on_each_sample_is_compute_bound() {
-    // 40 ms of CPU per sample against 8 ms of waiting: about a sixth of the time.
-    let (view, epoch) = run(40);
+    // 60 ms of CPU per sample against 10 ms of waiting: about a seventh of the time (a busy
+    // machine stretches both).
+    let (view, epoch) = run(60);
     assert_eq!(epoch["readers"], 1, "{epoch}");
     let share = epoch["data_wait_seconds"].as_f64().unwrap() / epoch["seconds"].as_f64().unwrap();
-    assert!(share > 0.05 && share < 0.25, "{epoch}");
+    assert!(share > 0.03 && share < 0.25, "{epoch}");
     let v = verdict(&view);
     assert!(
         v.starts_with(
