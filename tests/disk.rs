@@ -168,6 +168,61 @@ fn after_a_kill_corrupt_blocks_and_changed_files_are_read_again_not_served() {
 }
 
 #[test]
+fn a_kill_in_the_middle_of_the_writes_leaves_nothing_torn_to_serve() {
+    let s = setup();
+    // Reads take 20 ms more each, so that reads and writes go on when the daemon is killed.
+    let m = s.mount(FILES, &["--read-delay", "20ms"]);
+    let pid = m.pid();
+    let mnt = m.mnt.clone();
+    let files = s.files.clone();
+    let reader = std::thread::spawn(move || {
+        // Errors are expected once the daemon is gone.
+        for rel in &files {
+            if std::fs::read(mnt.join(rel)).is_err() {
+                break;
+            }
+        }
+    });
+    // Killed once five blocks are on disk, while the reader goes on and more are written.
+    assert!(wait_for(Duration::from_secs(20), || num(
+        &stats(&m.mnt),
+        "disk_cached_blocks"
+    ) >= 5));
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)));
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(&m.mnt)
+        .status();
+    reader.join().unwrap();
+    drop(m);
+    assert!(
+        std::fs::metadata(s.cache.join("data")).unwrap().len() < (FILES * SIZE) as u64,
+        "killed after the last write"
+    );
+    // Whatever the kill cut short, the next daemon serves every file right, from the disk
+    // where it has it whole and checked, else from the source.
+    let m = s.mount(2 * FILES, &[]);
+    s.read_all(&m);
+    let st = stats(&m.mnt);
+    let on_disk = num(&st, "disk_hits");
+    assert!(on_disk >= 5, "{st}");
+    assert_eq!(num(&st, "source_errors"), 0);
+    assert_eq!(
+        num(&st, "bytes_from_source") + num(&st, "bytes_from_disk"),
+        (FILES * SIZE) as u64
+    );
+    // A second pass: every block on disk now, each checked once already.
+    wait_for_disk(&m, FILES as u64);
+    m.unmount();
+    let m = s.mount(2 * FILES, &[]);
+    s.read_all(&m);
+    assert_eq!(num(&stats(&m.mnt), "bytes_from_source"), 0);
+    m.unmount();
+}
+
+#[test]
 fn a_full_disk_turns_the_tier_off_and_reads_go_on() {
     let s = setup();
     // A 256 KiB filesystem for a disk tier told it may take 100 MiB.
