@@ -223,6 +223,70 @@ fn a_kill_in_the_middle_of_the_writes_leaves_nothing_torn_to_serve() {
 }
 
 #[test]
+fn large_files_in_blocks_empty_files_and_random_reads_come_back_the_same() {
+    use std::os::unix::fs::FileExt;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // Sizes around the 1 MiB block and the page: last blocks of 1 byte, of a page and a bit,
+    // of just under 64 KiB; an empty file.
+    let sizes = [
+        (1 << 20) * 5 + 1,
+        (1 << 20) * 3 + 4097,
+        (1 << 20) + 65535,
+        4095,
+        0,
+        1,
+    ];
+    for (i, size) in sizes.iter().enumerate() {
+        std::fs::write(src.join(format!("f{i}")), bytes(i as u64 + 7, *size)).unwrap();
+    }
+    let cache = dir.path().join("cache");
+    let opts = [
+        "--cache-size",
+        "0",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--disk-cache-size",
+        "1G",
+    ];
+    // Random reads at odd offsets, then every file whole: through the mount as in the source.
+    let check = |m: &Mount| {
+        let mut rng = 12345u64;
+        for (i, size) in sizes.iter().enumerate() {
+            let want = std::fs::read(src.join(format!("f{i}"))).unwrap();
+            let f = std::fs::File::open(m.path(format!("f{i}"))).unwrap();
+            for _ in 0..20 {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let at = (rng >> 33) as usize % (size + 1);
+                let len = ((rng >> 13) as usize % 300_000).min(size - at);
+                let mut buf = vec![0u8; len];
+                f.read_exact_at(&mut buf, at as u64).unwrap();
+                assert!(buf == want[at..at + len], "f{i} at {at} len {len}");
+            }
+            assert!(
+                std::fs::read(m.path(format!("f{i}"))).unwrap() == want,
+                "f{i}"
+            );
+        }
+    };
+    let m = Mount::new(&src, &opts);
+    check(&m);
+    // An empty file has nothing to read, and needs no block anywhere.
+    let blocks: u64 = sizes.iter().map(|s| (*s as u64).div_ceil(1 << 20)).sum();
+    wait_for_disk(&m, blocks);
+    m.unmount();
+    let m = Mount::new(&src, &opts);
+    check(&m);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "bytes_from_source"), 0, "{st}");
+    assert_eq!(num(&st, "disk_dropped"), 0, "{st}");
+    m.unmount();
+}
+
+#[test]
 fn a_full_disk_turns_the_tier_off_and_reads_go_on() {
     let s = setup();
     // A 256 KiB filesystem for a disk tier told it may take 100 MiB.
