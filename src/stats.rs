@@ -87,6 +87,7 @@ stats! {
     BytesFromDisk => "bytes_from_disk", Bytes, "Bytes of those blocks.";
     DiskCachedBytes => "disk_cached_bytes", Bytes, "Bytes of file data in the disk tier.";
     DiskCachedBlocks => "disk_cached_blocks", Count, "Blocks in the disk tier.";
+    DiskIndexBytes => "disk_index_bytes", Bytes, "Bytes of memory the disk tier's index takes (83-166 per block on disk, as its hash table grows).";
     DiskUsed => "disk_used", Bytes, "Bytes of the disk tier's data file: blocks, their alignment, and dropped blocks (space is not reused).";
     DiskCapacity => "disk_capacity", Bytes, "The disk tier's budget in bytes (--disk-cache-size); 0 without --cache-dir.";
     DiskDropped => "disk_dropped", Count, "Blocks the disk tier dropped instead of serving: a wrong checksum (torn or corrupt), or their file changed in the source.";

@@ -87,6 +87,9 @@ fn a_restart_keeps_the_disk_tiers_hit_rate() {
     assert_eq!(num(&st, "hits"), 0);
     assert_eq!(num(&st, "disk_used"), (FILES / 2 * SIZE) as u64);
     assert_eq!(num(&st, "disk_enabled"), 1);
+    // The index: a hash table of 73-byte slots, at most 7/8 full.
+    let index = num(&st, "disk_index_bytes");
+    assert!((20 * 73..=40 * 73).contains(&index), "{index}");
     m.unmount();
     // Every file in the directory is root's alone.
     for name in ["data", "index", "lock"] {

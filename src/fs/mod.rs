@@ -1009,6 +1009,7 @@ impl DatasetFs {
                 Stat::BytesFromDisk => Value::Count(Counters::get(&c.bytes_from_disk)),
                 Stat::DiskCachedBytes => Value::Count(disk.map_or(0, |d| d.cached_bytes())),
                 Stat::DiskCachedBlocks => Value::Count(disk.map_or(0, |d| d.cached_blocks())),
+                Stat::DiskIndexBytes => Value::Count(disk.map_or(0, |d| d.index_bytes())),
                 Stat::DiskUsed => Value::Count(disk.map_or(0, |d| d.used())),
                 Stat::DiskCapacity => Value::Count(disk.map_or(0, |d| d.capacity())),
                 Stat::DiskDropped => Value::Count(Counters::get(&c.disk_dropped)),
