@@ -40,8 +40,9 @@
 //! - A write or read error (a full disk: ENOSPC) disables the tier with one log line; reads
 //!   go on from the tiers below.
 //!
-//! Space of dropped blocks is not reused (the log only grows); delete DIR's files, with the
-//! mount down, to start afresh. A directory written with another block size is started
+//! Space of dropped blocks is not reused while mounted (the log only grows); a directory
+//! found at mount with more than half its budget in dropped blocks (a dataset that changed)
+//! starts afresh. A directory written with another block size is started
 //! afresh (its blocks would not line up).
 //!
 //! # Memory
@@ -386,7 +387,20 @@ impl DiskTier {
         let lock = take(&dir)?;
         let data = open_rw(&dir, "data").map_err(io_err)?;
         let log = open_rw(&dir, "index").map_err(io_err)?;
-        let index = load(&dir, &log, &data, blocks).map_err(io_err)?;
+        let mut index = load(&dir, &log, &data, blocks).map_err(io_err)?;
+        // Dropped blocks' space is not reused while mounted; once it is most of the budget
+        // (a dataset that changed), the directory starts afresh rather than stay full of it.
+        let dead = index.tail.saturating_sub(index.bytes);
+        if dead > config.size / 2 {
+            tracing::warn!(
+                "disk cache {}: {} of its {} are dropped blocks (files changed in the source); starting it afresh",
+                dir.display(),
+                crate::units::format_size(dead),
+                crate::units::format_size(index.tail)
+            );
+            start_afresh(&log, &data, blocks).map_err(io_err)?;
+            index = Index::default();
+        }
         let direct_open = |o: &mut OpenOptions| {
             o.custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(dir.join("data"))
@@ -731,12 +745,26 @@ fn append(log: &File, records: &[[u8; RECORD]]) -> io::Result<()> {
     log.sync_data()
 }
 
-/// Reads the index log of `dir` into memory: cuts a torn tail, drops records that point past
-/// the end of `data`, and starts both afresh if they were written with another block size.
-fn load(dir: &Path, log: &File, data: &File, blocks: BlockSize) -> io::Result<Index> {
+/// The index log's header for blocks of `blocks`.
+fn header(blocks: BlockSize) -> [u8; HEADER as usize] {
     let mut header = [0u8; HEADER as usize];
     header[..8].copy_from_slice(MAGIC);
     header[8..].copy_from_slice(&blocks.get().to_le_bytes());
+    header
+}
+
+/// Empties the data file and the index log (its header alone).
+fn start_afresh(log: &File, data: &File, blocks: BlockSize) -> io::Result<()> {
+    data.set_len(0)?;
+    log.set_len(0)?;
+    log.write_all_at(&header(blocks), 0)?;
+    log.sync_data()
+}
+
+/// Reads the index log of `dir` into memory: cuts a torn tail, drops records that point past
+/// the end of `data`, and starts both afresh if they were written with another block size.
+fn load(dir: &Path, log: &File, data: &File, blocks: BlockSize) -> io::Result<Index> {
+    let header = header(blocks);
     let mut bytes = Vec::new();
     (&*log).read_to_end(&mut bytes)?;
     if bytes.len() < HEADER as usize || bytes[..HEADER as usize] != header {
@@ -746,10 +774,7 @@ fn load(dir: &Path, log: &File, data: &File, blocks: BlockSize) -> io::Result<In
                 dir.display()
             );
         }
-        data.set_len(0)?;
-        log.set_len(0)?;
-        log.write_all_at(&header, 0)?;
-        log.sync_data()?;
+        start_afresh(log, data, blocks)?;
         return Ok(Index::default());
     }
     let data_len = data.metadata()?.len();
@@ -1151,6 +1176,36 @@ mod tests {
         drop(t);
         let t = open("/data/a");
         assert_eq!(bytes(t.get(&w).unwrap()), Some(vec![1; 100]));
+        t.close();
+    }
+
+    #[test]
+    fn a_directory_mostly_of_dropped_blocks_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (want("a", 3000, 0), want("b", 3000, 0));
+        {
+            let t = open(dir.path(), 20_000);
+            put(&t, &a, &[1; 3000]);
+            put(&t, &b, &[2; 3000]);
+            // a changes in the source: 4 KiB of 8 dead, not yet half of 20,000.
+            let mut changed = a;
+            changed.key.version.size += 1;
+            assert_eq!(bytes(t.get(&changed).unwrap()), None);
+            t.close();
+        }
+        {
+            let t = open(dir.path(), 20_000);
+            assert_eq!((t.cached_blocks(), t.used()), (1, 8192));
+            let mut changed = b;
+            changed.key.version.ctime_ns += 1;
+            assert_eq!(bytes(t.get(&changed).unwrap()), None);
+            t.close();
+        }
+        // Now 8 KiB of 8 are dead: more than half of a budget of 12,000 bytes, afresh.
+        let t = open(dir.path(), 12_000);
+        assert_eq!((t.cached_blocks(), t.used()), (0, 0));
+        put(&t, &b, &[3; 3000]);
+        assert_eq!(bytes(t.get(&b).unwrap()), Some(vec![3; 3000]));
         t.close();
     }
 }
