@@ -733,11 +733,15 @@ fn live_table(who: &str, epochs: &[LiveEpoch], predicted: &[Prediction], out: &m
                 .unwrap_or("-".into())
         );
     }
-    // The last epoch's verdict: is the job waiting on data or on compute?
-    if let Some(share) = epochs.last().and_then(|e| e.data_wait) {
+    // The verdict of the last epoch long enough to tell: waiting on data or on compute?
+    if let Some((epoch, share)) = epochs
+        .iter()
+        .rev()
+        .find_map(|e| Some((e.epoch, e.data_wait?)))
+    {
         let _ = writeln!(
             out,
-            "  {who}: {}",
+            "  {who}: epoch {epoch}: {}",
             crate::stats::DataWait { share }.verdict()
         );
     }
@@ -928,5 +932,30 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} not in:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_live_table_ends_with_the_verdict_of_its_last_epoch_that_tells() {
+        let epoch = |epoch, data_wait| LiveEpoch {
+            epoch,
+            seconds: 2.0,
+            data_wait,
+            ..Default::default()
+        };
+        let mut out = String::new();
+        live_table(
+            "pgid 7",
+            &[epoch(1, Some(0.8)), epoch(2, None)],
+            &[],
+            &mut out,
+        );
+        assert!(
+            out.ends_with("  pgid 7: epoch 1: data-bound 80%: more cache or prefetch helps\n"),
+            "{out}"
+        );
+        let mut out = String::new();
+        live_table("pgid 7", &[epoch(1, None)], &[], &mut out);
+        assert!(!out.contains("-bound"), "{out}");
+        assert!(out.contains(" data wait"), "{out}");
     }
 }
