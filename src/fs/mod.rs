@@ -980,6 +980,7 @@ impl DatasetFs {
         let mut jobs = self.jobs.summaries(stats.now());
         for j in jobs.iter_mut().filter(|j| j.active) {
             j.kept_blocks = self.tiers.staging.needed_by(j.key);
+            j.staged_bytes = self.tiers.staging.held_by(j.key);
         }
         let from_source = self.ledger.file_rounds_from_source();
         let epochs = stats.epochs.lock();

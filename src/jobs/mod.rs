@@ -375,6 +375,8 @@ pub struct JobSummary {
     pub order_digest: Option<String>,
     /// Blocks the staging area keeps for the job: read for other jobs, not yet by this one.
     pub kept_blocks: u64,
+    /// Bytes the prefetcher staged ahead for the job, now (filled in by the mount).
+    pub staged_bytes: u64,
     /// False once the job was forgotten for being idle.
     pub active: bool,
     pub epochs: Vec<EpochRecord>,
@@ -503,6 +505,7 @@ fn summary(job: &Job, now: f64, active: bool) -> JobSummary {
         hint_files: job.active_order().map(|o| o.len() as u64).unwrap_or(0),
         order_digest: job.order_digest.map(|d| format!("{d:016x}")),
         kept_blocks: 0,
+        staged_bytes: 0,
         active,
         epochs: job.log.records().to_vec(),
     }
