@@ -490,6 +490,17 @@ impl DiskTier {
         self.enabled.load(Ordering::Relaxed)
     }
 
+    /// True if block `key` of the file at `rel` is on disk, as of its version.
+    pub fn holds_block(&self, rel: &Path, key: &crate::cache::BlockKey) -> bool {
+        self.enabled()
+            && self
+                .index
+                .read()
+                .entries
+                .get(&(path_hash(self.seed, rel), key.block))
+                .is_some_and(|e| e.version == Version::from(&key.version))
+    }
+
     /// True if every block of the file at `rel`, as of `version`, is on disk.
     pub fn holds_file(&self, rel: &Path, version: &FileVersion) -> bool {
         if !self.enabled() {
