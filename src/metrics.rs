@@ -27,6 +27,7 @@ use prometheus_client::registry::Registry;
 
 use crate::fs::DatasetFs;
 use crate::stats::{Snapshot, Value};
+use crate::statsview::number;
 
 /// The dataset's epochs exported, the most recent.
 pub const EPOCHS: usize = 8;
@@ -94,14 +95,6 @@ fn gauge(
         ConstGauge::new(*value).encode(metric.encode_family(labels)?)?;
     }
     Ok(())
-}
-
-/// Field `field` of a JSON record, as a number.
-fn number(record: &serde_json::Value, field: &str) -> f64 {
-    record
-        .get(field)
-        .and_then(serde_json::Value::as_f64)
-        .unwrap_or(0.0)
 }
 
 impl Collector for Stats {

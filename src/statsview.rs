@@ -34,7 +34,8 @@ pub fn fetch(mnt: &Path) -> Result<Json, StatsError> {
     serde_json::from_slice(&raw).map_err(|e| StatsError::Garbled(abs, e))
 }
 
-fn number(doc: &Json, key: &str) -> f64 {
+/// Field `key` of a JSON record, as a number (0 if missing).
+pub fn number(doc: &Json, key: &str) -> f64 {
     doc.get(key).and_then(Json::as_f64).unwrap_or(0.0)
 }
 

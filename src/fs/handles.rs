@@ -84,6 +84,15 @@ pub(super) struct FileHandle {
 }
 
 impl FileHandle {
+    /// A block of the file is read from below the cache after all: if the open counted it
+    /// as a hit, it becomes a miss (once), so that hits never include reads of the source.
+    pub fn no_longer_a_hit(&self, ledger: &crate::jobs::ledger::Ledger) {
+        if !self.silent && self.counted_at_open.swap(false, Ordering::Relaxed) {
+            tracing::debug!("{}: the hit at open became a miss", self.rel.display());
+            ledger.hit_became_miss(&self.att, self.version.size);
+        }
+    }
+
     /// The read this open is, as [`crate::prefetch::Prefetcher::share`] keeps its blocks.
     pub fn read_by(&self) -> ReadBy {
         ReadBy {

@@ -265,21 +265,16 @@ impl DatasetFs {
         // fetch turns it into a miss now, whichever fetch ends up reading it.
         let on_disk =
             (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_block(&h.rel, &h.want(block).key));
-        if !on_disk && !h.silent && h.counted_at_open.swap(false, Ordering::Relaxed) {
-            tracing::debug!("{}: the hit at open became a miss", h.rel.display());
-            self.ledger.hit_became_miss(&h.att, h.version.size);
+        if !on_disk {
+            h.no_longer_a_hit(&self.ledger);
         }
         let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
         let accounted = h.clone();
         let report: Report = Box::new(move |fetched| {
             prefetcher.record(fetched);
             // The disk tier held it and failed it (a corrupt block): read from below after all.
-            if fetched.origin != Origin::Disk
-                && !accounted.silent
-                && accounted.counted_at_open.swap(false, Ordering::Relaxed)
-            {
-                tracing::debug!("{}: the hit at open became a miss", accounted.rel.display());
-                ledger.hit_became_miss(&accounted.att, accounted.version.size);
+            if fetched.origin != Origin::Disk {
+                accounted.no_longer_a_hit(&ledger);
             }
             match fetched.bytes {
                 Some(_) if fetched.origin == Origin::Disk => {}

@@ -119,7 +119,7 @@ const TOMBSTONE: u32 = u32::MAX;
 
 /// What a block was read from: the source file's version, without the device (a device
 /// number can change across reboots; the inode, size and times do not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Version {
     ino: u64,
     size: u64,
@@ -139,7 +139,7 @@ impl From<&FileVersion> for Version {
 }
 
 /// Where a block's bytes are in `data`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Extent {
     offset: u64,
     len: u32,
@@ -244,6 +244,11 @@ struct Index {
 }
 
 impl Index {
+    /// True if block `key` is held, read from `version` of its file.
+    fn holds(&self, key: &Key, version: Version) -> bool {
+        self.entries.get(key).is_some_and(|e| e.version == version)
+    }
+
     fn insert(&mut self, key: Key, entry: Entry) {
         self.bytes += u64::from(entry.extent.len);
         if let Some(old) = self.entries.insert(key, entry) {
@@ -493,12 +498,10 @@ impl DiskTier {
     /// True if block `key` of the file at `rel` is on disk, as of its version.
     pub fn holds_block(&self, rel: &Path, key: &crate::cache::BlockKey) -> bool {
         self.enabled()
-            && self
-                .index
-                .read()
-                .entries
-                .get(&(path_hash(self.seed, rel), key.block))
-                .is_some_and(|e| e.version == Version::from(&key.version))
+            && self.index.read().holds(
+                &(path_hash(self.seed, rel), key.block),
+                Version::from(&key.version),
+            )
     }
 
     /// True if every block of the file at `rel`, as of `version`, is on disk.
@@ -508,12 +511,7 @@ impl DiskTier {
         }
         let (hash, v) = (path_hash(self.seed, rel), Version::from(version));
         let index = self.index.read();
-        (0..self.blocks.count(version.size)).all(|b| {
-            index
-                .entries
-                .get(&(hash, b))
-                .is_some_and(|e| e.version == v)
-        })
+        (0..self.blocks.count(version.size)).all(|b| index.holds(&(hash, b), v))
     }
 
     /// Writes what is queued and stops the writer: at unmount.
@@ -552,16 +550,10 @@ impl DiskTier {
         );
         let tomb = Record {
             key,
-            version: Version {
-                ino: 0,
-                size: 0,
-                mtime_ns: 0,
-                ctime_ns: 0,
-            },
+            version: Version::default(),
             extent: Extent {
-                offset: 0,
                 len: TOMBSTONE,
-                crc: 0,
+                ..Extent::default()
             },
         };
         if let Err(e) = append(&self.index_log.lock(), &[tomb.encode()]) {
@@ -648,14 +640,7 @@ impl DiskTier {
                 break;
             }
             taken += 1;
-            if self
-                .index
-                .read()
-                .entries
-                .get(&p.key)
-                .is_some_and(|e| e.version == p.version)
-                || !in_batch.insert(p.key)
-            {
+            if self.index.read().holds(&p.key, p.version) || !in_batch.insert(p.key) {
                 continue;
             }
             // Large blocks start on a page, to be read straight into their buffer.
@@ -879,13 +864,7 @@ impl Tier for DiskTier {
         }
         let key = (path_hash(self.seed, want.rel), want.key.block);
         let version = Version::from(&want.key.version);
-        if self
-            .index
-            .read()
-            .entries
-            .get(&key)
-            .is_some_and(|e| e.version == version)
-        {
+        if self.index.read().holds(&key, version) {
             return false;
         }
         let mut q = self.queue.lock();
