@@ -32,6 +32,27 @@ verdict() { # verdict NAME OK(0/1) DETAIL
 nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
 # A Python that nobody may run (a pyenv shim under /root is not one).
 py=/usr/bin/python3
+# Order hints as the mount takes them (src/fs/order.rs): chunks by ioctl, then a commit.
+HINT_PY='
+import fcntl, os
+CHUNK = 16380
+def send(fd, data):
+    for at in range(0, len(data), CHUNK - 4):
+        part = data[at:at + CHUNK - 4]
+        buf = bytearray(CHUNK)
+        buf[:4] = len(part).to_bytes(4, "little")
+        buf[4:4 + len(part)] = part
+        fcntl.ioctl(fd, (1 << 30) | (CHUNK << 16) | (ord("C") << 8) | 1, buf, True)
+def commit(fd):
+    fcntl.ioctl(fd, (ord("C") << 8) | 2, 0)
+'
+hint() { nobody $py -c "$HINT_PY
+import sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+try:
+    send(fd, sys.argv[2].encode()); commit(fd); print(0)
+except OSError as e:
+    print(e.errno)" "$mnt/.coorfs-order" "$1"; }
 nobody $py -c pass 2>/dev/null || { echo "audit-security.sh: nobody cannot run $py (apt-get install -y python3)" >&2; exit 2; }
 fresh_mount() { # fresh_mount [OPTIONS]: (re)mounts $src at $mnt
     grep -qs " $mnt fuse" /proc/mounts && $coorfs umount "$mnt"
@@ -66,7 +87,7 @@ PY
 watcher=$!
 sleep 0.5
 nobody sh -c "mv '$src/u/z' '$src/u/z.old' && ln -s '$out' '$src/u/z'"
-got=$(nobody sh -c "cat '$mnt/u/z/shadow'; printf 'u/z/shadow\n' > '$mnt/.coorfs-order'; ls -l '$mnt/u/z/'" 2>/dev/null)
+got=$(nobody sh -c "cat '$mnt/u/z/shadow'; ls -l '$mnt/u/z/'" 2>/dev/null; hint u/z/shadow >/dev/null)
 wait $watcher
 case "$got" in *TRIPWIRE*) verdict "symlink swap: nobody reads outside the source" 1 "read the secret";;
     *) verdict "symlink swap: nobody reads outside the source" 0 "";; esac
@@ -110,14 +131,14 @@ PY
 # 7. Order-file memory: 12 opens of 60 MiB each, as nobody.
 pid=$(getfattr -n user.coorfs.pid --only-values "$mnt" 2>/dev/null)
 before=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
-nobody $py - "$mnt/.coorfs-order" <<'PY' > "$work/hints" 2>&1
+nobody $py - "$mnt/.coorfs-order" <<PY > "$work/hints" 2>&1
+$HINT_PY
 import sys
-files = [open(sys.argv[1], "wb", buffering=0) for _ in range(12)]
-chunk = b"f\n" * (1 << 19)
-for f in files:
+fds = [os.open(sys.argv[1], os.O_RDONLY) for _ in range(12)]
+data = b"f\\n" * (30 << 20)
+for fd in fds:
     try:
-        for _ in range(60):
-            f.write(chunk)
+        send(fd, data)
     except OSError:
         pass
 print("wrote")
@@ -128,12 +149,6 @@ grown=$(( (after - before) / 1024 ))
 
 # 8. Existence oracle through hints.
 mkdir -p "$src/private"; echo x > "$src/private/hidden.jpg"; chmod 700 "$src/private"
-hint() { nobody $py -c "
-import sys
-try:
-    f = open(sys.argv[1], 'w'); f.write(sys.argv[2]); f.close(); print(0)
-except OSError as e:
-    print(e.errno)" "$mnt/.coorfs-order" "$1"; }
 a=$(hint private/hidden.jpg); b=$(hint private/missing.jpg)
 [ "$a" = 2 ] && [ "$b" = 2 ]; verdict "a hint cannot tell a hidden file from a missing one ($a, $b)" $? "hidden $a, missing $b"
 

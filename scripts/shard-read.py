@@ -5,14 +5,19 @@ of WORLD in epoch EPOCH, with PROCS processes, and prints {"seconds", "files", "
 The order is DistributedSampler's: the dataset's indices shuffled with the seed SEED + EPOCH
 (Python's generator, the same on every rank), of which rank r takes every WORLD-th from r. The
 files are the lines of LIST (paths relative to DIR). With --hint, the order goes to the coorfs
-mount at DIR first (MOUNT/.coorfs-order), as coorfs.HintedSampler would hand it over.
+mount at DIR first (MOUNT/.coorfs-order, with this checkout's coorfs.order.send_hint), as
+coorfs.HintedSampler would hand it over.
 """
 import argparse
 import json
 import multiprocessing
 import os
 import random
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from coorfs.order import send_hint  # noqa: E402
 
 
 def read(path):
@@ -42,8 +47,7 @@ def main():
     random.Random(a.seed + a.epoch).shuffle(order)
     mine = [files[i] for i in order[a.rank :: a.world]]
     if a.hint:
-        with open(os.path.join(a.dir, ".coorfs-order"), "wb") as f:
-            f.write(("\n".join(mine) + "\n").encode())
+        send_hint(a.dir, ("\n".join(mine) + "\n").encode())
     paths = [os.path.join(a.dir, rel) for rel in mine]
     start = time.monotonic()
     with multiprocessing.Pool(a.procs) as pool:

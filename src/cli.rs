@@ -128,6 +128,23 @@ coorfs run --mount /mnt/train -- torchrun --nproc-per-node 2 train.py\n  \
 for lr in 0.1 0.01 0.001; do coorfs run --group sweep-7 -- python train.py --lr $lr & done"
     )]
     Run(RunArgs),
+    /// Hand a coorfs mount the order of the files a job reads next (an order hint).
+    #[command(
+        long_about = "Hand the coorfs mount at MOUNTPOINT the order in which this job reads files \
+next (an order hint): paths relative to MOUNTPOINT (or absolute, below it), one per line, read \
+from FILE or, without it or with -, standard input. The mount's prefetcher then fetches those \
+files in that order, as far ahead as its staging area allows. The hint belongs to the job that \
+the coorfs hint process is part of (see coorfs mount --job-key): under --job-key uid or none, the \
+user's or everybody's readers; under the default, a job hands over its own hints from its own \
+processes, with the Python package (coorfs.write_order, coorfs.HintedSampler) or coorfs run. A hint the mount refuses \
+changes nothing and exits with status 2 and the reason: a path that is no file of the mount or \
+one this user may not read (No such file or directory), a line that is no path or names a \
+directory (Invalid argument), a hint larger than any order of the dataset (File too large), \
+more hint memory than --hint-memory allows this user (Disk quota exceeded).",
+        after_help = "Examples:\n  (cd /mnt/train && find . -type f | shuf) | coorfs hint /mnt/train\n  \
+coorfs hint /mnt/train epoch-7-order.txt"
+    )]
+    Hint(HintArgs),
 }
 
 /// `coorfs mount`.
@@ -338,6 +355,15 @@ pub struct MountArgs {
     /// coorfs=debug [default: RUST_LOG, else info].
     #[arg(long, value_name = "LEVEL", value_parser = parse_log_level, help_heading = "Logging")]
     pub log_level: Option<String>,
+}
+
+/// `coorfs hint`.
+#[derive(Debug, Args)]
+pub struct HintArgs {
+    /// The mount point of a coorfs mount.
+    pub mountpoint: PathBuf,
+    /// The order, one path per line; standard input if absent or -.
+    pub file: Option<PathBuf>,
 }
 
 /// `coorfs umount`.
@@ -696,6 +722,9 @@ pub enum CommandError {
     Analyze(#[from] AnalyzeError),
     #[error(transparent)]
     Run(#[from] RunError),
+    /// `coorfs hint`: the order could not be read.
+    #[error("{0}: {1}")]
+    HintInput(PathBuf, std::io::Error),
 }
 
 impl CommandError {
@@ -753,6 +782,7 @@ impl CommandError {
                 ReadError::Worker(_) => false,
             },
             CommandError::FilesUnreadable => false,
+            CommandError::HintInput(..) => true,
             // A path that is no coorfs mount or cannot be read; a daemon that answers garbage
             // is the system's.
             CommandError::Stats(e) => match e {

@@ -622,6 +622,7 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
             fuser::MountOption::Subtype("coorfs".into()),
             fuser::MountOption::DefaultPermissions,
             fuser::MountOption::NoAtime,
+            fuser::MountOption::RO,
         ];
         let mut session =
             fuser::Session::new(adapter, &config.mountpoint, &options).map_err(mount_err)?;
@@ -749,7 +750,10 @@ fn kernel_mount(config: &MountConfig) -> io::Result<OwnedFd> {
     let target = to_c(config.mountpoint.as_os_str().as_bytes())?;
     let fstype = to_c(mountinfo::FS_TYPE.as_bytes())?;
     let data = to_c(data.as_bytes())?;
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME;
+    // Read-only down to the superblock: the kernel then keeps a file's attributes across its
+    // reads instead of forgetting its access time at each, which cost every `stat` after a
+    // read a GETATTR round trip (see fs/order.rs for how hints still get in).
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME | libc::MS_RDONLY;
     // SAFETY: all pointers are NUL-terminated strings that outlive the call.
     let rc = unsafe {
         libc::mount(

@@ -44,13 +44,15 @@
 //!   The daemon pays an `lstat` only for entries sent with attributes.
 //! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and `--threads` worker threads
 //!   (one per CPU by default), each on its own cloned `/dev/fuse` descriptor.
-//! - The one writable file, the order file (`fs/order.rs`), is opened without NOFLUSH and
-//!   with direct I/O: its FLUSH at `close(2)` carries the verdict on the hint, and
-//!   `open(O_TRUNC)` arrives as a SETATTR of size 0, which it accepts.
+//! - The superblock is read-only (`MS_RDONLY`): the kernel refuses every write itself, and
+//!   keeps a file's attributes across its reads (on a writable one it forgets the access
+//!   time after each read, and the next `stat` costs a GETATTR). The order file
+//!   (`fs/order.rs`) takes hints by ioctl and reads as empty; every file is opened with
+//!   NOFLUSH, so `close(2)` costs no round trip.
 //! - Every operation the kernel may send is answered here, without a log line of its own:
 //!   fuser's defaults log three lines of WARN per request. `IOCTL` comes with every Python
-//!   `open()` (`isatty`, i.e. `TCGETS`) and the kernel asks each time, so it is answered
-//!   `ENOTTY`, what a file that is no terminal says (before: 9,000 warnings, 1.4 MB of log,
+//!   `open()` (`isatty`, i.e. `TCGETS`) and the kernel asks each time (`ENOSYS` too, measured),
+//!   so it is answered `ENOTTY`, what a file that is no terminal says (before: 9,000 warnings, 1.4 MB of log,
 //!   for 3 epochs of 3,000 files). `POLL` and `LSEEK` (`SEEK_DATA`/`SEEK_HOLE`) are
 //!   answered `ENOSYS`: the kernel then stops sending them on this connection and answers
 //!   itself, correctly for a read-only file (always ready; data up to the size, a hole at
@@ -141,6 +143,7 @@ pub fn errno(err: &FsError) -> Errno {
         FsError::Invalid(_) => Errno::EINVAL,
         FsError::NotSupported => Errno::ENOTSUP,
         FsError::TooLarge => Errno::EFBIG,
+        FsError::NotTty => Errno::ENOTTY,
         FsError::Stale => Errno::ESTALE,
         FsError::Source(e) => e.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO),
     }
@@ -292,10 +295,7 @@ impl Filesystem for FuseAdapter {
         }
         match self.fs.open(ino.0, flags.0, caller(req)) {
             Ok(o) => {
-                let mut fopen = FopenFlags::empty();
-                if !o.flush {
-                    fopen |= FopenFlags::FOPEN_NOFLUSH;
-                }
+                let mut fopen = FopenFlags::FOPEN_NOFLUSH;
                 if o.keep_cache {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
@@ -319,6 +319,10 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // The order file takes hints by ioctl and reads as empty.
+        if ino.0 == crate::fs::order::ORDER_INO {
+            return reply.data(&[]);
+        }
         let done = Box::new(move |result: Result<&[u8], FsError>| match result {
             Ok(bytes) => reply.data(bytes),
             Err(e) => fail("read", e, reply),
@@ -348,19 +352,14 @@ impl Filesystem for FuseAdapter {
     fn flush(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        lock_owner: LockOwner,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        if self.fs.fast_open() {
-            // Nothing to flush without the order file's hints: the kernel stops asking.
-            return reply.error(Errno::ENOSYS);
-        }
-        match self.fs.flush(ino.0, fh.0, lock_owner.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => fail("flush", e, reply),
-        }
+        // Every file is opened with NOFLUSH, so a FLUSH comes only from a kernel that ignores
+        // it; ENOSYS and the kernel stops sending it.
+        reply.error(Errno::ENOSYS);
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _d: bool, reply: ReplyEmpty) {
@@ -476,18 +475,25 @@ impl Filesystem for FuseAdapter {
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        ino: INodeNo,
+        fh: FileHandle,
         _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
+        cmd: u32,
+        in_data: &[u8],
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        // No ioctl applies to a dataset file: TCGETS (isatty) and the rest get "not a
-        // terminal" / "no such ioctl". The kernel answers FIONREAD, FIGETBSZ and the like for
-        // regular files itself, without asking.
-        reply.error(Errno::ENOTTY);
+        // The order file takes hints (fs/order.rs). No other ioctl applies to a dataset
+        // file: TCGETS (isatty) and the rest get "not a terminal", quietly. The kernel
+        // answers FIONREAD, FIGETBSZ and the like for regular files itself, without asking.
+        match self.fs.ioctl(ino.0, fh.0, cmd, in_data) {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(FsError::NotTty) => reply.error(Errno::ENOTTY),
+            Err(e) => {
+                debug!("ioctl {cmd:#x}: {e}");
+                reply.error(errno(&e));
+            }
+        }
     }
 
     fn poll(
@@ -559,11 +565,11 @@ impl Filesystem for FuseAdapter {
     fn setattr(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        size: Option<u64>,
+        _size: Option<u64>,
         _atime: Option<TimeOrNow>,
         _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
@@ -574,12 +580,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        // open(O_TRUNC) of the order file truncates it first; nothing else may change.
-        match size.map(|s| self.fs.truncate(ino.0, s)) {
-            Some(Ok(attr)) => reply.attr(&self.fs.ttl(), &file_attr(&attr)),
-            Some(Err(e)) => fail("setattr", e, reply),
-            None => fail("setattr", FsError::ReadOnly, reply),
-        }
+        fail("setattr", FsError::ReadOnly, reply);
     }
 
     fn mknod(
@@ -653,22 +654,16 @@ impl Filesystem for FuseAdapter {
     fn write(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
-        lock_owner: Option<LockOwner>,
+        _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self
-            .fs
-            .write(ino.0, fh.0, offset, data, lock_owner.map(|o| o.0))
-        {
-            Ok(n) => reply.written(n),
-            Err(e) => fail("write", e, reply),
-        }
+        fail("write", FsError::ReadOnly, reply);
     }
 
     fn create(

@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         }
         Command::Read(args) => read(&args),
         Command::Stats(args) => stats(&args),
+        Command::Hint(args) => hint(&args),
         Command::Analyze(args) => analyze(args),
         // CMD's own exit status, passed through.
         Command::Run(args) => match coorfs::run::run(&args.into_config()) {
@@ -101,6 +102,36 @@ fn read(args: &coorfs::cli::ReadArgs) -> Result<(), CommandError> {
         return Err(CommandError::FilesUnreadable);
     }
     Ok(())
+}
+
+/// `coorfs hint`: the order from a file or standard input, handed to the mount.
+fn hint(args: &coorfs::cli::HintArgs) -> Result<(), CommandError> {
+    use std::io::Read;
+    let mount = std::path::absolute(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone());
+    if !coorfs::mountinfo::is_coorfs_mount(&mount) {
+        return Err(coorfs::statsview::StatsError::NotMounted(mount).into());
+    }
+    let mut text = Vec::new();
+    let (name, read) = match args.file.as_deref() {
+        Some(path) if path != std::path::Path::new("-") => {
+            (path.to_path_buf(), std::fs::read(path).map(|t| text = t))
+        }
+        _ => (
+            "standard input".into(),
+            std::io::stdin().read_to_end(&mut text).map(drop),
+        ),
+    };
+    read.map_err(|e| CommandError::HintInput(name, e))?;
+    // Absolute paths below the mount point become relative to it, as the mount wants them.
+    let prefix = [args.mountpoint.as_os_str().as_encoded_bytes(), b"/"].concat();
+    let text: Vec<u8> = text
+        .split_inclusive(|b| *b == b'\n')
+        .flat_map(|line| line.strip_prefix(&prefix[..]).unwrap_or(line))
+        .copied()
+        .collect();
+    coorfs::reader::send_hint(&args.mountpoint, &text).map_err(|e| {
+        CommandError::Read(coorfs::reader::ReadError::Hint(args.mountpoint.clone(), e))
+    })
 }
 
 fn stats(args: &coorfs::cli::StatsArgs) -> Result<(), CommandError> {

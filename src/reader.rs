@@ -67,9 +67,8 @@ pub enum ReadError {
 pub const ORDER_FILE: &str = ".coorfs-order";
 
 /// Tells the coorfs mount at `mount` that this job will read `order` (paths below `mount`)
-/// next. The daemon answers at close, so the descriptor is closed by hand to see it.
+/// next.
 pub fn write_hint(mount: &Path, order: &[PathBuf]) -> io::Result<()> {
-    use std::os::fd::IntoRawFd;
     use std::os::unix::ffi::OsStrExt;
     let mut text = Vec::new();
     for path in order {
@@ -77,17 +76,30 @@ pub fn write_hint(mount: &Path, order: &[PathBuf]) -> io::Result<()> {
         text.extend_from_slice(rel.as_os_str().as_bytes());
         text.push(b'\n');
     }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(mount.join(ORDER_FILE))?;
-    file.write_all(&text)?;
-    let fd = file.into_raw_fd();
-    // SAFETY: `fd` came from `into_raw_fd`, so this closes a descriptor we own, once.
-    if unsafe { libc::close(fd) } != 0 {
-        return Err(io::Error::last_os_error());
+    send_hint(mount, &text)
+}
+
+/// Hands hint `text` (relative paths, one per line) to the coorfs mount at `mount`: opens
+/// its order file, sends the text in chunks and commits it (see `fs/order.rs`). The error
+/// is the mount's verdict on a rejected hint.
+pub fn send_hint(mount: &Path, text: &[u8]) -> io::Result<()> {
+    use crate::fs::order::{HINT_CHUNK, HINT_COMMIT, chunks};
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(mount.join(ORDER_FILE))?;
+    let ioctl = |cmd: u32, arg: *mut u8| {
+        // SAFETY: `arg` is null or points to a chunk of the size `cmd` names, alive for
+        // the call; the descriptor is open.
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), cmd as _, arg) };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    for mut chunk in chunks(text) {
+        ioctl(HINT_CHUNK, chunk.as_mut_ptr())?;
     }
-    Ok(())
+    ioctl(HINT_COMMIT, std::ptr::null_mut())
 }
 
 /// Every regular file below `dir`, sorted.

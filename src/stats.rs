@@ -109,7 +109,7 @@ stats! {
     PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes (--prefetch-memory; 0 with --no-prefetch).";
     KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits then use direct I/O).";
     KernelRefills => "kernel_refills", Count, "Reopened sentinel files whose pages the kernel had dropped and read again.";
-    HintsAccepted => "hints_accepted", Count, "Order hints accepted (writes of the .coorfs-order file).";
+    HintsAccepted => "hints_accepted", Count, "Order hints accepted (commits to the .coorfs-order file).";
     HintsRejected => "hints_rejected", Count, "Order hints rejected (unknown paths, garbage, too large).";
     ActiveJobs => "active_jobs", Count, "Jobs (process groups, or the trials of a sweep script, by default) that read the mount and were not idle long enough to be forgotten.";
     DatasetFiles => "dataset_files", Count, "Regular files found in the source by the scan at mount.";

@@ -46,6 +46,10 @@ import random
 import sys
 import time
 
+# The coorfs package of this checkout (standard library only), for the order hint's protocol.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from coorfs.order import send_hint  # noqa: E402
+
 MASK = (1 << 64) - 1
 
 
@@ -213,8 +217,7 @@ def main():
             order = order[: round(batches * stop_at) * a.batch_size]
         if a.hint:
             mount = os.path.abspath(a.hint)
-            with open(os.path.join(mount, ".coorfs-order"), "w") as f:
-                f.write("".join(os.path.relpath(samples[i], mount) + "\n" for i in order))
+            send_hint(mount, "".join(os.path.relpath(samples[i], mount) + "\n" for i in order).encode())
         start = time.perf_counter()
         n, nbytes, checksum = epoch(root, samples, order, a.workers, a.batch_size, a.double_open, a.shared, a.delay)
         seconds = time.perf_counter() - start

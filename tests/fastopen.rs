@@ -135,8 +135,8 @@ fn order_hints_are_refused_with_a_clear_error() {
     let m = Mount::new(&src, &["--fast-open"]);
     // A file opened first: the kernel has stopped sending OPEN by the time the hint comes.
     std::fs::read(m.path(&rels[0])).unwrap();
-    let err =
-        std::fs::write(m.path(".coorfs-order"), format!("{}\n", rels[1].display())).unwrap_err();
+    let err = coorfs::reader::send_hint(&m.mnt, format!("{}\n", rels[1].display()).as_bytes())
+        .unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EOPNOTSUPP), "{err}");
     assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 0);
     m.unmount();

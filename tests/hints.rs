@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -78,8 +79,9 @@ fn the_python_package_hands_orders_to_the_mount_and_reads_its_stats() {
 }
 
 #[test]
-fn a_child_spawned_while_a_hint_is_written_does_not_apply_half_of_it() {
-    use std::io::Write;
+fn a_hint_applies_whole_at_its_commit_and_a_refused_one_changes_nothing() {
+    use coorfs::fs::order::{CHUNK_BYTES, HINT_CHUNK, HINT_COMMIT, chunks};
+    use std::os::fd::AsRawFd;
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 20, 100, 2);
@@ -90,21 +92,115 @@ fn a_child_spawned_while_a_hint_is_written_does_not_apply_half_of_it() {
         .flat_map(|r| format!("{}\n", r.display()).into_bytes())
         .collect();
     let (head, tail) = text.split_at(text.len() / 2 + 3); // mid-path
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(m.path(".coorfs-order"))
-        .unwrap();
-    f.write_all(head).unwrap();
-    // The child inherits the descriptor and exec closes it: a flush from another process.
+    let f = std::fs::File::open(m.path(".coorfs-order")).unwrap();
+    let ioctl = |cmd: u32, arg: *mut u8| -> Result<(), i32> {
+        // SAFETY: a chunk of the size HINT_CHUNK names, or no argument; the file is open.
+        match unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, arg) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap()),
+        }
+    };
+    let send = |part: &[u8]| -> Result<(), i32> {
+        chunks(part).try_for_each(|mut chunk| ioctl(HINT_CHUNK, chunk.as_mut_ptr()))
+    };
+    let accepted = || num(&stats(&m.mnt), "hints_accepted");
+    // Half a hint, cut mid-path, applies nothing until the commit; then all of it.
+    send(head).unwrap();
     assert!(Command::new("true").status().unwrap().success());
-    f.write_all(tail).unwrap();
-    // SAFETY: closes the descriptor we own, once, to see the daemon's verdict.
-    let rc = unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
-    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(accepted(), 0);
+    send(tail).unwrap();
+    ioctl(HINT_COMMIT, std::ptr::null_mut()).unwrap();
+    assert_eq!(accepted(), 1);
+    // A chunk whose count runs past its buffer; a commit with nothing sent.
+    let mut bad = vec![0u8; CHUNK_BYTES];
+    bad[..4].copy_from_slice(&(CHUNK_BYTES as u32).to_le_bytes());
+    assert_eq!(ioctl(HINT_CHUNK, bad.as_mut_ptr()), Err(libc::EINVAL));
+    assert_eq!(ioctl(HINT_COMMIT, std::ptr::null_mut()), Err(libc::EINVAL));
+    // A hint naming a missing file is refused at its commit and changes nothing; the same
+    // descriptor then takes the next hint.
+    send(b"no/such/file\n").unwrap();
+    assert_eq!(ioctl(HINT_COMMIT, std::ptr::null_mut()), Err(libc::ENOENT));
+    send(&text).unwrap();
+    ioctl(HINT_COMMIT, std::ptr::null_mut()).unwrap();
     let s = stats(&m.mnt);
     assert_eq!(
         (num(&s, "hints_accepted"), num(&s, "hints_rejected")),
-        (1, 0),
+        (2, 2),
+        "{s}"
+    );
+    drop(f);
+    m.unmount();
+}
+
+#[test]
+fn coorfs_hint_hands_over_an_order_from_a_file_or_stdin_and_says_why_it_was_refused() {
+    use std::io::Write;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 30, 100, 3);
+    // One job for the user: the hint of the `coorfs hint` process steers the reader after it.
+    let m = Mount::new(&src, &["--job-key", "uid"]);
+    wait_for_scan(&m.mnt);
+    let mut order: Vec<String> = rels.iter().map(|r| r.display().to_string()).collect();
+    order.reverse();
+    let file = dir.path().join("order.txt");
+    std::fs::write(&file, order.join("\n") + "\n").unwrap();
+    let out = coorfs([OsStr::new("hint"), m.mnt.as_os_str(), file.as_os_str()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // From standard input, with absolute paths below the mount point.
+    let absolute: String = order
+        .iter()
+        .map(|r| format!("{}\n", m.path(r).display()))
+        .collect();
+    let mut child = Command::new(bin())
+        .args([OsStr::new("hint"), m.mnt.as_os_str()])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(absolute.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Refused: a name that is no file of the mount; no mount at all; no order file to read.
+    let refused = |args: &[&OsStr], want: &str| {
+        let out = coorfs(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    };
+    std::fs::write(&file, "c000/no-such-file\n").unwrap();
+    refused(
+        &[OsStr::new("hint"), m.mnt.as_os_str(), file.as_os_str()],
+        "No such file or directory",
+    );
+    refused(
+        &[OsStr::new("hint"), src.as_os_str(), file.as_os_str()],
+        "is not a coorfs mount",
+    );
+    refused(
+        &[
+            OsStr::new("hint"),
+            m.mnt.as_os_str(),
+            OsStr::new("/no/order"),
+        ],
+        "/no/order: No such file or directory",
+    );
+    let s = stats(&m.mnt);
+    assert_eq!(
+        (num(&s, "hints_accepted"), num(&s, "hints_rejected")),
+        (2, 1),
+        "{s}"
+    );
+    // The user's job holds the last accepted order.
+    let jobs = s["jobs"].as_array().expect("jobs");
+    assert!(
+        jobs.iter().any(|j| j["hint_files"].as_u64() == Some(30)),
         "{s}"
     );
     m.unmount();

@@ -185,24 +185,7 @@ fn bad_hints_are_rejected_with_clear_errnos_and_reads_go_on() {
     wait_for_scan(&m.mnt);
     let order = m.path(".coorfs-order");
     let send = |text: &[u8]| -> Result<(), i32> {
-        use std::io::Write;
-        use std::os::fd::IntoRawFd;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(&order)
-            .unwrap();
-        for chunk in text.chunks(1 << 20) {
-            if let Err(e) = f.write_all(chunk) {
-                return Err(e.raw_os_error().unwrap());
-            }
-        }
-        let fd = f.into_raw_fd();
-        // SAFETY: closes the descriptor we own, once, to see the daemon's verdict.
-        if unsafe { libc::close(fd) } != 0 {
-            return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
-        }
-        Ok(())
+        coorfs::reader::send_hint(&m.mnt, text).map_err(|e| e.raw_os_error().unwrap())
     };
     let good: Vec<u8> = rels
         .iter()
@@ -218,9 +201,22 @@ fn bad_hints_are_rejected_with_clear_errnos_and_reads_go_on() {
     assert_eq!(send(b"../../etc/passwd\n"), Err(libc::EINVAL));
     assert_eq!(send(b"\n\n"), Err(libc::EINVAL), "nothing");
     assert_eq!(send(&vec![b'a'; 70 << 20]), Err(libc::EFBIG));
-    // The order file is write-only and not listed.
-    let err = std::fs::read(&order).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+    // The order file reads as empty, takes no writes (the mount is read-only) and is not
+    // listed; any other ioctl on it is no terminal's.
+    assert_eq!(std::fs::read(&order).unwrap(), b"");
+    let err = std::fs::write(&order, &good).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let f = std::fs::File::open(&order).unwrap();
+    // SAFETY: TCGETS on an open descriptor, into a termios the size the kernel expects.
+    let rc = unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::TCGETS, &mut t)
+    };
+    assert_eq!(
+        (rc, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::ENOTTY))
+    );
+    drop(f);
     assert!(
         !std::fs::read_dir(&m.mnt)
             .unwrap()

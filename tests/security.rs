@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::fs::{FileExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
@@ -109,9 +108,13 @@ fn a_symlink_swapped_into_the_source_never_makes_the_daemon_read_outside_it() {
         &[&m.mnt],
     );
     let attrs = format!("{:?}", xattrs_as_nobody(&m.path("u/z/shadow")));
+    // A hint naming the swapped names: refused, as names nobody may read.
+    assert_eq!(
+        hints_as_nobody(&m.path(".coorfs-order"), "u/z/shadow\nu/f\n", 1),
+        vec![libc::ENOENT]
+    );
     let hint = sh_as_nobody(
-        "printf 'u/z/shadow\\nu/f\\n' > \"$1/.coorfs-order\"; \
-         for f in \"$1\"/bulk*; do cat \"$f\" > /dev/null; done; exit 0",
+        "for f in \"$1\"/bulk*; do cat \"$f\" > /dev/null; done; exit 0",
         &[&m.mnt],
     );
     let out = format!(
@@ -357,53 +360,6 @@ fn a_file_replaced_or_removed_while_open_reads_as_on_the_local_filesystem() {
     m.unmount();
 }
 
-/// Writes `hint` to the order file as nobody, `times` times at once (each open holding its
-/// bytes until all are written), and prints each close's errno (0 for success).
-const WRITE_HINTS: &str = r#"
-import os, sys
-path, times = sys.argv[1], int(sys.argv[3])
-hint = open(sys.argv[2], "rb").read()
-files = [open(path, "wb", buffering=0) for _ in range(times)]
-results = []
-for f in files:
-    try:
-        f.write(hint)
-    except OSError as e:
-        results.append(e.errno)
-        continue
-    results.append(None)
-for i, f in enumerate(files):
-    try:
-        f.close()
-        if results[i] is None:
-            results[i] = 0
-    except OSError as e:
-        if results[i] is None:
-            results[i] = e.errno
-print(" ".join(str(r) for r in results))
-"#;
-
-fn write_hints_as_nobody(m: &Mount, hint: &str, times: usize) -> Vec<i32> {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), hint).unwrap();
-    mode(file.path(), 0o644);
-    let out = as_nobody(
-        "python3",
-        &[
-            OsStr::new("-c"),
-            OsStr::new(WRITE_HINTS),
-            m.path(".coorfs-order").as_os_str(),
-            file.path().as_os_str(),
-            OsStr::new(&times.to_string()),
-        ],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(|n| n.parse().unwrap())
-        .collect()
-}
-
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
@@ -423,7 +379,7 @@ fn order_hints_cannot_take_more_memory_than_their_budget() {
     // 12 hints of 6 MiB at once (valid lines, repeated): nobody's share is 16 MiB.
     let line = format!("{}\n", rels[0].display());
     let hint = line.repeat((6 << 20) / line.len());
-    let results = write_hints_as_nobody(&m, &hint, 12);
+    let results = hints_as_nobody(&m.path(".coorfs-order"), &hint, 12);
     let ok = results.iter().filter(|r| **r == 0).count();
     let quota = results.iter().filter(|r| **r == libc::EDQUOT).count();
     assert_eq!(ok + quota, 12, "{results:?}");
@@ -437,7 +393,7 @@ fn order_hints_cannot_take_more_memory_than_their_budget() {
         "the daemon grew by {grown} KiB for a 32 MiB hint budget"
     );
     // The budget is given back: one more hint fits.
-    assert_eq!(write_hints_as_nobody(&m, &line, 1), vec![0]);
+    assert_eq!(hints_as_nobody(&m.path(".coorfs-order"), &line, 1), vec![0]);
     m.unmount();
 }
 
@@ -454,16 +410,28 @@ fn a_hint_cannot_tell_a_hidden_file_from_a_missing_one() {
     let m = Mount::new(&src, &["--allow-other"]);
     wait_for_scan(&m.mnt);
     let enoent = vec![libc::ENOENT];
-    assert_eq!(write_hints_as_nobody(&m, "public.jpg\n", 1), vec![0]);
-    assert_eq!(write_hints_as_nobody(&m, "private/hidden.jpg\n", 1), enoent);
     assert_eq!(
-        write_hints_as_nobody(&m, "private/missing.jpg\n", 1),
+        hints_as_nobody(&m.path(".coorfs-order"), "public.jpg\n", 1),
+        vec![0]
+    );
+    assert_eq!(
+        hints_as_nobody(&m.path(".coorfs-order"), "private/hidden.jpg\n", 1),
         enoent
     );
-    assert_eq!(write_hints_as_nobody(&m, "unreadable.jpg\n", 1), enoent);
-    assert_eq!(write_hints_as_nobody(&m, "missing.jpg\n", 1), enoent);
+    assert_eq!(
+        hints_as_nobody(&m.path(".coorfs-order"), "private/missing.jpg\n", 1),
+        enoent
+    );
+    assert_eq!(
+        hints_as_nobody(&m.path(".coorfs-order"), "unreadable.jpg\n", 1),
+        enoent
+    );
+    assert_eq!(
+        hints_as_nobody(&m.path(".coorfs-order"), "missing.jpg\n", 1),
+        enoent
+    );
     // Root may name anything.
-    std::fs::write(m.path(".coorfs-order"), "private/hidden.jpg\n").unwrap();
+    coorfs::reader::send_hint(&m.mnt, b"private/hidden.jpg\n").unwrap();
     // Stats are for everybody and name no file.
     let all = xattrs_as_nobody(&m.mnt).expect("nobody lists the root's attributes");
     let mut text = String::new();
@@ -487,13 +455,11 @@ fn with_one_job_for_everybody_only_the_owner_may_hint() {
     mode(&src.join("a"), 0o644);
     let m = Mount::new(&src, &["--allow-other", "--job-key", "none"]);
     wait_for_scan(&m.mnt);
-    let out = sh_as_nobody("echo a > \"$1\"", &[&m.path(".coorfs-order")]);
-    assert!(
-        stderr(&out).contains("Permission denied"),
-        "{}",
-        stderr(&out)
+    assert_eq!(
+        hints_as_nobody(&m.path(".coorfs-order"), "a\n", 1),
+        vec![libc::EACCES]
     );
-    std::fs::write(m.path(".coorfs-order"), "a\n").unwrap();
+    coorfs::reader::send_hint(&m.mnt, b"a\n").unwrap();
     assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 1);
     m.unmount();
 }

@@ -41,13 +41,13 @@ const SWEEP: &str = r#"
 "#;
 
 /// A coordinated group: four trials with the same seed, each handing every epoch's order to
-/// the mount ($5), spending 2 ms on each sample (epochs of about a second, well above how far
+/// the mount ($5; none if empty), spending 2 ms on each sample (epochs of about a second, well above how far
 /// apart Python starts them), the fourth $6 seconds, and starting $7 seconds after the others.
 const GROUP: &str = r#"
     for trial in 1 2 3 4; do
         delay=0.002 lag=0
         [ $trial = 4 ] && delay=$6 lag=$7
-        (sleep $lag; exec python3 "$1" --workers 2 --epochs "$4" --seed 7 --hint "$5" \
+        (sleep $lag; exec python3 "$1" --workers 2 --epochs "$4" --seed 7 ${5:+--hint "$5"} \
             --delay $delay "$2") > "$3/trial-$trial" &
     done
     wait
@@ -181,10 +181,8 @@ fn group_through_a_mount(delay: &str, lag: &str, extra: &[&str]) -> (Value, Vec<
     let s = stats(&m.mnt);
     assert_staging_empties(&m);
     m.unmount();
-    // On the source the hints go nowhere: a directory that takes them as files.
-    let hints = dir.path().join("hints");
-    std::fs::create_dir(&hints).unwrap();
-    let on_source = run_trials(GROUP, &src, &theirs, &[hints.to_str().unwrap(), "0", "0"]);
+    // On the source, no hints: the same seed draws the same orders.
+    let on_source = run_trials(GROUP, &src, &theirs, &["", "0", "0"]);
     assert_eq!(
         bytes_of(&through_mount),
         bytes_of(&on_source),
@@ -390,10 +388,8 @@ fn a_member_killed_mid_epoch_frees_what_was_kept_for_it() {
     assert_staging_empties(&m);
     m.unmount();
     let theirs = dir.path().join("theirs");
-    let hints = dir.path().join("hints");
     std::fs::create_dir_all(&theirs).unwrap();
-    std::fs::create_dir_all(&hints).unwrap();
-    let on_source = run_trials(GROUP, &src, &theirs, &[hints.to_str().unwrap(), "0", "0"]);
+    let on_source = run_trials(GROUP, &src, &theirs, &["", "0", "0"]);
     for trial in 1..=3 {
         let mine = std::fs::read_to_string(out.join(format!("trial-{trial}"))).unwrap();
         let got: Vec<(String, u64)> = mine

@@ -10,7 +10,8 @@ Two things a training job may want from the mount, with the standard library onl
       sampler = coorfs.HintedSampler(dataset, mount="/mnt/train")   # instead of shuffle=True
       loader = DataLoader(dataset, batch_size=256, sampler=sampler, num_workers=8)
 
-  Without torch, `HintedOrder` and `write_order` do the same on plain lists of paths.
+  Without torch, `HintedOrder` and `write_order` do the same on plain lists of paths, and
+  `send_hint` hands over a hint already written out (bytes, one path per line).
 - **Statistics.** `coorfs.read_stats("/mnt/train")` returns the mount's statistics as a dict
   (the `user.coorfs.stats` attribute, the document `coorfs stats --json` prints), and
   `coorfs.cached_bytes(path)` how many bytes of one file the cache holds.
@@ -20,7 +21,7 @@ is the start-up hook of the `coorfs run` command, which gives unchanged jobs the
 command loads it by itself (a copy compiled into it), so jobs need not import it.
 """
 
-from .order import ORDER_FILE, HintedOrder, sample_paths, write_order
+from .order import ORDER_FILE, HintedOrder, sample_paths, send_hint, write_order
 from .stats import STATS_ATTRIBUTE, cached_bytes, read_stats
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "cached_bytes",
     "read_stats",
     "sample_paths",
+    "send_hint",
     "write_order",
 ]
 

@@ -1,19 +1,48 @@
 """Order hints: tell a coorfs mount the order in which a job reads its files next.
 
-A job writes the coming epoch's order, one path per line relative to the mount root, to the
-write-only file MOUNT/.coorfs-order; the daemon answers at close(): a hint it rejects raises
-OSError with its errno (ENOENT: a path that is no file of the mount, or not one the writer may
-read; EINVAL: garbage or nothing; EFBIG: too large; EDQUOT: past the mount's hint memory). With
-the order known, the prefetcher follows it exactly, as far ahead as its staging area allows.
-Standard library only: torch's sampler is in `coorfs.sampler`.
+A job hands the coming epoch's order, one path per line relative to the mount root, to the
+order file MOUNT/.coorfs-order: it opens the file read-only (the mount is read-only), sends the
+text in fixed-size chunks with one ioctl each and ends it with a commit ioctl, whose result is
+the daemon's verdict: a hint it rejects raises OSError with its errno (ENOENT: a path that is
+no file of the mount, or not one the writer may read; EINVAL: garbage or nothing; EFBIG: too
+large; EDQUOT: past the mount's hint memory). With the order known, the prefetcher follows it
+exactly, as far ahead as its staging area allows. Standard library only: torch's sampler is in
+`coorfs.sampler`.
 """
 
+import fcntl
 import hashlib
 import os
 import random
 import warnings
 
 ORDER_FILE = ".coorfs-order"
+
+# The order file's ioctls (the daemon's fs/order.rs): a chunk is a buffer of CHUNK_BYTES, a
+# little-endian u32 count and that many bytes of the hint; the commit applies the hint.
+CHUNK_BYTES = 16380
+HINT_CHUNK = (1 << 30) | (CHUNK_BYTES << 16) | (ord("C") << 8) | 1
+HINT_COMMIT = (ord("C") << 8) | 2
+
+
+def send_hint(mount, data):
+    """Hands hint `data` (bytes: relative paths, one per line) to the coorfs mount at `mount`.
+
+    Raises OSError with the mount's errno if it rejects the hint.
+    """
+    fd = os.open(os.path.join(os.fspath(mount), ORDER_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        room = CHUNK_BYTES - 4
+        for at in range(0, len(data), room):
+            part = data[at : at + room]
+            chunk = bytearray(CHUNK_BYTES)
+            chunk[:4] = len(part).to_bytes(4, "little")
+            chunk[4 : 4 + len(part)] = part
+            # A mutable buffer of more than 1 KiB goes to the kernel as it is.
+            fcntl.ioctl(fd, HINT_CHUNK, chunk, True)
+        fcntl.ioctl(fd, HINT_COMMIT, 0)
+    finally:
+        os.close(fd)
 
 
 def sample_paths(dataset):
@@ -68,10 +97,7 @@ def write_order(mount, paths):
         if rel == ".." or rel.startswith(".." + os.sep):
             raise ValueError("coorfs: %s is not below the mount %s" % (p, mount))
         lines.append(rel)
-    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
-    # The verdict comes at close(): a rejected hint raises OSError here.
-    with open(os.path.join(mount, ORDER_FILE), "wb") as f:
-        f.write(data)
+    send_hint(mount, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
 
 
 def group_seed(group):

@@ -6,6 +6,10 @@ import unittest
 import warnings
 
 import coorfs
+import standin
+
+# A plain directory stands in for the mount: hints are written to its order file.
+_send_hint = standin.install(coorfs.order)
 
 
 class FakeImageFolder:
@@ -46,6 +50,37 @@ class SamplePaths(unittest.TestCase):
     def test_unknown_dataset_says_what_to_pass(self):
         with self.assertRaisesRegex(TypeError, "pass paths=.* coorfs_paths"):
             coorfs.sample_paths([1, 2, 3])
+
+
+class SendHint(unittest.TestCase):
+    """The real send_hint, with the ioctls it makes recorded instead of made."""
+
+    def test_the_hint_goes_in_fixed_size_chunks_then_a_commit(self):
+        calls = []
+
+        def ioctl(fd, request, arg=0, mutate=True):
+            calls.append((request, bytes(arg) if isinstance(arg, bytearray) else arg))
+            return 0
+
+        data = b"".join(b"c%d/f%06d.jpg\n" % (i % 7, i) for i in range(3000))
+        with tempfile.TemporaryDirectory() as mount:
+            open(os.path.join(mount, coorfs.ORDER_FILE), "wb").close()
+            real, coorfs.order.fcntl.ioctl = coorfs.order.fcntl.ioctl, ioctl
+            try:
+                _send_hint(mount, data)
+            finally:
+                coorfs.order.fcntl.ioctl = real
+        chunks, commit = calls[:-1], calls[-1]
+        self.assertEqual(commit, (coorfs.order.HINT_COMMIT, 0))
+        sent = b""
+        for request, chunk in chunks:
+            self.assertEqual((request, len(chunk)), (coorfs.order.HINT_CHUNK, coorfs.order.CHUNK_BYTES))
+            count = int.from_bytes(chunk[:4], "little")
+            sent += chunk[4 : 4 + count]
+        self.assertEqual(sent, data)
+        self.assertEqual(len(chunks), -(-len(data) // (coorfs.order.CHUNK_BYTES - 4)))
+        # The size field of the chunk's command number is the chunk's size: the kernel copies it.
+        self.assertEqual((coorfs.order.HINT_CHUNK >> 16) & 0x3FFF, coorfs.order.CHUNK_BYTES)
 
 
 class WriteOrder(unittest.TestCase):

@@ -1,6 +1,7 @@
 """`coorfs run`'s hook (coorfs/run.py, run-hook/sitecustomize.py) without a mount: a plain
-directory stands in for it (COORFS_MOUNT, as --mount sets it), so the order file is an ordinary
-file that the job (run_job.py) reads back after each epoch. Each job runs in a fresh interpreter
+directory stands in for it (COORFS_MOUNT, as --mount sets it), and the hook's copy of the package
+hands hints over by writing the order file there (standin.py), an ordinary file that the job
+(run_job.py) reads back after each epoch. Each job runs in a fresh interpreter
 started the way `coorfs run` starts one: the hook directory (sitecustomize.py beside the package
 as `_coorfs_run`) first on PYTHONPATH, COORFS_RUN_DIR set.
 
@@ -21,6 +22,8 @@ import sys
 import tempfile
 import unittest
 
+import standin
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.join(os.path.dirname(HERE), "coorfs")
 SITECUSTOMIZE = os.path.join(os.path.dirname(HERE), "run-hook", "sitecustomize.py")
@@ -40,6 +43,8 @@ class HookedRun:
         shutil.copy(SITECUSTOMIZE, self.hook)
         shutil.copytree(PACKAGE, os.path.join(self.hook, "_coorfs_run"),
                         ignore=shutil.ignore_patterns("__pycache__"))
+        with open(os.path.join(self.hook, "_coorfs_run", "order.py"), "a") as f:
+            f.write(standin.STANDIN)
         self.data = os.path.join(self.tmp.name, "data")
         for i in range(40):
             folder = os.path.join(self.data, "class%d" % (i % 4))

@@ -59,7 +59,7 @@ mod callers;
 mod cluster;
 mod handles;
 mod kernel_cache;
-mod order;
+pub mod order;
 mod read;
 
 use std::ffi::OsStr;
@@ -114,6 +114,8 @@ pub enum FsError {
     NotSupported,
     #[error("file too large")]
     TooLarge,
+    #[error("inappropriate ioctl for device")]
+    NotTty,
     #[error("the source entry changed under its name (a component became a symlink or moved)")]
     Stale,
     #[error("source: {0}")]
@@ -154,8 +156,6 @@ pub struct Opened {
     pub direct_io: bool,
     /// The source file changed since the kernel was last told its attributes.
     pub changed: bool,
-    /// The daemon must see `close(2)` (a FLUSH), where it answers for what was written.
-    pub flush: bool,
 }
 
 /// One directory entry, as `readdir` hands it out.
@@ -544,7 +544,7 @@ impl DatasetFs {
             .map_err(source_error)
     }
 
-    /// Opens file `ino` for reading (or the order file for writing). `flags` are the
+    /// Opens file `ino` (or the order file) for reading. `flags` are the
     /// `open(2)` flags.
     pub fn open(&self, ino: NodeId, flags: i32, caller: Caller) -> Result<Opened, FsError> {
         self.open_file(ino, flags, caller, Access::Counted)
@@ -663,7 +663,6 @@ impl DatasetFs {
             keep_cache,
             direct_io,
             changed: changed && access == Access::Counted,
-            flush: false,
         };
         Ok((handle, opened))
     }

@@ -1,21 +1,37 @@
 //! The order file: how a job tells coorfs the order it will read files in (an order hint).
 //!
-//! A job writes the paths of its coming epoch, relative to the mount root and one per
-//! line, to `MOUNT/.coorfs-order`, and closes it; `close(2)` returns the verdict. The file
-//! does not appear in listings, is write-only (mode 0222) and reads as empty.
+//! A job opens `MOUNT/.coorfs-order` read-only, hands over the paths of its coming epoch,
+//! relative to the mount root and one per line, in chunks of [`CHUNK_BYTES`] with the
+//! [`HINT_CHUNK`] ioctl, and ends the hint with [`HINT_COMMIT`], whose result is the verdict.
+//! The file does not appear in listings and reads as empty. `coorfs hint MOUNT < order.txt`
+//! does this from a shell; the Python package's `coorfs.write_order` from a job.
 //!
-//! Why a file and not `setxattr(user.coorfs.order)`: the kernel caps an extended
-//! attribute's value at 64 KiB (XATTR_SIZE_MAX), about 2,000 ImageNet paths, while an
-//! epoch's order for ImageNet is some 40 MB; a file takes any size in 1 MiB writes. From
-//! Python it is `open(path, "w").write("\n".join(paths))`, and a rejected hint raises
-//! `OSError` with its errno at `close()`:
+//! Why an ioctl and not `write(2)`: the mount is read-only down to its superblock. On a
+//! writable FUSE superblock the kernel forgets a file's access time after every read, so the
+//! next `stat` of the file (Python's `open()` makes two) costs a GETATTR round trip: measured,
+//! 8,000 files of ~110 KiB read whole by Python, each a cache miss, took 2.8-3.2 s an epoch
+//! on a writable superblock and 2.4-2.7 s on a read-only one. A read-only superblock refuses
+//! every write (`EROFS`) before it reaches the daemon; an ioctl on a file opened for reading
+//! still does. Why not `setxattr(user.coorfs.order)`: refused the same way, and capped at
+//! 64 KiB (XATTR_SIZE_MAX), about 2,000 ImageNet paths, while an epoch's order for ImageNet is
+//! some 40 MB.
+//!
+//! A chunk is a buffer of exactly [`CHUNK_BYTES`]: a little-endian `u32` count of the bytes
+//! that follow it, then those bytes (the kernel copies the size its command number names, so
+//! the size is fixed). Chunks append; a rejected hint fails the chunk or the commit with:
 //! - `ENOENT`: a line names no file of the dataset (the message in the log names it);
-//! - `EINVAL`: a line holds a NUL byte or a `..`, names a directory, or no line names a path;
-//! - `EFBIG`: the hint is larger than any order of this dataset could be (at the `write`);
+//! - `EINVAL`: a line holds a NUL byte or a `..`, names a directory, or no line names a path
+//!   (at the commit); a chunk whose count exceeds its buffer (at the chunk);
+//! - `EFBIG`: the hint is larger than any order of this dataset could be (at a chunk);
 //! - `EDQUOT`: the hints this user (or all users) are writing or have given hold more memory
-//!   than `--hint-memory` allows (at the `write` or the `close`);
+//!   than `--hint-memory` allows (at a chunk or the commit);
 //! - `EACCES` at `open`: under `--job-key none` (one job for everybody) only the user who
-//!   mounted, or root, may hint.
+//!   mounted, or root, may hint;
+//! - `EOPNOTSUPP`: under `--fast-open`, where no open reaches the daemon to hold a hint.
+//!
+//! After a rejection the descriptor refuses every chunk until the next commit, which reports
+//! the rejection again and starts afresh; after an accepted commit the next chunk starts the
+//! next hint. Any other ioctl gets `ENOTTY`, as on every file of the mount.
 //!
 //! A hint names only files its writer may read: a name the writer could not open (its mode,
 //! an ACL, a directory on the way it may not search) gets `ENOENT`, the answer for a name that
@@ -24,12 +40,11 @@
 //! # Memory
 //! Hints are the one way a user makes the daemon hold memory of the user's choosing, so
 //! they are bounded twice: one hint by the dataset's size (64 MiB plus 128 bytes a file),
-//! and all hints, pending (bytes written, not yet applied) and accepted (4 bytes a file of
-//! a job's order), by `--hint-memory` in total and by half of it per user
+//! and all hints, pending (chunks handed over, not yet committed) and accepted (4 bytes a file
+//! of a job's order), by `--hint-memory` in total and by half of it per user
 //! ([`crate::jobs::HintBudget`]).
 //!
-//! The close of the process that wrote applies the hint; a child's close of its inherited
-//! copy (at `exec`, say) does not.
+//! The hint belongs to the job of the process that opened the order file.
 //!
 //! A rejected hint changes nothing: the job keeps its previous hint (or none), and reads are
 //! served as before.
@@ -50,6 +65,22 @@ pub const ORDER_FILE: &str = ".coorfs-order";
 /// Its node id: far above any dense node id of the namespace.
 pub const ORDER_INO: NodeId = 1 << 62;
 
+/// The size of a chunk's buffer: the largest multiple of 4 that an ioctl command number can
+/// name (14 bits), so that a 40 MB order takes some 2,500 round trips.
+pub const CHUNK_BYTES: usize = 16380;
+/// The bytes a chunk carries at most: its buffer less the count in front.
+pub const CHUNK_PAYLOAD: usize = CHUNK_BYTES - 4;
+/// `_IOW('C', 1, [u8; CHUNK_BYTES])`: append a chunk to the hint of this descriptor.
+pub const HINT_CHUNK: u32 = ioc(1, 1, CHUNK_BYTES as u32);
+/// `_IO('C', 2)`: apply the hint of this descriptor; the ioctl's result is the verdict.
+pub const HINT_COMMIT: u32 = ioc(0, 2, 0);
+
+/// An ioctl command number of type `'C'` (Linux's `_IOC`): direction (1: the caller writes),
+/// number, size.
+const fn ioc(dir: u32, nr: u32, size: u32) -> u32 {
+    (dir << 30) | (size << 16) | ((b'C' as u32) << 8) | nr
+}
+
 /// A hint may be this many bytes plus [`MAX_BYTES_PER_FILE`] per dataset file: every path
 /// of a deep tree, with room to repeat some, and a firm bound on the daemon's memory.
 const MAX_ORDER_BASE: u64 = 64 << 20;
@@ -62,19 +93,14 @@ struct OrderWriter {
     /// The hint memory `buf` holds.
     charge: HintCharge,
     caller: Caller,
-    /// Written to since the last flush: a close with nothing new applies nothing.
-    dirty: bool,
-    /// Who wrote last: the kernel's lock owner, one per process (its descriptor table),
-    /// sent with every direct-I/O write and every flush.
-    writer: Option<u64>,
-    /// The hint grew past a limit: every later write and the close fail with this errno
-    /// (EFBIG or EDQUOT; the kernel may split one write(2) into several requests).
+    /// The hint grew past a limit: every later chunk and the commit fail with this errno
+    /// (EFBIG or EDQUOT).
     refused: Option<i32>,
 }
 
 impl OrderWriter {
     /// Refuses the hint: nothing of it is applied, what came so far is forgotten (and its
-    /// memory given back), and every later write and the close fail with `errno`.
+    /// memory given back), and every later chunk and the commit fail with `errno`.
     fn refuse(&mut self, errno: i32) {
         self.buf = Vec::new();
         self.charge.resize(0);
@@ -114,7 +140,7 @@ impl OrderFiles {
             mtime: time,
             ctime: time,
             kind: Kind::File,
-            perm: 0o222,
+            perm: 0o444,
             nlink: 1,
             uid: 0,
             gid: 0,
@@ -123,10 +149,10 @@ impl OrderFiles {
         }
     }
 
-    /// Opens the order file as `fh` for `caller`; only for writing.
+    /// Opens the order file as `fh` for `caller`; only for reading (it takes hints by ioctl).
     pub fn open(&self, fh: u64, flags: i32, caller: Caller) -> Result<Opened, FsError> {
-        if flags & libc::O_ACCMODE == libc::O_RDONLY {
-            return Err(FsError::Access);
+        if flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return Err(FsError::ReadOnly);
         }
         if self.one_job && caller.uid != 0 && caller.uid != self.owner {
             return Err(FsError::Access);
@@ -137,40 +163,39 @@ impl OrderFiles {
                 buf: Vec::new(),
                 charge: self.hints.charge(caller.uid),
                 caller,
-                dirty: false,
-                writer: None,
                 refused: None,
             },
         );
         Ok(Opened {
             fh,
             keep_cache: false,
-            // Direct I/O: nothing to cache, and the kernel sends the writer's lock owner
-            // with each write only in this mode (see `flush`).
+            // Nothing to cache: it reads as empty.
             direct_io: true,
             changed: false,
-            flush: true,
         })
     }
 
-    /// Writes `data` at `offset` of open order file `fh`, for the writing process `owner`
-    /// (its lock owner, if the kernel sent one). A hint past `limit` bytes or past its
-    /// writer's share of the hint memory is refused, and counted in `ledger`.
-    pub fn write(
+    /// Appends the bytes of `chunk` (a count, then the bytes: see the module header) to the
+    /// hint of open order file `fh`. A hint past `limit` bytes or past its writer's share of
+    /// the hint memory is refused, and counted in `ledger`.
+    pub fn append(
         &self,
         fh: u64,
-        offset: u64,
-        data: &[u8],
-        owner: Option<u64>,
+        chunk: &[u8],
         limit: u64,
         ledger: &Ledger,
-    ) -> Result<u32, FsError> {
+    ) -> Result<(), FsError> {
+        let data = chunk_bytes(chunk).ok_or_else(|| {
+            FsError::Invalid(format!(
+                "a hint chunk is {CHUNK_BYTES} bytes, a count and bytes"
+            ))
+        })?;
         let mut writers = self.writers.lock();
         let w = writers.get_mut(&fh).ok_or(FsError::BadHandle)?;
         if let Some(errno) = w.refused {
             return Err(FsError::from_errno(errno));
         }
-        let end = offset.saturating_add(data.len() as u64);
+        let end = w.buf.len() as u64 + data.len() as u64;
         if end > limit {
             let pid = w.caller.pid;
             w.refuse(libc::EFBIG);
@@ -179,15 +204,10 @@ impl OrderFiles {
             tracing::warn!("order hint of pid {pid} rejected: more than {limit} bytes");
             return Err(FsError::TooLarge);
         }
-        // The kernel may split one write(2) into requests that two FUSE threads serve in
-        // either order, so each lands at its offset.
-        let (start, end) = (offset as usize, end as usize);
-        if w.buf.len() < end {
+        let end = end as usize;
+        if w.buf.capacity() < end {
             // Charged by capacity, which doubling growth may make up to twice the length.
-            let capacity = match w.buf.capacity() {
-                c if c >= end => c,
-                c => end.max(c * 2),
-            };
+            let capacity = end.max(w.buf.capacity() * 2);
             if !w.charge.resize(capacity as u64) {
                 let uid = w.caller.uid;
                 w.refuse(libc::EDQUOT);
@@ -197,32 +217,23 @@ impl OrderFiles {
                 return Err(HintError::OverBudget { uid }.into());
             }
             w.buf.reserve_exact(capacity - w.buf.len());
-            w.buf.resize(end, 0);
         }
-        w.buf[start..end].copy_from_slice(data);
-        w.dirty = true;
-        w.writer = owner;
-        Ok(data.len() as u32)
+        w.buf.extend_from_slice(data);
+        Ok(())
     }
 
-    /// At a close of order file `fh` by process `owner`: the hint to apply, with its writer,
-    /// if `owner` wrote it and wrote since the last close (see [`DatasetFs::flush`]).
-    pub fn flush(&self, fh: u64, owner: u64) -> Result<Option<(Vec<u8>, Caller)>, FsError> {
+    /// Ends the hint of open order file `fh`: the hint to apply, with the caller that opened
+    /// the file, or the errno that refused it. Either way the next chunk starts a new hint.
+    pub fn commit(&self, fh: u64) -> Result<(Vec<u8>, Caller), FsError> {
         let mut writers = self.writers.lock();
-        let Some(w) = writers.get_mut(&fh) else {
-            return Ok(None);
-        };
-        if let Some(errno) = w.refused {
+        let w = writers.get_mut(&fh).ok_or(FsError::BadHandle)?;
+        if let Some(errno) = w.refused.take() {
             return Err(FsError::from_errno(errno));
         }
-        if !w.dirty || w.writer.is_some_and(|writer| writer != owner) {
-            return Ok(None);
-        }
-        w.dirty = false;
         // The hint is applied now: its bytes are done with (the order it becomes is
         // charged on its own).
         w.charge.resize(0);
-        Ok(Some((std::mem::take(&mut w.buf), w.caller)))
+        Ok((std::mem::take(&mut w.buf), w.caller))
     }
 
     /// Charges an accepted order of `files` files to its writer `uid`, for as long as the job
@@ -264,6 +275,27 @@ impl From<HintError> for FsError {
             HintError::Invalid { .. } | HintError::Empty => FsError::Invalid(e.to_string()),
         }
     }
+}
+
+/// The bytes a chunk carries: its count, then that many bytes. None for a buffer that is not
+/// [`CHUNK_BYTES`] long or a count past its end.
+pub fn chunk_bytes(chunk: &[u8]) -> Option<&[u8]> {
+    if chunk.len() != CHUNK_BYTES {
+        return None;
+    }
+    let (count, rest) = chunk.split_at(4);
+    let count = u32::from_le_bytes(count.try_into().ok()?) as usize;
+    rest.get(..count)
+}
+
+/// The chunks that carry `text`, each [`CHUNK_BYTES`] long: what a client hands over.
+pub fn chunks(text: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    text.chunks(CHUNK_PAYLOAD).map(|part| {
+        let mut chunk = vec![0u8; CHUNK_BYTES];
+        chunk[..4].copy_from_slice(&(part.len() as u32).to_le_bytes());
+        chunk[4..4 + part.len()].copy_from_slice(part);
+        chunk
+    })
 }
 
 /// One path of a hint: its line number and its components.
@@ -321,59 +353,33 @@ impl DatasetFs {
         OrderFiles::attr(root.map_or(SystemTime::UNIX_EPOCH, |a| a.mtime))
     }
 
-    /// Opens the order file; only for writing.
+    /// Opens the order file; only for reading.
     pub(super) fn open_order(&self, flags: i32, caller: Caller) -> Result<Opened, FsError> {
         self.orders.open(self.handles.next_fh(), flags, caller)
     }
 
-    /// Writes to node `ino`: only the order file takes writes, in sequence. `owner` is the
-    /// writing process's lock owner, if the kernel sent one.
-    pub fn write(
-        &self,
-        ino: NodeId,
-        fh: u64,
-        offset: u64,
-        data: &[u8],
-        owner: Option<u64>,
-    ) -> Result<u32, FsError> {
-        if ino != ORDER_INO {
-            return Err(FsError::ReadOnly);
+    /// An ioctl on node `ino`, open as `fh`, with `data` from the caller: the order file's
+    /// [`HINT_CHUNK`] and [`HINT_COMMIT`]; `ENOTTY` for everything else (`isatty` included).
+    pub fn ioctl(&self, ino: NodeId, fh: u64, cmd: u32, data: &[u8]) -> Result<(), FsError> {
+        if ino != ORDER_INO || (cmd != HINT_CHUNK && cmd != HINT_COMMIT) {
+            return Err(FsError::NotTty);
         }
+        // Without opens no handle holds a hint.
         if self.fast_open {
             return Err(FsError::NotSupported);
         }
-        let limit = MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64;
-        self.orders
-            .write(fh, offset, data, owner, limit, &self.ledger)
+        if cmd == HINT_CHUNK {
+            let limit = MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64;
+            return self.orders.append(fh, data, limit, &self.ledger);
+        }
+        let (buf, caller) = self.orders.commit(fh)?;
+        self.apply_hint(&buf, caller)
     }
 
-    /// Truncates node `ino` (only the order file can be, to nothing).
-    pub fn truncate(&self, ino: NodeId, size: u64) -> Result<Attr, FsError> {
-        if ino != ORDER_INO || size != 0 {
-            return Err(FsError::ReadOnly);
-        }
-        // Without opens the kernel truncates at open(O_TRUNC): the hint fails there.
-        if self.fast_open {
-            return Err(FsError::NotSupported);
-        }
-        Ok(self.control_attr())
-    }
-
-    /// Called at every `close(2)` of a file, by process `owner` (its lock owner): applies
-    /// what was written to the order file.
-    ///
-    /// Every close of a descriptor of the open file flushes, a forked child's close of its
-    /// inherited copy too, and `exec` closes it in every child spawned while the hint is
-    /// being written. Only the writer's own close applies the hint; another process's close
-    /// would apply half a hint.
-    pub fn flush(&self, ino: NodeId, fh: u64, owner: u64) -> Result<(), FsError> {
-        if ino != ORDER_INO {
-            return Ok(());
-        }
-        let Some((buf, caller)) = self.orders.flush(fh, owner)? else {
-            return Ok(());
-        };
-        let result = self.resolve_order(&buf, caller).and_then(|order| {
+    /// Applies hint `buf` of `caller`: resolves its paths, charges its order, hands it to
+    /// the caller's job and wakes the prefetcher; a rejected hint changes nothing.
+    fn apply_hint(&self, buf: &[u8], caller: Caller) -> Result<(), FsError> {
+        let result = self.resolve_order(buf, caller).and_then(|order| {
             let charge = self.orders.charge_order(caller.uid, order.len())?;
             Ok((order, charge))
         });

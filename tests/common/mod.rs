@@ -366,6 +366,77 @@ pub fn sh_as_nobody(script: &str, args: &[&Path]) -> Output {
     as_nobody("sh", &all)
 }
 
+/// Python that hands hints to a coorfs mount the way its order file takes them (see
+/// `src/fs/order.rs`): argv[1] the order file, argv[2] a file holding the hint, argv[3] how
+/// many descriptors send it, all chunks first and then every commit; prints each
+/// descriptor's result (0, or the errno of its first failing call, the open's included).
+pub const SEND_HINTS_PY: &str = r#"
+import fcntl, os, sys
+CHUNK = 16380
+HINT_CHUNK = (1 << 30) | (CHUNK << 16) | (ord("C") << 8) | 1
+HINT_COMMIT = (ord("C") << 8) | 2
+path, times = sys.argv[1], int(sys.argv[3])
+hint = open(sys.argv[2], "rb").read()
+fds, results = [], []
+for _ in range(times):
+    try:
+        fds.append(os.open(path, os.O_RDONLY))
+        results.append(None)
+    except OSError as e:
+        fds.append(None)
+        results.append(e.errno)
+for i, fd in enumerate(fds):
+    if fd is None:
+        continue
+    try:
+        for at in range(0, len(hint), CHUNK - 4):
+            part = hint[at:at + CHUNK - 4]
+            buf = bytearray(CHUNK)
+            buf[:4] = len(part).to_bytes(4, "little")
+            buf[4:4 + len(part)] = part
+            fcntl.ioctl(fd, HINT_CHUNK, buf, True)
+    except OSError as e:
+        results[i] = e.errno
+for i, fd in enumerate(fds):
+    if fd is None:
+        continue
+    try:
+        fcntl.ioctl(fd, HINT_COMMIT, 0)
+        if results[i] is None:
+            results[i] = 0
+    except OSError as e:
+        if results[i] is None:
+            results[i] = e.errno
+print(" ".join(str(r) for r in results))
+"#;
+
+/// `hint` handed to order file `order` by nobody through `times` descriptors at once: each
+/// one's result, 0 or an errno.
+pub fn hints_as_nobody(order: &Path, hint: &str, times: usize) -> Vec<i32> {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), hint).unwrap();
+    std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = as_nobody(
+        "python3",
+        &[
+            OsStr::new("-c"),
+            OsStr::new(SEND_HINTS_PY),
+            order.as_os_str(),
+            file.path().as_os_str(),
+            OsStr::new(&times.to_string()),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|r| r.parse().unwrap())
+        .collect()
+}
+
 /// Free TCP ports on the loopback interface.
 pub fn free_ports(n: usize) -> Vec<u16> {
     let held: Vec<std::net::TcpListener> = (0..n)
