@@ -122,14 +122,14 @@ fn hint(args: &coorfs::cli::HintArgs) -> Result<(), CommandError> {
         ),
     };
     read.map_err(|e| CommandError::HintInput(name, e))?;
-    // Absolute paths below the mount point become relative to it, as the mount wants them.
-    let prefix = [args.mountpoint.as_os_str().as_encoded_bytes(), b"/"].concat();
-    let text: Vec<u8> = text
-        .split_inclusive(|b| *b == b'\n')
-        .flat_map(|line| line.strip_prefix(&prefix[..]).unwrap_or(line))
-        .copied()
+    // One path a line; write_hint makes absolute ones below the mount point relative to it.
+    use std::os::unix::ffi::OsStrExt;
+    let order: Vec<std::path::PathBuf> = text
+        .split(|b| *b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| std::ffi::OsStr::from_bytes(line).into())
         .collect();
-    coorfs::reader::send_hint(&args.mountpoint, &text).map_err(|e| {
+    coorfs::reader::write_hint(&args.mountpoint, &order).map_err(|e| {
         CommandError::Read(coorfs::reader::ReadError::Hint(args.mountpoint.clone(), e))
     })
 }

@@ -409,27 +409,16 @@ fn a_hint_cannot_tell_a_hidden_file_from_a_missing_one() {
     mode(&src.join("unreadable.jpg"), 0o600);
     let m = Mount::new(&src, &["--allow-other"]);
     wait_for_scan(&m.mnt);
-    let enoent = vec![libc::ENOENT];
-    assert_eq!(
-        hints_as_nobody(&m.path(".coorfs-order"), "public.jpg\n", 1),
-        vec![0]
-    );
-    assert_eq!(
-        hints_as_nobody(&m.path(".coorfs-order"), "private/hidden.jpg\n", 1),
-        enoent
-    );
-    assert_eq!(
-        hints_as_nobody(&m.path(".coorfs-order"), "private/missing.jpg\n", 1),
-        enoent
-    );
-    assert_eq!(
-        hints_as_nobody(&m.path(".coorfs-order"), "unreadable.jpg\n", 1),
-        enoent
-    );
-    assert_eq!(
-        hints_as_nobody(&m.path(".coorfs-order"), "missing.jpg\n", 1),
-        enoent
-    );
+    let order = m.path(".coorfs-order");
+    for (hint, want) in [
+        ("public.jpg\n", 0),
+        ("private/hidden.jpg\n", libc::ENOENT),
+        ("private/missing.jpg\n", libc::ENOENT),
+        ("unreadable.jpg\n", libc::ENOENT),
+        ("missing.jpg\n", libc::ENOENT),
+    ] {
+        assert_eq!(hints_as_nobody(&order, hint, 1), vec![want], "{hint}");
+    }
     // Root may name anything.
     coorfs::reader::send_hint(&m.mnt, b"private/hidden.jpg\n").unwrap();
     // Stats are for everybody and name no file.
