@@ -19,9 +19,9 @@ The runs are train-input*.py --json output: one object per epoch. Checked:
   With prefetch on (prefetch_memory > 0), how epoch 1's misses split into hits and misses, and
   which epoch a prefetched byte counts in, depend on timing; checked instead: later epochs hit
   exactly the cached files, nothing prefetched went unread, and in all every file not cached
-  was read from the source once an epoch (epoch 1: every file; with --ranks, at most once and
-  within 2%: a file one rank read at an epoch's end may reach another from the blocks read
-  moments ago).
+  was read from the source once an epoch (epoch 1: every file; with --ranks, at most once:
+  each rank is a job, and a block one rank read may reach another from staging, a shared hit,
+  or from the blocks read moments ago at an epoch's end, 2%).
 - with --hinted (the pipeline sampled with coorfs.HintedSampler, or ran under `coorfs run`): the
   mount accepted one order hint an epoch from each rank and rejected none, and with prefetch on,
   the prefetcher served at least 90% of the reads the cache missed from epoch 2 on (it follows
@@ -145,11 +145,19 @@ def main():
         once = size + (epochs - 1) * (size - cached_bytes)
         if a.ranks == 1:
             expect("bytes_from_source, every uncached file once an epoch", s["bytes_from_source"], once)
-        elif not 0.98 * once <= s["bytes_from_source"] <= once:
-            # A file one rank read at the end of an epoch and another at the start of the next
-            # may come from the blocks read moments ago: at most once, within 2%.
-            failures.append(f"bytes_from_source, every uncached file at most once an epoch: got "
-                            f"{s['bytes_from_source']}, want {once} or up to 2% less")
+        else:
+            # Each rank is a job of its own (a process group), and a block one rank read that
+            # the cache did not keep stays for the others, which have still to read the file
+            # in their epoch: a rank reads half of them in its next one, from staging, not the
+            # source (shared_hits, a block each, at most the largest file). And a file one rank
+            # read at the end of an epoch and another at the start of the next may come from
+            # the blocks read moments ago (2%). Never more than once.
+            largest = max(os.path.getsize(f) for f in files.values())
+            floor = 0.98 * once - s["shared_hits"] * largest
+            if not floor <= s["bytes_from_source"] <= once:
+                failures.append(f"bytes_from_source, every uncached file at most once an epoch: got "
+                                f"{s['bytes_from_source']}, want {once}, or down to {floor:.0f} with "
+                                f"{s['shared_hits']} shared hits")
     if a.hinted:
         expect("hints_accepted (one an epoch from each rank)", s["hints_accepted"], epochs * a.ranks)
         expect("hints_rejected", s["hints_rejected"], 0)

@@ -24,7 +24,8 @@ DIR` gives the unchanged pipeline the same hints.
 
 --distributed is the pipeline of one rank under torchrun: it joins the process group (gloo),
 samples its shard with DistributedSampler(shuffle=True, seed=--seed), calls set_epoch every
-epoch, and reports its own epochs with its rank (the ranks' checksums add up to the dataset's).
+epoch, all-reduces after every batch as DDP does after every backward pass (the ranks move in
+step, as in training), and reports its own epochs with its rank (the ranks' checksums add up to the dataset's).
 --all-files takes every file as a sample, not only images (for datasets such as
 make-dataset.py's; --mode bytes only).
 
@@ -75,6 +76,17 @@ class OnImage:
         return digest, size, self.transform(image)
 
 
+def synchronized(loader):
+    """The batches of one rank, each followed by an all-reduce across the ranks, as DDP's
+    gradient all-reduce follows every backward pass: the ranks move in step, a batch apart at
+    most, as they do in training (DistributedSampler pads the shards to equal lengths, so every
+    rank makes as many calls)."""
+    step = torch.zeros(1)
+    for sample, _target in loader:
+        yield sample[0], sample[1]
+        torch.distributed.all_reduce(step)
+
+
 def main():
     args = trainlib.arguments(__doc__, "DataLoader worker processes (num_workers) [2]", hinted=True, distributed=True)
     torch.manual_seed(args.seed)
@@ -105,6 +117,7 @@ def main():
     def batches():
         if args.distributed:
             sampler.set_epoch(next(epochs))
+            return synchronized(loader)
         return ((sample[0], sample[1]) for sample, _target in loader)
 
     trainlib.run_epochs(args, "pytorch", batches)
