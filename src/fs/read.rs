@@ -214,7 +214,8 @@ impl DatasetFs {
     /// Block `block` of the handle's file if a tier on this thread holds it: the cache, the
     /// handle itself, the staging area (a prefetch that was in flight when the file was
     /// opened may have landed since), or, for an open that re-reads what its job read moments
-    /// ago, the recent blocks (see [`crate::tier::recent`]). A cache hit through a handle whose
+    /// ago, the recent blocks (see [`crate::tier::recent`]) unless a fetch of the block is in
+    /// flight. A cache hit through a handle whose
     /// open was a miss counts `served` bytes as coming from the cache.
     fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
         let want = h.want(block);
@@ -232,8 +233,12 @@ impl DatasetFs {
         if let Some(data) = held.get(block) {
             return Some(Local::Fetched(data));
         }
+        // A fetch of the block in flight (the job's prefetch, most often) is joined, not
+        // answered from the recent blocks: its bytes would land staged for a reader that had
+        // them already, and count as prefetched and unused.
+        let recent = (!tiers.fetcher.in_flight(&want.key)).then_some(&*tiers.recent as &dyn Tier);
         match look_up(
-            [&*tiers.staging as &dyn Tier, &*tiers.recent],
+            std::iter::once(&*tiers.staging as &dyn Tier).chain(recent),
             &want,
             errors,
         )? {
