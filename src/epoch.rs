@@ -6,9 +6,10 @@
 //! - [`Boundary::AllRead`], the dataset-wide view (every job together): an epoch ends when
 //!   every file of the dataset has been read once more; re-reads change nothing, since
 //!   several jobs reading at once re-read each other's files all the time.
-//! - [`Boundary::Coverage`], one job: an epoch ends when the job has read every file, or when
-//!   it starts over on what it read (it moved on before reading everything: a shard of the
-//!   dataset, `drop_last`, a loop stopped and restarted). Below.
+//! - [`Boundary::Coverage`], one job: an epoch ends when the job has read every file (or every
+//!   file of the order it said the epoch reads: [`EpochTracker::plan`]), or when it starts over
+//!   on what it read (it moved on before reading everything: a shard of the dataset,
+//!   `drop_last`, a loop stopped and restarted). Below.
 //!
 //! # Where a job's epoch ends
 //! Real jobs re-open files inside one epoch: a dataset whose `__getitem__` checks a file and
@@ -57,6 +58,9 @@
 //! hundred accesses (1/64 of the files of a big dataset: 20,000 for ImageNet).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use fixedbitset::FixedBitSet;
 
 use crate::namespace::FileId;
 
@@ -93,6 +97,12 @@ const READERS: usize = 64;
 /// An epoch that read at least this share of the dataset covered it (`drop_last` leaves out
 /// less than a batch).
 const COVERED_PERCENT: usize = 99;
+
+/// True if `files` files are (nearly) all `total` files of a dataset: an epoch that read them
+/// covered it, an order of them is the whole dataset's ([`COVERED_PERCENT`]).
+pub fn covers(files: usize, total: usize) -> bool {
+    total > 0 && files * 100 >= total * COVERED_PERCENT
+}
 
 /// Where an epoch ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,9 +168,9 @@ struct ReaderWindow {
 #[derive(Clone, Debug)]
 pub struct EpochTracker {
     rule: Boundary,
-    seen: Vec<u64>,
+    seen: FixedBitSet,
     /// The files of the epoch that ended last.
-    last_seen: Vec<u64>,
+    last_seen: FixedBitSet,
     count: usize,
     epoch: u64,
     /// Accesses so far.
@@ -183,6 +193,11 @@ pub struct EpochTracker {
     last_files: usize,
     /// Some epoch read (nearly) every file of the dataset.
     covered: bool,
+    /// The files the current epoch reads, if the reader said so ([`EpochTracker::plan`]):
+    /// the set, its size, and how many of them were read.
+    plan: Option<Arc<FixedBitSet>>,
+    plan_len: usize,
+    plan_read: usize,
 }
 
 impl EpochTracker {
@@ -190,8 +205,8 @@ impl EpochTracker {
     pub fn new(rule: Boundary) -> Self {
         EpochTracker {
             rule,
-            seen: Vec::new(),
-            last_seen: Vec::new(),
+            seen: FixedBitSet::new(),
+            last_seen: FixedBitSet::new(),
             count: 0,
             epoch: 1,
             clock: 0,
@@ -204,7 +219,24 @@ impl EpochTracker {
             began: 1,
             last_files: 0,
             covered: false,
+            plan: None,
+            plan_len: 0,
+            plan_read: 0,
         }
+    }
+
+    /// The files the current epoch will read, as the reader said (a job's order hint for
+    /// it), or None: the epoch is complete once every one of them was read (or carried), as
+    /// an epoch of the whole dataset is once every file was. A shard of a dataset (a rank of
+    /// `DistributedSampler` reads a different half every epoch) then ends at its last file,
+    /// not a few files into the next epoch, when its re-reads show a new pass: until then its
+    /// next order waits, and the prefetcher with it. Forgotten when the epoch ends.
+    pub fn plan(&mut self, files: Option<Arc<FixedBitSet>>) {
+        self.plan_len = files.as_ref().map_or(0, |f| f.count_ones(..));
+        self.plan_read = files
+            .as_ref()
+            .map_or(0, |f| f.intersection_count(&self.seen));
+        self.plan = files;
     }
 
     /// The current epoch (1-based).
@@ -236,16 +268,12 @@ impl EpochTracker {
 
     /// True if `file` was read in the current epoch.
     pub fn has_read(&self, file: FileId) -> bool {
-        let (word, bit) = (file as usize / 64, file % 64);
-        self.seen.get(word).is_some_and(|w| w & (1 << bit) != 0)
+        self.seen.contains(file as usize)
     }
 
     /// True if `file` was read in the epoch that ended last.
     pub fn read_in_last_epoch(&self, file: FileId) -> bool {
-        let (word, bit) = (file as usize / 64, file % 64);
-        self.last_seen
-            .get(word)
-            .is_some_and(|w| w & (1 << bit) != 0)
+        self.last_seen.contains(file as usize)
     }
 
     /// True if `file` was read in the current epoch, or may have been: it is carried (a
@@ -254,43 +282,44 @@ impl EpochTracker {
         self.has_read(file) || self.carried.contains_key(&file)
     }
 
+    fn planned(&self, file: FileId) -> bool {
+        self.plan
+            .as_ref()
+            .is_some_and(|p| p.contains(file as usize))
+    }
+
     fn mark(&mut self, file: FileId) {
-        let (word, bit) = (file as usize / 64, file % 64);
-        if word >= self.seen.len() {
-            self.seen.resize(word + 1, 0);
-        }
-        if self.seen[word] & (1 << bit) == 0 {
-            self.seen[word] |= 1 << bit;
+        let bit = file as usize;
+        // Grown in words, as the ids come: a dataset's ids are dense.
+        self.seen.grow(bit + 1);
+        if !self.seen.put(bit) {
             self.count += 1;
+            self.plan_read += usize::from(self.planned(file));
         }
     }
 
     fn unmark(&mut self, file: FileId) {
-        let (word, bit) = (file as usize / 64, file % 64);
-        if let Some(w) = self.seen.get_mut(word)
-            && *w & (1 << bit) != 0
-        {
-            *w &= !(1 << bit);
+        if self.seen.contains(file as usize) {
+            self.seen.set(file as usize, false);
             self.count -= 1;
+            self.plan_read -= usize::from(self.planned(file));
         }
     }
 
     /// Ends the current epoch, which read `files` files of `total`.
     fn next_epoch(&mut self, files: usize, total: Option<usize>) {
         self.last_files = files;
-        if let Some(total) = total
-            && total > 0
-            && files * 100 >= total * COVERED_PERCENT
-        {
+        if total.is_some_and(|total| covers(files, total)) {
             self.covered = true;
         }
         self.epoch += 1;
         self.began = self.clock + 1;
         std::mem::swap(&mut self.seen, &mut self.last_seen);
-        self.seen.iter_mut().for_each(|w| *w = 0);
+        self.seen.clear();
         self.count = 0;
         self.carried.clear();
         self.suspect = None;
+        self.plan(None);
     }
 
     /// True if process `reader` itself accessed `file` within its last [`READER_WINDOW`]
@@ -475,12 +504,18 @@ impl EpochTracker {
     }
 
     fn finish_if_complete(&mut self, total: Option<usize>) -> Step {
-        match total {
-            Some(total) if total > 0 && self.count + self.carried.len() >= total => {
-                self.next_epoch(self.count + self.carried.len(), Some(total));
-                Step::Completed
-            }
-            _ => Step::First,
+        let files = self.count + self.carried.len();
+        let all = total.is_some_and(|total| total > 0 && files >= total);
+        // The dataset-wide view ends its epochs when every file was read, whatever anybody said.
+        let planned = self.rule == Boundary::Coverage
+            && self.plan_len > 0
+            && self.plan_read + self.carried.keys().filter(|f| self.planned(**f)).count()
+                >= self.plan_len;
+        if all || planned {
+            self.next_epoch(files, total);
+            Step::Completed
+        } else {
+            Step::First
         }
     }
 
@@ -578,6 +613,42 @@ mod tests {
             assert_eq!(&got, want, "{rule:?} {accesses:?}");
             assert_eq!(t.epoch(), *epoch, "{rule:?} {accesses:?}");
         }
+    }
+
+    #[test]
+    fn an_epoch_with_a_plan_ends_at_the_last_file_of_it() {
+        let plan = |files: std::ops::Range<FileId>| {
+            Some(Arc::new(files.map(|f| f as usize).collect::<FixedBitSet>()))
+        };
+        let mut t = EpochTracker::new(Boundary::Coverage);
+        let total = Some(1000);
+        // A shard of half the dataset, said before its first read: its last file ends it.
+        t.plan(plan(0..500));
+        assert_eq!(
+            run(&mut t, &alone(0..499), total).last(),
+            Some(&Step::First)
+        );
+        assert_eq!(t.access(499, 1, total), Step::Completed);
+        assert_eq!((t.epoch(), t.last_epoch_files()), (2, 500));
+        // The plan was the ended epoch's: the next one, without one, reads on to its restart.
+        run(&mut t, &alone(500..1000), total);
+        assert_eq!(t.epoch(), 2, "the other half is no new pass");
+        // A plan said after some of its files were read counts them; files outside it count
+        // for the epoch but not for the plan.
+        let mut t = EpochTracker::new(Boundary::Coverage);
+        run(&mut t, &alone([7, 3, 900]), total);
+        t.plan(plan(0..10));
+        assert_eq!(
+            run(&mut t, &alone([0, 1, 2, 4, 5, 6, 8]), total).last(),
+            Some(&Step::First)
+        );
+        assert_eq!(t.access(9, 1, total), Step::Completed);
+        assert_eq!(t.last_epoch_files(), 11);
+        // The dataset-wide view takes no plan from anybody: it ends when every file was read.
+        let mut t = EpochTracker::new(Boundary::AllRead);
+        t.plan(plan(0..2));
+        run(&mut t, &alone([0, 1]), Some(4));
+        assert_eq!(t.epoch(), 1);
     }
 
     #[test]

@@ -291,6 +291,11 @@ impl EpochLog {
         &self.tracker
     }
 
+    /// The files the current epoch will read, if the reader said ([`EpochTracker::plan`]).
+    pub fn plan(&mut self, files: Option<std::sync::Arc<fixedbitset::FixedBitSet>>) {
+        self.tracker.plan(files);
+    }
+
     /// The record of `epoch`: created if it is the current epoch's and has none yet, else
     /// found in the history (None once it left it).
     fn record(&mut self, epoch: u64, now: f64) -> Option<&mut EpochRecord> {

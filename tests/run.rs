@@ -182,8 +182,9 @@ fn a_job_without_workers_hints_every_epoch_too() {
 
 #[test]
 fn each_rank_of_a_distributed_job_hints_its_own_shard() {
-    // As torchrun starts them: every rank in a session of its own, so each is a job.
-    let setup = Setup::new(&["--cache-size", "1"]);
+    // As torchrun starts them: every rank in a session of its own, so each is a job. Storage
+    // answers in 1 ms, as in hinted_run.
+    let setup = Setup::new(&["--cache-size", "1", "--read-delay", "1ms"]);
     let mnt = setup.mount.mnt.display().to_string();
     let job = format!("{PYTHON}/run_job.py");
     let rank = |r: &str| {
@@ -204,6 +205,25 @@ fn each_rank_of_a_distributed_job_hints_its_own_shard() {
     assert_eq!(num(&s, "hints_rejected"), 0, "{s}");
     // Together the ranks read every file once an epoch.
     assert_eq!(num(&s, "reads"), EPOCHS * FILES as u64, "{s}");
+    // And each rank's prefetcher read ahead in its own order from the first file of each
+    // epoch: its epoch ended at the last file of its order (not some files into the next, when
+    // re-reads showed a new pass), the two orders took turns at the prefetch queue (one filled
+    // it, and the other read from the source), and a file one rank read and the other reads
+    // next epoch stayed staged for it. From the second epoch on: in the first, the two share
+    // the few reads the prefetcher allows while it learns how the storage answers.
+    let jobs = s["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2, "{s}");
+    for job in jobs {
+        let records = job["epochs"].as_array().unwrap();
+        assert_eq!(records.len() as u64, EPOCHS, "{job}");
+        for r in &records[1..] {
+            assert!(
+                num(r, "staging_hits") >= num(r, "misses") * 3 / 4,
+                "{}: {r}",
+                job["job"]
+            );
+        }
+    }
     setup.mount.unmount();
 }
 

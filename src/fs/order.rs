@@ -236,11 +236,13 @@ impl OrderFiles {
         Ok((std::mem::take(&mut w.buf), w.caller))
     }
 
-    /// Charges an accepted order of `files` files to its writer `uid`, for as long as the job
-    /// keeps it.
-    pub fn charge_order(&self, uid: u32, files: usize) -> Result<HintCharge, HintError> {
+    /// Charges an accepted order to its writer `uid`, for as long as the job keeps it: its
+    /// file ids and the set of them ([`crate::jobs::Hint::files`]).
+    pub fn charge_order(&self, uid: u32, order: &[FileId]) -> Result<HintCharge, HintError> {
         let mut charge = self.hints.charge(uid);
-        let bytes = (files * std::mem::size_of::<FileId>()) as u64;
+        let ids = std::mem::size_of_val(order);
+        let set = crate::jobs::order_files_bits(order).div_ceil(64) * 8;
+        let bytes = (ids + set) as u64;
         if charge.resize(bytes) {
             Ok(charge)
         } else {
@@ -380,7 +382,7 @@ impl DatasetFs {
     /// the caller's job and wakes the prefetcher; a rejected hint changes nothing.
     fn apply_hint(&self, buf: &[u8], caller: Caller) -> Result<(), FsError> {
         let result = self.resolve_order(buf, caller).and_then(|order| {
-            let charge = self.orders.charge_order(caller.uid, order.len())?;
+            let charge = self.orders.charge_order(caller.uid, &order)?;
             Ok((order, charge))
         });
         let now = self.ledger.now();

@@ -37,6 +37,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fixedbitset::FixedBitSet;
 use parking_lot::Mutex;
 use serde::Serialize;
 
@@ -135,10 +136,26 @@ pub fn job_of(kind: JobKeyKind, pid: u32, uid: u32) -> JobKey {
 pub struct Hint {
     /// File ids, in reading order.
     pub order: Arc<Vec<FileId>>,
+    /// The same files as a set, one bit a file id up to the largest: which files the job
+    /// reads, for a job that reads a shard of the dataset.
+    pub files: Arc<FixedBitSet>,
     /// The job's epoch the order is for; None until the job starts it.
     pub epoch: Option<u64>,
     /// The hint memory the order holds, given back when the hint goes.
     pub charge: Option<Arc<HintCharge>>,
+}
+
+/// The files of an order as a set ([`Hint::files`]).
+pub fn order_files(order: &[FileId]) -> FixedBitSet {
+    let mut files = FixedBitSet::with_capacity(order_files_bits(order));
+    files.extend(order.iter().map(|&f| f as usize));
+    files
+}
+
+/// The bits of [`order_files`]: one a file id up to the largest in `order`. The hint memory
+/// an order holds is its ids and these bits.
+pub fn order_files_bits(order: &[FileId]) -> usize {
+    order.iter().max().map_or(0, |&f| f as usize + 1)
 }
 
 /// A hash of an order, the same in every run (FNV-1a over the file ids): jobs that hand the
@@ -307,7 +324,7 @@ impl Job {
     }
 
     /// Takes a new order: it is for the current epoch if the job has read nothing in it
-    /// yet, else for the next one.
+    /// yet (and the epoch ends once its files were read), else for the next one.
     pub fn set_hint(&mut self, order: Vec<FileId>, charge: HintCharge) {
         let epoch = if self.log.tracker().files_in_epoch() == 0 {
             Some(self.epoch())
@@ -316,12 +333,14 @@ impl Job {
         };
         self.order_digest = Some(order_digest(&order));
         self.hint = Some(Hint {
+            files: Arc::new(order_files(&order)),
             order: Arc::new(order),
             epoch,
             charge: Some(Arc::new(charge)),
         });
         if epoch.is_some() {
             self.prefetch_cursor = 0;
+            self.log.plan(self.hint.as_ref().map(|h| h.files.clone()));
         }
     }
 
@@ -343,8 +362,8 @@ impl Job {
         }
     }
 
-    /// Called when the job's epoch changed: a waiting hint becomes the new epoch's, and the
-    /// prefetcher starts over.
+    /// Called when the job's epoch changed: a waiting hint becomes the new epoch's (and says
+    /// which files end it), and the prefetcher starts over.
     pub fn epoch_changed(&mut self) {
         let epoch = self.epoch();
         if let Some(hint) = &mut self.hint {
@@ -355,6 +374,9 @@ impl Job {
                 Some(_) => {}
             }
         }
+        // The new epoch reads the files of its order.
+        let files = self.current_hint().map(|h| h.files.clone());
+        self.log.plan(files);
         self.prefetch_cursor = 0;
     }
 }
@@ -556,11 +578,62 @@ mod tests {
     }
 
     #[test]
+    fn a_job_that_follows_an_order_will_read_the_files_in_it() {
+        use crate::prefetch::plan::will_read;
+        let budget = HintBudget::new(HintLimits::default());
+        let total = 100;
+        let read = |job: &mut Job, files: &[FileId]| {
+            for &f in files {
+                job.log.open(f, 1, false, 1, Some(total), 0.0);
+            }
+        };
+        // A rank's shard: the even files, in its epoch 1; it read 0 and 2.
+        let mut job = Job::new(JobKey::All, 0.0);
+        job.set_hint((0..100).step_by(2).collect(), budget.charge(0));
+        read(&mut job, &[0, 2]);
+        assert!(will_read(&job, 4, 1, total));
+        assert!(!will_read(&job, 2, 1, total), "read already");
+        assert!(!will_read(&job, 5, 1, total), "the other rank's");
+        assert!(
+            !will_read(&job, 5, 2, total),
+            "a round behind, its next order is another shard: maybe, maybe not"
+        );
+        // Its next order, handed over before the last one was read to its end (a loop broken
+        // off): what it reads next.
+        job.set_hint(vec![3, 2, 1], budget.charge(0));
+        assert!(will_read(&job, 1, 1, total) && !will_read(&job, 4, 1, total));
+        assert!(
+            !will_read(&job, 2, 1, total),
+            "read in this epoch, in the same round"
+        );
+        assert!(
+            will_read(&job, 2, 2, total),
+            "a round behind: it reads it next"
+        );
+        // An order of the whole dataset, a round behind: every file.
+        let mut job = Job::new(JobKey::All, 0.0);
+        job.set_hint((0..100).rev().collect(), budget.charge(0));
+        read(&mut job, &[99, 98]);
+        assert!(will_read(&job, 98, 2, total) && !will_read(&job, 98, 1, total));
+        // No order: a job well into an epoch, for the files it has not read.
+        let mut job = Job::new(JobKey::All, 0.0);
+        read(&mut job, &(0..40).collect::<Vec<_>>());
+        assert!(will_read(&job, 50, 1, total) && !will_read(&job, 5, 1, total));
+        // A glance at a big dataset needs nothing, even a round behind.
+        let mut job = Job::new(JobKey::All, 0.0);
+        job.log.open(1, 1, false, 1, Some(10_000), 0.0);
+        assert!(!will_read(&job, 50, 1, 10_000) && !will_read(&job, 50, 2, 10_000));
+    }
+
+    #[test]
     fn a_hint_waits_for_the_next_epoch_once_reading_began() {
         let budget = HintBudget::new(HintLimits::default());
         let mut job = Job::new(JobKey::All, 0.0);
-        job.set_hint(vec![2, 0, 1], budget.charge(0));
-        assert_eq!(job.active_order().unwrap().as_slice(), &[2, 0, 1]);
+        // Orders of the whole dataset, told apart by their first file.
+        let order =
+            |first: FileId| -> Vec<FileId> { (0..100).map(|f| (f + first) % 100).collect() };
+        job.set_hint(order(2), budget.charge(0));
+        assert_eq!(job.active_order().unwrap()[0], 2);
         // Epoch 1 read, then a new hint while epoch 2 has not begun.
         let total = Some(100);
         for f in 0..100 {
@@ -570,20 +643,20 @@ mod tests {
         assert!(job.active_order().is_none(), "the epoch-1 order is over");
         // The second open of the last file belongs to epoch 1: epoch 2 has not begun.
         job.log.open(99, 1, false, 1, total, 0.0);
-        job.set_hint(vec![1, 2, 0], budget.charge(0));
-        assert_eq!(job.active_order().unwrap().as_slice(), &[1, 2, 0]);
+        job.set_hint(order(1), budget.charge(0));
+        assert_eq!(job.active_order().unwrap()[0], 1);
         // A hint in the middle of an epoch applies to the next one.
         for f in 0..50 {
             job.log.open(f, 2, false, 1, total, 0.0);
         }
-        job.set_hint(vec![0, 1, 2], budget.charge(0));
+        job.set_hint(order(0), budget.charge(0));
         assert!(job.active_order().is_none());
         for f in 50..100 {
             job.log.open(f, 2, false, 1, total, 0.0);
         }
         assert_eq!(job.epoch(), 3);
         job.epoch_changed();
-        assert_eq!(job.active_order().unwrap().as_slice(), &[0, 1, 2]);
+        assert_eq!(job.active_order().unwrap()[0], 0);
     }
 
     #[test]

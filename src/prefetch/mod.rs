@@ -61,7 +61,7 @@ use crate::tier::fetch::{Fetched, Origin, Report};
 use crate::tier::staging::{self, Claimed};
 use crate::tier::{Tier, Tiers, Want, Why};
 use pacer::Pacer;
-use plan::{epoch_under_way, may_prefetch_remaining, next_candidates};
+use plan::{may_prefetch_remaining, next_candidates, will_read};
 
 /// A read whose blocks [`Prefetcher::share`] keeps for other jobs: the job, its epoch, the
 /// digest of the order it followed (if any), and the files of that epoch it had opened with
@@ -155,6 +155,8 @@ pub struct Prefetcher {
     /// Learns from every read how deep a queue the storage takes; None without prefetch,
     /// which is all it paces.
     pacer: Option<Mutex<Pacer>>,
+    /// Rounds so far: which job takes the first turn in the next one.
+    turn: AtomicUsize,
 }
 
 impl std::fmt::Debug for Prefetcher {
@@ -179,6 +181,7 @@ impl Prefetcher {
     ) -> Self {
         Prefetcher {
             pacer: config.enabled.then(|| Mutex::new(Pacer::new(config.depth))),
+            turn: AtomicUsize::new(0),
             config,
             tiers,
             ns,
@@ -246,10 +249,7 @@ impl Prefetcher {
     }
 
     /// The active jobs other than `except` (whose epoch is `round`) that will read file `f`
-    /// soon as far as their reads show: those that have not read it in their current epoch,
-    /// which is under way ([`epoch_under_way`]) or follows an order; and those an epoch or more
-    /// behind `round` that read the whole dataset (or follow orders), which will read it in
-    /// their next epoch. A job whose lock is busy counts: a block kept for a job that does not
+    /// soon as far as their reads and orders show ([`will_read`]). A job whose lock is busy counts: a block kept for a job that does not
     /// need it costs room until its epoch turns, a block not kept costs a read of the source.
     pub fn needing(&self, f: FileId, except: JobKey, round: u64) -> Vec<JobKey> {
         let now = self.ledger.now();
@@ -266,12 +266,7 @@ impl Prefetcher {
             if now - j.last_access > ACTIVE_SECS {
                 continue;
             }
-            let t = j.log.tracker();
-            let hinted = j.hint.is_some();
-            let reads_on = hinted || epoch_under_way(t.read_in_epoch(), total);
-            let behind = j.epoch() < round
-                && (hinted || reads_the_dataset(t.read_in_epoch(), total, t.covered_dataset()));
-            if (reads_on && !t.may_have_read(f)) || behind {
+            if will_read(&j, f, round, total) {
                 out.push(key);
             }
         }
@@ -356,7 +351,8 @@ impl Prefetcher {
             self.after_epoch(job, key, current);
             self.wake();
         }
-        // A staged hit freed room: refill it now, on this thread. Waiting for the prefetch
+        // A staged hit freed room: refill it now, on this thread, taking turns with the
+        // other jobs (this one's order would take every slot). Waiting for the prefetch
         // thread to wake would leave the storage idle for that long after every staged hit
         // once the staging area is full (measured: 10% of a bandwidth-bound epoch). A miss
         // may leave the prefetcher work (and it should see a job become active). A hit
@@ -364,7 +360,7 @@ impl Prefetcher {
         // epoch needs.
         if staged {
             if let Some(disk_order) = self.disk_order.get() {
-                self.prefetch_for(job, disk_order);
+                self.take_turns(self.active_jobs(self.ledger.now()), disk_order);
             }
         } else if !hit {
             self.wake();
@@ -489,6 +485,7 @@ impl Prefetcher {
         let Some(disk_order) = self.disk_order.get() else {
             return;
         };
+        let mut active = Vec::new();
         for job in self.jobs.live() {
             let (idle, key) = {
                 let j = job.lock();
@@ -502,61 +499,89 @@ impl Prefetcher {
                 self.tiers.staging.forget_needer(key);
                 continue;
             }
-            self.prefetch_for(&job, disk_order);
+            active.push(job);
+        }
+        self.take_turns(active, disk_order);
+    }
+
+    /// The jobs that opened a file within [`ACTIVE_SECS`] of `now`.
+    fn active_jobs(&self, now: f64) -> Vec<Arc<Mutex<Job>>> {
+        let mut jobs = self.jobs.live();
+        jobs.retain(|job| now - job.lock().last_access <= ACTIVE_SECS);
+        jobs
+    }
+
+    /// Fetches ahead for `jobs` until the queue or the staging area is full, or nothing is
+    /// left to fetch. The jobs take turns, a file each, and each call starts with the next
+    /// job: the queue is shared. Served one after the other, the first job's order took every
+    /// slot that came free and the others read from the source (two torchrun ranks: one
+    /// prefetched 16 files of its 100-file epoch, the other all of its own).
+    fn take_turns(self: &Arc<Self>, mut jobs: Vec<Arc<Mutex<Job>>>, disk_order: &[FileId]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let first = self.turn.fetch_add(1, Ordering::Relaxed) % jobs.len();
+        jobs.rotate_left(first);
+        while !jobs.is_empty() {
+            jobs.retain(|job| self.prefetch_for(job, disk_order, 1));
         }
     }
 
-    /// Issues fetches for `job` until the queue or the staging area is full, or nothing is
-    /// left to fetch this epoch.
-    fn prefetch_for(self: &Arc<Self>, job: &Arc<Mutex<Job>>, disk_order: &[FileId]) {
-        loop {
-            let inflight = self.signals.inflight.load(Ordering::Relaxed);
-            let allowed = self.allowed();
-            if inflight >= allowed {
-                return;
+    /// Issues fetches for up to `files` files of `job`'s epoch. Returns true if it may be
+    /// asked again: it took its turn, and neither the queue nor the staging area is full,
+    /// nor is anything left to fetch for the job this epoch.
+    fn prefetch_for(
+        self: &Arc<Self>,
+        job: &Arc<Mutex<Job>>,
+        disk_order: &[FileId],
+        files: usize,
+    ) -> bool {
+        let inflight = self.signals.inflight.load(Ordering::Relaxed);
+        let allowed = self.allowed();
+        if inflight >= allowed {
+            return false;
+        }
+        let want = files.min(allowed - inflight);
+        let (key, epoch, picked) = {
+            let mut j = job.lock();
+            let hinted = j.active_order();
+            let t = j.log.tracker();
+            // Without an order for it, only what the job's reads say it will read: a
+            // glance, a shard, a job that stopped after its last epoch must not leave a
+            // staging area full of files nobody will read.
+            if hinted.is_none()
+                && !may_prefetch_remaining(t.read_in_epoch(), disk_order.len(), t.covered_dataset())
+            {
+                return false;
             }
-            let (key, epoch, picked) = {
+            let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
+            let (picked, cursor) = next_candidates(order, j.prefetch_cursor, want, |f| {
+                !t.may_have_read(f) && self.worth_prefetching(f, j.key)
+            });
+            j.prefetch_cursor = cursor;
+            (j.key, j.epoch(), picked)
+        };
+        if picked.is_empty() {
+            return false;
+        }
+        for (position, file) in picked {
+            if !self.prefetch_file(job, key, epoch, file) {
+                // Staging is full: come back to this file when there is room.
                 let mut j = job.lock();
-                let hinted = j.active_order();
-                let t = j.log.tracker();
-                // Without an order for it, only what the job's reads say it will read: a
-                // glance, a shard, a job that stopped after its last epoch must not leave a
-                // staging area full of files nobody will read.
-                if hinted.is_none()
-                    && !may_prefetch_remaining(
-                        t.read_in_epoch(),
-                        disk_order.len(),
-                        t.covered_dataset(),
-                    )
-                {
-                    return;
+                if j.epoch() == epoch {
+                    j.prefetch_cursor = j.prefetch_cursor.min(position);
                 }
-                let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
-                let (picked, cursor) =
-                    next_candidates(order, j.prefetch_cursor, allowed - inflight, |f| {
-                        !t.may_have_read(f) && self.worth_prefetching(f)
-                    });
-                j.prefetch_cursor = cursor;
-                (j.key, j.epoch(), picked)
-            };
-            if picked.is_empty() {
-                return;
-            }
-            for (position, file) in picked {
-                if !self.prefetch_file(job, key, epoch, file) {
-                    // Staging is full: come back to this file when there is room.
-                    let mut j = job.lock();
-                    if j.epoch() == epoch {
-                        j.prefetch_cursor = j.prefetch_cursor.min(position);
-                    }
-                    return;
-                }
+                return false;
             }
         }
+        true
     }
 
-    /// True if file `f` is not cached and not staged or being fetched already.
-    fn worth_prefetching(&self, f: FileId) -> bool {
+    /// True if file `f` is not cached, not staged for `job` and not being fetched already.
+    /// Blocks of it staged for other jobs are kept for `job` too ([`staging::Staging::adopt`]):
+    /// skipped as staged, they left with the others' needs (a spare of another rank's order
+    /// when that rank's epoch turned) and `job` read the file from the source.
+    fn worth_prefetching(&self, f: FileId, job: JobKey) -> bool {
         let Some(info) = self.ns.file_node(f).and_then(|n| self.ns.info(n)) else {
             return false;
         };
@@ -564,10 +589,15 @@ impl Prefetcher {
             version: info.version,
             block: 0,
         };
-        info.version.size > 0
-            && !self.tiers.memory.holds_file(&info.version)
-            && !self.tiers.staging.contains(&key)
-            && !self.tiers.fetcher.in_flight(&key)
+        if info.version.size == 0
+            || self.tiers.memory.holds_file(&info.version)
+            || self.tiers.fetcher.in_flight(&key)
+        {
+            return false;
+        }
+        // Under --no-share a job reads what it misses itself: it adopts nothing.
+        !(self.tiers.staging.contains(&key)
+            && (!self.config.share || self.tiers.staging.adopt(&info.version, job)))
     }
 
     /// Fetches the blocks of file `f` for `job`'s epoch `epoch`. Returns false if the

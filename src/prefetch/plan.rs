@@ -16,8 +16,10 @@
 //! epoch and 487 for 233 in its third.
 //!
 //! [`next_candidates`] walks an order (the job's hint, or the dataset's inode order) from a
-//! cursor and picks what is eligible.
+//! cursor and picks what is eligible. [`will_read`] says which jobs a block one job read is
+//! kept for: the same rule, and a hint's files where the job gave one.
 
+use crate::jobs::{Job, reads_the_dataset};
 use crate::namespace::FileId;
 
 /// Distinct files a job must have read in its epoch before the prefetcher reads ahead for
@@ -30,16 +32,42 @@ use crate::namespace::FileId;
 pub const START_FILES: usize = 32;
 
 /// True if the prefetcher may fetch from a job's remaining set without an order hint: the job
-/// reads the whole dataset ([`crate::jobs::reads_the_dataset`]) and its epoch is under way
+/// reads the whole dataset ([`reads_the_dataset`]) and its epoch is under way
 /// ([`START_FILES`]).
 pub fn may_prefetch_remaining(read: usize, total: usize, covered: bool) -> bool {
-    epoch_under_way(read, total) && crate::jobs::reads_the_dataset(read, total, covered)
+    epoch_under_way(read, total) && reads_the_dataset(read, total, covered)
 }
 
 /// True once a job has read [`START_FILES`] distinct files of its epoch (or 1% of a dataset of
 /// `total` files, if that is fewer): an epoch, not a glance.
 pub fn epoch_under_way(read: usize, total: usize) -> bool {
     read >= START_FILES.min(total.div_ceil(100)).max(1)
+}
+
+/// True if job `j` will read file `f` soon as far as its reads and its order show, while
+/// another job reads in its epoch `round` of a dataset of `total` files: who a block one job
+/// read is kept for ([`crate::prefetch::Prefetcher::needing`]). A job that follows an order
+/// reads the files in it: of this epoch's order, those it has not read yet (and, a round
+/// behind, all of its next epoch if the order is the whole dataset); of an order waiting for
+/// the next epoch (the job handed it before that epoch's first read), every file. A shard's
+/// order (a rank of DistributedSampler) names half the dataset, and the other half is not the
+/// job's to read. Without an order: a job whose epoch is under way and has not read `f` in it,
+/// or one a round behind that reads the whole dataset.
+pub fn will_read(j: &Job, f: FileId, round: u64, total: usize) -> bool {
+    let t = j.log.tracker();
+    let behind = j.epoch() < round;
+    let unread = !t.may_have_read(f);
+    match &j.hint {
+        Some(h) if h.epoch.is_none() => h.files.contains(f as usize) && (unread || behind),
+        Some(h) => {
+            (h.files.contains(f as usize) && unread)
+                || (behind && crate::epoch::covers(h.order.len(), total))
+        }
+        None => {
+            (unread && epoch_under_way(t.read_in_epoch(), total))
+                || (behind && reads_the_dataset(t.read_in_epoch(), total, t.covered_dataset()))
+        }
+    }
 }
 
 /// Walks `order` from `cursor` and returns up to `want` files for which `eligible` holds,
@@ -83,7 +111,7 @@ mod tests {
         assert!(may_prefetch_remaining(5, 500, true));
         assert!(may_prefetch_remaining(1, 50, true));
         // Rank 1 of 2 of an odd dataset reads half of it rounded up, a few more at most.
-        assert!(!crate::jobs::reads_the_dataset(510, 1001, false));
+        assert!(!reads_the_dataset(510, 1001, false));
     }
 
     #[test]

@@ -480,6 +480,33 @@ impl Staging {
         self.inner.lock().needed_by.get(&job).copied().unwrap_or(0)
     }
 
+    /// The staged blocks of `version` are needed by `job` too: it will read the file this
+    /// epoch, and its prefetcher found them staged for others (kept for other jobs, or a
+    /// spare of another job's order). They stay until `job` reads them or stops, instead of
+    /// leaving with the others' needs while `job` counts on them. Returns true if every block
+    /// of the file is staged and held for `job` now (the prefetcher need not fetch it).
+    pub fn adopt(&self, version: &FileVersion, job: JobKey) -> bool {
+        let mut inner = self.inner.lock();
+        let mut held = true;
+        for block in 0..self.blocks.count(version.size) {
+            let key = BlockKey {
+                version: *version,
+                block,
+            };
+            let Some(s) = inner.blocks.get(&key) else {
+                held = false;
+                continue;
+            };
+            if s.spare_of() == Some(job) {
+                // Its own spare is not for the job that read it (see claim).
+                held = false;
+            } else if s.owner != Some(job) && !s.needers.contains(&job) {
+                inner.update(key, |s| s.needers.push(job));
+            }
+        }
+        held
+    }
+
     /// True if `key` is staged.
     pub fn contains(&self, key: &BlockKey) -> bool {
         self.inner.lock().blocks.contains_key(key)
@@ -843,6 +870,41 @@ mod tests {
         s.forget_needer(c);
         s.forget_needer(b);
         assert_eq!((s.blocks(), s.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_job_adopts_blocks_staged_for_others_and_they_wait_for_it() {
+        let s = Staging::new(8 * P, BLOCKS);
+        let (a, b, c) = (JobKey::Pgid(1), JobKey::Pgid(2), JobKey::Pgid(3));
+        // File 1, both blocks: spares of a's order (nobody needed them when a read them).
+        // File 2: its first block only, kept for c.
+        for block_no in 0..2 {
+            assert!(s.share(
+                key(1, block_no),
+                &block(1),
+                vec![],
+                Some((a, 7)),
+                0,
+                UNKNOWN
+            ));
+        }
+        assert!(s.share(key(2, 0), &block(2), vec![c], None, 0, UNKNOWN));
+        let (spare, kept) = (key(1, 0).version, key(2, 0).version);
+        // a's own spares are not for a. b takes on file 1 whole, and file 2's block, which
+        // is not the whole file: b's prefetcher still fetches it.
+        assert!(!s.adopt(&spare, a));
+        assert!(s.adopt(&spare, b));
+        assert!(!s.adopt(&kept, b));
+        assert!(!s.adopt(&key(3, 0).version, b), "not staged");
+        assert_eq!(s.needed_by(b), 3);
+        // a's epoch turns (its spares would leave) and c reads its block: all stay, for b.
+        s.drop_spares(a);
+        assert!(s.claim(&kept, c).shared);
+        assert_eq!(s.blocks(), 3);
+        // b reads them; then they leave.
+        assert_eq!(s.claim(&spare, b).blocks.len(), 2);
+        assert_eq!(s.claim(&kept, b).blocks.len(), 1);
+        assert_eq!((s.needed_by(b), s.blocks()), (0, 0));
     }
 
     #[test]
