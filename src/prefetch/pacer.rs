@@ -35,8 +35,9 @@ pub struct Pacer {
     growth: std::collections::VecDeque<f64>,
     /// Some(true): bandwidth-bound; Some(false): latency-bound; None: not known yet.
     verdict: Option<bool>,
-    /// Reads since the verdict.
+    /// Reads since the verdict, and their latencies summed.
     since: u64,
+    waited: f64,
 }
 
 /// Samples a verdict rests on.
@@ -54,6 +55,13 @@ const SERIAL_ON: f64 = 0.7;
 const SERIAL_OFF: f64 = 0.3;
 /// Reads after which a bandwidth-bound verdict is probed again with a deep queue.
 pub const PROBE_EVERY: u64 = 4096;
+/// Seconds of reads (their latencies summed) after which a bandwidth-bound verdict is probed
+/// again, if that comes first. A wrong verdict (a moment of a busy host taken for a serial
+/// disk) costs latency-bound storage a window of one read for as long as it stands: 4,096
+/// reads were 8 s of 2 ms reads with nothing prefetched, 4,000 files of a 10,000-file epoch
+/// read on demand (`scripts/bench-epochs.sh prefetch`, 2 runs of 10). A probe costs
+/// bandwidth-bound storage a few reads at depth.
+pub const PROBE_SECS: f64 = 1.0;
 
 fn median(v: &std::collections::VecDeque<f64>) -> f64 {
     let mut s: Vec<f64> = v.iter().copied().collect();
@@ -70,6 +78,7 @@ impl Pacer {
             growth: std::collections::VecDeque::with_capacity(SAMPLES),
             verdict: None,
             since: 0,
+            waited: 0.0,
         }
     }
 
@@ -84,7 +93,8 @@ impl Pacer {
             return;
         }
         self.since += 1;
-        if self.verdict == Some(true) && self.since >= PROBE_EVERY {
+        self.waited += latency;
+        if self.verdict == Some(true) && (self.since >= PROBE_EVERY || self.waited >= PROBE_SECS) {
             // Probe again: open the window until deep-queue samples give a new verdict.
             self.verdict = None;
             self.growth.clear();
@@ -113,6 +123,7 @@ impl Pacer {
                 }
                 if self.verdict != Some(serial) {
                     self.since = 0;
+                    self.waited = 0.0;
                 }
                 self.verdict = Some(serial);
             }
@@ -205,13 +216,29 @@ mod tests {
             p.record(0.0005 * n as f64, n);
         }
         assert!(p.bandwidth_bound());
-        // The storage became a network filesystem: after the probe the window opens.
-        for i in 0..(PROBE_EVERY + 100) {
-            let n = if i % 2 == 0 { 1 } else { 8 };
+        // The storage became a network filesystem: after the probe the window opens, a second
+        // of reads later (500 of 2 ms), not PROBE_EVERY.
+        let mut reads = 0;
+        while p.bandwidth_bound() {
+            let n = if reads % 2 == 0 { 1 } else { 8 };
             p.record(0.002, n);
+            reads += 1;
+            assert!(reads < 600, "still bandwidth-bound after {reads} reads");
+        }
+        for i in 0..100 {
+            p.record(0.002, if i % 2 == 0 { 1 } else { 8 });
         }
         assert!(!p.bandwidth_bound());
         assert_eq!(p.window(), 8);
+        // On storage that stays bandwidth-bound, each probe turns back within a few reads.
+        let mut p = Pacer::new(8);
+        let mut narrow = 0;
+        for i in 0..20_000 {
+            let n = if i % 2 == 0 { 1 } else { 8 };
+            p.record(0.0005 * n as f64, n);
+            narrow += usize::from(p.window() == 1);
+        }
+        assert!(narrow > 19_000, "{narrow} of 20,000 reads narrow");
     }
 
     #[test]
@@ -241,7 +268,8 @@ mod tests {
             x ^= x << 17;
             let n = if i % 2 == 0 { 1 } else { 16 };
             let growth = if x.is_multiple_of(2) { 0.4 } else { 0.6 };
-            p.record(0.001 * (1.0 + growth * (n - 1) as f64), n);
+            // Microseconds, so that no time-based probe comes within the test.
+            p.record(0.00001 * (1.0 + growth * (n - 1) as f64), n);
             if p.window() != last {
                 changes += 1;
                 last = p.window();
