@@ -215,8 +215,8 @@ impl DatasetFs {
     /// handle itself, the staging area (a prefetch that was in flight when the file was
     /// opened may have landed since), or, for an open that re-reads what its job read moments
     /// ago, the recent blocks (see [`crate::tier::recent`]) unless a fetch of the block is in
-    /// flight. A cache hit through a handle whose
-    /// open was a miss counts `served` bytes as coming from the cache.
+    /// flight. A cache hit through a handle whose open was a miss counts `served` bytes as
+    /// coming from the cache.
     fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
         let want = h.want(block);
         let errors = &self.ledger.stats().counters.tier_errors;

@@ -146,7 +146,7 @@ pub struct Hint {
 }
 
 /// The files of an order as a set ([`Hint::files`]).
-pub fn order_files(order: &[FileId]) -> FixedBitSet {
+fn order_files(order: &[FileId]) -> FixedBitSet {
     let mut files = FixedBitSet::with_capacity(order_files_bits(order));
     files.extend(order.iter().map(|&f| f as usize));
     files

@@ -249,8 +249,9 @@ impl Prefetcher {
     }
 
     /// The active jobs other than `except` (whose epoch is `round`) that will read file `f`
-    /// soon as far as their reads and orders show ([`will_read`]). A job whose lock is busy counts: a block kept for a job that does not
-    /// need it costs room until its epoch turns, a block not kept costs a read of the source.
+    /// soon as far as their reads and orders show ([`will_read`]). A job whose lock is busy
+    /// counts: a block kept for a job that does not need it costs room until its epoch turns,
+    /// a block not kept costs a read of the source.
     pub fn needing(&self, f: FileId, except: JobKey, round: u64) -> Vec<JobKey> {
         let now = self.ledger.now();
         let total = self.total();
@@ -523,25 +524,17 @@ impl Prefetcher {
         let first = self.turn.fetch_add(1, Ordering::Relaxed) % jobs.len();
         jobs.rotate_left(first);
         while !jobs.is_empty() {
-            jobs.retain(|job| self.prefetch_for(job, disk_order, 1));
+            jobs.retain(|job| self.prefetch_one(job, disk_order));
         }
     }
 
-    /// Issues fetches for up to `files` files of `job`'s epoch. Returns true if it may be
-    /// asked again: it took its turn, and neither the queue nor the staging area is full,
-    /// nor is anything left to fetch for the job this epoch.
-    fn prefetch_for(
-        self: &Arc<Self>,
-        job: &Arc<Mutex<Job>>,
-        disk_order: &[FileId],
-        files: usize,
-    ) -> bool {
-        let inflight = self.signals.inflight.load(Ordering::Relaxed);
-        let allowed = self.allowed();
-        if inflight >= allowed {
+    /// Fetches the next file of `job`'s epoch: `job`'s turn. Returns true if it may take
+    /// another: neither the queue nor the staging area is full, and there may be more to
+    /// fetch for the job this epoch.
+    fn prefetch_one(self: &Arc<Self>, job: &Arc<Mutex<Job>>, disk_order: &[FileId]) -> bool {
+        if self.signals.inflight.load(Ordering::Relaxed) >= self.allowed() {
             return false;
         }
-        let want = files.min(allowed - inflight);
         let (key, epoch, picked) = {
             let mut j = job.lock();
             let hinted = j.active_order();
@@ -555,24 +548,22 @@ impl Prefetcher {
                 return false;
             }
             let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
-            let (picked, cursor) = next_candidates(order, j.prefetch_cursor, want, |f| {
+            let (picked, cursor) = next_candidates(order, j.prefetch_cursor, 1, |f| {
                 !t.may_have_read(f) && self.worth_prefetching(f, j.key)
             });
             j.prefetch_cursor = cursor;
             (j.key, j.epoch(), picked)
         };
-        if picked.is_empty() {
+        let Some(&(position, file)) = picked.first() else {
             return false;
-        }
-        for (position, file) in picked {
-            if !self.prefetch_file(job, key, epoch, file) {
-                // Staging is full: come back to this file when there is room.
-                let mut j = job.lock();
-                if j.epoch() == epoch {
-                    j.prefetch_cursor = j.prefetch_cursor.min(position);
-                }
-                return false;
+        };
+        if !self.prefetch_file(job, key, epoch, file) {
+            // Staging is full: come back to this file when there is room.
+            let mut j = job.lock();
+            if j.epoch() == epoch {
+                j.prefetch_cursor = j.prefetch_cursor.min(position);
             }
+            return false;
         }
         true
     }
