@@ -107,7 +107,7 @@ stats! {
     PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread: their job's epoch ended without them, or the job stopped reading (wasted prefetch).";
     StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
     PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes (--prefetch-memory; 0 with --no-prefetch).";
-    KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits then use direct I/O).";
+    KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits of files over 64 KiB then use direct I/O).";
     KernelRefills => "kernel_refills", Count, "Reopened sentinel files whose pages the kernel had dropped and read again.";
     HintsAccepted => "hints_accepted", Count, "Order hints accepted (commits to the .coorfs-order file).";
     HintsRejected => "hints_rejected", Count, "Order hints rejected (unknown paths, garbage, too large).";
