@@ -329,10 +329,34 @@ impl Namespace {
 
     /// Inserts the child `name` of `parent` (or refreshes it if present) and returns its id.
     pub fn insert_child(&self, parent: NodeId, name: &OsStr, meta: SourceMeta) -> NodeId {
+        let mut table = self.table.write();
+        self.insert_into(&mut table, parent, name, meta)
+    }
+
+    /// Inserts the children of `parent` as [`Namespace::insert_child`] does, under one lock,
+    /// and returns their ids in order: a directory of the scan at a time.
+    pub fn insert_children<'a>(
+        &self,
+        parent: NodeId,
+        children: impl IntoIterator<Item = (&'a OsStr, SourceMeta)>,
+    ) -> Vec<NodeId> {
+        let mut table = self.table.write();
+        children
+            .into_iter()
+            .map(|(name, meta)| self.insert_into(&mut table, parent, name, meta))
+            .collect()
+    }
+
+    fn insert_into(
+        &self,
+        table: &mut Table,
+        parent: NodeId,
+        name: &OsStr,
+        meta: SourceMeta,
+    ) -> NodeId {
         let parent = parent as u32;
         let hash = self.hash(parent, name);
-        let mut table = self.table.write();
-        if let Some(id) = find_child(&table, hash, parent, name) {
+        if let Some(id) = find_child(table, hash, parent, name) {
             table.set(id, &meta);
             return id.into();
         }
@@ -355,7 +379,7 @@ impl Namespace {
             names,
             children,
             ..
-        } = &mut *table;
+        } = table;
         let hasher = &self.hasher;
         children.insert_unique(hash, id, |&other| {
             let n = &nodes[other as usize];

@@ -362,3 +362,39 @@ fn a_node_table_past_its_room_is_reported_by_the_scan() {
     tight.scan();
     assert!(tight.metadata_over_room());
 }
+
+#[test]
+fn the_scan_counts_every_file_of_a_wide_and_deep_tree() {
+    // Directories wide (40 x 6 subdirectories) and deep (a chain of 40), so that the scan's
+    // threads share a queue of directories that grows and shrinks while they walk.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut files, mut total) = (0u64, 0u64);
+    let mut put = |rel: &Path, len: usize| {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes(files, len)).unwrap();
+        files += 1;
+        total += len as u64;
+    };
+    for top in 0..40 {
+        for sub in 0..6 {
+            for f in 0..5 {
+                let len = (top * 31 + sub * 7 + f) % 300;
+                put(Path::new(&format!("w{top}/s{sub}/f{f}")), len);
+            }
+        }
+    }
+    let mut chain = std::path::PathBuf::from("deep");
+    for level in 0..40 {
+        chain.push(format!("d{level}"));
+        put(&chain.join("f"), level + 1);
+    }
+    std::fs::create_dir_all(dir.path().join("empty/also-empty")).unwrap();
+    let (fs, _) = core_over(dir.path());
+    fs.scan();
+    let snap = fs.snapshot();
+    use coorfs::stats::{Stat, Value};
+    assert_eq!(snap.get(Stat::ScanComplete), Some(Value::Count(1)));
+    assert_eq!(snap.get(Stat::DatasetFiles), Some(Value::Count(files)));
+    assert_eq!(snap.get(Stat::DatasetBytes), Some(Value::Count(total)));
+}

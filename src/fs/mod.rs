@@ -239,6 +239,15 @@ struct ScanState {
     over_room: AtomicBool,
 }
 
+/// Threads of the scan at most.
+pub const SCAN_THREADS: usize = 8;
+
+/// Directories the scan has still to read, and how many its threads are reading.
+struct ScanQueue {
+    dirs: Vec<(NodeId, PathBuf)>,
+    busy: usize,
+}
+
 /// Misses of files up to this size are read through the kernel's page cache while the cache
 /// has room to keep them whole (see [`DatasetFs::kernel_caching`]). Round trips are most of
 /// what a small file costs: 128,000 files of 200-600 B, `--cache-size 1G`, `coorfs read
@@ -416,31 +425,30 @@ impl DatasetFs {
 
     /// Walks the whole source, entering every entry into the namespace and counting the
     /// dataset's files and bytes. Epochs can end ("every file read") only once it is done.
-    /// Runs on the caller's thread; the daemon gives it one of its own.
+    /// Runs on the caller's thread and one more per CPU (up to [`SCAN_THREADS`]), a
+    /// directory each at a time: the walk is an `lstat` per entry, and one thread kept one
+    /// CPU busy. 128,000 files in 100 directories, 2 CPUs: 0.98 s from mount to complete
+    /// on one thread.
     pub fn scan(&self) {
-        let mut dirs = vec![(ROOT, PathBuf::new())];
-        while let Some((node, rel)) = dirs.pop() {
-            let items = match self.source.read_dir(&rel, &Creds::DAEMON) {
-                Ok(items) => items,
-                Err(e) => {
-                    tracing::warn!("scan: {}: {e}", self.source.root().join(&rel).display());
-                    continue;
-                }
-            };
-            self.check_metadata_room();
-            for item in items {
-                let meta = item.meta;
-                let id = self.ns.insert_child(node, &item.name, meta);
-                match meta.attr.kind {
-                    Kind::Dir => dirs.push((id, rel.join(&item.name))),
-                    Kind::File => {
-                        self.scan.files.fetch_add(1, Ordering::Relaxed);
-                        self.scan.bytes.fetch_add(meta.attr.size, Ordering::Relaxed);
-                    }
-                    _ => {}
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, SCAN_THREADS);
+        let queue = Mutex::new(ScanQueue {
+            dirs: vec![(ROOT, PathBuf::new())],
+            busy: 0,
+        });
+        let changed = parking_lot::Condvar::new();
+        std::thread::scope(|s| {
+            for i in 1..threads {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("coorfs-scan-{i}"))
+                    .spawn_scoped(s, || self.scan_from(&queue, &changed));
+                if let Err(e) = spawned {
+                    tracing::warn!("scan: no thread {i} ({e}); scanning on fewer");
                 }
             }
-        }
+            self.scan_from(&queue, &changed);
+        });
         let disk_order = self.ns.files_in_inode_order();
         self.ns.shrink();
         self.scan.complete.store(true, Ordering::Release);
@@ -450,6 +458,62 @@ impl DatasetFs {
             self.scan.files.load(Ordering::Relaxed),
             crate::units::format_size(self.scan.bytes.load(Ordering::Relaxed))
         );
+    }
+
+    /// One thread of the scan: takes directories from `queue` until it is empty and no other
+    /// thread is reading one (which may add more).
+    fn scan_from(&self, queue: &Mutex<ScanQueue>, changed: &parking_lot::Condvar) {
+        loop {
+            let (node, rel) = {
+                let mut q = queue.lock();
+                loop {
+                    if let Some(dir) = q.dirs.pop() {
+                        q.busy += 1;
+                        break dir;
+                    }
+                    if q.busy == 0 {
+                        changed.notify_all();
+                        return;
+                    }
+                    changed.wait(&mut q);
+                }
+            };
+            let found = self.scan_dir(node, &rel);
+            let mut q = queue.lock();
+            q.dirs.extend(found);
+            q.busy -= 1;
+            changed.notify_all();
+        }
+    }
+
+    /// Enters the entries of directory `rel` (node `node`) into the namespace and returns its
+    /// subdirectories.
+    fn scan_dir(&self, node: NodeId, rel: &Path) -> Vec<(NodeId, PathBuf)> {
+        let items = match self.source.read_dir(rel, &Creds::DAEMON) {
+            Ok(items) => items,
+            Err(e) => {
+                tracing::warn!("scan: {}: {e}", self.source.root().join(rel).display());
+                return Vec::new();
+            }
+        };
+        self.check_metadata_room();
+        let ids = self
+            .ns
+            .insert_children(node, items.iter().map(|i| (i.name.as_os_str(), i.meta)));
+        let mut dirs = Vec::new();
+        for (item, id) in items.iter().zip(ids) {
+            match item.meta.attr.kind {
+                Kind::Dir => dirs.push((id, rel.join(&item.name))),
+                Kind::File => {
+                    self.scan.files.fetch_add(1, Ordering::Relaxed);
+                    self.scan
+                        .bytes
+                        .fetch_add(item.meta.attr.size, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+        dirs
     }
 
     /// Warns (once) when the node table grows past the room the budget left it: the daemon
