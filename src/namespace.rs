@@ -327,6 +327,26 @@ impl Namespace {
         find_child(&table, hash, parent, name).map(NodeId::from)
     }
 
+    /// The child `name` of `parent`, looked for at node `guess` first: a listing walks a
+    /// directory in the order the scan entered it, each directory's entries one after the
+    /// other, so the node after the previous entry's is most often the one, and the hash
+    /// lookup (a cache miss or two in a table of a million nodes) is saved. Names are unique
+    /// in a directory and nodes are never removed, so a node with this parent and name is
+    /// the child.
+    pub fn child_near(&self, parent: NodeId, name: &OsStr, guess: NodeId) -> Option<NodeId> {
+        let parent = u32::try_from(parent).ok()?;
+        let table = self.table.read();
+        if let Ok(g) = u32::try_from(guess)
+            && (ROOT as usize) < g as usize
+            && (g as usize) < table.nodes.len()
+            && table.nodes[g as usize].parent == parent
+            && table.name(g) == name
+        {
+            return Some(g.into());
+        }
+        find_child(&table, self.hash(parent, name), parent, name).map(NodeId::from)
+    }
+
     /// Inserts the child `name` of `parent` (or refreshes it if present) and returns its id.
     pub fn insert_child(&self, parent: NodeId, name: &OsStr, meta: SourceMeta) -> NodeId {
         let mut table = self.table.write();
@@ -547,6 +567,34 @@ mod tests {
         assert_eq!(ns.file_count(), 2);
         assert!(ns.info(0).is_none());
         assert!(ns.info(99).is_none());
+    }
+
+    #[test]
+    fn a_guessed_child_is_the_child_or_the_table_is_asked() {
+        let ns = Namespace::new(meta(Kind::Dir, 0, 0));
+        let x = ns.insert_child(ROOT, OsStr::new("x"), meta(Kind::Dir, 0, 0));
+        let y = ns.insert_child(ROOT, OsStr::new("y"), meta(Kind::Dir, 0, 0));
+        let ids = ns.insert_children(
+            x,
+            ["a", "b", "c"].map(|n| (OsStr::new(n), meta(Kind::File, 1, 0))),
+        );
+        let d = ns.insert_child(y, OsStr::new("b"), meta(Kind::File, 1, 0));
+        let (a, b, c) = (ids[0], ids[1], ids[2]);
+        assert_eq!(
+            (b, c),
+            (a + 1, a + 2),
+            "a directory's entries are consecutive"
+        );
+        // The right guess, a wrong one (another directory's node, the root, past the end,
+        // a sibling), and a name that is not there.
+        assert_eq!(ns.child_near(x, OsStr::new("b"), a + 1), Some(b));
+        assert_eq!(ns.child_near(x, OsStr::new("c"), d), Some(c));
+        assert_eq!(ns.child_near(x, OsStr::new("a"), ROOT), Some(a));
+        assert_eq!(ns.child_near(x, OsStr::new("a"), 1 << 40), Some(a));
+        assert_eq!(ns.child_near(x, OsStr::new("a"), c), Some(a));
+        assert_eq!(ns.child_near(y, OsStr::new("b"), b), Some(d));
+        assert_eq!(ns.child_near(x, OsStr::new("d"), c + 1), None);
+        assert_eq!(ns.child_near(y, OsStr::new("a"), a), None);
     }
 
     #[test]

@@ -398,3 +398,58 @@ fn the_scan_counts_every_file_of_a_wide_and_deep_tree() {
     assert_eq!(snap.get(Stat::DatasetFiles), Some(Value::Count(files)));
     assert_eq!(snap.get(Stat::DatasetBytes), Some(Value::Count(total)));
 }
+
+#[test]
+fn a_listing_read_in_chunks_names_every_entry_with_its_node() {
+    // Two directories scanned one after the other, then a file added to the first: its node
+    // comes after all of the second's, outside the first's run of consecutive nodes.
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["a", "b"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+        for i in 0..300 {
+            std::fs::write(dir.path().join(format!("{d}/f{i}")), bytes(i, 10)).unwrap();
+        }
+    }
+    let (fs, _) = core_over(dir.path());
+    fs.scan();
+    std::fs::write(dir.path().join("a/late"), b"x").unwrap();
+    let me = Caller::default();
+    let a = fs.lookup(ROOT, OsStr::new("a"), me).unwrap().attr.ino;
+    let fh = fs.opendir(a, me).unwrap();
+    let (mut listed, mut offset) = (Vec::new(), 0);
+    loop {
+        // Seven entries a call, as a kernel buffer that fills would take them.
+        let mut chunk = Vec::new();
+        fs.readdir(fh, offset, false, |e| {
+            if chunk.len() == 7 {
+                return true;
+            }
+            chunk.push((e.name.to_owned(), e.ino, e.next));
+            false
+        })
+        .unwrap();
+        let Some(&(_, _, next)) = chunk.last() else {
+            break;
+        };
+        offset = next;
+        listed.extend(chunk);
+    }
+    fs.releasedir(fh);
+    let mut names: Vec<_> = listed.iter().map(|(n, _, _)| n.clone()).collect();
+    names.sort();
+    let mut want: Vec<_> = std::fs::read_dir(dir.path().join("a"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .chain([".".into(), "..".into()])
+        .collect();
+    want.sort();
+    assert_eq!(names, want);
+    for (name, ino, _) in &listed {
+        let node = match name.to_str() {
+            Some(".") => a,
+            Some("..") => ROOT,
+            _ => fs.lookup(a, name, me).unwrap().attr.ino,
+        };
+        assert_eq!(*ino, node, "{name:?}");
+    }
+}

@@ -949,10 +949,11 @@ impl DatasetFs {
             }
         }
         let start = offset.saturating_sub(2) as usize;
+        let mut guess = 0;
         for (i, (name, listed_kind)) in dir.listing.names.iter().enumerate().skip(start) {
             // An entry's lstat only when the kernel asks for its attributes or coorfs does
             // not know it yet; one gone since the listing is left out.
-            let known = self.ns.child(dir.node, name);
+            let known = self.ns.child_near(dir.node, name, guess);
             let (ino, kind, attr) = match (known, plus) {
                 (Some(id), false) => {
                     let kind = listed_kind
@@ -975,6 +976,7 @@ impl DatasetFs {
                     (id, meta.attr.kind, plus.then(|| self.attr(id)).transpose()?)
                 }
             };
+            guess = ino + 1;
             let entry = DirEntryOut {
                 ino,
                 next: i as u64 + 3,
