@@ -336,13 +336,12 @@ impl Namespace {
     pub fn child_near(&self, parent: NodeId, name: &OsStr, guess: NodeId) -> Option<NodeId> {
         let parent = u32::try_from(parent).ok()?;
         let table = self.table.read();
-        if let Ok(g) = u32::try_from(guess)
-            && (ROOT as usize) < g as usize
-            && (g as usize) < table.nodes.len()
-            && table.nodes[g as usize].parent == parent
-            && table.name(g) == name
+        if guess > ROOT
+            && let Some(node) = table.nodes.get(guess as usize)
+            && node.parent == parent
+            && table.name(guess as u32) == name
         {
-            return Some(g.into());
+            return Some(guess);
         }
         find_child(&table, self.hash(parent, name), parent, name).map(NodeId::from)
     }

