@@ -182,8 +182,9 @@ pub struct MountArgs {
     /// FUSE worker threads [default: one per CPU].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024), help_heading = "Mount")]
     pub threads: Option<u16>,
-    /// How long the kernel caches names and attributes (e.g. 30s, 24h). The dataset must not
-    /// change while training; a changed file is still detected when it is opened.
+    /// How long the kernel caches names and attributes (e.g. 30s, 24h), and how long a
+    /// directory unchanged since the scan is listed from memory. The dataset must not change
+    /// while training; a changed file is still detected when it is opened.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration, help_heading = "Mount")]
     pub metadata_ttl: Duration,
 

@@ -404,7 +404,7 @@ impl Filesystem for FuseAdapter {
                 INodeNo(e.ino),
                 e.next,
                 e.name,
-                &ttl,
+                &e.ttl.unwrap_or(ttl),
                 &file_attr(&attr),
                 Generation(0),
             ),

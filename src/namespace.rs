@@ -10,20 +10,23 @@
 //! device as an index into the few devices seen, ids as `u32`); its name lives in one arena
 //! of bytes; children are found through a hash table of bare `u32` node ids keyed by the
 //! hash of `(parent, name)`, with names compared in the arena on a hit (hashbrown's
-//! `HashTable`, about 5 bytes an entry). With the list of files (4 bytes each), a node costs
-//! about 106 bytes plus its name: 126 bytes for an ImageNet name of 20, where the previous
+//! `HashTable`, about 5 bytes an entry). With the list of files (4 bytes each) and the
+//! listings the scan keeps (4 bytes a child, see [`Namespace::keep_listing`]), a node costs
+//! about 110 bytes plus its name: 130 bytes for an ImageNet name of 20, where the previous
 //! table of structs, `Arc<OsStr>` names and a `HashMap` took about 300. [`Namespace::memory`]
 //! reports what it holds.
 //!
 //! Nothing here does I/O. Callers stat the source first and then insert, so no lock is ever
 //! held across a system call.
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::ffi::OsStr;
+use std::ffi::OsString;
 use std::hash::BuildHasher;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use hashbrown::HashTable;
 use parking_lot::RwLock;
@@ -32,6 +35,9 @@ use parking_lot::RwLock;
 pub type NodeId = u64;
 /// The node id of the mount's root.
 pub const ROOT: NodeId = 1;
+
+/// A directory's entries: each name, and its kind where known.
+pub type DirNames = Vec<(OsString, Option<Kind>)>;
 
 /// A dense index over the regular files of the dataset, in the order they were first seen.
 pub type FileId = u32;
@@ -176,6 +182,18 @@ struct Table {
     children: HashTable<u32>,
     /// Indexed by file id.
     files: Vec<u32>,
+    /// Directories whose listing the table can serve (see [`Namespace::keep_listing`]).
+    listings: HashMap<u32, KeptListing>,
+    /// The children those listings hold, all told.
+    kept_children: usize,
+}
+
+/// The children of a directory as the scan read them, and the directory's version then.
+#[derive(Debug)]
+struct KeptListing {
+    version: FileVersion,
+    at: Instant,
+    children: Box<[u32]>,
 }
 
 impl Table {
@@ -408,6 +426,64 @@ impl Namespace {
         id.into()
     }
 
+    /// Keeps `children` (in the order the source listed them) as directory `dir`'s listing,
+    /// read at `at` while the source directory was `version`: an entry added, removed or
+    /// renamed since changes the directory's change time, and the listing is read again.
+    pub fn keep_listing(
+        &self,
+        dir: NodeId,
+        version: FileVersion,
+        at: Instant,
+        children: &[NodeId],
+    ) {
+        let Ok(dir) = u32::try_from(dir) else {
+            return;
+        };
+        let children = children.iter().map(|&c| c as u32).collect();
+        let kept = KeptListing {
+            version,
+            at,
+            children,
+        };
+        let mut table = self.table.write();
+        table.kept_children += kept.children.len();
+        if let Some(old) = table.listings.insert(dir, kept) {
+            table.kept_children -= old.children.len();
+        }
+    }
+
+    /// The names and kinds of directory `dir`'s kept listing, and when it was read, if it
+    /// was kept while the source directory was `version` and is younger than `ttl`. One
+    /// that is not is dropped: the caller reads the source instead.
+    pub fn kept_listing(
+        &self,
+        dir: NodeId,
+        version: &FileVersion,
+        ttl: Duration,
+    ) -> Option<(DirNames, Instant)> {
+        let dir = u32::try_from(dir).ok()?;
+        {
+            let table = self.table.read();
+            let kept = table.listings.get(&dir)?;
+            if kept.version == *version && kept.at.elapsed() < ttl {
+                let names = kept
+                    .children
+                    .iter()
+                    .map(|&c| {
+                        let kind = Kind::from_mode(table.nodes[c as usize].mode);
+                        (table.name(c).to_os_string(), Some(kind))
+                    })
+                    .collect();
+                return Some((names, kept.at));
+            }
+        }
+        let mut table = self.table.write();
+        if let Some(old) = table.listings.remove(&dir) {
+            table.kept_children -= old.children.len();
+        }
+        None
+    }
+
     /// The node's attributes, version and file id.
     pub fn info(&self, id: NodeId) -> Option<NodeInfo> {
         let table = self.table.read();
@@ -502,6 +578,8 @@ impl Namespace {
             + t.devs.capacity() * 8
             // hashbrown: a u32 slot and a control byte per bucket.
             + t.children.capacity() * 5
+            + t.listings.capacity() * (std::mem::size_of::<KeptListing>() + 5)
+            + t.kept_children * 4
     }
 }
 
@@ -597,6 +675,41 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_listing_serves_while_its_directory_is_unchanged_and_young() {
+        let ns = Namespace::new(meta(Kind::Dir, 0, 0));
+        let x = ns.insert_child(ROOT, OsStr::new("x"), meta(Kind::Dir, 0, 5));
+        let ids = ns.insert_children(
+            x,
+            [("b", meta(Kind::File, 1, 0)), ("a", meta(Kind::Dir, 0, 0))]
+                .map(|(n, m)| (OsStr::new(n), m)),
+        );
+        let version = ns.info(x).unwrap().version;
+        let at = Instant::now();
+        ns.keep_listing(x, version, at, &ids);
+        let with = ns.memory();
+        let day = Duration::from_secs(86_400);
+        // In the order kept, with each node's kind.
+        let want = vec![
+            (OsString::from("b"), Some(Kind::File)),
+            (OsString::from("a"), Some(Kind::Dir)),
+        ];
+        assert_eq!(ns.kept_listing(x, &version, day), Some((want.clone(), at)));
+        assert_eq!(ns.kept_listing(ROOT, &version, day), None, "never kept");
+        // A directory whose change time moved is listed again; its listing is gone.
+        let changed = FileVersion {
+            ctime_ns: version.ctime_ns + 1,
+            ..version
+        };
+        assert_eq!(ns.kept_listing(x, &changed, day), None);
+        assert_eq!(ns.kept_listing(x, &version, day), None);
+        assert_eq!(with - ns.memory(), 2 * 4, "4 bytes a kept child");
+        // One older than the metadata TTL likewise.
+        ns.keep_listing(x, version, at, &ids);
+        assert_eq!(ns.kept_listing(x, &version, Duration::ZERO), None);
+        assert_eq!(ns.kept_listing(x, &version, day), None);
+    }
+
+    #[test]
     fn inserting_twice_keeps_the_id_and_refreshes_the_version() {
         let ns = Namespace::new(meta(Kind::Dir, 0, 0));
         let a = ns.insert_child(ROOT, OsStr::new("a"), meta(Kind::File, 10, 1));
@@ -616,13 +729,19 @@ mod tests {
         let dirs: Vec<NodeId> = (0..1000)
             .map(|d| ns.insert_child(ROOT, OsStr::new(&format!("n{d:08}")), meta(Kind::Dir, 0, 0)))
             .collect();
-        for i in 0..files {
-            let name = format!("n{:08}_{i:05}.JPEG", i % 1000);
-            ns.insert_child(
-                dirs[i % 1000],
-                OsStr::new(&name),
-                meta(Kind::File, 110_000, 0),
+        // Entered as the scan does: a directory at a time, its listing kept.
+        for (d, &dir) in dirs.iter().enumerate() {
+            let names: Vec<String> = (d..files)
+                .step_by(1000)
+                .map(|i| format!("n{d:08}_{i:05}.JPEG"))
+                .collect();
+            let ids = ns.insert_children(
+                dir,
+                names
+                    .iter()
+                    .map(|n| (OsStr::new(n), meta(Kind::File, 110_000, 0))),
             );
+            ns.keep_listing(dir, meta(Kind::Dir, 0, 0).version, Instant::now(), &ids);
         }
         ns.shrink();
         let per_entry = ns.memory() / (files + 1000);

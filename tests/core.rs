@@ -453,3 +453,73 @@ fn a_listing_read_in_chunks_names_every_entry_with_its_node() {
         assert_eq!(*ino, node, "{name:?}");
     }
 }
+
+/// Every entry of directory `dir` as a `readdirplus` hands it out: name, permission bits and
+/// how long the kernel may keep them (None: the whole `--metadata-ttl`).
+fn listing_plus(fs: &DatasetFs, dir: u64) -> Vec<(String, u16, Option<Duration>)> {
+    let fh = fs.opendir(dir, Caller::default()).unwrap();
+    let mut out = Vec::new();
+    fs.readdir(fh, 0, true, |e| {
+        let attr = e.attr.expect("readdirplus carries attributes");
+        out.push((e.name.to_string_lossy().into_owned(), attr.perm, e.ttl));
+        false
+    })
+    .unwrap();
+    fs.releasedir(fh);
+    out.retain(|(n, _, _)| n != "." && n != "..");
+    out.sort();
+    out
+}
+
+#[test]
+fn a_directory_unchanged_since_the_scan_is_listed_from_it_and_a_changed_one_from_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["same", "added", "removed"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+        for i in 0..20 {
+            std::fs::write(dir.path().join(format!("{d}/f{i:02}")), bytes(i, 10)).unwrap();
+        }
+    }
+    // A directory changed within the last second is listed from the source every time
+    // (its change time could not tell a later change from the scan's); let them settle.
+    std::thread::sleep(Duration::from_millis(1100));
+    let (fs, _) = core_over(dir.path());
+    fs.scan();
+    let me = Caller::default();
+    let node = |d: &str| fs.lookup(ROOT, OsStr::new(d), me).unwrap().attr.ino;
+    // chmod changes the file, not its directory.
+    let private: std::fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    for d in ["same", "added", "removed"] {
+        std::fs::set_permissions(dir.path().join(format!("{d}/f00")), private.clone()).unwrap();
+    }
+    std::fs::write(dir.path().join("added/late"), b"x").unwrap();
+    std::fs::remove_file(dir.path().join("removed/f19")).unwrap();
+    let day = Duration::from_secs(86_400);
+
+    // Unchanged: the scan's names and attributes (f00 as scanned, 0644), for what is left of
+    // the day the metadata TTL allows since the scan.
+    let same = listing_plus(&fs, node("same"));
+    let names: Vec<String> = (0..20).map(|i| format!("f{i:02}")).collect();
+    assert_eq!(same.iter().map(|e| e.0.clone()).collect::<Vec<_>>(), names);
+    assert_eq!(same[0].1, 0o644, "f00's attributes are the scan's");
+    for (name, _, ttl) in &same {
+        let ttl = ttl.unwrap_or_else(|| panic!("{name}: no TTL of its own"));
+        assert!(
+            ttl < day && ttl > day - Duration::from_secs(60),
+            "{name}: {ttl:?}"
+        );
+    }
+
+    // Changed: what the source holds now, each entry freshly stat'ed.
+    let added = listing_plus(&fs, node("added"));
+    let mut want: Vec<String> = names.clone();
+    want.push("late".into());
+    assert_eq!(added.iter().map(|e| e.0.clone()).collect::<Vec<_>>(), want);
+    assert_eq!((added[0].1, added[0].2), (0o600, None));
+    let removed = listing_plus(&fs, node("removed"));
+    assert_eq!(
+        removed.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
+        names[..19]
+    );
+    assert_eq!((removed[0].1, removed[0].2), (0o600, None));
+}

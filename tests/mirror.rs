@@ -201,3 +201,44 @@ fn the_kernel_enforces_the_source_permissions() {
     assert_eq!(std::fs::read(shared.path("secret")).unwrap(), b"for root");
     shared.unmount();
 }
+
+#[test]
+fn names_added_and_removed_after_the_scan_show_in_the_next_listing() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    for d in ["kept", "changed"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+        for i in 0..40 {
+            std::fs::write(src.join(format!("{d}/f{i:02}")), bytes(i, 100 + i as usize)).unwrap();
+        }
+    }
+    // Old enough that the scan keeps the directories' listings (see DatasetFs::opendir).
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let m = Mount::new(&src, &[]);
+    wait_for_scan(&m.mnt);
+    // Listed (with attributes) from what the scan kept: as the source.
+    assert_eq!(walk(&m.mnt), walk(&src));
+
+    std::fs::write(src.join("changed/new"), bytes(99, 5000)).unwrap();
+    std::fs::remove_file(src.join("changed/f03")).unwrap();
+    std::fs::rename(src.join("changed/f04"), src.join("changed/f04-renamed")).unwrap();
+    let names = |root: &Path| {
+        let mut v: Vec<_> = std::fs::read_dir(root.join("changed"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&m.mnt), names(&src));
+    assert!(names(&m.mnt).contains(&"new".into()));
+    assert_eq!(
+        std::fs::read(m.path("changed/new")).unwrap(),
+        bytes(99, 5000)
+    );
+    assert_eq!(
+        std::fs::read(m.path("changed/f04-renamed")).unwrap(),
+        bytes(4, 104)
+    );
+    m.unmount();
+}

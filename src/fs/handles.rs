@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -128,6 +129,10 @@ pub(super) struct DirHandle {
     pub node: NodeId,
     pub parent: NodeId,
     pub listing: Listing,
+    /// Until when the listing's names (and the attributes the node table holds for them)
+    /// may be handed to the kernel without an `lstat` each: set when the listing is the one
+    /// the scan kept (see [`crate::namespace::Namespace::kept_listing`]).
+    pub kept_until: Option<Instant>,
 }
 
 /// The open files and directories of a mount, by handle number.

@@ -68,7 +68,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
@@ -169,6 +169,9 @@ pub struct DirEntryOut<'a> {
     pub name: &'a OsStr,
     /// Present for `readdirplus`.
     pub attr: Option<Attr>,
+    /// How long the kernel may keep `attr`, when less than `--metadata-ttl`: attributes from
+    /// a kept listing are as old as the listing.
+    pub ttl: Option<Duration>,
 }
 
 /// Called with the bytes of a read (or its error), possibly on another thread.
@@ -489,8 +492,9 @@ impl DatasetFs {
     /// Enters the entries of directory `rel` (node `node`) into the namespace and returns its
     /// subdirectories.
     fn scan_dir(&self, node: NodeId, rel: &Path) -> Vec<(NodeId, PathBuf)> {
-        let items = match self.source.read_dir(rel, &Creds::DAEMON) {
-            Ok(items) => items,
+        let read_at = Instant::now();
+        let (dir_meta, items) = match self.source.read_dir(rel, &Creds::DAEMON) {
+            Ok(read) => read,
             Err(e) => {
                 tracing::warn!("scan: {}: {e}", self.source.root().join(rel).display());
                 return Vec::new();
@@ -500,6 +504,9 @@ impl DatasetFs {
         let ids = self
             .ns
             .insert_children(node, items.iter().map(|i| (i.name.as_os_str(), i.meta)));
+        if settled(&dir_meta) {
+            self.ns.keep_listing(node, dir_meta.version, read_at, &ids);
+        }
         let mut dirs = Vec::new();
         for (item, id) in items.iter().zip(ids) {
             match item.meta.attr.kind {
@@ -906,15 +913,28 @@ impl DatasetFs {
         if info.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        let listing = self
+        let mut listing = self
             .source
-            .list_dir(&self.rel_path(ino)?, &self.creds(caller))
+            .open_dir(&self.rel_path(ino)?, &self.creds(caller))
             .map_err(source_error)?;
+        // The scan's listing while the directory is unchanged and younger than
+        // --metadata-ttl; else the source's.
+        let kept_until = match self.ns.kept_listing(ino, &listing.meta.version, self.ttl) {
+            Some((names, at)) => {
+                listing.names = names;
+                Some(at + self.ttl)
+            }
+            None => {
+                listing.read_names().map_err(source_error)?;
+                None
+            }
+        };
         let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
         Ok(self.handles.add_dir(DirHandle {
             node: ino,
             parent,
             listing,
+            kept_until,
         }))
     }
 
@@ -943,18 +963,29 @@ impl DatasetFs {
                 kind: Kind::Dir,
                 name,
                 attr,
+                ttl: None,
             };
             if add(entry) {
                 return Ok(());
             }
         }
         let start = offset.saturating_sub(2) as usize;
+        // Entries of a kept listing carry the attributes the scan read, for what is left of
+        // --metadata-ttl since: no lstat each.
+        let kept_ttl = dir
+            .kept_until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero());
         let mut guess = 0;
         for (i, (name, listed_kind)) in dir.listing.names.iter().enumerate().skip(start) {
             // An entry's lstat only when the kernel asks for its attributes or coorfs does
             // not know it yet; one gone since the listing is left out.
             let known = self.ns.child_near(dir.node, name, guess);
             let (ino, kind, attr) = match (known, plus) {
+                (Some(id), true) if kept_ttl.is_some() => {
+                    let attr = self.attr(id)?;
+                    (id, attr.kind, Some(attr))
+                }
                 (Some(id), false) => {
                     let kind = listed_kind
                         .or_else(|| self.ns.info(id).map(|i| i.attr.kind))
@@ -983,6 +1014,7 @@ impl DatasetFs {
                 kind,
                 name,
                 attr,
+                ttl: kept_ttl,
             };
             if add(entry) {
                 return Ok(());
@@ -1200,6 +1232,16 @@ impl DatasetFs {
 /// What a caller is told of a source error: a missing entry is ENOENT, a refusal EACCES,
 /// a path that no longer resolves as the node table recorded it ESTALE (the kernel then
 /// looks the path up again and finds what is there now); anything else is a source fault.
+/// True if directory `meta` last changed more than a second ago. Only then does its change
+/// time tell a kept listing from a changed directory: on a filesystem with coarse timestamps
+/// (a jiffy, a second), an entry added right after the listing was read could leave the
+/// directory with the very time the listing saw.
+fn settled(meta: &SourceMeta) -> bool {
+    SystemTime::now()
+        .duration_since(meta.attr.ctime)
+        .is_ok_and(|age| age > Duration::from_secs(1))
+}
+
 fn source_error(e: io::Error) -> FsError {
     if e.kind() == io::ErrorKind::NotFound {
         FsError::NotFound

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::block::ALIGN;
-use crate::namespace::{Attr, FileVersion, Kind, SourceMeta};
+use crate::namespace::{Attr, DirNames, FileVersion, Kind, SourceMeta};
 use beneath::Beneath;
 pub use creds::{Creds, as_user};
 use rustix::fs::{AtFlags, OFlags, Statx, StatxFlags};
@@ -59,11 +59,34 @@ pub struct DirItem {
 #[derive(Debug)]
 pub struct Listing {
     dir: std::os::fd::OwnedFd,
-    /// Each entry's name, and its type if the directory said (`d_type`).
-    pub names: Vec<(OsString, Option<Kind>)>,
+    /// The directory's own `fstat`, taken before its names were read: an entry added or
+    /// removed since changes its change time.
+    pub meta: SourceMeta,
+    /// Each entry's name, and its type if the directory said (`d_type`); empty until
+    /// [`Listing::read_names`] (or filled by the caller from what it already knew).
+    pub names: DirNames,
 }
 
 impl Listing {
+    /// Reads the directory's names, without `.` and `..`, in the order the source lists them.
+    pub fn read_names(&mut self) -> io::Result<()> {
+        let mut dir = rustix::fs::Dir::read_from(&self.dir)?;
+        while let Some(entry) = dir.read() {
+            let entry = entry?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let kind = match entry.file_type() {
+                rustix::fs::FileType::Unknown => None,
+                t => Some(Kind::from_mode(t.as_raw_mode())),
+            };
+            self.names
+                .push((OsStr::from_bytes(name).to_os_string(), kind));
+        }
+        Ok(())
+    }
+
     /// `lstat` of entry `name`: one `statx` relative to the open directory, so confined.
     pub fn stat(&self, name: &OsStr) -> io::Result<SourceMeta> {
         let name = std::ffi::CString::new(name.as_bytes())
@@ -96,15 +119,21 @@ pub trait DatasetSource: Send + Sync + 'static {
     fn root(&self) -> &Path;
     /// `lstat` of an entry, reached with `who`'s search permission on every directory.
     fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta>;
+    /// Opens a directory that `who` may read, with its `fstat` and no names yet.
+    fn open_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing>;
     /// Opens a directory that `who` may read and reads its names, without `.` and `..`, in
     /// the order the source lists them.
-    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing>;
-    /// The entries of a directory that `who` may read (see [`DatasetSource::list_dir`]), each
+    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
+        let mut listing = self.open_dir(rel, who)?;
+        listing.read_names()?;
+        Ok(listing)
+    }
+    /// The directory's `fstat` (taken before its names were read) and its entries, each
     /// with its `lstat` (an entry gone between the listing and its `lstat` is left out, as a
-    /// fresh listing would).
-    fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<Vec<DirItem>> {
+    /// fresh listing would), for a directory that `who` may read.
+    fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<(SourceMeta, Vec<DirItem>)> {
         let listing = self.list_dir(rel, who)?;
-        Ok(listing
+        let items = listing
             .names
             .iter()
             .filter_map(|(name, _)| {
@@ -114,7 +143,8 @@ pub trait DatasetSource: Send + Sync + 'static {
                     meta,
                 })
             })
-            .collect())
+            .collect();
+        Ok((listing.meta, items))
     }
     /// The target of a symbolic link.
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
@@ -265,26 +295,17 @@ impl DatasetSource for LocalSource {
         as_user(who, || stat_fd(&self.beneath.open_at(rel, OFlags::PATH)?))
     }
 
-    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
-        let fd = as_user(who, || {
+    fn open_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
+        let dir = as_user(who, || {
             self.beneath
                 .open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NONBLOCK)
         })?;
-        let mut names = Vec::new();
-        let mut dir = rustix::fs::Dir::read_from(&fd)?;
-        while let Some(entry) = dir.read() {
-            let entry = entry?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            let kind = match entry.file_type() {
-                rustix::fs::FileType::Unknown => None,
-                t => Some(Kind::from_mode(t.as_raw_mode())),
-            };
-            names.push((OsStr::from_bytes(name).to_os_string(), kind));
-        }
-        Ok(Listing { dir: fd, names })
+        let meta = stat_fd(&dir)?;
+        Ok(Listing {
+            dir,
+            meta,
+            names: Vec::new(),
+        })
     }
 
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
@@ -546,8 +567,8 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
     fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta> {
         self.inner.metadata(rel, who)
     }
-    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
-        self.inner.list_dir(rel, who)
+    fn open_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
+        self.inner.open_dir(rel, who)
     }
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         self.inner.read_link(rel)
