@@ -523,3 +523,48 @@ fn a_directory_unchanged_since_the_scan_is_listed_from_it_and_a_changed_one_from
     );
     assert_eq!((removed[0].1, removed[0].2), (0o600, None));
 }
+
+#[test]
+fn a_listings_first_reply_with_attributes_is_short_and_the_rest_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..100 {
+        std::fs::write(dir.path().join(format!("f{i:03}")), bytes(i, 10)).unwrap();
+    }
+    let (fs, _) = core_over(dir.path());
+    fs.scan();
+    let fh = fs.opendir(ROOT, Caller::default()).unwrap();
+    // The kernel asks for attributes at offset 0 of every listing: it gets the first
+    // FIRST_PLUS_ENTRIES, each with its attributes, though its buffer had room for all.
+    let mut first = Vec::new();
+    fs.readdir(fh, 0, true, |e| {
+        first.push((e.name.to_owned(), e.attr.map(|a| a.size), e.next));
+        false
+    })
+    .unwrap();
+    assert_eq!(first.len(), coorfs::fs::FIRST_PLUS_ENTRIES);
+    assert!(first.iter().skip(2).all(|(_, size, _)| *size == Some(10)));
+    // Then plain entries from where it stopped, and every name once.
+    let mut rest = Vec::new();
+    fs.readdir(fh, first.last().unwrap().2, false, |e| {
+        rest.push(e.name.to_owned());
+        false
+    })
+    .unwrap();
+    fs.releasedir(fh);
+    let mut names: Vec<_> = first.into_iter().map(|(n, _, _)| n).chain(rest).collect();
+    names.sort();
+    let mut want: Vec<std::ffi::OsString> = (0..100).map(|i| format!("f{i:03}").into()).collect();
+    want.extend([".".into(), "..".into()]);
+    want.sort();
+    assert_eq!(names, want);
+    // A READDIRPLUS past offset 0 (the kernel saw the attributes used) is not cut short.
+    let fh = fs.opendir(ROOT, Caller::default()).unwrap();
+    let mut later = 0;
+    fs.readdir(fh, 2, true, |_| {
+        later += 1;
+        false
+    })
+    .unwrap();
+    fs.releasedir(fh);
+    assert_eq!(later, 100);
+}
