@@ -31,12 +31,21 @@ fn run_script(script: &str, args: &[&str]) -> (u32, String) {
 /// Runs `cmd` as the leader of a new process group; returns its pid (= the group) and its
 /// standard output, once it succeeded.
 fn run_as_group_leader(cmd: &mut Command, what: &str) -> (u32, String) {
-    let child = cmd
-        .stdout(std::process::Stdio::piped())
+    cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+        .process_group(0);
+    // A script written moments ago can be "busy": a test on another thread that forked
+    // while the file was open for writing holds a copy of that descriptor until its exec.
+    let mut tries = 0;
+    let child = loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            spawned => break spawned.unwrap(),
+        }
+    };
     let pid = child.id();
     let out = wait_within(child, COMMAND_LIMIT, what);
     assert!(out.status.success(), "{what}: {}", stderr(&out));
