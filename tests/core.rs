@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::bytes;
 use coorfs::config::MountConfig;
 use coorfs::fs::{Caller, DatasetFs, FsError};
-use coorfs::namespace::{Kind, ROOT};
+use coorfs::namespace::{Attr, Kind, ROOT};
 use coorfs::source::{FaultySource, LocalSource};
 
 fn core_over(src: &Path) -> (DatasetFs, Arc<FaultySource<LocalSource>>) {
@@ -52,6 +52,45 @@ fn lookup_path(fs: &DatasetFs, rel: &str) -> u64 {
             .ino;
     }
     at
+}
+
+/// One entry of a listing as the core hands it out.
+struct Listed {
+    name: std::ffi::OsString,
+    ino: u64,
+    attr: Option<Attr>,
+    ttl: Option<Duration>,
+}
+
+/// Reads directory handle `fh` from its start to its end as the kernel does: calls of at most
+/// `page` entries (a reply buffer with room for that many), each resuming at the offset the
+/// last entry of the one before gave.
+fn read_listing(fs: &DatasetFs, fh: u64, plus: bool, page: usize) -> Vec<Listed> {
+    let (mut listed, mut offset) = (Vec::new(), 0);
+    loop {
+        let mut chunk = Vec::new();
+        fs.readdir(fh, offset, plus, |e| {
+            if chunk.len() == page {
+                return true;
+            }
+            chunk.push((
+                e.next,
+                Listed {
+                    name: e.name.to_owned(),
+                    ino: e.ino,
+                    attr: e.attr,
+                    ttl: e.ttl,
+                },
+            ));
+            false
+        })
+        .unwrap();
+        let Some(&(next, _)) = chunk.last() else {
+            return listed;
+        };
+        offset = next;
+        listed.extend(chunk.into_iter().map(|(_, l)| l));
+    }
 }
 
 #[test]
@@ -135,23 +174,10 @@ fn readdir_pages_resume_at_the_offset_they_return() {
     let (fs, _) = core_over(dir.path());
     for plus in [false, true] {
         let fh = fs.opendir(ROOT, Caller::default()).unwrap();
-        let mut names = Vec::new();
-        let mut offset = 0;
-        loop {
-            // A reply buffer with room for 37 entries.
-            let mut page = Vec::new();
-            fs.readdir(fh, offset, plus, |e| {
-                assert_eq!(e.attr.is_some(), plus);
-                page.push((e.name.to_owned(), e.next));
-                page.len() == 37
-            })
-            .unwrap();
-            if page.is_empty() {
-                break;
-            }
-            offset = page.last().unwrap().1;
-            names.extend(page.into_iter().map(|(n, _)| n));
-        }
+        // A reply buffer with room for 37 entries.
+        let listed = read_listing(&fs, fh, plus, 37);
+        assert!(listed.iter().all(|e| e.attr.is_some() == plus));
+        let names: Vec<_> = listed.into_iter().map(|e| e.name).collect();
         fs.releasedir(fh);
         assert_eq!(names.len(), 1002);
         assert_eq!(names[0], ".");
@@ -416,26 +442,10 @@ fn a_listing_read_in_chunks_names_every_entry_with_its_node() {
     let me = Caller::default();
     let a = fs.lookup(ROOT, OsStr::new("a"), me).unwrap().attr.ino;
     let fh = fs.opendir(a, me).unwrap();
-    let (mut listed, mut offset) = (Vec::new(), 0);
-    loop {
-        // Seven entries a call, as a kernel buffer that fills would take them.
-        let mut chunk = Vec::new();
-        fs.readdir(fh, offset, false, |e| {
-            if chunk.len() == 7 {
-                return true;
-            }
-            chunk.push((e.name.to_owned(), e.ino, e.next));
-            false
-        })
-        .unwrap();
-        let Some(&(_, _, next)) = chunk.last() else {
-            break;
-        };
-        offset = next;
-        listed.extend(chunk);
-    }
+    // Seven entries a call, as a kernel buffer that fills would take them.
+    let listed = read_listing(&fs, fh, false, 7);
     fs.releasedir(fh);
-    let mut names: Vec<_> = listed.iter().map(|(n, _, _)| n.clone()).collect();
+    let mut names: Vec<_> = listed.iter().map(|e| e.name.clone()).collect();
     names.sort();
     let mut want: Vec<_> = std::fs::read_dir(dir.path().join("a"))
         .unwrap()
@@ -444,7 +454,7 @@ fn a_listing_read_in_chunks_names_every_entry_with_its_node() {
         .collect();
     want.sort();
     assert_eq!(names, want);
-    for (name, ino, _) in &listed {
+    for Listed { name, ino, .. } in &listed {
         let node = match name.to_str() {
             Some(".") => a,
             Some("..") => ROOT,
@@ -454,19 +464,20 @@ fn a_listing_read_in_chunks_names_every_entry_with_its_node() {
     }
 }
 
-/// Every entry of directory `dir` as a `readdirplus` hands it out: name, permission bits and
-/// how long the kernel may keep them (None: the whole `--metadata-ttl`).
+/// Every entry of directory `dir` as `readdirplus` hands it out, but `.` and `..`: name,
+/// permission bits and how long the kernel may keep them (None: the whole `--metadata-ttl`).
 fn listing_plus(fs: &DatasetFs, dir: u64) -> Vec<(String, u16, Option<Duration>)> {
     let fh = fs.opendir(dir, Caller::default()).unwrap();
-    let mut out = Vec::new();
-    fs.readdir(fh, 0, true, |e| {
-        let attr = e.attr.expect("readdirplus carries attributes");
-        out.push((e.name.to_string_lossy().into_owned(), attr.perm, e.ttl));
-        false
-    })
-    .unwrap();
+    let listed = read_listing(fs, fh, true, usize::MAX);
     fs.releasedir(fh);
-    out.retain(|(n, _, _)| n != "." && n != "..");
+    let mut out: Vec<_> = listed
+        .into_iter()
+        .filter(|e| e.name != "." && e.name != "..")
+        .map(|e| {
+            let attr = e.attr.expect("readdirplus carries attributes");
+            (e.name.to_string_lossy().into_owned(), attr.perm, e.ttl)
+        })
+        .collect();
     out.sort();
     out
 }
