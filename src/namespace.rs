@@ -578,7 +578,8 @@ impl Namespace {
             + t.devs.capacity() * 8
             // hashbrown: a u32 slot and a control byte per bucket.
             + t.children.capacity() * 5
-            + t.listings.capacity() * (std::mem::size_of::<KeptListing>() + 5)
+            // std's HashMap: a (key, value) slot and a control byte per bucket.
+            + t.listings.capacity() * (std::mem::size_of::<(u32, KeptListing)>() + 1)
             + t.kept_children * 4
     }
 }

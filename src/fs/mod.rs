@@ -1245,9 +1245,6 @@ impl DatasetFs {
     }
 }
 
-/// What a caller is told of a source error: a missing entry is ENOENT, a refusal EACCES,
-/// a path that no longer resolves as the node table recorded it ESTALE (the kernel then
-/// looks the path up again and finds what is there now); anything else is a source fault.
 /// True if directory `meta` last changed more than a second ago. Only then does its change
 /// time tell a kept listing from a changed directory: on a filesystem with coarse timestamps
 /// (a jiffy, a second), an entry added right after the listing was read could leave the
@@ -1258,6 +1255,9 @@ fn settled(meta: &SourceMeta) -> bool {
         .is_ok_and(|age| age > Duration::from_secs(1))
 }
 
+/// What a caller is told of a source error: a missing entry is ENOENT, a refusal EACCES,
+/// a path that no longer resolves as the node table recorded it ESTALE (the kernel then
+/// looks the path up again and finds what is there now); anything else is a source fault.
 fn source_error(e: io::Error) -> FsError {
     if e.kind() == io::ErrorKind::NotFound {
         FsError::NotFound
