@@ -766,7 +766,6 @@ impl CommandError {
                 | MountError::CacheTooLarge { .. }
                 | MountError::CacheSizeZero
                 | MountError::Cluster(_)
-                | MountError::PeerListen(..)
                 | MountError::MetricsListen(..)
                 | MountError::Disk(_)
                 | MountError::DiskInside(_)

@@ -94,8 +94,6 @@ pub enum MountError {
     DiskInside(PathBuf),
     #[error("--cache-dir needs a cache policy that keeps files (minio or lru), not --policy none")]
     DiskWithoutPolicy,
-    #[error("the peer server cannot listen on {0}: {1}")]
-    PeerListen(std::net::SocketAddr, io::Error),
     #[error("the metrics server cannot listen on {0}: {1}")]
     MetricsListen(std::net::SocketAddr, io::Error),
     #[error(transparent)]
@@ -591,7 +589,9 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     if let Some(addr) = config.metrics_addr {
         let fail = |e| MountError::MetricsListen(addr, e);
         let listener = std::net::TcpListener::bind(addr).map_err(fail)?;
-        fs.start_metrics(listener).map_err(fail)?;
+        let stats = fs.clone();
+        let snapshots = Box::new(move || stats.snapshot());
+        crate::metrics::serve(snapshots, listener, fs.runtime()).map_err(fail)?;
         info!("Prometheus metrics at http://{addr}/metrics");
     }
     let notifier = Arc::new(OnceLock::new());

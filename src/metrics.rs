@@ -25,7 +25,6 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::fs::DatasetFs;
 use crate::stats::{Snapshot, Value};
 use crate::statsview::number;
 
@@ -66,8 +65,11 @@ const EPOCH_FIELDS: &[(&str, &str)] = &[
     ("staging_hits", "Accesses served by prefetch."),
 ];
 
+/// Takes the mount's statistics, at each scrape.
+pub type Snapshots = Box<dyn Fn() -> Snapshot + Send + Sync>;
+
 /// Reads the mount's statistics at each scrape.
-struct Stats(Arc<DatasetFs>);
+struct Stats(Snapshots);
 
 impl std::fmt::Debug for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,7 +101,7 @@ fn gauge(
 
 impl Collector for Stats {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let snapshot: Snapshot = self.0.snapshot();
+        let snapshot: Snapshot = (self.0)();
         for (stat, value) in &snapshot.values {
             let v = match *value {
                 Value::Count(n) => n as f64,
@@ -176,14 +178,15 @@ async fn scrape(State(s): State<Arc<Served>>) -> Response {
     }
 }
 
-/// Serves the metrics of `fs` on `listener` (bound already), on the runtime of `rt`.
+/// Serves the statistics that `snapshots` takes on `listener` (bound already), on the
+/// runtime of `rt`.
 pub fn serve(
-    fs: Arc<DatasetFs>,
+    snapshots: Snapshots,
     listener: std::net::TcpListener,
     rt: &tokio::runtime::Handle,
 ) -> std::io::Result<()> {
     let mut registry = Registry::with_prefix("coorfs");
-    registry.register_collector(Box::new(Stats(fs)));
+    registry.register_collector(Box::new(Stats(snapshots)));
     let served = Arc::new(Served {
         registry,
         slots: tokio::sync::Semaphore::new(MAX_SCRAPES),

@@ -65,6 +65,8 @@ pub enum ClusterError {
     NoRank,
     #[error("{0}={1:?} is not a node rank (0, 1, 2, ...)")]
     BadRank(&'static str, String),
+    #[error("the peer server cannot listen on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
 }
 
 /// The node rank that launchers put in the environment: torchrun's GROUP_RANK, else the

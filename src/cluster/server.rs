@@ -10,10 +10,13 @@
 //! so that no request reads outside the dataset, symbolic links included.
 //!
 //! At most [`MAX_IN_FLIGHT`] requests are served at once (the asker reads the source for a
-//! 503). A block is served from the cache if it holds it, else fetched once (merged with any fetch
-//! of it in flight, [`crate::tier::fetch`]) from the tiers behind this member's fetcher: the
-//! source, since a member asks no peer for a file it owns. The cache then keeps it as its
-//! policy keeps what is read, so each member's cache fills with the files it owns.
+//! 503). The server checks a request against the source (a regular file of the version asked
+//! for, a block it has) and takes the block from its member through [`ServedBlocks`]: the
+//! mount's tiers (`crate::fs`), which serve it from the cache if it holds it, else fetch it
+//! once from the tiers behind the member's fetcher: the source, since a member asks no peer
+//! for a file it owns. The cache then keeps it as its policy keeps what is read, so each
+//! member's cache fills with the files it owns. The trait keeps this module below the tiers,
+//! whose peer tier is this server's client.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -30,21 +33,29 @@ use super::auth::Secret;
 use super::wire::{
     BadRequest, BlockRequest, CRC_HEADER, MAX_TARGET, VERSION_HEADER, version_value,
 };
+use crate::block::{Block, BlockSize};
 use crate::cache::BlockKey;
-use crate::jobs::JobKey;
 use crate::namespace::Kind;
 use crate::source::{Creds, DatasetSource};
 use crate::stats::{Counters, Stats};
-use crate::tier::{Tiers, Want, Why};
 
 /// Requests served at once; past it a request gets 503 at once. A member asks with one
 /// request per block its readers miss, as many as its fetch threads (64 by default).
 pub const MAX_IN_FLIGHT: usize = 256;
 
+/// Where the server takes the blocks it serves: its member's tiers.
+pub trait ServedBlocks: Send + Sync {
+    /// Block `key` of the file at `rel`: from the cache, else fetched once (and blocking
+    /// until it is). An error is the fetch's.
+    fn block(&self, rel: &Path, key: BlockKey) -> std::io::Result<Arc<Block>>;
+}
+
 /// What the server needs of its member.
 pub struct PeerServer {
     source: Arc<dyn DatasetSource>,
-    tiers: Tiers,
+    /// How the member's files are cut into blocks.
+    blocks: BlockSize,
+    served: Box<dyn ServedBlocks>,
     secret: Secret,
     stats: Arc<Stats>,
     /// The members, as this member sees them.
@@ -54,18 +65,21 @@ pub struct PeerServer {
 }
 
 impl PeerServer {
-    /// The server of a member of `membership` reading `source` through `tiers`, for peers
-    /// that hold `secret`, counting in `stats`.
+    /// The server of a member of `membership` that checks requests against `source` and
+    /// serves the `blocks` of its files from `served`, for peers that hold `secret`, counting
+    /// in `stats`.
     pub fn new(
         membership: Arc<super::members::Membership>,
         source: Arc<dyn DatasetSource>,
-        tiers: Tiers,
+        blocks: BlockSize,
+        served: Box<dyn ServedBlocks>,
         secret: Secret,
         stats: Arc<Stats>,
     ) -> Self {
         PeerServer {
             source,
-            tiers,
+            blocks,
+            served,
             secret,
             stats,
             membership,
@@ -114,7 +128,7 @@ impl PeerServer {
     }
 
     /// Block `r`, from the cache or fetched; the status of a refusal otherwise.
-    fn read(&self, r: &BlockRequest) -> Result<Arc<crate::block::Block>, (StatusCode, String)> {
+    fn read(&self, r: &BlockRequest) -> Result<Arc<Block>, (StatusCode, String)> {
         let rel = Path::new(OsStr::from_bytes(&r.path));
         let meta = self.source.metadata(rel, &Creds::DAEMON).map_err(|e| {
             let status = match e.raw_os_error() {
@@ -131,48 +145,19 @@ impl PeerServer {
         if (v.size, v.mtime_ns, v.ctime_ns) != (r.size, r.mtime_ns, r.ctime_ns) {
             return Err((StatusCode::CONFLICT, "another version".into()));
         }
-        let blocks = self.tiers.memory.blocks();
-        if r.block >= blocks.count(v.size) {
+        if r.block >= self.blocks.count(v.size) {
             return Err((StatusCode::BAD_REQUEST, "no such block".into()));
         }
         let key = BlockKey {
             version: v,
             block: r.block,
         };
-        if let Some(block) = self.tiers.memory.copy_of(&key) {
-            return Ok(block);
-        }
-        let want = Want {
-            key,
-            rel,
-            job: JobKey::All,
-            epoch: 0,
-            why: Why::Peer,
-        };
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let memory = &self.tiers.memory;
-        self.tiers.fetcher.fetch(
-            Arc::from(rel),
-            &want,
-            &|| memory.copy_of(&key),
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-            Box::new(|_| {}),
-        );
-        match rx.recv() {
-            Ok(Ok(block)) => Ok(block),
-            Ok(Err(errno)) => Err((
-                StatusCode::BAD_GATEWAY,
-                std::io::Error::from_raw_os_error(errno).to_string(),
-            )),
-            Err(_) => Err((StatusCode::BAD_GATEWAY, "the fetch ended".into())),
-        }
+        (self.served.block(rel, key)).map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))
     }
 }
 
 /// A block shared with the response body that sends it.
-struct Shared(Arc<crate::block::Block>);
+struct Shared(Arc<Block>);
 
 impl AsRef<[u8]> for Shared {
     fn as_ref(&self) -> &[u8] {

@@ -2,14 +2,55 @@
 //! `coorfs stats` says of the members ([`crate::cluster`]).
 
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::Arc;
 
 use super::DatasetFs;
+use crate::block::Block;
+use crate::cache::BlockKey;
+use crate::cluster::ClusterError;
 use crate::cluster::etcd;
 use crate::cluster::members::View;
-use crate::daemon::MountError;
+use crate::cluster::server::{PeerServer, ServedBlocks};
+use crate::jobs::JobKey;
 use crate::namespace::Namespace;
+use crate::tier::{Tiers, Want, Why};
 use crate::units::format_size;
+
+/// The blocks the peer server serves: the memory cache's, else one fetch (merged with any
+/// fetch of the block in flight, [`crate::tier::fetch`]) from the tiers behind the fetcher.
+struct TierBlocks(Tiers);
+
+impl ServedBlocks for TierBlocks {
+    fn block(&self, rel: &Path, key: BlockKey) -> std::io::Result<Arc<Block>> {
+        let memory = &self.0.memory;
+        if let Some(block) = memory.copy_of(&key) {
+            return Ok(block);
+        }
+        let want = Want {
+            key,
+            rel,
+            job: JobKey::All,
+            epoch: 0,
+            why: Why::Peer,
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.0.fetcher.fetch(
+            Arc::from(rel),
+            &want,
+            &|| memory.copy_of(&key),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+            Box::new(|_| {}),
+        );
+        match rx.recv() {
+            Ok(Ok(block)) => Ok(block),
+            Ok(Err(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
+            Err(_) => Err(std::io::Error::other("the fetch ended")),
+        }
+    }
+}
 
 /// The members' shares of the files seen so far, as last counted.
 #[derive(Debug, Default)]
@@ -40,16 +81,17 @@ fn count_shares(ns: &Namespace, view: &View) -> Vec<(u64, u64)> {
 impl DatasetFs {
     /// Starts serving the files this member of a cluster owns to the others (see
     /// [`crate::cluster::server`]) and, with etcd, registers it; nothing outside a cluster.
-    pub fn start_cluster(&self) -> Result<(), MountError> {
+    pub fn start_cluster(&self) -> Result<(), ClusterError> {
         let Some(c) = &self.cluster else {
             return Ok(());
         };
-        let fail = |e| MountError::PeerListen(c.listen, e);
+        let fail = |e| ClusterError::Listen(c.listen, e);
         let listener = std::net::TcpListener::bind(c.listen).map_err(fail)?;
-        let server = Arc::new(crate::cluster::server::PeerServer::new(
+        let server = Arc::new(PeerServer::new(
             c.membership.clone(),
             self.source.clone(),
-            self.tiers.clone(),
+            self.tiers.memory.blocks(),
+            Box::new(TierBlocks(self.tiers.clone())),
             c.secret.clone(),
             self.ledger.stats().clone(),
         ));

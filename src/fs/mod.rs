@@ -389,10 +389,10 @@ impl DatasetFs {
         })
     }
 
-    /// Serves this mount's statistics as Prometheus metrics on `listener`
-    /// ([`crate::metrics`]).
-    pub fn start_metrics(self: &Arc<Self>, listener: std::net::TcpListener) -> io::Result<()> {
-        crate::metrics::serve(self.clone(), listener, self._io.handle())
+    /// The runtime of the mount's sockets and timers (the peer server, etcd, the metrics
+    /// server).
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        self._io.handle()
     }
 
     /// How long the kernel may cache entries and attributes.
