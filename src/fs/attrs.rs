@@ -1,0 +1,253 @@
+//! Lookups, attributes and listings.
+//!
+//! Metadata comes from the source's `lstat` and is kept in the node table ([`crate::namespace::Namespace`]). An `open`
+//! re-checks the file's version (one `lstat`), so a source file that changed since the
+//! kernel cached its attributes is served with its new content, and `Opened::changed` asks
+//! the adapter to invalidate what the kernel holds.
+//!
+//! A listing is a snapshot taken at OPENDIR, as the caller: the scan's names while the
+//! directory is unchanged since the scan and younger than `--metadata-ttl`, else the
+//! source's. Its entries carry attributes only where the kernel asks (READDIRPLUS), and the
+//! first reply of a listing at most [`FIRST_PLUS_ENTRIES`].
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::handles::DirHandle;
+use super::{Caller, DatasetFs, DirEntryOut, Entry, FsError, order, source_error};
+use crate::namespace::{Attr, Kind, NodeId, ROOT};
+use crate::source::Creds;
+
+/// Entries (with `.` and `..`) in the first READDIRPLUS reply of a listing at most. The kernel
+/// asks for attributes in the first request of every listing, wanted or not, and makes an
+/// inode of each entry: 6-7 us a file that `find` or `os.scandir` never stats. The rest of the
+/// listing then comes as plain READDIR unless lookups in between show the attributes are used.
+pub const FIRST_PLUS_ENTRIES: usize = 32;
+
+impl DatasetFs {
+    /// Finds `name` in directory `parent` for `caller`: a fresh `lstat` of the source,
+    /// reached with the caller's search permission on every directory on the way.
+    pub fn lookup(&self, parent: NodeId, name: &OsStr, caller: Caller) -> Result<Entry, FsError> {
+        if parent == ROOT && name == order::ORDER_FILE {
+            return Ok(Entry {
+                attr: self.control_attr(),
+            });
+        }
+        let dir = self.ns.info(parent).ok_or(FsError::NotFound)?;
+        if dir.attr.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let rel = self.rel_path(parent)?.join(name);
+        let meta = self
+            .source
+            .metadata(&rel, &self.creds(caller))
+            .map_err(source_error)?;
+        let id = match self.ns.child(parent, name) {
+            Some(id) => {
+                self.refresh(id, meta);
+                id
+            }
+            None => self.ns.insert_child(parent, name, meta),
+        };
+        self.attr(id).map(|attr| Entry { attr })
+    }
+
+    /// The attributes of node `ino`, from a fresh `lstat` of the source: the kernel asks
+    /// when those it cached are older than `--metadata-ttl`.
+    pub fn getattr(&self, ino: NodeId) -> Result<Attr, FsError> {
+        if ino == order::ORDER_INO {
+            return Ok(self.control_attr());
+        }
+        let rel = self.rel_path(ino)?;
+        let meta = self
+            .source
+            .metadata(&rel, &Creds::DAEMON)
+            .map_err(source_error)?;
+        self.refresh(ino, meta);
+        self.attr(ino)
+    }
+
+    /// The attributes the node table holds for node `ino`.
+    fn attr(&self, ino: NodeId) -> Result<Attr, FsError> {
+        if ino == order::ORDER_INO {
+            return Ok(self.control_attr());
+        }
+        self.ns.info(ino).map(|i| i.attr).ok_or(FsError::NotFound)
+    }
+
+    /// The target of symbolic link `ino`.
+    pub fn readlink(&self, ino: NodeId) -> Result<PathBuf, FsError> {
+        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        if info.attr.kind != Kind::Symlink {
+            return Err(FsError::NotSymlink);
+        }
+        self.source
+            .read_link(&self.rel_path(ino)?)
+            .map_err(source_error)
+    }
+
+    /// `access(2)`: the read-only mount refuses W_OK; the rest follows the source's modes.
+    pub fn access(&self, ino: NodeId, mask: i32, caller: Caller) -> Result<(), FsError> {
+        let attr = self.getattr(ino)?;
+        if mask & libc::W_OK != 0 {
+            return Err(FsError::ReadOnly);
+        }
+        let want = ((mask & (libc::R_OK | libc::X_OK)) & 0o7) as u16;
+        if want == 0 {
+            return Ok(());
+        }
+        let granted = if caller.uid == 0 {
+            // root reads anything, and executes anything that anyone may execute.
+            let x = if attr.perm & 0o111 != 0 || attr.kind == Kind::Dir {
+                1
+            } else {
+                0
+            };
+            4 | x
+        } else if caller.uid == attr.uid {
+            (attr.perm >> 6) & 7
+        } else if caller.gid == attr.gid {
+            (attr.perm >> 3) & 7
+        } else {
+            attr.perm & 7
+        };
+        if granted & want == want {
+            Ok(())
+        } else {
+            Err(FsError::Access)
+        }
+    }
+
+    /// Opens directory `ino` for `caller` (who must be allowed to read it now) and takes a
+    /// snapshot of its listing.
+    pub fn opendir(&self, ino: NodeId, caller: Caller) -> Result<u64, FsError> {
+        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        if info.attr.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let mut listing = self
+            .source
+            .open_dir(&self.rel_path(ino)?, &self.creds(caller))
+            .map_err(source_error)?;
+        // The scan's listing while the directory is unchanged and younger than
+        // --metadata-ttl; else the source's.
+        let kept_until = match self.ns.kept_listing(ino, &listing.meta.version, self.ttl) {
+            Some((names, at)) => {
+                listing.names = names;
+                Some(at + self.ttl)
+            }
+            None => {
+                listing.read_names().map_err(source_error)?;
+                None
+            }
+        };
+        let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
+        Ok(self.handles.add_dir(DirHandle {
+            node: ino,
+            parent,
+            listing,
+            kept_until,
+        }))
+    }
+
+    /// Lists directory `fh` from `offset`, handing entries to `add` until it returns true
+    /// (the reply is full). With `plus`, every entry carries its attributes, and a listing's
+    /// first reply (offset 0) ends after [`FIRST_PLUS_ENTRIES`].
+    pub fn readdir(
+        &self,
+        fh: u64,
+        offset: u64,
+        plus: bool,
+        mut add: impl FnMut(DirEntryOut<'_>) -> bool,
+    ) -> Result<(), FsError> {
+        let mut room = if plus && offset == 0 {
+            FIRST_PLUS_ENTRIES
+        } else {
+            usize::MAX
+        };
+        let mut add = |entry| {
+            room -= 1;
+            add(entry) || room == 0
+        };
+        let dir = self.handles.dir(fh).ok_or(FsError::BadHandle)?;
+        // Offsets 1 and 2 follow "." and ".."; entry i of the snapshot ends at offset i + 3.
+        let dots: [(&OsStr, NodeId); 2] =
+            [(OsStr::new("."), dir.node), (OsStr::new(".."), dir.parent)];
+        for (i, (name, ino)) in dots.iter().enumerate().skip(offset as usize) {
+            let attr = if plus {
+                Some(self.getattr(*ino)?)
+            } else {
+                None
+            };
+            let entry = DirEntryOut {
+                ino: *ino,
+                next: i as u64 + 1,
+                kind: Kind::Dir,
+                name,
+                attr,
+                ttl: None,
+            };
+            if add(entry) {
+                return Ok(());
+            }
+        }
+        let start = offset.saturating_sub(2) as usize;
+        // Entries of a kept listing carry the attributes the scan read, for what is left of
+        // --metadata-ttl since: no lstat each.
+        let kept_ttl = dir
+            .kept_until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero());
+        let mut guess = 0;
+        for (i, (name, listed_kind)) in dir.listing.names.iter().enumerate().skip(start) {
+            // An entry's lstat only when the kernel asks for its attributes or coorfs does
+            // not know it yet; one gone since the listing is left out.
+            let known = self.ns.child_near(dir.node, name, guess);
+            let (ino, kind, attr) = match (known, plus) {
+                (Some(id), true) if kept_ttl.is_some() => {
+                    let attr = self.attr(id)?;
+                    (id, attr.kind, Some(attr))
+                }
+                (Some(id), false) => {
+                    let kind = listed_kind
+                        .or_else(|| self.ns.info(id).map(|i| i.attr.kind))
+                        .unwrap_or(Kind::File);
+                    (id, kind, None)
+                }
+                (Some(id), true) => {
+                    let Ok(meta) = dir.listing.stat(name) else {
+                        continue;
+                    };
+                    self.refresh(id, meta);
+                    (id, meta.attr.kind, Some(self.attr(id)?))
+                }
+                (None, _) => {
+                    let Ok(meta) = dir.listing.stat(name) else {
+                        continue;
+                    };
+                    let id = self.ns.insert_child(dir.node, name, meta);
+                    (id, meta.attr.kind, plus.then(|| self.attr(id)).transpose()?)
+                }
+            };
+            guess = ino + 1;
+            let entry = DirEntryOut {
+                ino,
+                next: i as u64 + 3,
+                kind,
+                name,
+                attr,
+                ttl: kept_ttl,
+            };
+            if add(entry) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes directory `fh`.
+    pub fn releasedir(&self, fh: u64) {
+        self.handles.remove_dir(fh);
+    }
+}

@@ -1,0 +1,394 @@
+//! Opens of dataset files.
+//!
+//! An open reads as its steps ([`DatasetFs::open`]): refuse writes, open the source file as
+//! the caller, count the access (taking the file's staged blocks), tell the prefetcher,
+//! choose how the kernel may cache the file, enter the handle.
+//!
+//! # The kernel's page cache and ours
+//! The kernel's page cache of the FUSE files is LRU: if it held files coorfs does not cache,
+//! they would push out the ones it does, and MinIO would degrade to LRU. So with a cache
+//! policy, an open decides:
+//! - every byte of the file is in coorfs's cache: `keep_cache`. The kernel may keep (and
+//!   serve from) its pages of the file, a first level over the cache: when it reclaims
+//!   them, the cache still holds every byte. A hot small file then costs one round trip.
+//!   That level is free only if the kernel keeps the pages until the file is read again;
+//!   when sentinel files show that it does not (memory too tight for a second copy), hits
+//!   use `direct_io` as well ([`kernel_cache`]), except small files (up to
+//!   [`BUFFERED_MISS_MAX`]): their pages are dropped at open and read again in one READ.
+//! - a small file (up to [`BUFFERED_MISS_MAX`]) that the cache will keep whole once it is
+//!   read (a policy that never evicts, with room for it), while the kernel keeps pages: the
+//!   kernel's page cache, without `keep_cache`. The file is about to be one of the cache's,
+//!   so its pages are right; the read at its end needs no round trip, and the next epoch
+//!   finds its pages there.
+//! - otherwise: `direct_io`. The file's bytes never enter the kernel's page cache; each read
+//!   comes to the daemon, which serves cached blocks and fetches the rest.
+//!
+//! With `--policy none` there is no cache of ours and the kernel's page cache does what it
+//! does (`keep_cache` for every unchanged file): the baseline of "FUSE plus page cache".
+//!
+//! The accounting follows: an open of a wholly cached file is a hit, and its size is counted
+//! as bytes from the cache right there (training reads files whole, and the kernel may serve
+//! them without asking); reads through a direct-I/O handle count exactly what they serve.
+//!
+//! Every open of a dataset file is an access of its job's epoch ([`crate::epoch`]). An open
+//! that re-reads what the job read moments ago (a check and a decode, two workers sharing a
+//! file) is the same access: its reads may take the blocks read then, which the cache did not
+//! keep, from [`crate::tier::recent`] instead of the source. The job's lock is held from
+//! taking the file's staged blocks to counting the access, so that of two such opens the one
+//! counted first takes them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use parking_lot::Mutex;
+
+use super::handles::{FileHandle, Held};
+use super::{Access, Caller, DatasetFs, FsError, Opened, kernel_cache, order, source_error};
+use crate::epoch::Step;
+use crate::jobs::Job;
+use crate::jobs::JobKey;
+use crate::jobs::ledger::{Attribution, Opening};
+use crate::namespace::{FileId, Kind, NodeId, SourceMeta};
+use crate::prefetch::ReadBy;
+use crate::source::Creds;
+use crate::tier::staging::Claimed;
+
+/// A source file opened for a caller.
+#[derive(Debug)]
+struct SourceOpen {
+    rel: PathBuf,
+    file: std::fs::File,
+    /// Its metadata, fresh from the open descriptor.
+    meta: SourceMeta,
+    file_id: Option<FileId>,
+    /// It changed since the kernel was last told its attributes.
+    changed: bool,
+}
+
+/// How an open was counted, for its handle and the prefetcher.
+#[derive(Debug)]
+struct Counted {
+    /// The dataset-wide epoch and the job's epoch the open counts in.
+    epoch: u64,
+    job_key: JobKey,
+    job_epoch: u64,
+    /// The digest of the order the job follows this epoch, if it gave one.
+    order: Option<u64>,
+    /// Files of its epoch the job has opened, this one included.
+    position: u64,
+    /// What the access did to the job's epoch (None: not an access of its own, or a file
+    /// the scan has not seen).
+    step: Option<Step>,
+    /// Every block of the file was staged, and the open took them (`claimed`).
+    staged: bool,
+    claimed: Vec<(u64, Arc<crate::block::Block>)>,
+}
+
+impl Counted {
+    /// The read this access is, as [`Prefetcher::share`] keeps its blocks.
+    fn read_by(&self) -> ReadBy {
+        ReadBy {
+            job: self.job_key,
+            round: self.job_epoch,
+            order: self.order,
+            position: self.position,
+        }
+    }
+}
+
+/// Misses of files up to this size are read through the kernel's page cache while the cache
+/// has room to keep them whole (see [`DatasetFs::kernel_caching`]). Round trips are most of
+/// what a small file costs: 128,000 files of 200-600 B, `--cache-size 1G`, `coorfs read
+/// --procs 2`, 3 rounds of an A/B on this 2-CPU machine: the cold epoch took 10.2-14.8 s
+/// (median 11.6) against 14.1-14.5 s through direct I/O, and the first hot epoch 1.9-2.3 s
+/// against 3.2 s (its pages were in the kernel already). A larger file's bytes, not its
+/// round trips, are its cost, and the page cache would hold a second copy of them.
+pub const BUFFERED_MISS_MAX: u64 = 64 << 10;
+
+impl DatasetFs {
+    /// Opens file `ino` (or the order file) for reading. `flags` are the
+    /// `open(2)` flags.
+    pub fn open(&self, ino: NodeId, flags: i32, caller: Caller) -> Result<Opened, FsError> {
+        self.open_file(ino, flags, caller, Access::Counted)
+    }
+
+    /// [`DatasetFs::open`], accounted as `access` says. The steps: refuse writes, open the
+    /// source file as the caller, count the access (taking the blocks the prefetcher staged),
+    /// tell the prefetcher, choose how the kernel may cache the file, enter the handle.
+    pub(crate) fn open_file(
+        &self,
+        ino: NodeId,
+        flags: i32,
+        caller: Caller,
+        access: Access,
+    ) -> Result<Opened, FsError> {
+        if ino == order::ORDER_INO {
+            return self.open_order(flags, caller);
+        }
+        if flags & libc::O_ACCMODE != libc::O_RDONLY
+            || flags & (libc::O_TRUNC | libc::O_APPEND) != 0
+        {
+            return Err(FsError::ReadOnly);
+        }
+        let (handle, opened) = self.open_handle(ino, caller, access)?;
+        self.handles.insert_file(opened.fh, handle);
+        Ok(opened)
+    }
+
+    /// The steps of [`DatasetFs::open_file`] for a data file, up to entering the handle: the
+    /// handle, and what the kernel is told. A read under `--fast-open` uses the handle alone.
+    pub(super) fn open_handle(
+        &self,
+        ino: NodeId,
+        caller: Caller,
+        access: Access,
+    ) -> Result<(FileHandle, Opened), FsError> {
+        let opened = self.open_source(ino, caller)?;
+        let now = self.ledger.now();
+        let version = &opened.meta.version;
+        let in_memory = self.tiers.memory.holds_file(version);
+        // A file the disk tier holds whole is a hit too: no byte of it is read from below.
+        let hit = in_memory
+            || (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&opened.rel, version));
+        let job = self.jobs.get(caller.pid, caller.uid, now);
+        let counted = match access {
+            Access::Counted => self.count_access(&job, &opened, hit, caller, now),
+            Access::Silent => self.silent_access(&job),
+        };
+        let SourceOpen {
+            rel,
+            file,
+            meta,
+            file_id,
+            changed,
+        } = opened;
+        if access == Access::Counted {
+            self.prefetcher
+                .on_open(&job, counted.step, counted.staged, hit);
+            // What it took from the staging area stays there for the jobs that still need it.
+            if let Some(f) = file_id {
+                self.prefetcher
+                    .share(f, counted.read_by(), &meta.version, &counted.claimed);
+            }
+        }
+        let (keep_cache, direct_io, watch) = match access {
+            Access::Counted => self.kernel_caching(file_id, meta.version.size, in_memory, changed),
+            Access::Silent => (true, false, None),
+        };
+        let fh = self.handles.next_fh();
+        tracing::debug!(
+            "open {} fh {fh} by {} (pid {}): {} (epoch {}, job epoch {}, {:?})",
+            rel.display(),
+            counted.job_key,
+            caller.pid,
+            if hit {
+                "hit"
+            } else if counted.staged {
+                "staged"
+            } else {
+                "miss"
+            },
+            counted.epoch,
+            counted.job_epoch,
+            counted.step
+        );
+        let handle = FileHandle {
+            rel: Arc::from(rel),
+            version: meta.version,
+            file,
+            counted_at_open: AtomicBool::new(hit),
+            att: Attribution {
+                epoch: counted.epoch,
+                job,
+                job_epoch: counted.job_epoch,
+            },
+            job_key: counted.job_key,
+            order: counted.order,
+            position: counted.position,
+            // A re-read within the epoch, or a second look right after it ended; not a read
+            // that may be the new epoch's first of the file.
+            same_access: access == Access::Silent
+                || matches!(counted.step, Some(Step::Repeat | Step::Trailing)),
+            held: Mutex::new(Held {
+                claimed: counted.claimed,
+                last: None,
+            }),
+            watch,
+            ino,
+            pid: caller.pid,
+            file_id,
+            changed_while_open: AtomicBool::new(false),
+            silent: access == Access::Silent,
+        };
+        let opened = Opened {
+            fh,
+            keep_cache,
+            direct_io,
+            changed: changed && access == Access::Counted,
+        };
+        Ok((handle, opened))
+    }
+
+    /// Opens the source file of node `ino` as `caller`: the source checks modes, ACLs and
+    /// every directory's search permission now, whatever the kernel's cached attributes said.
+    /// If the file changed since the kernel was told, the kernel is told to forget what it
+    /// cached.
+    fn open_source(&self, ino: NodeId, caller: Caller) -> Result<SourceOpen, FsError> {
+        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        if info.attr.kind == Kind::Dir {
+            return Err(FsError::IsDir);
+        }
+        let rel = self.rel_path(ino)?;
+        let (file, meta) = match self.source.open_file(&rel, &self.creds(caller)) {
+            Ok(opened) => opened,
+            Err(e) => {
+                // A refused open may be the first sign of a chmod. The node learns it (so
+                // `stat` shows it once the kernel's attributes expire), but the kernel is
+                // not told to forget its attributes: it would cache the refusing mode for
+                // --metadata-ttl and refuse the next open itself, even after a chmod back.
+                // What it cached of the file's pages is dropped at the next open that works.
+                if let Ok(meta) = self.source.metadata(&rel, &Creds::DAEMON)
+                    && self.ns.refresh(ino, meta)
+                {
+                    self.stale_in_kernel.lock().insert(ino);
+                }
+                return Err(source_error(e));
+            }
+        };
+        let pending = self.stale_in_kernel.lock().remove(&ino);
+        let changed = (meta.version != info.version && self.ns.refresh(ino, meta)) || pending;
+        if changed && let Some(invalidate) = self.invalidator.get() {
+            invalidate(ino);
+        }
+        Ok(SourceOpen {
+            rel,
+            file,
+            meta,
+            file_id: info.file_id,
+            changed,
+        })
+    }
+
+    /// Counts an open of a source file as `job`'s access at `now`. The job's lock is held
+    /// from taking the file's staged blocks to counting the access: of two opens of a file
+    /// by one job (a check and a decode, two workers sharing it), the one its epoch counts
+    /// first takes them, and the other finds them among the recent blocks.
+    fn count_access(
+        &self,
+        job: &Arc<Mutex<Job>>,
+        opened: &SourceOpen,
+        hit: bool,
+        caller: Caller,
+        now: f64,
+    ) -> Counted {
+        let version = opened.meta.version;
+        let mut j = job.lock();
+        let job_key = j.key;
+        // The prefetcher's blocks of this file are now this open's.
+        let claimed = if hit {
+            Claimed::default()
+        } else {
+            self.prefetcher.claim(&opened.rel, &version, job_key)
+        };
+        let blocks = self.tiers.memory.blocks().count(version.size);
+        let staged = !claimed.blocks.is_empty() && claimed.blocks.len() as u64 == blocks;
+        let opening = Opening {
+            file: opened.file_id,
+            pid: caller.pid,
+            hit,
+            staged,
+            shared: staged && claimed.shared,
+            size: version.size,
+            total: self.dataset_files(),
+            now,
+        };
+        let (job_epoch, step) = self.ledger.open_in_job(&mut j, &opening);
+        if step.is_some_and(Step::began_epoch) {
+            j.epoch_changed();
+        }
+        let order = j.following();
+        let position = j.log.tracker().read_in_epoch() as u64;
+        drop(j);
+        Counted {
+            epoch: self.ledger.open_in_dataset(&opening),
+            job_key,
+            job_epoch,
+            order,
+            position,
+            step,
+            staged: opening.staged,
+            claimed: claimed.blocks,
+        }
+    }
+
+    /// An open of no access of its own (see [`Access::Silent`]): its reads count in the
+    /// epochs current now.
+    fn silent_access(&self, job: &Arc<Mutex<Job>>) -> Counted {
+        let (job_key, job_epoch, order, position) = {
+            let j = job.lock();
+            let position = j.log.tracker().read_in_epoch() as u64;
+            (j.key, j.epoch(), j.following(), position)
+        };
+        Counted {
+            epoch: self.ledger.epoch(),
+            job_key,
+            job_epoch,
+            order,
+            position,
+            step: None,
+            staged: false,
+            claimed: Vec::new(),
+        }
+    }
+
+    /// How the kernel may cache an open of `file`: `(keep_cache, direct_io, watch)` (see the
+    /// module header).
+    fn kernel_caching(
+        &self,
+        file: Option<FileId>,
+        size: u64,
+        hit: bool,
+        changed: bool,
+    ) -> (bool, bool, Option<kernel_cache::Watch>) {
+        if !self.tiers.memory.caches() {
+            return (!changed, false, None);
+        }
+        let (keep, watch) = match file {
+            Some(file) if hit && !changed => self.kernel.open(file),
+            _ => (false, None),
+        };
+        // A small miss the cache will keep whole may enter the kernel's page cache: it is
+        // about to be a file of the cache, and its pages are then right. Read through the
+        // page cache it costs one READ instead of two (the kernel knows the size, so the
+        // read at the end of the file needs no round trip), and the next epoch finds its
+        // pages already there.
+        // A sentinel read this way is watched: its pages are given to the kernel now.
+        if let Some(file) = file
+            && !keep
+            && !changed
+            && size <= BUFFERED_MISS_MAX
+            && self.kernel.keeps()
+            && self.tiers.memory.has_room_for(size)
+        {
+            return (false, false, self.kernel.open(file).1);
+        }
+        // Direct I/O costs a small hit more than the page cache it saves: two READs (the
+        // kernel asks again at the end of the file) and the reader's whole buffer pinned and
+        // dirtied for each. 128,000 hits of 200-600 B, reader buffers of 1 MiB, the kernel's
+        // pages dropped, `--fast-open` off: 15.0-15.7 s an epoch through direct I/O, 8.2-9.5 s
+        // through the page cache.
+        let small_hit = hit && !changed && size <= BUFFERED_MISS_MAX;
+        (keep, !keep && !small_hit, watch)
+    }
+
+    /// Closes open file `fh`.
+    pub fn release(&self, fh: u64) {
+        let handle = self.handles.remove_file(fh);
+        match handle.as_ref().map(|h| &h.watch) {
+            Some(Some(watch)) => self.kernel.closed(watch),
+            Some(None) => {}
+            None => self.orders.release(fh),
+        }
+    }
+}
