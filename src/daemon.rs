@@ -149,40 +149,8 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     let mountpoint = std::path::absolute(&config.mountpoint)
         .map_err(|e| MountError::MountpointUnusable(config.mountpoint.clone(), e))?;
 
-    let source = match std::fs::canonicalize(&source) {
-        Ok(p) => p,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(MountError::SourceMissing(source));
-        }
-        Err(e) => return Err(MountError::SourceUnreadable(source, e)),
-    };
-    if !source.is_dir() {
-        return Err(MountError::SourceNotDir(source));
-    }
-    check_source_not_coorfs(&source)?;
-    if let Err(e) = std::fs::read_dir(&source) {
-        return Err(MountError::SourceUnreadable(source, e));
-    }
-
-    if mountinfo::is_coorfs_mount(&mountpoint) {
-        return Err(MountError::AlreadyMounted(mountpoint));
-    }
-    let mountpoint = match std::fs::canonicalize(&mountpoint) {
-        Ok(p) => p,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(MountError::MountpointMissing(mountpoint));
-        }
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            return Err(MountError::DeadMount(mountpoint));
-        }
-        Err(e) => return Err(MountError::MountpointUnusable(mountpoint, e)),
-    };
-    if mountinfo::is_coorfs_mount(&mountpoint) {
-        return Err(MountError::AlreadyMounted(mountpoint));
-    }
-    if !mountpoint.is_dir() {
-        return Err(MountError::MountpointNotDir(mountpoint));
-    }
+    let source = checked_source(source)?;
+    let mountpoint = checked_mountpoint(mountpoint)?;
     if mountpoint.starts_with(&source) {
         return Err(MountError::MountpointInsideSource {
             mountpoint,
@@ -199,14 +167,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
         if !config.cache.policy.caches() {
             return Err(MountError::DiskWithoutPolicy);
         }
-        disk.dir = resolve_partly(&disk.dir)
-            .map_err(|e| crate::tier::disk::DiskError::Io(disk.dir.clone(), e))?;
-        if disk.dir.starts_with(&source) || disk.dir.starts_with(&mountpoint) {
-            return Err(MountError::DiskInside(disk.dir.clone()));
-        }
-        // Refused here, in one line, rather than by the daemon once it has forked; the
-        // daemon takes the lock again.
-        drop(crate::tier::disk::take(&disk.dir)?);
+        check_disk_dir(disk, &source, &mountpoint)?;
     }
     let lock = lock_mountpoint(&mountpoint)?;
     if !config.allow_non_empty {
@@ -229,6 +190,69 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     config.source = source;
     config.mountpoint = mountpoint;
     Ok(lock)
+}
+
+/// The source directory `source` (absolute), canonical: a readable directory that is no
+/// coorfs mount nor inside one.
+fn checked_source(source: PathBuf) -> Result<PathBuf, MountError> {
+    let source = match std::fs::canonicalize(&source) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(MountError::SourceMissing(source));
+        }
+        Err(e) => return Err(MountError::SourceUnreadable(source, e)),
+    };
+    if !source.is_dir() {
+        return Err(MountError::SourceNotDir(source));
+    }
+    check_source_not_coorfs(&source)?;
+    if let Err(e) = std::fs::read_dir(&source) {
+        return Err(MountError::SourceUnreadable(source, e));
+    }
+    Ok(source)
+}
+
+/// The mount point `mountpoint` (absolute), canonical: a directory, neither a coorfs mount
+/// already nor a dead FUSE mount.
+fn checked_mountpoint(mountpoint: PathBuf) -> Result<PathBuf, MountError> {
+    if mountinfo::is_coorfs_mount(&mountpoint) {
+        return Err(MountError::AlreadyMounted(mountpoint));
+    }
+    let mountpoint = match std::fs::canonicalize(&mountpoint) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(MountError::MountpointMissing(mountpoint));
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::DeadMount(mountpoint));
+        }
+        Err(e) => return Err(MountError::MountpointUnusable(mountpoint, e)),
+    };
+    if mountinfo::is_coorfs_mount(&mountpoint) {
+        return Err(MountError::AlreadyMounted(mountpoint));
+    }
+    if !mountpoint.is_dir() {
+        return Err(MountError::MountpointNotDir(mountpoint));
+    }
+    Ok(mountpoint)
+}
+
+/// Resolves the disk tier's directory in `disk` and checks it: outside the source and the
+/// mount point, and used by no other daemon.
+fn check_disk_dir(
+    disk: &mut crate::tier::disk::DiskConfig,
+    source: &Path,
+    mountpoint: &Path,
+) -> Result<(), MountError> {
+    disk.dir = resolve_partly(&disk.dir)
+        .map_err(|e| crate::tier::disk::DiskError::Io(disk.dir.clone(), e))?;
+    if disk.dir.starts_with(source) || disk.dir.starts_with(mountpoint) {
+        return Err(MountError::DiskInside(disk.dir.clone()));
+    }
+    // Refused here, in one line, rather than by the daemon once it has forked; the daemon
+    // takes the lock again.
+    drop(crate::tier::disk::take(&disk.dir)?);
+    Ok(())
 }
 
 /// `path`, absolute, with every part that exists resolved (symlinks, `..`): where a directory
@@ -554,12 +578,48 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     // inherits the mask, so only the sigwait thread below receives them.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
-    let mountpoint = config.mountpoint.clone();
-    let mount_err = |e: io::Error| MountError::Mount(mountpoint.clone(), e.to_string());
+    let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
+    let fs = open_core(&config)?;
+    start_services(&fs, &config)?;
+    let notifier = Arc::new(OnceLock::new());
+    let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), config.acl);
+    let (session, mut unmounter) = start_session(adapter, &config)?;
+    // The mount is in the mount table now, which keeps other mounts away from here.
+    drop(lock);
+    let _ = notifier.set(session.notifier());
+    log_mounted(&config);
+    let member = fs.clone();
+    std::thread::Builder::new()
+        .name("coorfs-scan".into())
+        .spawn(move || fs.scan())
+        .map_err(mount_err)?;
+    std::thread::Builder::new()
+        .name("coorfs-signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `signals` is an initialised set and `sig` a valid out-pointer.
+            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                info!("signal {sig}: unmounting");
+                unmounter.unmount();
+            }
+        })
+        .map_err(mount_err)?;
+    if let Some(mut file) = ready.take() {
+        let _ = file.write_all(b"ready\n");
+    }
+    let served = session.run().map_err(mount_err);
+    member.leave_cluster();
+    member.close_disk();
+    served
+}
+
+/// The core of the mount of `config`: its source (delayed with `--read-delay`), its disk
+/// tier if it has one, and the filesystem over them.
+fn open_core(config: &MountConfig) -> Result<Arc<DatasetFs>, MountError> {
+    let unreadable = |e| MountError::SourceUnreadable(config.source.clone(), e);
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
     let drop_pages = config.cache.policy.caches();
-    let local = LocalSource::new(config.source.clone(), drop_pages)
-        .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
+    let local = LocalSource::new(config.source.clone(), drop_pages).map_err(unreadable)?;
     let source: Arc<dyn crate::source::DatasetSource> = if config.read_delay.is_zero() {
         Arc::new(local)
     } else {
@@ -580,11 +640,15 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
         }
         None => None,
     };
-    let fs = Arc::new(
-        DatasetFs::with_disk(source, &config, stats, disk)
-            .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?,
-    );
-    fs.start_prefetcher().map_err(mount_err)?;
+    let fs = DatasetFs::with_disk(source, config, stats, disk).map_err(unreadable)?;
+    Ok(Arc::new(fs))
+}
+
+/// Starts what serves the mount besides the kernel: the prefetcher, the cluster member's
+/// peer server and registration, the metrics server.
+fn start_services(fs: &Arc<DatasetFs>, config: &MountConfig) -> Result<(), MountError> {
+    (fs.start_prefetcher())
+        .map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()))?;
     fs.start_cluster()?;
     if let Some(addr) = config.metrics_addr {
         let fail = |e| MountError::MetricsListen(addr, e);
@@ -594,9 +658,16 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
         crate::metrics::serve(snapshots, listener, fs.runtime()).map_err(fail)?;
         info!("Prometheus metrics at http://{addr}/metrics");
     }
-    let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), config.acl);
+    Ok(())
+}
 
+/// Mounts `adapter` at the mount point of `config`: the session that serves it, and how to
+/// end it.
+fn start_session(
+    adapter: FuseAdapter,
+    config: &MountConfig,
+) -> Result<(fuser::Session<FuseAdapter>, Unmounter), MountError> {
+    let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
     let mut options = fuser::Config::default();
     options.acl = if config.allow_other {
         fuser::SessionACL::All
@@ -609,29 +680,29 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     // "fuse.coorfs" (fuser's own mount says "fuse"), which is how coorfs recognises its
     // mounts. Other users go through fuser and fusermount3.
     // SAFETY: geteuid has no preconditions.
-    let (session, mut unmounter) = if unsafe { libc::geteuid() } == 0 {
-        let fd = kernel_mount(&config).map_err(mount_err)?;
+    if unsafe { libc::geteuid() } == 0 {
+        let fd = kernel_mount(config).map_err(mount_err)?;
         let session = fuser::Session::from_fd(adapter, fd, options.acl, options).map_err(|e| {
             unmount_detached(&config.mountpoint);
             mount_err(e)
         })?;
-        (session, Unmounter::Own(config.mountpoint.clone()))
-    } else {
-        options.mount_options = vec![
-            fuser::MountOption::FSName(fs_name(&config.source)),
-            fuser::MountOption::Subtype("coorfs".into()),
-            fuser::MountOption::DefaultPermissions,
-            fuser::MountOption::NoAtime,
-            fuser::MountOption::RO,
-        ];
-        let mut session =
-            fuser::Session::new(adapter, &config.mountpoint, &options).map_err(mount_err)?;
-        let unmounter = session.unmount_callable();
-        (session, Unmounter::Fuser(unmounter))
-    };
-    // The mount is in the mount table now, which keeps other mounts away from here.
-    drop(lock);
-    let _ = notifier.set(session.notifier());
+        return Ok((session, Unmounter::Own(config.mountpoint.clone())));
+    }
+    options.mount_options = vec![
+        fuser::MountOption::FSName(fs_name(&config.source)),
+        fuser::MountOption::Subtype("coorfs".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoAtime,
+        fuser::MountOption::RO,
+    ];
+    let mut session =
+        fuser::Session::new(adapter, &config.mountpoint, &options).map_err(mount_err)?;
+    let unmounter = session.unmount_callable();
+    Ok((session, Unmounter::Fuser(unmounter)))
+}
+
+/// Logs what was mounted, and with which cache and prefetch.
+fn log_mounted(config: &MountConfig) {
     info!(
         "mounted {} at {} ({} FUSE threads, pid {})",
         config.source.display(),
@@ -668,29 +739,6 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     if !config.read_delay.is_zero() {
         info!("every source read is delayed by {:?}", config.read_delay);
     }
-    let member = fs.clone();
-    std::thread::Builder::new()
-        .name("coorfs-scan".into())
-        .spawn(move || fs.scan())
-        .map_err(mount_err)?;
-    std::thread::Builder::new()
-        .name("coorfs-signals".into())
-        .spawn(move || {
-            let mut sig = 0;
-            // SAFETY: `signals` is an initialised set and `sig` a valid out-pointer.
-            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
-                info!("signal {sig}: unmounting");
-                unmounter.unmount();
-            }
-        })
-        .map_err(mount_err)?;
-    if let Some(mut file) = ready.take() {
-        let _ = file.write_all(b"ready\n");
-    }
-    let served = session.run().map_err(mount_err);
-    member.leave_cluster();
-    member.close_disk();
-    served
 }
 
 /// How the signal thread ends the mount.

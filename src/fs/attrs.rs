@@ -25,6 +25,18 @@ use crate::source::Creds;
 /// listing then comes as plain READDIR unless lookups in between show the attributes are used.
 pub const FIRST_PLUS_ENTRIES: usize = 32;
 
+/// How [`DatasetFs::listed_entry`] finds an entry of a listing.
+#[derive(Clone, Copy, Debug)]
+struct Listed {
+    /// The node id the entry's is likely to be (the one after the previous entry's).
+    guess: NodeId,
+    /// The kernel wants the entry's attributes (READDIRPLUS).
+    plus: bool,
+    /// The listing is the scan's, still within `--metadata-ttl`: the node table's
+    /// attributes serve.
+    kept: bool,
+}
+
 impl DatasetFs {
     /// Finds `name` in directory `parent` for `caller`: a fresh `lstat` of the source,
     /// reached with the caller's search permission on every directory on the way.
@@ -201,34 +213,13 @@ impl DatasetFs {
             .filter(|left| !left.is_zero());
         let mut guess = 0;
         for (i, (name, listed_kind)) in dir.listing.names.iter().enumerate().skip(start) {
-            // An entry's lstat only when the kernel asks for its attributes or coorfs does
-            // not know it yet; one gone since the listing is left out.
-            let known = self.ns.child_near(dir.node, name, guess);
-            let (ino, kind, attr) = match (known, plus) {
-                (Some(id), true) if kept_ttl.is_some() => {
-                    let attr = self.attr(id)?;
-                    (id, attr.kind, Some(attr))
-                }
-                (Some(id), false) => {
-                    let kind = listed_kind
-                        .or_else(|| self.ns.info(id).map(|i| i.attr.kind))
-                        .unwrap_or(Kind::File);
-                    (id, kind, None)
-                }
-                (Some(id), true) => {
-                    let Ok(meta) = dir.listing.stat(name) else {
-                        continue;
-                    };
-                    self.refresh(id, meta);
-                    (id, meta.attr.kind, Some(self.attr(id)?))
-                }
-                (None, _) => {
-                    let Ok(meta) = dir.listing.stat(name) else {
-                        continue;
-                    };
-                    let id = self.ns.insert_child(dir.node, name, meta);
-                    (id, meta.attr.kind, plus.then(|| self.attr(id)).transpose()?)
-                }
+            let how = Listed {
+                guess,
+                plus,
+                kept: kept_ttl.is_some(),
+            };
+            let Some((ino, kind, attr)) = self.listed_entry(&dir, name, *listed_kind, how)? else {
+                continue;
             };
             guess = ino + 1;
             let entry = DirEntryOut {
@@ -244,6 +235,47 @@ impl DatasetFs {
             }
         }
         Ok(())
+    }
+
+    /// Entry `name` of the listing of `dir` (of kind `listed_kind`, where the listing says):
+    /// its node, kind and (`how.plus`) attributes. An entry's `lstat` only when the kernel
+    /// asks for its attributes or coorfs does not know it yet; None for one gone since the
+    /// listing was read.
+    fn listed_entry(
+        &self,
+        dir: &DirHandle,
+        name: &OsStr,
+        listed_kind: Option<Kind>,
+        how: Listed,
+    ) -> Result<Option<(NodeId, Kind, Option<Attr>)>, FsError> {
+        let known = self.ns.child_near(dir.node, name, how.guess);
+        Ok(Some(match (known, how.plus) {
+            (Some(id), true) if how.kept => {
+                let attr = self.attr(id)?;
+                (id, attr.kind, Some(attr))
+            }
+            (Some(id), false) => {
+                let kind = listed_kind
+                    .or_else(|| self.ns.info(id).map(|i| i.attr.kind))
+                    .unwrap_or(Kind::File);
+                (id, kind, None)
+            }
+            (Some(id), true) => {
+                let Ok(meta) = dir.listing.stat(name) else {
+                    return Ok(None);
+                };
+                self.refresh(id, meta);
+                (id, meta.attr.kind, Some(self.attr(id)?))
+            }
+            (None, _) => {
+                let Ok(meta) = dir.listing.stat(name) else {
+                    return Ok(None);
+                };
+                let id = self.ns.insert_child(dir.node, name, meta);
+                let attr = how.plus.then(|| self.attr(id)).transpose()?;
+                (id, meta.attr.kind, attr)
+            }
+        }))
     }
 
     /// Closes directory `fh`.

@@ -152,82 +152,43 @@ impl DatasetFs {
         let hit = in_memory
             || (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&opened.rel, version));
         let job = self.jobs.get(caller.pid, caller.uid, now);
-        let counted = match access {
-            Access::Counted => self.count_access(&job, &opened, hit, caller, now),
-            Access::Silent => self.silent_access(&job),
-        };
-        let SourceOpen {
-            rel,
-            file,
-            meta,
-            file_id,
-            changed,
-        } = opened;
-        if access == Access::Counted {
-            self.prefetcher
-                .on_open(&job, counted.step, counted.staged, hit);
-            // What it took from the staging area stays there for the jobs that still need it.
-            if let Some(f) = file_id {
-                self.prefetcher
-                    .share(f, counted.read_by(), &meta.version, &counted.claimed);
+        let (counted, (keep_cache, direct_io, watch)) = match access {
+            Access::Counted => {
+                let counted = self.count_access(&job, &opened, hit, caller, now);
+                self.tell_prefetcher(&job, &opened, &counted, hit);
+                let (size, changed) = (opened.meta.version.size, opened.changed);
+                let caching = self.kernel_caching(opened.file_id, size, in_memory, changed);
+                (counted, caching)
             }
-        }
-        let (keep_cache, direct_io, watch) = match access {
-            Access::Counted => self.kernel_caching(file_id, meta.version.size, in_memory, changed),
-            Access::Silent => (true, false, None),
+            Access::Silent => (self.silent_access(&job), (true, false, None)),
         };
         let fh = self.handles.next_fh();
-        tracing::debug!(
-            "open {} fh {fh} by {} (pid {}): {} (epoch {}, job epoch {}, {:?})",
-            rel.display(),
-            counted.job_key,
-            caller.pid,
-            if hit {
-                "hit"
-            } else if counted.staged {
-                "staged"
-            } else {
-                "miss"
-            },
-            counted.epoch,
-            counted.job_epoch,
-            counted.step
-        );
-        let handle = FileHandle {
-            rel: Arc::from(rel),
-            version: meta.version,
-            file,
-            counted_at_open: AtomicBool::new(hit),
-            att: Attribution {
-                epoch: counted.epoch,
-                job,
-                job_epoch: counted.job_epoch,
-            },
-            job_key: counted.job_key,
-            order: counted.order,
-            position: counted.position,
-            // A re-read within the epoch, or a second look right after it ended; not a read
-            // that may be the new epoch's first of the file.
-            same_access: access == Access::Silent
-                || matches!(counted.step, Some(Step::Repeat | Step::Trailing)),
-            held: Mutex::new(Held {
-                claimed: counted.claimed,
-                last: None,
-            }),
-            watch,
-            ino,
-            pid: caller.pid,
-            file_id,
-            changed_while_open: AtomicBool::new(false),
-            silent: access == Access::Silent,
-        };
-        let opened = Opened {
+        log_open(&opened, fh, caller, &counted, hit);
+        let opened_for_kernel = Opened {
             fh,
             keep_cache,
             direct_io,
-            changed: changed && access == Access::Counted,
+            changed: opened.changed && access == Access::Counted,
         };
-        Ok((handle, opened))
+        let handle = file_handle(ino, caller, opened, counted, job, hit, access, watch);
+        Ok((handle, opened_for_kernel))
+    }
+
+    /// Tells the prefetcher of an access of `job` that `counted` counted. What the open took
+    /// from the staging area stays there for the jobs that still need it.
+    fn tell_prefetcher(
+        &self,
+        job: &Arc<Mutex<Job>>,
+        opened: &SourceOpen,
+        counted: &Counted,
+        hit: bool,
+    ) {
+        self.prefetcher
+            .on_open(job, counted.step, counted.staged, hit);
+        if let Some(f) = opened.file_id {
+            self.prefetcher
+                .share(f, counted.read_by(), &opened.meta.version, &counted.claimed);
+        }
     }
 
     /// Opens the source file of node `ino` as `caller`: the source checks modes, ACLs and
@@ -391,4 +352,66 @@ impl DatasetFs {
             None => self.orders.release(fh),
         }
     }
+}
+
+/// The handle of the open of node `ino` by `caller`, counted as `counted` says.
+#[allow(clippy::too_many_arguments)]
+fn file_handle(
+    ino: NodeId,
+    caller: Caller,
+    opened: SourceOpen,
+    counted: Counted,
+    job: Arc<Mutex<Job>>,
+    hit: bool,
+    access: Access,
+    watch: Option<kernel_cache::Watch>,
+) -> FileHandle {
+    FileHandle {
+        rel: Arc::from(opened.rel),
+        version: opened.meta.version,
+        file: opened.file,
+        counted_at_open: AtomicBool::new(hit),
+        att: Attribution {
+            epoch: counted.epoch,
+            job,
+            job_epoch: counted.job_epoch,
+        },
+        job_key: counted.job_key,
+        order: counted.order,
+        position: counted.position,
+        // A re-read within the epoch, or a second look right after it ended; not a read
+        // that may be the new epoch's first of the file.
+        same_access: access == Access::Silent
+            || matches!(counted.step, Some(Step::Repeat | Step::Trailing)),
+        held: Mutex::new(Held {
+            claimed: counted.claimed,
+            last: None,
+        }),
+        watch,
+        ino,
+        pid: caller.pid,
+        file_id: opened.file_id,
+        changed_while_open: AtomicBool::new(false),
+        silent: access == Access::Silent,
+    }
+}
+
+/// The debug line of an open.
+fn log_open(opened: &SourceOpen, fh: u64, caller: Caller, counted: &Counted, hit: bool) {
+    tracing::debug!(
+        "open {} fh {fh} by {} (pid {}): {} (epoch {}, job epoch {}, {:?})",
+        opened.rel.display(),
+        counted.job_key,
+        caller.pid,
+        if hit {
+            "hit"
+        } else if counted.staged {
+            "staged"
+        } else {
+            "miss"
+        },
+        counted.epoch,
+        counted.job_epoch,
+        counted.step
+    );
 }

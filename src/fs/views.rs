@@ -10,91 +10,38 @@ use super::{DatasetFs, FsError, order, source_error};
 use crate::namespace::{Kind, NodeId, ROOT};
 use crate::stats::{self, Counters, Snapshot, Stat, Value};
 
+/// Counters read once for a whole snapshot (see [`DatasetFs::stat_value`]).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    reads: u64,
+    hits: u64,
+    /// Rounds of files read from the source (for `source_reads_per_file`).
+    from_source: u64,
+    epoch: u64,
+}
+
 impl DatasetFs {
     /// Every stat, now.
     pub fn snapshot(&self) -> Snapshot {
         let stats = self.ledger.stats();
-        let c = &stats.counters;
-        let cache = &self.tiers.memory;
-        let cc = &cache.counters;
-        let disk = self.tiers.disk.as_deref();
-        let reads = Counters::get(&c.reads);
-        let hits = Counters::get(&c.hits);
         let mut jobs = self.jobs.summaries(stats.now());
         for j in jobs.iter_mut().filter(|j| j.active) {
             j.kept_blocks = self.tiers.staging.needed_by(j.key);
             j.staged_bytes = self.tiers.staging.held_by(j.key);
         }
+        let c = &stats.counters;
         let from_source = self.ledger.file_rounds_from_source();
         let epochs = stats.epochs.lock();
-        let value = |stat: Stat| -> Value {
-            match stat {
-                Stat::Reads => Value::Count(reads),
-                Stat::Hits => Value::Count(hits),
-                Stat::Misses => Value::Count(Counters::get(&c.misses)),
-                Stat::HitRate => Value::Ratio(if reads == 0 {
-                    0.0
-                } else {
-                    hits as f64 / reads as f64
-                }),
-                Stat::BytesFromCache => Value::Count(Counters::get(&c.bytes_from_cache)),
-                Stat::BytesFromSource => Value::Count(Counters::get(&c.bytes_from_source)),
-                Stat::CachedBytes => Value::Count(cache.cached_bytes()),
-                Stat::CachedFiles => Value::Count(cache.cached_files()),
-                Stat::CachedBlocks => Value::Count(cache.cached_blocks()),
-                Stat::CacheUsed => Value::Count(cache.used()),
-                Stat::CacheCapacity => Value::Count(cache.config().capacity),
-                Stat::MetadataBytes => Value::Count(self.ns.memory() as u64),
-                Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
-                Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
-                Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
-                Stat::TierErrors => Value::Count(Counters::get(&c.tier_errors)),
-                Stat::DiskHits => Value::Count(Counters::get(&c.disk_hits)),
-                Stat::BytesFromDisk => Value::Count(Counters::get(&c.bytes_from_disk)),
-                Stat::DiskCachedBytes => Value::Count(disk.map_or(0, |d| d.cached_bytes())),
-                Stat::DiskCachedBlocks => Value::Count(disk.map_or(0, |d| d.cached_blocks())),
-                Stat::DiskIndexBytes => Value::Count(disk.map_or(0, |d| d.index_bytes())),
-                Stat::DiskUsed => Value::Count(disk.map_or(0, |d| d.used())),
-                Stat::DiskCapacity => Value::Count(disk.map_or(0, |d| d.capacity())),
-                Stat::DiskDropped => Value::Count(Counters::get(&c.disk_dropped)),
-                Stat::DiskEnabled => Value::Count(u64::from(disk.is_some_and(|d| d.enabled()))),
-                Stat::PeerHits => Value::Count(Counters::get(&c.peer_hits)),
-                Stat::BytesFromPeers => Value::Count(Counters::get(&c.bytes_from_peers)),
-                Stat::PeerErrors => Value::Count(Counters::get(&c.peer_errors)),
-                Stat::PeerServed => Value::Count(Counters::get(&c.peer_served)),
-                Stat::BytesToPeers => Value::Count(Counters::get(&c.bytes_to_peers)),
-                Stat::PeerRefused => Value::Count(Counters::get(&c.peer_refused)),
-                Stat::FetchStallSeconds => {
-                    Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6)
-                }
-                Stat::DataWaitSeconds => Value::Ratio(Counters::get(&c.data_wait_us) as f64 / 1e6),
-                Stat::StagingHits => Value::Count(Counters::get(&c.staging_hits)),
-                Stat::SharedHits => Value::Count(Counters::get(&c.shared_hits)),
-                Stat::SourceReadsPerFile => Value::Ratio(if from_source == 0 {
-                    0.0
-                } else {
-                    Counters::get(&c.source_file_reads) as f64 / from_source as f64
-                }),
-                Stat::PrefetchedBlocks => Value::Count(Counters::get(&c.prefetched_blocks)),
-                Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
-                Stat::StagingBytes => Value::Count(self.prefetcher.staging_bytes()),
-                Stat::PrefetchMemory => Value::Count(self.prefetcher.staging_capacity()),
-                Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),
-                Stat::KernelRefills => Value::Count(self.kernel.refills()),
-                Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
-                Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
-                Stat::ActiveJobs => Value::Count(self.jobs.live().len() as u64),
-                Stat::DatasetFiles => Value::Count(self.scan.files.load(Ordering::Relaxed)),
-                Stat::DatasetBytes => Value::Count(self.scan.bytes.load(Ordering::Relaxed)),
-                Stat::ScanComplete => {
-                    Value::Count(self.scan.complete.load(Ordering::Acquire) as u64)
-                }
-                Stat::Epoch => Value::Count(epochs.tracker().epoch()),
-                Stat::UptimeSeconds => Value::Count(stats.now() as u64),
-                Stat::Pid => Value::Count(std::process::id() as u64),
-            }
+        let sample = Sample {
+            reads: Counters::get(&c.reads),
+            hits: Counters::get(&c.hits),
+            from_source,
+            epoch: epochs.tracker().epoch(),
         };
-        let values = Stat::ALL.iter().map(|s| (*s, value(*s))).collect();
+        let values = Stat::ALL
+            .iter()
+            .map(|s| (*s, self.stat_value(*s, &sample)))
+            .collect();
         let records = epochs.records().to_vec();
         drop(epochs);
         Snapshot {
@@ -107,6 +54,83 @@ impl DatasetFs {
                 .collect(),
             epochs: records,
             jobs: serde_json::to_value(jobs).unwrap_or_default(),
+        }
+    }
+
+    /// The value of `stat` now; the counters that several stats derive from as `sample` read
+    /// them, so that those stats agree with each other.
+    fn stat_value(&self, stat: Stat, sample: &Sample) -> Value {
+        let stats = self.ledger.stats();
+        let c = &stats.counters;
+        let cache = &self.tiers.memory;
+        let cc = &cache.counters;
+        let disk = self.tiers.disk.as_deref();
+        let Sample {
+            reads,
+            hits,
+            from_source,
+            epoch,
+        } = *sample;
+        match stat {
+            Stat::Reads => Value::Count(reads),
+            Stat::Hits => Value::Count(hits),
+            Stat::Misses => Value::Count(Counters::get(&c.misses)),
+            Stat::HitRate => Value::Ratio(if reads == 0 {
+                0.0
+            } else {
+                hits as f64 / reads as f64
+            }),
+            Stat::BytesFromCache => Value::Count(Counters::get(&c.bytes_from_cache)),
+            Stat::BytesFromSource => Value::Count(Counters::get(&c.bytes_from_source)),
+            Stat::CachedBytes => Value::Count(cache.cached_bytes()),
+            Stat::CachedFiles => Value::Count(cache.cached_files()),
+            Stat::CachedBlocks => Value::Count(cache.cached_blocks()),
+            Stat::CacheUsed => Value::Count(cache.used()),
+            Stat::CacheCapacity => Value::Count(cache.config().capacity),
+            Stat::MetadataBytes => Value::Count(self.ns.memory() as u64),
+            Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
+            Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
+            Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
+            Stat::TierErrors => Value::Count(Counters::get(&c.tier_errors)),
+            Stat::DiskHits => Value::Count(Counters::get(&c.disk_hits)),
+            Stat::BytesFromDisk => Value::Count(Counters::get(&c.bytes_from_disk)),
+            Stat::DiskCachedBytes => Value::Count(disk.map_or(0, |d| d.cached_bytes())),
+            Stat::DiskCachedBlocks => Value::Count(disk.map_or(0, |d| d.cached_blocks())),
+            Stat::DiskIndexBytes => Value::Count(disk.map_or(0, |d| d.index_bytes())),
+            Stat::DiskUsed => Value::Count(disk.map_or(0, |d| d.used())),
+            Stat::DiskCapacity => Value::Count(disk.map_or(0, |d| d.capacity())),
+            Stat::DiskDropped => Value::Count(Counters::get(&c.disk_dropped)),
+            Stat::DiskEnabled => Value::Count(u64::from(disk.is_some_and(|d| d.enabled()))),
+            Stat::PeerHits => Value::Count(Counters::get(&c.peer_hits)),
+            Stat::BytesFromPeers => Value::Count(Counters::get(&c.bytes_from_peers)),
+            Stat::PeerErrors => Value::Count(Counters::get(&c.peer_errors)),
+            Stat::PeerServed => Value::Count(Counters::get(&c.peer_served)),
+            Stat::BytesToPeers => Value::Count(Counters::get(&c.bytes_to_peers)),
+            Stat::PeerRefused => Value::Count(Counters::get(&c.peer_refused)),
+            Stat::FetchStallSeconds => Value::Ratio(Counters::get(&c.fetch_stall_us) as f64 / 1e6),
+            Stat::DataWaitSeconds => Value::Ratio(Counters::get(&c.data_wait_us) as f64 / 1e6),
+            Stat::StagingHits => Value::Count(Counters::get(&c.staging_hits)),
+            Stat::SharedHits => Value::Count(Counters::get(&c.shared_hits)),
+            Stat::SourceReadsPerFile => Value::Ratio(if from_source == 0 {
+                0.0
+            } else {
+                Counters::get(&c.source_file_reads) as f64 / from_source as f64
+            }),
+            Stat::PrefetchedBlocks => Value::Count(Counters::get(&c.prefetched_blocks)),
+            Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
+            Stat::StagingBytes => Value::Count(self.prefetcher.staging_bytes()),
+            Stat::PrefetchMemory => Value::Count(self.prefetcher.staging_capacity()),
+            Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),
+            Stat::KernelRefills => Value::Count(self.kernel.refills()),
+            Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
+            Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
+            Stat::ActiveJobs => Value::Count(self.jobs.live().len() as u64),
+            Stat::DatasetFiles => Value::Count(self.scan.files.load(Ordering::Relaxed)),
+            Stat::DatasetBytes => Value::Count(self.scan.bytes.load(Ordering::Relaxed)),
+            Stat::ScanComplete => Value::Count(self.scan.complete.load(Ordering::Acquire) as u64),
+            Stat::Epoch => Value::Count(epoch),
+            Stat::UptimeSeconds => Value::Count(stats.now() as u64),
+            Stat::Pid => Value::Count(std::process::id() as u64),
         }
     }
 
