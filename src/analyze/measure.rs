@@ -90,60 +90,57 @@ pub fn measure(
     path: ReadPath,
     progress: &(dyn Fn(Duration) + Sync),
 ) -> Measurement {
-    let cursor = AtomicUsize::new(0);
-    let failed: Vec<AtomicBool> = files.iter().map(|_| AtomicBool::new(false)).collect();
-    let unreadable = AtomicUsize::new(0);
-    let first_error = Mutex::new(None);
+    let readers = Readers {
+        files,
+        path,
+        cursor: AtomicUsize::new(0),
+        failed: files.iter().map(|_| AtomicBool::new(false)).collect(),
+        unreadable: AtomicUsize::new(0),
+        first_error: Mutex::new(None),
+    };
     let started = Instant::now();
-    let mut results = Vec::new();
-    for &depth in depths {
-        let files_read = AtomicU64::new(0);
-        let bytes = AtomicU64::new(0);
+    let results = depths
+        .iter()
+        .map(|&depth| readers.at_depth(depth, per_depth, &|| progress(started.elapsed())))
+        .collect();
+    progress(started.elapsed());
+    Measurement {
+        depths: results,
+        unreadable: readers.unreadable.into_inner() as u64,
+        first_error: readers.first_error.into_inner(),
+    }
+}
+
+/// The sampled files and what every depth's readers share of them: the next file to read,
+/// and the files that failed (each is tried once, at whatever depth).
+struct Readers<'a> {
+    files: &'a [(PathBuf, u64)],
+    path: ReadPath,
+    cursor: AtomicUsize,
+    failed: Vec<AtomicBool>,
+    unreadable: AtomicUsize,
+    first_error: Mutex<Option<String>>,
+}
+
+/// What one depth's readers read.
+#[derive(Default)]
+struct DepthCount {
+    files: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Readers<'_> {
+    /// `depth` readers at once for `per_depth`, calling `progress` while they read.
+    fn at_depth(&self, depth: usize, per_depth: Duration, progress: &dyn Fn()) -> DepthResult {
+        let read = DepthCount::default();
         let start = Instant::now();
         let deadline = start + per_depth;
         let cut_off: f64 = std::thread::scope(|s| {
             let workers: Vec<_> = (0..depth)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut buf = vec![0u8; BUFFER];
-                        // Fractions of files cut off at the deadline.
-                        let mut cut_off = 0.0;
-                        // Every reader tries at least one file, however short the time.
-                        let mut tried = false;
-                        while (!tried || Instant::now() < deadline)
-                            && unreadable.load(Ordering::Relaxed) < files.len()
-                        {
-                            tried = true;
-                            let i = cursor.fetch_add(1, Ordering::Relaxed) % files.len();
-                            if failed[i].load(Ordering::Relaxed) {
-                                continue;
-                            }
-                            let (file, size) = &files[i];
-                            match read_file(file, *size, &mut buf, path, deadline) {
-                                Ok(Outcome::Whole(n)) => {
-                                    files_read.fetch_add(1, Ordering::Relaxed);
-                                    bytes.fetch_add(n, Ordering::Relaxed);
-                                }
-                                Ok(Outcome::CutOff(n)) => {
-                                    bytes.fetch_add(n, Ordering::Relaxed);
-                                    cut_off += n as f64 / *size as f64;
-                                }
-                                Err(e) => {
-                                    if !failed[i].swap(true, Ordering::Relaxed) {
-                                        unreadable.fetch_add(1, Ordering::Relaxed);
-                                        first_error.lock().get_or_insert_with(|| {
-                                            format!("{}: {e}", file.display())
-                                        });
-                                    }
-                                }
-                            }
-                        }
-                        cut_off
-                    })
-                })
+                .map(|_| s.spawn(|| self.read_until(deadline, &read)))
                 .collect();
             while !workers.iter().all(|w| w.is_finished()) {
-                progress(started.elapsed());
+                progress();
                 // Often enough to see the readers end soon after the deadline.
                 let left = deadline.saturating_duration_since(Instant::now());
                 std::thread::sleep(
@@ -156,21 +153,54 @@ pub fn measure(
                 .sum()
         });
         let seconds = start.elapsed().as_secs_f64();
-        let (files, bytes) = (files_read.into_inner(), bytes.into_inner());
-        results.push(DepthResult {
+        let (files, bytes) = (read.files.into_inner(), read.bytes.into_inner());
+        DepthResult {
             depth,
             files,
             bytes,
             seconds,
             files_per_sec: (files as f64 + cut_off) / seconds,
             mib_per_sec: bytes as f64 / seconds / (1u64 << 20) as f64,
-        });
+        }
     }
-    progress(started.elapsed());
-    Measurement {
-        depths: results,
-        unreadable: unreadable.into_inner() as u64,
-        first_error: first_error.into_inner(),
+
+    /// One reader: reads the next file, whole, until `deadline`, counting in `read`. Returns
+    /// the fractions of files cut off at the deadline.
+    fn read_until(&self, deadline: Instant, read: &DepthCount) -> f64 {
+        let files = self.files;
+        let mut buf = vec![0u8; BUFFER];
+        let mut cut_off = 0.0;
+        // Every reader tries at least one file, however short the time.
+        let mut tried = false;
+        while (!tried || Instant::now() < deadline)
+            && self.unreadable.load(Ordering::Relaxed) < files.len()
+        {
+            tried = true;
+            let i = self.cursor.fetch_add(1, Ordering::Relaxed) % files.len();
+            if self.failed[i].load(Ordering::Relaxed) {
+                continue;
+            }
+            let (file, size) = &files[i];
+            match read_file(file, *size, &mut buf, self.path, deadline) {
+                Ok(Outcome::Whole(n)) => {
+                    read.files.fetch_add(1, Ordering::Relaxed);
+                    read.bytes.fetch_add(n, Ordering::Relaxed);
+                }
+                Ok(Outcome::CutOff(n)) => {
+                    read.bytes.fetch_add(n, Ordering::Relaxed);
+                    cut_off += n as f64 / *size as f64;
+                }
+                Err(e) => {
+                    if !self.failed[i].swap(true, Ordering::Relaxed) {
+                        self.unreadable.fetch_add(1, Ordering::Relaxed);
+                        self.first_error
+                            .lock()
+                            .get_or_insert_with(|| format!("{}: {e}", file.display()));
+                    }
+                }
+            }
+        }
+        cut_off
     }
 }
 

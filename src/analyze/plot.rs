@@ -30,22 +30,52 @@ const LRU: RGBColor = RGBColor(214, 39, 40);
 const MINIO: RGBColor = RGBColor(31, 119, 180);
 const PREFETCH: RGBColor = RGBColor(44, 160, 44);
 
-/// Draws `sweep` to the SVG file `path`.
+/// Draws `sweep` to the SVG file `path`: hit rates above, epoch times below.
 pub fn draw(path: &Path, sweep: &[SweepPoint], marks: &Marks) -> Result<(), String> {
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    root.fill(&WHITE).map_err(|x| e(&x))?;
+    root.fill(&WHITE).map_err(|x| x.to_string())?;
     let (top, bottom) = root.split_vertically(SIZE.1 / 2);
-    let x_caption = format!(
-        "cache size, % of the dataset ({})",
-        format_size(marks.dataset_bytes)
-    );
-    let cache_pct = marks.cache_bytes as f64 / marks.dataset_bytes.max(1) as f64 * 100.0;
-    let points = |f: fn(&SweepPoint) -> f64| -> Vec<(f64, f64)> {
-        sweep.iter().map(|p| (p.fraction * 100.0, f(p))).collect()
+    let panel = Panel {
+        sweep,
+        marks,
+        x_caption: format!(
+            "cache size, % of the dataset ({})",
+            format_size(marks.dataset_bytes)
+        ),
+        cache_pct: marks.cache_bytes as f64 / marks.dataset_bytes.max(1) as f64 * 100.0,
     };
+    draw_hit_rates(&top, &panel)?;
+    draw_epoch_times(&bottom, &panel)?;
+    root.present().map_err(|x| x.to_string())
+}
 
-    let mut hits = ChartBuilder::on(&top)
+/// What both panels draw from.
+struct Panel<'a> {
+    sweep: &'a [SweepPoint],
+    marks: &'a Marks,
+    x_caption: String,
+    /// The analysed cache size, % of the dataset (a vertical line).
+    cache_pct: f64,
+}
+
+impl Panel<'_> {
+    /// The line of `f` over the sweep: (cache %, value).
+    fn points(&self, f: fn(&SweepPoint) -> f64) -> Vec<(f64, f64)> {
+        self.sweep
+            .iter()
+            .map(|p| (p.fraction * 100.0, f(p)))
+            .collect()
+    }
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// The byte hit rate of epochs 2+ against cache size, per policy.
+fn draw_hit_rates(top: &Area<'_>, panel: &Panel<'_>) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let (x_caption, cache_pct) = (&panel.x_caption, panel.cache_pct);
+    let points = |f| panel.points(f);
+    let mut hits = ChartBuilder::on(top)
         .caption("byte hit rate, epochs 2+", ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
@@ -81,7 +111,16 @@ pub fn draw(path: &Path, sweep: &[SweepPoint], marks: &Marks) -> Result<(), Stri
         .border_style(BLACK)
         .draw()
         .map_err(|x| e(&x))?;
+    Ok(())
+}
 
+/// The predicted epoch time of epochs 2+ against cache size, per policy, with the GPUs'
+/// compute time if given.
+fn draw_epoch_times(bottom: &Area<'_>, panel: &Panel<'_>) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let (sweep, marks) = (panel.sweep, panel.marks);
+    let (x_caption, cache_pct) = (&panel.x_caption, panel.cache_pct);
+    let points = |f| panel.points(f);
     let top_time = sweep
         .iter()
         .map(|p| {
@@ -94,7 +133,7 @@ pub fn draw(path: &Path, sweep: &[SweepPoint], marks: &Marks) -> Result<(), Stri
         .fold(0.0f64, f64::max)
         .max(1e-3)
         * 1.1;
-    let mut times = ChartBuilder::on(&bottom)
+    let mut times = ChartBuilder::on(bottom)
         .caption("predicted epoch time, epochs 2+", ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
@@ -143,7 +182,7 @@ pub fn draw(path: &Path, sweep: &[SweepPoint], marks: &Marks) -> Result<(), Stri
         .border_style(BLACK)
         .draw()
         .map_err(|x| e(&x))?;
-    root.present().map_err(|x| e(&x))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -460,6 +460,22 @@ fn verdict(name: &str, p: &Prediction) -> String {
 /// The report as text.
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
+    dataset_section(r, &mut out);
+    storage_section(r, &mut out);
+    hit_rate_section(r, &mut out);
+    epoch_time_section(r, &mut out);
+    verdict_section(r, &mut out);
+    recommendation_section(r, &mut out);
+    sweep_section(r, &mut out);
+    live_section(r, &mut out);
+    for w in &r.warnings {
+        let _ = writeln!(out, "\nwarning   {w}");
+    }
+    out
+}
+
+/// The dataset: its files, their sizes, what the scan could not read.
+fn dataset_section(r: &Report, out: &mut String) {
     let d = &r.dataset;
     let s = &d.sizes;
     let _ = writeln!(
@@ -489,21 +505,29 @@ pub fn render(r: &Report) -> String {
             d.first_scan_error.as_deref().unwrap_or("?")
         );
     }
+}
+
+/// The storage's measured reads, and the hit path's if a mount was read.
+fn storage_section(r: &Report, out: &mut String) {
     let _ = writeln!(
         out,
         "\nstorage   random whole-file reads of {} sampled files, {}, {:.1} s per depth",
         r.storage.files, r.storage.what, r.storage.seconds_per_depth
     );
-    path_table(&r.storage, &mut out);
+    path_table(&r.storage, out);
     if let Some(h) = &r.hit_path {
         let _ = writeln!(
             out,
             "\nhit path  {} ({} files), {:.1} s per depth",
             h.what, h.files, h.seconds_per_depth
         );
-        path_table(h, &mut out);
+        path_table(h, out);
     }
+}
 
+/// Each epoch's hit rate under each policy.
+fn hit_rate_section(r: &Report, out: &mut String) {
+    let d = &r.dataset;
     let c = &r.cache;
     let _ = writeln!(
         out,
@@ -532,7 +556,11 @@ pub fn render(r: &Report) -> String {
             e.epoch, p.page_cache.hit_rate, p.minio.hit_rate, p.prefetch.hit_rate
         );
     }
+}
 
+/// Each epoch's predicted time, throughput and stall under each policy.
+fn epoch_time_section(r: &Report, out: &mut String) {
+    let c = &r.cache;
     let _ = write!(
         out,
         "\npredicted storage {:.1} MiB/s at depth {}",
@@ -577,10 +605,14 @@ pub fn render(r: &Report) -> String {
         );
     };
     for e in &c.epochs {
-        row(e.epoch.to_string(), &e.policies, &mut out);
+        row(e.epoch.to_string(), &e.policies, out);
     }
-    row("2+".into(), &c.steady, &mut out);
+    row("2+".into(), &c.steady, out);
+}
 
+/// Whether the GPUs wait from epoch 2 on, and in epoch 1.
+fn verdict_section(r: &Report, out: &mut String) {
+    let c = &r.cache;
     let _ = writeln!(
         out,
         "\nverdict   from epoch 2 on, with a cache of {}:",
@@ -607,6 +639,11 @@ pub fn render(r: &Report) -> String {
             }
         }
     }
+}
+
+/// The smallest cache with no fetch stall, or what it needs to say.
+fn recommendation_section(r: &Report, out: &mut String) {
+    let d = &r.dataset;
     match &r.recommendation {
         Some(rec) => {
             let size = |b: Option<u64>| match b {
@@ -636,7 +673,10 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
+}
 
+/// The sweep over cache sizes, if asked for.
+fn sweep_section(r: &Report, out: &mut String) {
     if !r.sweep.is_empty() {
         let _ = writeln!(
             out,
@@ -672,7 +712,10 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
+}
 
+/// The live mount's epochs beside the prediction, if one was read.
+fn live_section(r: &Report, out: &mut String) {
     if let Some(l) = &r.live {
         let _ = writeln!(
             out,
@@ -681,15 +724,11 @@ pub fn render(r: &Report) -> String {
             l.policy,
             format_size(l.cache_capacity)
         );
-        live_table("dataset", &l.epochs, &l.predicted, &mut out);
+        live_table("dataset", &l.epochs, &l.predicted, out);
         for j in &l.jobs {
-            live_table(&j.job, &j.epochs, &l.predicted, &mut out);
+            live_table(&j.job, &j.epochs, &l.predicted, out);
         }
     }
-    for w in &r.warnings {
-        let _ = writeln!(out, "\nwarning   {w}");
-    }
-    out
 }
 
 fn live_table(who: &str, epochs: &[LiveEpoch], predicted: &[Prediction], out: &mut String) {

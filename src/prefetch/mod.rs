@@ -168,6 +168,18 @@ impl std::fmt::Debug for Prefetcher {
     }
 }
 
+/// One block the prefetcher fetches: for which job's epoch, of which file, and the staging
+/// memory reserved for it.
+#[derive(Clone, Copy, Debug)]
+struct Staged {
+    job: JobKey,
+    epoch: u64,
+    file: FileId,
+    block: u64,
+    /// Bytes of the staging area reserved for it (whole pages).
+    memory: u64,
+}
+
 impl Prefetcher {
     /// A prefetcher that fetches through `tiers` into their staging area for the `jobs`
     /// reading the files of `ns`, counting in `ledger`. Its thread starts with
@@ -637,81 +649,120 @@ impl Prefetcher {
                 return issued;
             }
             issued = true;
-            self.signals.inflight.fetch_add(1, Ordering::Relaxed);
-            self.ledger.prefetch_issued();
-            let total = self.total();
-            let (this, accounted) = (self.clone(), job.clone());
-            let report: Report = Box::new(move |fetched| {
-                this.record(fetched);
-                match fetched.bytes {
-                    Some(_) if fetched.origin == Origin::Disk => {}
-                    Some(n) if fetched.origin == Origin::Source => {
-                        this.ledger.prefetched(&accounted, epoch, f, total, n);
-                        if fetched.fallback {
-                            this.ledger
-                                .prefetched_via_peer(&accounted, epoch, f, total, n, false);
-                        }
-                        if block == 0 {
-                            this.ledger.file_from_source(Some(f), epoch);
-                        }
-                    }
-                    Some(n) => this
-                        .ledger
-                        .prefetched_via_peer(&accounted, epoch, f, total, n, true),
-                    None => {}
-                }
-            });
-            let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());
-            let (signals, owner, at) = (self.signals.clone(), job.clone(), rel.clone());
-            let want = Want {
-                key: bkey,
-                rel: &rel,
+            let staged = Staged {
                 job: key,
                 epoch,
-                why: Why::Prefetch,
+                file: f,
+                block,
+                memory,
             };
-            // Another job's read may have left the block in the cache or staged it since it
-            // was looked for above: then it is this job's with no second read.
-            let tiers = &self.tiers;
-            self.tiers.fetcher.fetch(
-                rel.clone(),
-                &want,
-                &|| {
-                    tiers
-                        .memory
-                        .copy_of(&bkey)
-                        .or_else(|| tiers.staging.peek(&bkey))
-                },
-                Box::new(move |r| {
-                    // Staged even if the epoch turned meanwhile: for the new epoch if the
-                    // job will read the file in it, else for the old one, and then a reader
-                    // that joined this fetch discards it right after (it comes first among
-                    // the waiters), and anything else is counted as unused when the epoch is
-                    // cleaned up.
-                    match r {
-                        Ok(data) if !cache.contains(&bkey) => {
-                            let target = owner.lock().staging_epoch(epoch, f, total);
-                            let want = Want {
-                                key: bkey,
-                                rel: &at,
-                                job: key,
-                                epoch: target,
-                                why: Why::Prefetch,
-                            };
-                            staging.admit(&want, &data);
-                        }
-                        _ => staging.unreserve(memory),
-                    }
-                    signals.inflight.fetch_sub(1, Ordering::Relaxed);
-                    signals.wake();
-                }),
-                report,
-            );
+            self.issue(job, &rel, version, staged);
             drop(j);
         }
         if issued {
             self.ledger.prefetched_file(job, epoch);
         }
         true
+    }
+
+    /// Issues the prefetch of block `staged.block` of the file at `rel` (of `version`): into
+    /// the staging area it reserved `staged.memory` in, counted for `job`. Called under the
+    /// job's lock (see [`Prefetcher::prefetch_file`]).
+    fn issue(
+        self: &Arc<Self>,
+        job: &Arc<Mutex<Job>>,
+        rel: &Arc<Path>,
+        version: FileVersion,
+        staged: Staged,
+    ) {
+        let Staged {
+            job: key,
+            epoch,
+            file: f,
+            block,
+            memory,
+        } = staged;
+        let bkey = BlockKey { version, block };
+        self.signals.inflight.fetch_add(1, Ordering::Relaxed);
+        self.ledger.prefetch_issued();
+        let total = self.total();
+        let report = self.report(job, staged, total);
+        let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());
+        let (signals, owner, at) = (self.signals.clone(), job.clone(), rel.clone());
+        let want = Want {
+            key: bkey,
+            rel,
+            job: key,
+            epoch,
+            why: Why::Prefetch,
+        };
+        // Another job's read may have left the block in the cache or staged it since it
+        // was looked for above: then it is this job's with no second read.
+        let tiers = &self.tiers;
+        self.tiers.fetcher.fetch(
+            rel.clone(),
+            &want,
+            &|| {
+                tiers
+                    .memory
+                    .copy_of(&bkey)
+                    .or_else(|| tiers.staging.peek(&bkey))
+            },
+            Box::new(move |r| {
+                // Staged even if the epoch turned meanwhile: for the new epoch if the
+                // job will read the file in it, else for the old one, and then a reader
+                // that joined this fetch discards it right after (it comes first among
+                // the waiters), and anything else is counted as unused when the epoch is
+                // cleaned up.
+                match r {
+                    Ok(data) if !cache.contains(&bkey) => {
+                        let target = owner.lock().staging_epoch(epoch, f, total);
+                        let want = Want {
+                            key: bkey,
+                            rel: &at,
+                            job: key,
+                            epoch: target,
+                            why: Why::Prefetch,
+                        };
+                        staging.admit(&want, &data);
+                    }
+                    _ => staging.unreserve(memory),
+                }
+                signals.inflight.fetch_sub(1, Ordering::Relaxed);
+                signals.wake();
+            }),
+            report,
+        );
+    }
+
+    /// What the ledger is told of a prefetched block's fetch, once it ends.
+    fn report(self: &Arc<Self>, job: &Arc<Mutex<Job>>, staged: Staged, total: usize) -> Report {
+        let Staged {
+            epoch,
+            file: f,
+            block,
+            ..
+        } = staged;
+        let (this, accounted) = (self.clone(), job.clone());
+        Box::new(move |fetched| {
+            this.record(fetched);
+            match fetched.bytes {
+                Some(_) if fetched.origin == Origin::Disk => {}
+                Some(n) if fetched.origin == Origin::Source => {
+                    this.ledger.prefetched(&accounted, epoch, f, total, n);
+                    if fetched.fallback {
+                        this.ledger
+                            .prefetched_via_peer(&accounted, epoch, f, total, n, false);
+                    }
+                    if block == 0 {
+                        this.ledger.file_from_source(Some(f), epoch);
+                    }
+                }
+                Some(n) => this
+                    .ledger
+                    .prefetched_via_peer(&accounted, epoch, f, total, n, true),
+                None => {}
+            }
+        })
     }
 }

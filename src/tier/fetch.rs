@@ -162,75 +162,29 @@ impl Fetcher {
         }
         let demand = why.is_read();
         if let Some(block) = landed() {
-            tracing::trace!(
-                "block {} of inode {} landed meanwhile",
-                key.block,
-                key.version.ino
-            );
-            // The waiters run where a fetch's would: a reader's here, the prefetcher's on the
-            // pool (it issues fetches holding its job's lock, which its waiter takes).
-            if demand {
-                self.inflight.complete(&key, Ok(block));
-            } else {
-                let this = self.clone();
-                self.io
-                    .spawn_blocking(move || this.inflight.complete(&key, Ok(block)));
-            }
+            self.hand_over_landed(key, block, demand);
             return;
         }
         let crowd = self.reading.fetch_add(1, Ordering::Relaxed) + 1;
         if demand {
             self.demand.fetch_add(1, Ordering::Relaxed);
         }
-        let issued = Instant::now();
+        let started = Started {
+            rel,
+            key,
+            job,
+            epoch,
+            why,
+            issued: Instant::now(),
+            crowd,
+        };
         let inline = demand
             && runs_inline(
                 self.blocks.len(key.version.size, key.block),
                 self.demand_latency_us.load(Ordering::Relaxed),
             );
         let this = self.clone();
-        let work = move || {
-            let mut running = Running {
-                fetcher: &this,
-                key,
-                demand,
-                counted: true,
-                done: false,
-            };
-            let want = Want {
-                key,
-                rel: &rel,
-                job,
-                epoch,
-                why,
-            };
-            let (result, origin, fallback) = this.read(&want);
-            let took = issued.elapsed();
-            if demand {
-                // An average over the last few reads: a slow one alone does not move it far.
-                let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
-                let _ = this.demand_latency_us.fetch_update(
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                    |avg| Some(smoothed(avg, took)),
-                );
-            }
-            running.uncount();
-            report(&Fetched {
-                bytes: result.as_ref().ok().map(|b| b.len() as u64),
-                origin,
-                fallback,
-                took,
-                crowd,
-            });
-            if demand
-                && let Ok(bytes) = &result
-                && !this.memory.contains(&key)
-            {
-                this.recent.admit(&want, bytes);
-            }
-            running.complete(result);
-        };
+        let work = move || this.run(started, report);
         if inline {
             // A panic in the read is the pool's to contain when it runs there; here, the
             // FUSE thread's. Its readers get EIO either way (`Running`).
@@ -238,6 +192,81 @@ impl Fetcher {
         } else {
             self.io.spawn_blocking(work);
         }
+    }
+
+    /// Hands `block`, which a fetch that was in flight left in a tier meanwhile, to the
+    /// waiters of `key`, with no read and no report. They run where a fetch's would: a
+    /// reader's here, the prefetcher's on the pool (it issues fetches holding its job's lock,
+    /// which its waiter takes).
+    fn hand_over_landed(self: &Arc<Self>, key: BlockKey, block: Arc<Block>, demand: bool) {
+        tracing::trace!(
+            "block {} of inode {} landed meanwhile",
+            key.block,
+            key.version.ino
+        );
+        if demand {
+            self.inflight.complete(&key, Ok(block));
+        } else {
+            let this = self.clone();
+            self.io
+                .spawn_blocking(move || this.inflight.complete(&key, Ok(block)));
+        }
+    }
+
+    /// The fetch `started`, from its read to its waiters: reads the block from the tiers,
+    /// learns the demand reads' latency, tells `report`, keeps a read block among the recent
+    /// ones, and hands the result to the waiters.
+    fn run(&self, started: Started, report: Report) {
+        let Started {
+            rel,
+            key,
+            job,
+            epoch,
+            why,
+            issued,
+            crowd,
+        } = started;
+        let demand = why.is_read();
+        let mut running = Running {
+            fetcher: self,
+            key,
+            demand,
+            counted: true,
+            done: false,
+        };
+        let want = Want {
+            key,
+            rel: &rel,
+            job,
+            epoch,
+            why,
+        };
+        let (result, origin, fallback) = self.read(&want);
+        let took = issued.elapsed();
+        if demand {
+            // An average over the last few reads: a slow one alone does not move it far.
+            let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
+            let _ =
+                self.demand_latency_us
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+                        Some(smoothed(avg, took))
+                    });
+        }
+        running.uncount();
+        report(&Fetched {
+            bytes: result.as_ref().ok().map(|b| b.len() as u64),
+            origin,
+            fallback,
+            took,
+            crowd,
+        });
+        if demand
+            && let Ok(bytes) = &result
+            && !self.memory.contains(&key)
+        {
+            self.recent.admit(&want, bytes);
+        }
+        running.complete(result);
     }
 
     /// True if block `key` is being fetched.
@@ -293,6 +322,18 @@ fn owned(found: Found<'_>, block: u64) -> Option<Arc<Block>> {
             .map(|(_, d)| d),
         Found::Lent(bytes) => Block::copy_of(&bytes).ok().map(Arc::new),
     }
+}
+
+/// A fetch that [`Fetcher::fetch`] started: what it reads, for whom, since when, and how
+/// many reads were in flight with it.
+struct Started {
+    rel: Arc<Path>,
+    key: BlockKey,
+    job: crate::jobs::JobKey,
+    epoch: u64,
+    why: super::Why,
+    issued: Instant,
+    crowd: usize,
 }
 
 /// A fetch on the I/O pool, from its start to the end of its waiters. However the closure
