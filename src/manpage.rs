@@ -335,8 +335,9 @@ pub fn options_markdown() -> String {
         "Every argument and option of every command, with the text `coorfs COMMAND --help` \
 prints for it. This file is generated from the command line's definitions (`src/cli.rs`) by \
 `src/manpage.rs`, as `man/coorfs.1` is, so do not edit it by hand: `UPDATE_MAN=1 cargo test \
---test manpage` rewrites it, and that test fails when it is stale. The options most mounts \
-need, with examples: the [README](../README.md#usage).\n\n",
+--test manpage` rewrites it, and that test fails when it is stale. How the commands are used, \
+with examples: [USAGE.md](USAGE.md); the options most mounts need: the \
+[README](../README.md#usage).\n\n",
     );
     for cmd in &commands {
         out.push_str(&format!(

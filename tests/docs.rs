@@ -11,6 +11,7 @@ const DOCS: &[&str] = &[
     "README.md",
     "docs/DESIGN.md",
     "docs/BENCHMARKS.md",
+    "docs/USAGE.md",
     "docs/OPTIONS.md",
     "docs/LAYOUT.md",
 ];
