@@ -1,10 +1,11 @@
-//! `man/coorfs.1`, generated from the clap definitions, so that `--help` and the man page
-//! cannot disagree. `tests/manpage.rs` fails when the committed page is stale
-//! (`UPDATE_MAN=1 cargo test --test manpage` rewrites it).
+//! `man/coorfs.1` and `docs/OPTIONS.md`, generated from the clap definitions, so that
+//! `--help`, the man page and the option reference cannot disagree. `tests/manpage.rs` fails
+//! when either committed file is stale (`UPDATE_MAN=1 cargo test --test manpage` rewrites
+//! both).
 //!
 //! clap_mangen renders one page per command; coorfs wants one page with a section per
 //! subcommand and its options grouped by help heading, plus the extra sections below, so
-//! this walks clap's own introspection and writes the roff directly.
+//! this walks clap's own introspection and writes the roff (and the Markdown) directly.
 
 use clap::{Arg, ArgAction, Command, CommandFactory};
 
@@ -51,10 +52,7 @@ fn usage_of(cmd: &Command, parents: &str) -> String {
         usage.push_str(" [OPTIONS]");
     }
     for arg in cmd.get_positionals() {
-        let name = arg
-            .get_value_names()
-            .and_then(|v| v.first().map(|s| s.to_string()))
-            .unwrap_or_else(|| arg.get_id().to_string().to_uppercase());
+        let name = positional_name(arg);
         if arg.is_required_set() {
             usage.push_str(&format!(" {name}"));
         } else {
@@ -73,18 +71,15 @@ fn option_line(arg: &Arg) -> String {
         names.push(format!("\\fB\\-\\-{}\\fR", esc(l)));
     }
     let mut line = names.join(", ");
-    let takes_value = matches!(arg.get_action(), ArgAction::Set | ArgAction::Append);
-    if takes_value {
-        let value = arg
-            .get_value_names()
-            .and_then(|v| v.first().map(|s| s.to_string()))
-            .unwrap_or_else(|| "VALUE".into());
+    if let Some(value) = option_value(arg) {
         line.push_str(&format!(" \\fI{}\\fR", esc(&value)));
     }
     line
 }
 
-fn option_help(arg: &Arg) -> String {
+/// An argument's help as `--help` prints it, unescaped and on one line: the long help (or
+/// the short), then its default, environment variable and possible values.
+fn help_text(arg: &Arg) -> String {
     let help = arg
         .get_long_help()
         .or(arg.get_help())
@@ -111,7 +106,44 @@ fn option_help(arg: &Arg) -> String {
     if !possible.is_empty() && matches!(arg.get_action(), ArgAction::Set | ArgAction::Append) {
         text.push_str(&format!(" [possible values: {}]", possible.join(", ")));
     }
-    esc(&text)
+    text
+}
+
+fn option_help(arg: &Arg) -> String {
+    esc(&help_text(arg))
+}
+
+/// The name a positional argument is shown by (its value name, else its id in capitals).
+fn positional_name(arg: &Arg) -> String {
+    arg.get_value_names()
+        .and_then(|v| v.first().map(|s| s.to_string()))
+        .unwrap_or_else(|| arg.get_id().to_string().to_uppercase())
+}
+
+/// The value an option takes, if it takes one (its value name, else `VALUE`).
+fn option_value(arg: &Arg) -> Option<String> {
+    let takes_value = matches!(arg.get_action(), ArgAction::Set | ArgAction::Append);
+    takes_value.then(|| {
+        arg.get_value_names()
+            .and_then(|v| v.first().map(|s| s.to_string()))
+            .unwrap_or_else(|| "VALUE".into())
+    })
+}
+
+/// A command's visible options, grouped by help heading in order of first appearance.
+fn option_groups(cmd: &Command) -> Vec<(Option<&str>, Vec<&Arg>)> {
+    let mut groups: Vec<(Option<&str>, Vec<&Arg>)> = Vec::new();
+    for arg in cmd
+        .get_arguments()
+        .filter(|a| !a.is_positional() && !a.is_hide_set())
+    {
+        let heading = arg.get_help_heading();
+        match groups.iter_mut().find(|(h, _)| *h == heading) {
+            Some((_, args)) => args.push(arg),
+            None => groups.push((heading, vec![arg])),
+        }
+    }
+    groups
 }
 
 fn command_section(cmd: &Command, out: &mut String) {
@@ -131,33 +163,19 @@ fn command_section(cmd: &Command, out: &mut String) {
     if !positionals.is_empty() {
         out.push_str(".PP\n\\fIArguments\\fR\n");
         for arg in positionals {
-            let name = arg
-                .get_value_names()
-                .and_then(|v| v.first().map(|s| s.to_string()))
-                .unwrap_or_else(|| arg.get_id().to_string().to_uppercase());
             out.push_str(&format!(
                 ".TP\n\\fI{}\\fR\n{}\n",
-                esc(&name),
+                esc(&positional_name(arg)),
                 option_help(arg)
             ));
         }
     }
-    let options: Vec<&Arg> = cmd
-        .get_arguments()
-        .filter(|a| !a.is_positional() && !a.is_hide_set())
-        .collect();
-    let mut headings: Vec<Option<&str>> = Vec::new();
-    for arg in &options {
-        if !headings.contains(&arg.get_help_heading()) {
-            headings.push(arg.get_help_heading());
-        }
-    }
-    for heading in headings {
+    for (heading, options) in option_groups(cmd) {
         out.push_str(&format!(
             ".PP\n\\fI{} options\\fR\n",
             esc(heading.unwrap_or("Other"))
         ));
-        for arg in options.iter().filter(|a| a.get_help_heading() == heading) {
+        for arg in options {
             out.push_str(&format!(
                 ".TP\n{}\n{}\n",
                 option_line(arg),
@@ -284,6 +302,105 @@ pub fn render() -> String {
         command_section(sub, &mut out);
     }
     extra_sections(&mut out);
+    out
+}
+
+/// Text for a cell of a Markdown table: pipes escaped, and angle brackets as entities so that
+/// nothing reads as HTML.
+fn md_cell(text: &str) -> String {
+    text.replace('|', "\\|")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A sentence from a command's one-line about (clap drops the doc comment's final period).
+fn sentence(text: &str) -> String {
+    let text = text.trim();
+    if text.ends_with(['.', '?', '!']) {
+        text.to_string()
+    } else {
+        format!("{text}.")
+    }
+}
+
+/// `docs/OPTIONS.md`: every argument and option of every command with its value name and the
+/// help text of `--help`, options grouped by their help heading as `--help` and the man page
+/// group them.
+pub fn options_markdown() -> String {
+    let cli = Cli::command();
+    let commands: Vec<&Command> = cli.get_subcommands().filter(|s| !s.is_hide_set()).collect();
+    let mut out = String::new();
+    out.push_str("# coorfs options\n\n");
+    out.push_str(
+        "Every argument and option of every command, with the text `coorfs COMMAND --help` \
+prints for it. This file is generated from the command line's definitions (`src/cli.rs`) by \
+`src/manpage.rs`, as `man/coorfs.1` is, so do not edit it by hand: `UPDATE_MAN=1 cargo test \
+--test manpage` rewrites it, and that test fails when it is stale. How the commands are used, \
+with examples: [USAGE.md](USAGE.md); the options most mounts need: the \
+[README](../README.md#usage).\n\n",
+    );
+    for cmd in &commands {
+        out.push_str(&format!(
+            "- [`coorfs {name}`](#coorfs-{name}): {about}\n",
+            name = cmd.get_name(),
+            about = sentence(&cmd.get_about().map(|a| a.to_string()).unwrap_or_default()),
+        ));
+    }
+    for cmd in &commands {
+        out.push_str(&format!("\n## coorfs {}\n\n", cmd.get_name()));
+        out.push_str(&format!("```text\n{}\n```\n\n", usage_of(cmd, "coorfs")));
+        out.push_str(&md_cell(&sentence(
+            &cmd.get_about().map(|a| a.to_string()).unwrap_or_default(),
+        )));
+        let aliases: Vec<String> = cmd
+            .get_visible_aliases()
+            .map(|a| format!("`coorfs {a}`"))
+            .collect();
+        if !aliases.is_empty() {
+            out.push_str(&format!(" Alias: {}.", aliases.join(", ")));
+        }
+        out.push('\n');
+        let positionals: Vec<&Arg> = cmd.get_positionals().collect();
+        if !positionals.is_empty() {
+            out.push_str("\n| argument | meaning |\n|---|---|\n");
+            for arg in positionals {
+                out.push_str(&format!(
+                    "| `{}` | {} |\n",
+                    positional_name(arg),
+                    md_cell(&help_text(arg))
+                ));
+            }
+        }
+        let groups = option_groups(cmd);
+        let alone = groups.len() == 1;
+        for (heading, options) in groups {
+            let title = match heading {
+                Some(heading) => format!("{heading} options"),
+                None if alone => "Options".to_string(),
+                None => "Other options".to_string(),
+            };
+            out.push_str(&format!(
+                "\n**{title}**\n\n| option | meaning |\n|---|---|\n"
+            ));
+            for arg in options {
+                let mut names = Vec::new();
+                if let Some(s) = arg.get_short() {
+                    names.push(format!("`-{s}`"));
+                }
+                if let Some(l) = arg.get_long() {
+                    match option_value(arg) {
+                        Some(value) => names.push(format!("`--{l} {}`", md_cell(&value))),
+                        None => names.push(format!("`--{l}`")),
+                    }
+                }
+                out.push_str(&format!(
+                    "| {} | {} |\n",
+                    names.join(", "),
+                    md_cell(&help_text(arg))
+                ));
+            }
+        }
+    }
     out
 }
 

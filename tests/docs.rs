@@ -1,13 +1,20 @@
 //! The README and docs/ link to each other's sections; a renamed heading or a moved section
-//! must not leave a link pointing nowhere. Every relative link of README.md, docs/DESIGN.md
-//! and docs/BENCHMARKS.md names a file of the repository and, with `#anchor`, a heading of
-//! it (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens).
+//! must not leave a link pointing nowhere. Every relative link of README.md and of the docs
+//! in `DOCS` names a file of the repository and, with `#anchor`, a heading of it (GitHub's
+//! anchors: lower case, punctuation dropped, spaces as hyphens).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-const DOCS: &[&str] = &["README.md", "docs/DESIGN.md", "docs/BENCHMARKS.md"];
+const DOCS: &[&str] = &[
+    "README.md",
+    "docs/DESIGN.md",
+    "docs/BENCHMARKS.md",
+    "docs/USAGE.md",
+    "docs/OPTIONS.md",
+    "docs/LAYOUT.md",
+];
 
 /// The anchor GitHub gives a heading.
 fn anchor(heading: &str) -> String {
