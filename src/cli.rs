@@ -17,7 +17,7 @@ use crate::config::MountConfig;
 use crate::daemon::{DaemonOptions, MountError};
 use crate::reader::ReadError;
 use crate::run::RunError;
-use crate::statsview::StatsError;
+use crate::stats::view::StatsError;
 use crate::units::parse_duration;
 
 /// The whole command line.

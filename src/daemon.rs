@@ -326,7 +326,7 @@ const DAEMON_ALLOWANCE: u64 = 64 << 20;
 /// recognised too.
 fn check_source_not_coorfs(source: &Path) -> Result<(), MountError> {
     let passthrough = |mnt: &Path| {
-        crate::statsview::fetch(mnt)
+        crate::stats::view::fetch(mnt)
             .ok()
             .is_some_and(|doc| doc.get("policy").and_then(|p| p.as_str()) == Some("none"))
     };
@@ -655,7 +655,7 @@ fn start_services(fs: &Arc<DatasetFs>, config: &MountConfig) -> Result<(), Mount
         let listener = std::net::TcpListener::bind(addr).map_err(fail)?;
         let stats = fs.clone();
         let snapshots = Box::new(move || stats.snapshot());
-        crate::metrics::serve(snapshots, listener, fs.runtime()).map_err(fail)?;
+        crate::stats::metrics::serve(snapshots, listener, fs.runtime()).map_err(fail)?;
         info!("Prometheus metrics at http://{addr}/metrics");
     }
     Ok(())

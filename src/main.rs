@@ -109,7 +109,7 @@ fn hint(args: &coorfs::cli::HintArgs) -> Result<(), CommandError> {
     use std::io::Read;
     let mount = std::path::absolute(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone());
     if !coorfs::mountinfo::is_coorfs_mount(&mount) {
-        return Err(coorfs::statsview::StatsError::NotMounted(mount).into());
+        return Err(coorfs::stats::view::StatsError::NotMounted(mount).into());
     }
     let mut text = Vec::new();
     let (name, read) = match args.file.as_deref() {
@@ -137,11 +137,11 @@ fn hint(args: &coorfs::cli::HintArgs) -> Result<(), CommandError> {
 fn stats(args: &coorfs::cli::StatsArgs) -> Result<(), CommandError> {
     use std::io::{IsTerminal, Write};
     loop {
-        let doc = coorfs::statsview::fetch(&args.mountpoint)?;
+        let doc = coorfs::stats::view::fetch(&args.mountpoint)?;
         let text = if args.json {
             format!("{doc}\n")
         } else {
-            coorfs::statsview::render(&doc)
+            coorfs::stats::view::render(&doc)
         };
         let mut out = std::io::stdout().lock();
         if args.watch.is_some() && out.is_terminal() {

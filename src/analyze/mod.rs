@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value as Json;
 
-use crate::statsview::StatsError;
+use crate::stats::view::StatsError;
 use crate::units::format_size;
 use measure::{DEPTHS, ReadPath};
 use report::{
@@ -240,7 +240,7 @@ fn check_dataset(dir: &Path) -> Result<PathBuf, AnalyzeError> {
 
 /// The stats document of the mount, checked to serve `dataset`.
 fn check_mount(mnt: &Path, dataset: &Path) -> Result<(PathBuf, Json), AnalyzeError> {
-    let doc = crate::statsview::fetch(mnt).map_err(AnalyzeError::Mount)?;
+    let doc = crate::stats::view::fetch(mnt).map_err(AnalyzeError::Mount)?;
     let mnt = std::path::absolute(mnt).unwrap_or_else(|_| mnt.to_path_buf());
     let source = doc.get("source").and_then(Json::as_str).unwrap_or("?");
     if Path::new(source) != dataset {

@@ -25,8 +25,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use crate::stats::view::number;
 use crate::stats::{Snapshot, Value};
-use crate::statsview::number;
 
 /// The dataset's epochs exported, the most recent.
 pub const EPOCHS: usize = 8;

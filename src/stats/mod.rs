@@ -10,6 +10,13 @@
 //! byte is cached is a hit, even though the kernel's page cache may then serve its bytes
 //! without asking the daemon; its size is counted then as bytes from the cache (training
 //! reads files whole). Bytes from the source are counted as they are read from it.
+//!
+//! The views outside the mount's root attributes live here too: `view.rs` is `coorfs stats`
+//! (the JSON document read back and printed for people), `metrics.rs` the Prometheus server.
+//! The mount takes the snapshot they render (`crate::fs`'s `views.rs`).
+
+pub mod metrics;
+pub mod view;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
