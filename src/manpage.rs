@@ -261,7 +261,7 @@ ENODATA. They are read-only.",
          .PP\n\
          Memory: the cache never holds more than \\fB\\-\\-cache\\-size\\fR bytes of file data. \
          Beyond it the daemon needs the staging area (\\fB\\-\\-prefetch\\-memory\\fR, with \
-         prefetch on), about 106 bytes plus the name for every entry of the dataset (its node \
+         prefetch on), about 110 bytes plus the name for every entry of the dataset (its node \
          table), the blocks being fetched (at most (\\fB\\-\\-prefetch\\-depth\\fR + 2 x \
          \\fB\\-\\-threads\\fR) x \\fB\\-\\-block\\-size\\fR), up to 16 MiB of blocks read \
          moments ago, and order hints (at most \\fB\\-\\-hint\\-memory\\fR). The kernel may also \
