@@ -22,6 +22,9 @@
 # mount hit at least what it cached and that every byte read through it equals the source's,
 # unmounts and cleans up. Exits non-zero when a check fails.
 #
+# First the packages it needs (scripts/prereqs.sh: protoc to build, fuse3, python3): as root
+# with apt-get it installs them; otherwise it prints the one command that does and exits 1.
+#
 #   scripts/demo.sh
 #   FILES=20000 EPOCHS=4 BPS=$((200 << 20)) scripts/demo.sh
 set -euo pipefail
@@ -36,22 +39,10 @@ STAGING=$((16 << 20))
 # reader's 3 processes (a few MiB each).
 EXTRA=$(((64 << 20) + STAGING + (16 << 20)))
 
-# Prerequisites: what .ci/run installs for these steps, installed the same way when we are root.
-need=()
-command -v fusermount3 >/dev/null || need+=(fuse3)
-command -v python3 >/dev/null || need+=(python3)
-if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "== installing ${need[*]} (apt-get)"
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-    else
-        echo "demo.sh: needs ${need[*]}: sudo apt-get install -y ${need[*]}" >&2
-        exit 1
-    fi
-fi
-command -v cargo >/dev/null || { echo "demo.sh: needs Rust's cargo: https://rustup.rs" >&2; exit 1; }
-[ -e /dev/fuse ] || { echo "demo.sh: needs /dev/fuse: modprobe fuse (as root)" >&2; exit 1; }
+# Prerequisites (scripts/prereqs.sh, with the tests' and CI's): installed with apt-get when we
+# are root, otherwise named in one line, before anything is built.
+source scripts/prereqs.sh
+prereqs demo.sh build demo
 
 source scripts/benchlib.sh
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command: every test, on the release build users run (cargo test --release). The
+# tests mount for real, so run it as root on a machine with /dev/fuse; they start a real etcd
+# and a real Prometheus, and build etcd's gRPC client with protoc.
+#
+# First the packages they need (scripts/prereqs.sh: protobuf-compiler, fuse3, acl, etcd-server,
+# prometheus, openssl, python3 and the rest): as root with apt-get it installs what is missing
+# and loads the fuse module if /dev/fuse is missing; otherwise it prints the one command that
+# installs them and exits 1, before building. Arguments go to cargo test.
+#
+#   scripts/test.sh
+#   scripts/test.sh --test core
+#   scripts/test.sh --test cache -- --nocapture
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source scripts/prereqs.sh
+prereqs test.sh build test
+
+cargo test --release "$@"
