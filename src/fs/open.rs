@@ -71,6 +71,8 @@ struct SourceOpen {
 struct Counted {
     /// The dataset-wide epoch and the job's epoch the open counts in.
     epoch: u64,
+    /// The job that opened the file.
+    job: Arc<Mutex<Job>>,
     job_key: JobKey,
     job_epoch: u64,
     /// The digest of the order the job follows this epoch, if it gave one.
@@ -154,13 +156,13 @@ impl DatasetFs {
         let job = self.jobs.get(caller.pid, caller.uid, now);
         let (counted, (keep_cache, direct_io, watch)) = match access {
             Access::Counted => {
-                let counted = self.count_access(&job, &opened, hit, caller, now);
-                self.tell_prefetcher(&job, &opened, &counted, hit);
+                let counted = self.count_access(job, &opened, hit, caller, now);
+                self.tell_prefetcher(&opened, &counted, hit);
                 let (size, changed) = (opened.meta.version.size, opened.changed);
                 let caching = self.kernel_caching(opened.file_id, size, in_memory, changed);
                 (counted, caching)
             }
-            Access::Silent => (self.silent_access(&job), (true, false, None)),
+            Access::Silent => (self.silent_access(job), (true, false, None)),
         };
         let fh = self.handles.next_fh();
         log_open(&opened, fh, caller, &counted, hit);
@@ -170,21 +172,15 @@ impl DatasetFs {
             direct_io,
             changed: opened.changed && access == Access::Counted,
         };
-        let handle = file_handle(ino, caller, opened, counted, job, hit, access, watch);
+        let handle = file_handle(ino, caller, opened, counted, hit, access, watch);
         Ok((handle, opened_for_kernel))
     }
 
-    /// Tells the prefetcher of an access of `job` that `counted` counted. What the open took
-    /// from the staging area stays there for the jobs that still need it.
-    fn tell_prefetcher(
-        &self,
-        job: &Arc<Mutex<Job>>,
-        opened: &SourceOpen,
-        counted: &Counted,
-        hit: bool,
-    ) {
+    /// Tells the prefetcher of the access that `counted` counted. What the open took from the
+    /// staging area stays there for the jobs that still need it.
+    fn tell_prefetcher(&self, opened: &SourceOpen, counted: &Counted, hit: bool) {
         self.prefetcher
-            .on_open(job, counted.step, counted.staged, hit);
+            .on_open(&counted.job, counted.step, counted.staged, hit);
         if let Some(f) = opened.file_id {
             self.prefetcher
                 .share(f, counted.read_by(), &opened.meta.version, &counted.claimed);
@@ -237,7 +233,7 @@ impl DatasetFs {
     /// first takes them, and the other finds them among the recent blocks.
     fn count_access(
         &self,
-        job: &Arc<Mutex<Job>>,
+        job: Arc<Mutex<Job>>,
         opened: &SourceOpen,
         hit: bool,
         caller: Caller,
@@ -273,6 +269,7 @@ impl DatasetFs {
         drop(j);
         Counted {
             epoch: self.ledger.open_in_dataset(&opening),
+            job,
             job_key,
             job_epoch,
             order,
@@ -285,7 +282,7 @@ impl DatasetFs {
 
     /// An open of no access of its own (see [`Access::Silent`]): its reads count in the
     /// epochs current now.
-    fn silent_access(&self, job: &Arc<Mutex<Job>>) -> Counted {
+    fn silent_access(&self, job: Arc<Mutex<Job>>) -> Counted {
         let (job_key, job_epoch, order, position) = {
             let j = job.lock();
             let position = j.log.tracker().read_in_epoch() as u64;
@@ -293,6 +290,7 @@ impl DatasetFs {
         };
         Counted {
             epoch: self.ledger.epoch(),
+            job,
             job_key,
             job_epoch,
             order,
@@ -355,13 +353,11 @@ impl DatasetFs {
 }
 
 /// The handle of the open of node `ino` by `caller`, counted as `counted` says.
-#[allow(clippy::too_many_arguments)]
 fn file_handle(
     ino: NodeId,
     caller: Caller,
     opened: SourceOpen,
     counted: Counted,
-    job: Arc<Mutex<Job>>,
     hit: bool,
     access: Access,
     watch: Option<kernel_cache::Watch>,
@@ -373,7 +369,7 @@ fn file_handle(
         counted_at_open: AtomicBool::new(hit),
         att: Attribution {
             epoch: counted.epoch,
-            job,
+            job: counted.job,
             job_epoch: counted.job_epoch,
         },
         job_key: counted.job_key,
