@@ -715,10 +715,13 @@ mod tests {
         let got = read_whole_pages(&src, "f", 0, 10_000);
         let fell_back = !src.direct();
         let again = read_whole_pages(&src, "f", 4096, 5_904);
-        std::process::Command::new("umount")
+        // The source holds the root open: it must be gone before the ramfs can be unmounted.
+        drop(src);
+        let unmounted = std::process::Command::new("umount")
             .arg(dir.path())
             .status()
             .unwrap();
+        assert!(unmounted.success(), "unmounting the test's ramfs");
         assert_eq!(got, data);
         assert!(fell_back, "the EINVAL must turn O_DIRECT off");
         assert_eq!(again, &data[4096..]);
