@@ -176,6 +176,12 @@ pub struct MountArgs {
     /// and reads the page cache serves are not counted.
     #[arg(long, help_heading = "Mount")]
     pub fast_open: bool,
+    /// Serve every read through the daemon. By default, where the kernel offers FUSE
+    /// passthrough (Linux 6.9+) and the daemon has CAP_SYS_ADMIN, the kernel reads cached
+    /// files over 64 KiB, and files the cache will not keep, by itself, with no round trip
+    /// per read; opens still go through the daemon (permissions, jobs, epochs, hits).
+    #[arg(long, help_heading = "Mount")]
+    pub no_passthrough: bool,
     /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
     #[arg(long, help_heading = "Mount")]
     pub allow_non_empty: bool,
@@ -623,6 +629,7 @@ impl MountArgs {
         config.allow_other = self.allow_other;
         config.acl = self.acl;
         config.fast_open = self.fast_open;
+        config.passthrough = !self.no_passthrough;
         config.allow_non_empty = self.allow_non_empty;
         if let Some(size) = self.cache_size {
             config.cache.capacity = size;

@@ -26,6 +26,9 @@ pub struct MountConfig {
     pub acl: bool,
     /// The kernel opens files without asking the daemon (`--fast-open`).
     pub fast_open: bool,
+    /// The kernel may read files from backing files by itself (FUSE passthrough; off with
+    /// `--no-passthrough`).
+    pub passthrough: bool,
     /// Mount over a non-empty directory.
     pub allow_non_empty: bool,
     /// Threads that read the source for cache misses.
@@ -71,6 +74,7 @@ impl MountConfig {
             allow_other: false,
             acl: false,
             fast_open: false,
+            passthrough: true,
             allow_non_empty: false,
             // Enough concurrent source reads to keep a network filesystem's pipe full (a
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough

@@ -582,11 +582,19 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     let fs = open_core(&config)?;
     start_services(&fs, &config)?;
     let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), config.acl);
+    let device = Arc::new(OnceLock::new());
+    let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), device.clone(), config.acl);
     let (session, mut unmounter) = start_session(adapter, &config)?;
     // The mount is in the mount table now, which keeps other mounts away from here.
     drop(lock);
     let _ = notifier.set(session.notifier());
+    // Before the session runs: INIT, the first request, may start passthrough on it.
+    match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
+        Ok(fd) => {
+            let _ = device.set(fd);
+        }
+        Err(e) => tracing::warn!("no descriptor to register backing files on: {e}"),
+    }
     log_mounted(&config);
     let member = fs.clone();
     std::thread::Builder::new()

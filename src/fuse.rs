@@ -49,6 +49,12 @@
 //!   time after each read, and the next `stat` costs a GETATTR). The order file
 //!   (`fs/order.rs`) takes hints by ioctl and reads as empty; every file is opened with
 //!   NOFLUSH, so `close(2)` costs no round trip.
+//! - `FUSE_PASSTHROUGH`, with a stack depth of 1 (the backing files are on ext4, tmpfs and
+//!   the like, never on another stacked filesystem), unless the core says no
+//!   (`--no-passthrough`, `--fast-open`): an OPEN the core answers with a backing file is read
+//!   by the kernel from that file, with no READ round trip (the core's `passthrough.rs` says
+//!   which files and why). The backing file ids are the core's to register and unregister,
+//!   through [`KernelBacking`] over a duplicate of the session's device descriptor.
 //! - Every operation the kernel may send is answered here, without a log line of its own:
 //!   fuser's defaults log three lines of WARN per request. `IOCTL` comes with every Python
 //!   `open()` (`isatty`, i.e. `TCGETS`) and the kernel asks each time (`ENOSYS` too, measured),
@@ -61,6 +67,7 @@
 //!   should they come.
 
 use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -74,7 +81,7 @@ use fuser::{
 };
 use tracing::{debug, warn};
 
-use crate::fs::{Caller, DatasetFs, FsError};
+use crate::fs::{BackingFiles, Caller, DatasetFs, FsError};
 use crate::namespace::{Attr, Kind};
 
 /// The fuser `Filesystem` of a mount.
@@ -83,12 +90,57 @@ pub struct FuseAdapter {
     fs: Arc<DatasetFs>,
     /// Ask the kernel to evaluate POSIX ACLs (`--acl`).
     acl: bool,
+    /// The session's `/dev/fuse` descriptor (a duplicate), filled in once the session exists:
+    /// backing files are registered on it.
+    device: Arc<OnceLock<OwnedFd>>,
+}
+
+/// The kernel's table of backing files of one FUSE connection (`FUSE_DEV_IOC_BACKING_*`).
+struct KernelBacking {
+    device: Arc<OnceLock<OwnedFd>>,
+}
+
+/// `_IOW(229, 2, uint32_t)`: unregisters a backing file id (linux/fuse.h). fuser closes ids
+/// only through its own `BackingId`, which needs a reply to be made.
+const FUSE_DEV_IOC_BACKING_CLOSE: u32 = 0x4004_e502;
+
+impl BackingFiles for KernelBacking {
+    fn register(&self, fd: BorrowedFd<'_>) -> std::io::Result<u32> {
+        let device = self.device.get().ok_or(std::io::ErrorKind::NotConnected)?;
+        fuser::BackingId::create_raw(device, fd)
+    }
+
+    fn unregister(&self, id: u32) {
+        let Some(device) = self.device.get() else {
+            return;
+        };
+        // SAFETY: the request takes a pointer to a u32, which `id` is, for the call's length.
+        let rc = unsafe {
+            libc::ioctl(
+                device.as_raw_fd(),
+                FUSE_DEV_IOC_BACKING_CLOSE as _,
+                &id as *const u32,
+            )
+        };
+        if rc < 0 {
+            debug!(
+                "unregistering backing file {id}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 impl FuseAdapter {
-    /// An adapter over `fs`. `notifier` is filled in once the session exists, so that the
-    /// adapter can tell the kernel to drop what it cached of a changed file.
-    pub fn new(fs: Arc<DatasetFs>, notifier: Arc<OnceLock<Notifier>>, acl: bool) -> Self {
+    /// An adapter over `fs`. `notifier` and `device` are filled in once the session exists, so
+    /// that the adapter can tell the kernel to drop what it cached of a changed file, and
+    /// register backing files.
+    pub fn new(
+        fs: Arc<DatasetFs>,
+        notifier: Arc<OnceLock<Notifier>>,
+        device: Arc<OnceLock<OwnedFd>>,
+        acl: bool,
+    ) -> Self {
         // One thread sends the notifications, not the FUSE thread that found the change:
         // the kernel may need that thread to answer a request before a notification
         // completes. One thread, not one per change: a listing after a `chmod -R` of the
@@ -116,7 +168,7 @@ impl FuseAdapter {
             }
             Err(e) => warn!("no thread to tell the kernel of changed files: {e}"),
         }
-        FuseAdapter { fs, acl }
+        FuseAdapter { fs, acl, device }
     }
 }
 
@@ -255,9 +307,28 @@ impl Filesystem for FuseAdapter {
         if self.fs.fast_open() {
             wanted |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
+        let passthrough = match self.fs.passthrough_refusal() {
+            Some(why) => Err(why),
+            None if !config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH) => {
+                Err("the kernel does not offer FUSE passthrough (Linux 6.9 or later)")
+            }
+            None if config.set_max_stack_depth(1).is_err() => {
+                Err("the kernel refused a stack depth of 1")
+            }
+            None => Ok(()),
+        };
+        if passthrough.is_ok() {
+            wanted |= InitFlags::FUSE_PASSTHROUGH;
+        }
         let supported = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(supported) {
             debug!("kernel lacks {missing:?}");
+        }
+        match passthrough {
+            Ok(()) => self.fs.start_passthrough(Box::new(KernelBacking {
+                device: self.device.clone(),
+            })),
+            Err(why) => self.fs.passthrough_unavailable(why),
         }
         // Readahead as large as the kernel allows: 1 MiB requests for sequential reads.
         if let Err(max) = config.set_max_readahead(1 << 20) {
@@ -294,6 +365,17 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOSYS);
         }
         match self.fs.open(ino.0, flags.0, caller(req)) {
+            Ok(o) if o.passthrough.is_some() => {
+                let id = o.passthrough.unwrap_or_default();
+                // SAFETY: `id` was registered on this session by the core, which unregisters
+                // it only after the RELEASE of every open it was given to (fs/passthrough.rs).
+                let backing = unsafe { reply.wrap_backing(id) };
+                // Passthrough takes neither KEEP_CACHE (EIO) nor DIRECT_IO (which turns it
+                // off); NOFLUSH still saves the FLUSH at close.
+                reply.opened_passthrough(FileHandle(o.fh), FopenFlags::FOPEN_NOFLUSH, &backing);
+                // The id stays registered: the core owns it.
+                let _ = backing.into_raw();
+            }
             Ok(o) => {
                 let mut fopen = FopenFlags::FOPEN_NOFLUSH;
                 if o.keep_cache {

@@ -16,12 +16,17 @@
 //! slots in the arena, whole pages for a mapping) against the same budget, so the memory
 //! the cache holds never exceeds `--cache-size`.
 //!
+//! Where the kernel reads cached files itself (FUSE passthrough), a MinIO cache keeps the
+//! blocks of files over 64 KiB in files of their own instead of the arena
+//! ([`kernel_files`]), so that the kernel can be handed a file's bytes as a file.
+//!
 //! The cache is the first tier of the read path ([`crate::tier::memory`]).
 //!
 //! Locks: the policy's mutex is held only for the decision, the index's lock only to look
 //! up or publish; copying bytes happens outside both.
 
 pub mod arena;
+pub mod kernel_files;
 pub mod policy;
 
 use std::collections::HashMap;
@@ -34,6 +39,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::block::{Block, BlockSize};
 use crate::namespace::FileVersion;
 use arena::{Arena, Slot};
+use kernel_files::KernelFiles;
 use policy::{Admission, CachePolicy, LruPolicy, MinIoPolicy, NoCachePolicy};
 
 /// Which policy a cache follows.
@@ -157,6 +163,11 @@ impl Store {
 enum Stored {
     Arena(Slot),
     Mapped(Arc<MappedBlock>),
+    /// In its file's file on the private tmpfs ([`kernel_files`]), at `offset`.
+    Kernel {
+        offset: u64,
+        len: u64,
+    },
 }
 
 impl Stored {
@@ -164,6 +175,7 @@ impl Stored {
         match self {
             Stored::Arena(s) => s.len as u64,
             Stored::Mapped(b) => b.len as u64,
+            Stored::Kernel { len, .. } => *len,
         }
     }
 }
@@ -173,6 +185,8 @@ impl Stored {
 pub enum CachedBytes<'a> {
     Arena(&'a [u8]),
     Mapped(Arc<MappedBlock>),
+    /// Read from a file the kernel can read ([`kernel_files`]) into a block of its own.
+    Copied(Arc<Block>),
 }
 
 impl std::ops::Deref for CachedBytes<'_> {
@@ -181,6 +195,7 @@ impl std::ops::Deref for CachedBytes<'_> {
         match self {
             CachedBytes::Arena(b) => b,
             CachedBytes::Mapped(b) => &b.map[..b.len],
+            CachedBytes::Copied(b) => b,
         }
     }
 }
@@ -251,6 +266,9 @@ pub struct BlockCache {
     /// The files the cache may keep, by dataset-relative path, if not all: in a cluster, those
     /// this member owns ([`BlockCache::keep_only`]).
     keeps_path: std::sync::OnceLock<PathFilter>,
+    /// Where the blocks of larger files go when the kernel may read them itself (see
+    /// [`BlockCache::keep_files_for_kernel`]).
+    kernel: std::sync::OnceLock<KernelFiles>,
     /// Makes the next mapping fail, as an exhausted address space or memory would.
     #[cfg(test)]
     fail_next_mapping: std::sync::atomic::AtomicBool,
@@ -283,6 +301,7 @@ impl BlockCache {
             store,
             counters: CacheCounters::default(),
             keeps_path: std::sync::OnceLock::new(),
+            kernel: std::sync::OnceLock::new(),
             #[cfg(test)]
             fail_next_mapping: Default::default(),
         })
@@ -312,6 +331,11 @@ impl BlockCache {
         self.keeps
     }
 
+    /// True if the policy evicts to make room (LRU).
+    pub fn evicts(&self) -> bool {
+        matches!(self.store, Store::Mappings)
+    }
+
     /// True if blocks fetched by the prefetcher are offered when they arrive; otherwise
     /// they are offered when a reader takes them from the staging area.
     pub fn admits_prefetch(&self) -> bool {
@@ -324,8 +348,64 @@ impl BlockCache {
         if !self.keeps || !self.prefetch {
             return false;
         }
-        let footprint = self.store.footprint(bytes as usize);
+        let footprint = self.footprint(bytes, bytes);
         self.policy.lock().used() + footprint <= self.config.capacity
+    }
+
+    /// True if a file of `size` bytes read now would be kept, whole or in part: the policy
+    /// evicts to make room, or one that never evicts has room for its first block.
+    pub fn would_keep(&self, size: u64) -> bool {
+        if !self.keeps {
+            return false;
+        }
+        let first = self.blocks().len(size, 0);
+        self.evicts() || self.has_room_for(first)
+    }
+
+    /// The memory a block of `len` bytes of a file of `size` bytes takes where it would be
+    /// stored.
+    fn footprint(&self, size: u64, len: u64) -> u64 {
+        match self.kernel.get() {
+            Some(files) if files.takes(size) => KernelFiles::footprint(len),
+            _ => self.store.footprint(len as usize),
+        }
+    }
+
+    /// From now on, while the cache never evicts, the blocks of files over
+    /// [`kernel_files::MIN_FILE`] go to files the kernel can read itself (a FUSE passthrough
+    /// backing file: [`BlockCache::open_for_kernel`]). Fails where no private tmpfs can be made
+    /// (no `CAP_SYS_ADMIN`); the arena then keeps everything.
+    pub fn keep_files_for_kernel(&self) -> std::io::Result<()> {
+        if !matches!(self.store, Store::Arena(_)) {
+            return Err(std::io::Error::other(
+                "only a cache that never evicts keeps files",
+            ));
+        }
+        let files = KernelFiles::new(self.config.capacity)?;
+        let _ = self.kernel.set(files);
+        Ok(())
+    }
+
+    /// From now on new blocks go to the arena: the kernel will not read files itself. What
+    /// is in files already is still served.
+    pub fn stop_keeping_files_for_kernel(&self) {
+        if let Some(files) = self.kernel.get() {
+            files.stop_taking();
+        }
+    }
+
+    /// True if a file the kernel can read holds every byte of `version`.
+    pub fn holds_for_kernel(&self, version: &FileVersion) -> bool {
+        self.kernel.get().is_some_and(|f| f.holds(version))
+    }
+
+    /// A read-only descriptor of a file holding every byte of `version`, for the kernel to
+    /// read (see [`kernel_files`]); None if the cache holds none.
+    pub fn open_for_kernel(
+        &self,
+        version: &FileVersion,
+    ) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        self.kernel.get()?.open_whole(version)
     }
 
     /// How files are cut into blocks.
@@ -340,6 +420,18 @@ impl BlockCache {
             match (index.blocks.get(key)?, &self.store) {
                 (Stored::Arena(slot), Store::Arena(arena)) => CachedBytes::Arena(arena.get(*slot)),
                 (Stored::Mapped(block), _) => CachedBytes::Mapped(block.clone()),
+                (Stored::Kernel { offset, len }, _) => {
+                    let (offset, len) = (*offset, *len as usize);
+                    drop(index);
+                    let files = self.kernel.get()?;
+                    match files.read(&key.version, offset, len) {
+                        Ok(block) => CachedBytes::Copied(Arc::new(block)),
+                        Err(e) => {
+                            tracing::warn!("reading a cached block back: {e}");
+                            return None;
+                        }
+                    }
+                }
                 (Stored::Arena(_), _) => return None,
             }
         };
@@ -364,7 +456,7 @@ impl BlockCache {
         if !self.keeps {
             return false;
         }
-        let footprint = self.store.footprint(data.len());
+        let footprint = self.footprint(key.version.size, data.len() as u64);
         let admission = self.policy.lock().admit(&key, footprint);
         let evict = match admission {
             Admission::Refuse => {
@@ -373,7 +465,9 @@ impl BlockCache {
             }
             Admission::Admit { evict } => evict,
         };
+        let for_kernel = self.write_for_kernel(&key, data);
         let stored = match &self.store {
+            _ if for_kernel.is_some() => for_kernel,
             Store::Arena(arena) => match arena.alloc(data.len()) {
                 Some(slot) => {
                     arena.write(slot, data);
@@ -407,8 +501,29 @@ impl BlockCache {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
             return false;
         };
+        if let (Stored::Kernel { len, .. }, Some(files)) = (&stored, self.kernel.get()) {
+            files.published(&key.version, *len as i64);
+        }
         index.add(key, stored);
         true
+    }
+
+    /// Writes block `key` to its file's file the kernel can read, if it goes there; None if
+    /// it does not, or the write failed (the arena takes it then, at no more memory than the
+    /// policy counted).
+    fn write_for_kernel(&self, key: &BlockKey, data: &[u8]) -> Option<Stored> {
+        let files = self.kernel.get().filter(|f| f.takes(key.version.size))?;
+        let offset = self.blocks().offset(key.block);
+        match files.write(&key.version, offset, data) {
+            Ok(()) => Some(Stored::Kernel {
+                offset,
+                len: data.len() as u64,
+            }),
+            Err(e) => {
+                files.write_failed(&e);
+                None
+            }
+        }
     }
 
     /// Drops block `key`, if it is cached. A mapping is given back to the kernel and the
@@ -418,6 +533,9 @@ impl BlockCache {
         let Some(old) = self.index.write().remove(key) else {
             return;
         };
+        if let (Stored::Kernel { len, .. }, Some(files)) = (&old, self.kernel.get()) {
+            files.published(&key.version, -(*len as i64));
+        }
         if let Stored::Mapped(block) = old {
             let footprint = self.store.footprint(block.len);
             self.policy.lock().remove(key, footprint);

@@ -71,6 +71,8 @@ pub(super) struct FileHandle {
     pub held: Mutex<Held>,
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
     pub watch: Option<kernel_cache::Watch>,
+    /// How the kernel reads it (`passthrough.rs`), released with it.
+    pub kernel_io: super::passthrough::KernelIo,
     /// The node opened, for invalidation.
     pub ino: NodeId,
     /// The process that opened it: its reads' waits count as that reader's.

@@ -22,7 +22,8 @@
 //! - `views.rs`: the statistics, as a snapshot and as extended attributes;
 //! - `cluster.rs`: the mount as a member of a cluster (its peer server, etcd);
 //! - `order.rs`, `handles.rs`, `kernel_cache.rs`, `callers.rs`: the order files, the handle
-//!   table, the kernel-cache gauge, the callers' credentials.
+//!   table, the kernel-cache gauge, the callers' credentials;
+//! - `passthrough.rs`: which opens the kernel reads from a backing file by itself.
 
 mod attrs;
 mod callers;
@@ -31,6 +32,7 @@ mod handles;
 mod kernel_cache;
 mod open;
 pub mod order;
+mod passthrough;
 mod read;
 mod scan;
 mod views;
@@ -57,6 +59,7 @@ pub use attrs::FIRST_PLUS_ENTRIES;
 use handles::{FileHandle, HandleTable};
 pub use open::BUFFERED_MISS_MAX;
 use order::OrderFiles;
+pub use passthrough::BackingFiles;
 use scan::ScanState;
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one
@@ -129,6 +132,9 @@ pub struct Opened {
     pub direct_io: bool,
     /// The source file changed since the kernel was last told its attributes.
     pub changed: bool,
+    /// The kernel reads the file from this backing file by itself (passthrough): neither
+    /// `keep_cache` nor `direct_io` is set then.
+    pub passthrough: Option<u32>,
 }
 
 /// One directory entry, as `readdir` hands it out.
@@ -181,6 +187,10 @@ pub struct DatasetFs {
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
     /// `--fast-open`: the kernel opens files without asking (see [`DatasetFs::fast_open`]).
     fast_open: bool,
+    /// Opens the kernel reads by itself (`passthrough.rs`).
+    passthrough: passthrough::Passthrough,
+    /// `--no-passthrough` was not given.
+    passthrough_wanted: bool,
     /// The cluster this mount is a member of, if any.
     cluster: Option<crate::cluster::ClusterConfig>,
     /// Its registration in etcd, while it lasts.
@@ -227,8 +237,17 @@ impl DatasetFs {
             .enable_io()
             .enable_time()
             .build()?;
+        let cache = BlockCache::new(config.cache)?;
+        let passthrough_wanted = config.passthrough && !config.fast_open;
+        if passthrough_wanted && cache.caches() && !cache.evicts() {
+            // Cached files the kernel can read itself; without them, passthrough is still
+            // used for files the cache will not keep.
+            if let Err(e) = cache.keep_files_for_kernel() {
+                tracing::debug!("no private tmpfs for cached files: {e}");
+            }
+        }
         let tiers = Tiers::new(
-            BlockCache::new(config.cache)?,
+            cache,
             config.prefetch.staging_bytes(),
             disk,
             source.clone(),
@@ -275,6 +294,8 @@ impl DatasetFs {
             invalidator: std::sync::OnceLock::new(),
             stale_in_kernel: Default::default(),
             fast_open: config.fast_open,
+            passthrough: Default::default(),
+            passthrough_wanted,
             cluster: config.cluster.clone(),
             registration: Default::default(),
             shares: Default::default(),
@@ -299,6 +320,35 @@ impl DatasetFs {
     /// trip at all; each READ opens its file for itself ([`DatasetFs::read_unopened`]).
     pub fn fast_open(&self) -> bool {
         self.fast_open
+    }
+
+    /// Why the adapter is not to offer the kernel passthrough at INIT, if it is not: the
+    /// option that turned it off.
+    pub fn passthrough_refusal(&self) -> Option<&'static str> {
+        if self.passthrough_wanted {
+            None
+        } else if self.fast_open {
+            Some("--fast-open: there is no open to answer with a backing file")
+        } else {
+            Some("--no-passthrough")
+        }
+    }
+
+    /// The kernel agreed to passthrough at INIT: backing files are registered with `kernel`
+    /// from now on. Said once in the log.
+    pub fn start_passthrough(&self, kernel: Box<dyn BackingFiles>) {
+        self.passthrough.start(kernel);
+        tracing::info!(
+            "passthrough: on: the kernel reads cached files over 64 KiB, and files the cache \
+             will not keep, without the daemon"
+        );
+    }
+
+    /// Passthrough is not to be had (`why`): every read goes through the daemon, and the
+    /// cache keeps new blocks in its arena. Said once in the log.
+    pub fn passthrough_unavailable(&self, why: &str) {
+        self.tiers.memory.stop_keeping_files_for_kernel();
+        tracing::info!("passthrough: off ({why}): reads go through the daemon");
     }
 
     /// Sets how the core tells the kernel to forget a changed node (once).

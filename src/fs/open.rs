@@ -2,7 +2,8 @@
 //!
 //! An open reads as its steps ([`DatasetFs::open`]): refuse writes, open the source file as
 //! the caller, count the access (taking the file's staged blocks), tell the prefetcher,
-//! choose how the kernel may cache the file, enter the handle.
+//! choose how the kernel reads the file (by itself from a backing file, `passthrough.rs`, or
+//! through its page cache, or asking the daemon), enter the handle.
 //!
 //! # The kernel's page cache and ours
 //! The kernel's page cache of the FUSE files is LRU: if it held files coorfs does not cache,
@@ -44,6 +45,7 @@ use std::sync::atomic::AtomicBool;
 use parking_lot::Mutex;
 
 use super::handles::{FileHandle, Held};
+use super::passthrough::{Backing, KernelIo};
 use super::{Access, Caller, DatasetFs, FsError, Opened, kernel_cache, order, source_error};
 use crate::epoch::Step;
 use crate::jobs::Job;
@@ -154,26 +156,163 @@ impl DatasetFs {
         let hit = in_memory
             || (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&opened.rel, version));
         let job = self.jobs.get(caller.pid, caller.uid, now);
-        let (counted, (keep_cache, direct_io, watch)) = match access {
+        let (counted, reading) = match access {
             Access::Counted => {
                 let counted = self.count_access(job, &opened, hit, caller, now);
                 self.tell_prefetcher(&opened, &counted, hit);
-                let (size, changed) = (opened.meta.version.size, opened.changed);
-                let caching = self.kernel_caching(opened.file_id, size, in_memory, changed);
-                (counted, caching)
+                let reading = self.kernel_reading(ino, &opened, in_memory, hit, &counted);
+                (counted, reading)
             }
-            Access::Silent => (self.silent_access(job), (true, false, None)),
+            Access::Silent => (self.silent_access(job), KernelReading::UNOPENED),
         };
         let fh = self.handles.next_fh();
         log_open(&opened, fh, caller, &counted, hit);
+        let passthrough = match reading.io {
+            KernelIo::Passthrough(id) => Some(id),
+            KernelIo::PageCache | KernelIo::Direct => None,
+        };
         let opened_for_kernel = Opened {
             fh,
-            keep_cache,
-            direct_io,
+            keep_cache: reading.keep_cache,
+            direct_io: reading.io == KernelIo::Direct,
             changed: opened.changed && access == Access::Counted,
+            passthrough,
         };
-        let handle = file_handle(ino, caller, opened, counted, hit, access, watch);
+        let from_source = reading
+            .backing
+            .is_some_and(|b| matches!(b, Backing::Source(_)));
+        let handle = file_handle(ino, caller, opened, counted, hit, access, reading);
+        if passthrough.is_some() {
+            self.count_passthrough(&handle, from_source);
+        }
         Ok((handle, opened_for_kernel))
+    }
+
+    /// How the kernel is to read an open of node `ino` (see `passthrough.rs` and the module
+    /// header): from a backing file by itself if the file has one and the inode allows it,
+    /// else through its page cache or the daemon as [`DatasetFs::kernel_caching`] says, as far
+    /// as the inode's other opens allow.
+    fn kernel_reading(
+        &self,
+        ino: NodeId,
+        opened: &SourceOpen,
+        in_memory: bool,
+        hit: bool,
+        counted: &Counted,
+    ) -> KernelReading {
+        let version = opened.meta.version;
+        if let Some(backing) = self.backing_for(opened, in_memory, hit, counted) {
+            let (io, refused) =
+                self.passthrough
+                    .open(
+                        ino,
+                        KernelIo::Passthrough(0),
+                        Some(backing),
+                        |kernel| match backing {
+                            Backing::Cached(v) => {
+                                let fd = self
+                                    .tiers
+                                    .memory
+                                    .open_for_kernel(&v)
+                                    .ok_or(std::io::ErrorKind::NotFound)??;
+                                kernel.register(std::os::fd::AsFd::as_fd(&fd))
+                            }
+                            Backing::Source(_) => {
+                                kernel.register(std::os::fd::AsFd::as_fd(&opened.file))
+                            }
+                        },
+                    );
+            if let Some(e) = refused {
+                self.passthrough_unavailable(&format!("the kernel refused a backing file: {e}"));
+            }
+            if let KernelIo::Passthrough(_) = io {
+                return KernelReading {
+                    io,
+                    keep_cache: false,
+                    watch: None,
+                    backing: Some(backing),
+                };
+            }
+        }
+        let (keep_cache, direct_io, watch) =
+            self.kernel_caching(opened.file_id, version.size, in_memory, opened.changed);
+        let wanted = if direct_io {
+            KernelIo::Direct
+        } else {
+            KernelIo::PageCache
+        };
+        if !self.passthrough.on() {
+            return KernelReading {
+                io: wanted,
+                keep_cache,
+                watch,
+                backing: None,
+            };
+        }
+        match self
+            .passthrough
+            .open(ino, wanted, None, |_| {
+                Err(std::io::ErrorKind::Unsupported.into())
+            })
+            .0
+        {
+            // The inode is read by passthrough: this open asks the daemon.
+            KernelIo::Direct if wanted == KernelIo::PageCache => KernelReading {
+                io: KernelIo::Direct,
+                keep_cache: false,
+                watch: None,
+                backing: None,
+            },
+            io => KernelReading {
+                io,
+                keep_cache,
+                watch,
+                backing: None,
+            },
+        }
+    }
+
+    /// The backing file an open may be read from by the kernel itself, if any: the cache's
+    /// own file of a wholly cached file, or the source file of one the cache will not keep
+    /// and the prefetcher did not stage (see `passthrough.rs`).
+    fn backing_for(
+        &self,
+        opened: &SourceOpen,
+        in_memory: bool,
+        hit: bool,
+        counted: &Counted,
+    ) -> Option<Backing> {
+        if !self.passthrough.on() || opened.changed {
+            return None;
+        }
+        let version = opened.meta.version;
+        if in_memory {
+            return self
+                .tiers
+                .memory
+                .holds_for_kernel(&version)
+                .then_some(Backing::Cached(version));
+        }
+        let disk_has_room =
+            (self.tiers.disk.as_ref()).is_some_and(|d| d.enabled() && d.used() < d.capacity());
+        let kept_below = hit || disk_has_room || self.cluster.is_some();
+        let source = !kept_below
+            && counted.claimed.is_empty()
+            && !self.tiers.memory.would_keep(version.size);
+        source.then_some(Backing::Source(version))
+    }
+
+    /// Counts an open the kernel reads by itself; one `from_source` is a miss read from the
+    /// source without the daemon: its whole size is counted now, as a hit's is.
+    fn count_passthrough(&self, handle: &FileHandle, from_source: bool) {
+        let counters = &self.ledger.stats().counters;
+        crate::stats::Counters::add(&counters.passthrough_opens, 1);
+        if from_source {
+            crate::stats::Counters::add(&counters.passthrough_source_opens, 1);
+            self.ledger.read_directly(&handle.att, handle.version.size);
+            self.ledger
+                .file_from_source(handle.file_id, handle.att.job_epoch);
+        }
     }
 
     /// Tells the prefetcher of the access that `counted` counted. What the open took from the
@@ -343,13 +482,38 @@ impl DatasetFs {
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: u64) {
-        let handle = self.handles.remove_file(fh);
-        match handle.as_ref().map(|h| &h.watch) {
-            Some(Some(watch)) => self.kernel.closed(watch),
-            Some(None) => {}
-            None => self.orders.release(fh),
+        let Some(handle) = self.handles.remove_file(fh) else {
+            return self.orders.release(fh);
+        };
+        if let Some(watch) = &handle.watch {
+            self.kernel.closed(watch);
+        }
+        if !handle.silent {
+            self.passthrough.release(handle.ino, handle.kernel_io);
         }
     }
+}
+
+/// How the kernel reads an open file, and what for.
+#[derive(Debug)]
+struct KernelReading {
+    io: KernelIo,
+    /// It may keep the pages it cached of the file (`KernelIo::PageCache` only).
+    keep_cache: bool,
+    /// A sentinel's open, watched ([`kernel_cache`]).
+    watch: Option<kernel_cache::Watch>,
+    /// The backing file it reads from by itself.
+    backing: Option<Backing>,
+}
+
+impl KernelReading {
+    /// A read under `--fast-open`: there is no OPEN, and the kernel keeps the pages.
+    const UNOPENED: KernelReading = KernelReading {
+        io: KernelIo::PageCache,
+        keep_cache: true,
+        watch: None,
+        backing: None,
+    };
 }
 
 /// The handle of the open of node `ino` by `caller`, counted as `counted` says.
@@ -360,7 +524,7 @@ fn file_handle(
     counted: Counted,
     hit: bool,
     access: Access,
-    watch: Option<kernel_cache::Watch>,
+    reading: KernelReading,
 ) -> FileHandle {
     FileHandle {
         rel: Arc::from(opened.rel),
@@ -383,7 +547,8 @@ fn file_handle(
             claimed: counted.claimed,
             last: None,
         }),
-        watch,
+        watch: reading.watch,
+        kernel_io: reading.io,
         ino,
         pid: caller.pid,
         file_id: opened.file_id,

@@ -172,6 +172,7 @@ impl OrderFiles {
             // Nothing to cache: it reads as empty.
             direct_io: true,
             changed: false,
+            passthrough: None,
         })
     }
 

@@ -77,6 +77,11 @@ impl Assembly {
 }
 
 impl DatasetFs {
+    /// A READ reached the daemon (stat `read_requests`).
+    fn count_read_request(&self) {
+        crate::stats::Counters::add(&self.ledger.stats().counters.read_requests, 1);
+    }
+
     /// A read under `--fast-open`, where the kernel sends no OPEN: the file is opened for
     /// this read alone, as the caller (the source still checks its permissions), and the read
     /// at offset 0 is the job's access of the file (see [`Access`]). The order file takes no
@@ -89,6 +94,7 @@ impl DatasetFs {
         caller: Caller,
         done: ReadDone,
     ) {
+        self.count_read_request();
         if ino == order::ORDER_INO {
             return done(Err(FsError::NotSupported));
         }
@@ -115,6 +121,7 @@ impl DatasetFs {
     /// Reads `size` bytes at `offset` of open file `fh`; `done` receives the bytes, on this
     /// thread if they are at hand, else on an I/O thread when the fetch ends.
     pub fn read(&self, fh: u64, offset: u64, size: u32, done: ReadDone) {
+        self.count_read_request();
         let Some(h) = self.handles.file(fh) else {
             return done(Err(FsError::BadHandle));
         };

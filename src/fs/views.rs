@@ -122,6 +122,12 @@ impl DatasetFs {
             Stat::PrefetchMemory => Value::Count(self.prefetcher.staging_capacity()),
             Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),
             Stat::KernelRefills => Value::Count(self.kernel.refills()),
+            Stat::Passthrough => Value::Count(u64::from(self.passthrough.on())),
+            Stat::PassthroughOpens => Value::Count(Counters::get(&c.passthrough_opens)),
+            Stat::PassthroughSourceOpens => {
+                Value::Count(Counters::get(&c.passthrough_source_opens))
+            }
+            Stat::ReadRequests => Value::Count(Counters::get(&c.read_requests)),
             Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
             Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
             Stat::ActiveJobs => Value::Count(self.jobs.live().len() as u64),

@@ -1,0 +1,278 @@
+//! Cached files the kernel can read by itself: one file per cached file version, on a tmpfs
+//! that only the daemon can reach.
+//!
+//! FUSE passthrough maps a file of the mount 1:1 onto a backing file, and the kernel then
+//! serves every read from that file's pages without a round trip to the daemon
+//! (`crate::fs`'s `passthrough.rs`). The arena cannot be a backing file: it holds every file
+//! at an offset of its own. So where passthrough may be used, MinIO keeps the blocks of files
+//! over [`MIN_FILE`] in files of their own, each block at its offset in its file, and the
+//! arena keeps the rest.
+//!
+//! - **Where:** a tmpfs made with `fsopen`/`fsmount` and never attached to any directory: no
+//!   path reaches it, it lives as long as the daemon's descriptor of its root, and its size
+//!   limit is the cache's budget (a flaw in the accounting would show as a refused block,
+//!   never as more memory). Not one memfd per file: that holds a descriptor per cached file,
+//!   and `RLIMIT_NOFILE` (20,000 on this machine, and not raisable in its containers) would
+//!   cap the cache at 20,000 files.
+//! - **Memory:** tmpfs pages, charged to the daemon's memory cgroup as the arena's are, and
+//!   like them never reclaimed (there is nothing to write them back to but swap). The budget
+//!   counts each block at whole pages plus [`FILE_OVERHEAD`] for the tmpfs inode and dentry,
+//!   charged per block so that it is counted whichever block of a file comes first.
+//! - **Never rewritten:** a block is written once, before the cache's index publishes it,
+//!   and never truncated, overwritten or removed while the daemon lives (MinIO never
+//!   evicts): a passthrough open may read the file at any time.
+//! - **Small files stay in the arena:** a file of up to [`MIN_FILE`] would take a whole page
+//!   and an inode for a few hundred bytes, and costs its open's round trip, not its bytes;
+//!   such files are served from the kernel's page cache as before (`crate::fs`'s `open.rs`).
+//!
+//! The daemon's own reads of these blocks (opens that cannot use passthrough, peers) are a
+//! `pread` into a block of their own.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use rustix::fs::{Mode, OFlags};
+use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags};
+
+use crate::block::Block;
+use crate::namespace::FileVersion;
+
+/// Files of up to this size stay in the arena (see the module header). It is also the size up
+/// to which a miss is read through the kernel's page cache (`BUFFERED_MISS_MAX`).
+pub const MIN_FILE: u64 = 64 << 10;
+
+/// Memory of one tmpfs file beyond its pages, as the budget counts it: its inode (shmem's,
+/// about 0.8 KiB) and dentry (0.2 KiB), rounded up.
+pub const FILE_OVERHEAD: u64 = 1 << 10;
+
+const PAGE: u64 = 4096;
+
+/// One cached file version's file.
+#[derive(Debug)]
+struct KernelFile {
+    /// Its name on the tmpfs.
+    name: String,
+    /// Bytes of it published in the cache's index.
+    stored: AtomicU64,
+}
+
+/// The tmpfs and its files.
+#[derive(Debug)]
+pub struct KernelFiles {
+    root: OwnedFd,
+    files: Mutex<HashMap<FileVersion, Arc<KernelFile>>>,
+    next: AtomicU64,
+    /// New blocks may go here (false once passthrough turned out unavailable: they go to the
+    /// arena, and what is here already is still served).
+    taking: AtomicBool,
+    /// A write failed and was said once in the log.
+    warned: AtomicBool,
+}
+
+impl KernelFiles {
+    /// A private tmpfs of `capacity` bytes. Fails without `CAP_SYS_ADMIN`, or on a kernel
+    /// without the mount API (before 5.2).
+    pub fn new(capacity: u64) -> io::Result<Self> {
+        let fs = rustix::mount::fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+        let size = capacity.div_ceil(PAGE).max(1) * PAGE;
+        rustix::mount::fsconfig_set_string(&fs, "size", size.to_string())?;
+        rustix::mount::fsconfig_set_string(&fs, "mode", "0700")?;
+        rustix::mount::fsconfig_create(&fs)?;
+        let attrs = MountAttrFlags::MOUNT_ATTR_NOEXEC
+            | MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV;
+        let root = rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)?;
+        Ok(KernelFiles {
+            root,
+            files: Mutex::default(),
+            next: AtomicU64::new(0),
+            taking: AtomicBool::new(true),
+            warned: AtomicBool::new(false),
+        })
+    }
+
+    /// True if the blocks of a file of `size` bytes go here.
+    pub fn takes(&self, size: u64) -> bool {
+        size > MIN_FILE && self.taking.load(Ordering::Relaxed)
+    }
+
+    /// From now on new blocks go to the arena.
+    pub fn stop_taking(&self) {
+        self.taking.store(false, Ordering::Relaxed);
+    }
+
+    /// The memory a block of `len` bytes takes here: whole pages and the file's overhead.
+    pub fn footprint(len: u64) -> u64 {
+        len.div_ceil(PAGE) * PAGE + FILE_OVERHEAD
+    }
+
+    /// The file of `version`, made if it has none.
+    fn file_of(&self, version: &FileVersion) -> Arc<KernelFile> {
+        let mut files = self.files.lock();
+        files
+            .entry(*version)
+            .or_insert_with(|| {
+                Arc::new(KernelFile {
+                    name: self.next.fetch_add(1, Ordering::Relaxed).to_string(),
+                    stored: AtomicU64::new(0),
+                })
+            })
+            .clone()
+    }
+
+    fn open(&self, name: &str, flags: OFlags) -> io::Result<OwnedFd> {
+        let flags = flags | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        Ok(rustix::fs::openat(
+            &self.root,
+            name,
+            flags,
+            Mode::RUSR | Mode::WUSR,
+        )?)
+    }
+
+    /// Writes a block of `version` at `offset`. Not yet served: see [`KernelFiles::published`].
+    pub fn write(&self, version: &FileVersion, offset: u64, data: &[u8]) -> io::Result<()> {
+        let file = self.file_of(version);
+        let fd = self.open(&file.name, OFlags::WRONLY | OFlags::CREATE)?;
+        let mut done = 0;
+        while done < data.len() {
+            match rustix::io::pwrite(&fd, &data[done..], offset + done as u64) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Says a failed write once in the log (the block goes to the arena instead).
+    pub fn write_failed(&self, e: &io::Error) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "caching a block in a file the kernel can read: {e}; such blocks go to the arena, \
+                 and their files are read through the daemon"
+            );
+        }
+    }
+
+    /// `len` bytes of `version` written here are now in the cache's index (or, with `len`
+    /// negative, no longer).
+    pub fn published(&self, version: &FileVersion, len: i64) {
+        let file = self.file_of(version);
+        if len >= 0 {
+            file.stored.fetch_add(len as u64, Ordering::Release);
+        } else {
+            file.stored.fetch_sub(len.unsigned_abs(), Ordering::Release);
+        }
+    }
+
+    /// `len` bytes of `version` at `offset`, read into a block of their own.
+    pub fn read(&self, version: &FileVersion, offset: u64, len: usize) -> io::Result<Block> {
+        let name = self.files.lock().get(version).map(|f| f.name.clone());
+        let name = name.ok_or(io::ErrorKind::NotFound)?;
+        let fd = self.open(&name, OFlags::RDONLY)?;
+        let mut block = Block::zeroed(len)?;
+        let buf = &mut block.whole_mut()[..len];
+        let mut done = 0;
+        while done < len {
+            match rustix::io::pread(&fd, &mut buf[done..], offset + done as u64) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        block.truncate(len);
+        Ok(block)
+    }
+
+    /// True if every byte of `version` is here.
+    pub fn holds(&self, version: &FileVersion) -> bool {
+        let files = self.files.lock();
+        files
+            .get(version)
+            .is_some_and(|f| f.stored.load(Ordering::Acquire) >= version.size)
+    }
+
+    /// A read-only descriptor of the file of `version` if every byte of it is here: the
+    /// backing file of a passthrough open.
+    pub fn open_whole(&self, version: &FileVersion) -> Option<io::Result<OwnedFd>> {
+        let name = {
+            let files = self.files.lock();
+            let file = files.get(version)?;
+            if file.stored.load(Ordering::Acquire) < version.size {
+                return None;
+            }
+            file.name.clone()
+        };
+        Some(self.open(&name, OFlags::RDONLY))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(ino: u64, size: u64) -> FileVersion {
+        FileVersion {
+            dev: 1,
+            ino,
+            size,
+            mtime_ns: 1,
+            ctime_ns: 1,
+        }
+    }
+
+    #[test]
+    fn blocks_read_back_and_a_file_is_whole_only_once_every_byte_is_published() {
+        let files = match KernelFiles::new(1 << 20) {
+            Ok(f) => f,
+            // Without CAP_SYS_ADMIN there is no private tmpfs: nothing to test here (the
+            // cache then keeps every block in the arena, tested in mod.rs).
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => return,
+            Err(e) => panic!("{e}"),
+        };
+        let v = version(7, 100_000);
+        let first: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+        let second = vec![9u8; 100_000 - 65536];
+        files.write(&v, 0, &first).unwrap();
+        files.published(&v, first.len() as i64);
+        assert!(
+            files.open_whole(&v).is_none(),
+            "half a file is no backing file"
+        );
+        files.write(&v, 65536, &second).unwrap();
+        files.published(&v, second.len() as i64);
+        let fd = files.open_whole(&v).unwrap().unwrap();
+        let mut whole = vec![0u8; 100_001];
+        let n = rustix::io::pread(&fd, &mut whole, 0).unwrap();
+        assert_eq!(n, 100_000);
+        assert_eq!(&whole[..65536], &first[..]);
+        assert_eq!(&whole[65536..n], &second[..]);
+        assert_eq!(&*files.read(&v, 65530, 10).unwrap(), &whole[65530..65540]);
+        files.published(&v, -(second.len() as i64));
+        assert!(
+            files.open_whole(&v).is_none(),
+            "a removed block makes a hole"
+        );
+        assert!(files.takes(MIN_FILE + 1) && !files.takes(MIN_FILE));
+        files.stop_taking();
+        assert!(!files.takes(MIN_FILE + 1));
+    }
+
+    #[test]
+    fn the_tmpfs_holds_no_more_than_its_budget() {
+        let Ok(files) = KernelFiles::new(128 << 10) else {
+            return;
+        };
+        let v = version(1, 1 << 20);
+        files.write(&v, 0, &[1u8; 128 << 10]).unwrap();
+        let err = files.write(&v, 128 << 10, &[1u8; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    }
+}
