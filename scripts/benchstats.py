@@ -16,6 +16,7 @@ def main():
     p.add_argument("--baseline", required=True, help="system the ratios divide by")
     p.add_argument("--unit", default="MiB/s")
     p.add_argument("--also", action="append", default=[], help="extra ratio NUM/DEN, e.g. coorfs/bindfs")
+    p.add_argument("--digits", type=int, default=0, help="decimals of the medians")
     a = p.parse_args()
     samples = collections.defaultdict(dict)  # (workload, system) -> {rep: value}
     order_w, order_s = [], []
@@ -44,7 +45,7 @@ def main():
         row = [w]
         for s in order_s:
             vals = list(samples[(w, s)].values())
-            row.append(f"{statistics.median(vals):.0f}" if vals else "-")
+            row.append(f"{statistics.median(vals):.{a.digits}f}" if vals else "-")
         for n, d in ratios:
             row.append(f"{ratio(w, n, d):.2f}x")
         print("| " + " | ".join(row) + " |")

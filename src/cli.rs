@@ -179,7 +179,8 @@ pub struct MountArgs {
     /// Serve every read through the daemon. By default, where the kernel offers FUSE
     /// passthrough (Linux 6.9+) and the daemon has CAP_SYS_ADMIN, the kernel reads cached
     /// files over 64 KiB, and files the cache will not keep, by itself, with no round trip
-    /// per read; opens still go through the daemon (permissions, jobs, epochs, hits).
+    /// per read; opens still go through the daemon (permissions, jobs, epochs, hits). Off as
+    /// well with --fast-open and --read-delay.
     #[arg(long, help_heading = "Mount")]
     pub no_passthrough: bool,
     /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
@@ -351,7 +352,8 @@ pub struct MountArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
 
     /// Add DURATION to every read of the source, to emulate network storage in benchmarks
-    /// (e.g. --policy none --read-delay 2ms makes a slow passthrough mount).
+    /// (e.g. --policy none --read-delay 2ms makes a slow mirror of a directory). Every read
+    /// then goes through the daemon (no FUSE passthrough).
     #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_duration, help_heading = "Testing")]
     pub read_delay: Duration,
 

@@ -35,23 +35,23 @@ fn read_epoch(mnt: &Path, rels: &[PathBuf], size: usize, seed: u64) {
     });
 }
 
-/// Runs four epochs under `policy` with a cache of half the dataset; returns the final stats.
-fn four_epochs(policy: &str) -> (Value, Vec<u64>) {
+/// Runs four epochs under `policy` (and `extra` options) with a cache of half the dataset;
+/// returns the final stats.
+fn four_epochs(policy: &str, extra: &[&str]) -> (Value, Vec<u64>) {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, FILES, SIZE, 20);
     // 20 KiB is a multiple of the arena's 64-byte alignment, so exactly half the files fit.
     let capacity = (FILES / 2 * SIZE).to_string();
-    let m = Mount::new(
-        &src,
-        &[
-            "--no-prefetch",
-            "--policy",
-            policy,
-            "--cache-size",
-            &capacity,
-        ],
-    );
+    let mut options = vec![
+        "--no-prefetch",
+        "--policy",
+        policy,
+        "--cache-size",
+        &capacity,
+    ];
+    options.extend(extra);
+    let m = Mount::new(&src, &options);
     wait_for_scan(&m.mnt);
     for epoch in 0..4 {
         read_epoch(&m.mnt, &rels, SIZE, epoch);
@@ -78,7 +78,18 @@ fn four_epochs(policy: &str) -> (Value, Vec<u64>) {
 
 #[test]
 fn minio_hit_rate_equals_the_cached_fraction_in_every_later_epoch() {
-    let (s, cached_per_file) = four_epochs("minio");
+    for passthrough in [true, false] {
+        let extra: &[&str] = if passthrough {
+            &[]
+        } else {
+            &["--no-passthrough"]
+        };
+        minio_epochs(extra, passthrough);
+    }
+}
+
+fn minio_epochs(extra: &[&str], passthrough: bool) {
+    let (s, cached_per_file) = four_epochs("minio", extra);
     let cached_files = num(&s, "cached_files");
     assert_eq!(cached_files, FILES as u64 / 2, "{s}");
     assert_eq!(
@@ -93,8 +104,17 @@ fn minio_hit_rate_equals_the_cached_fraction_in_every_later_epoch() {
 
     assert_eq!(num(&s, "reads"), 4 * FILES as u64);
     assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"));
-    // Every read of an uncached file offers it to the cache, which refuses it.
-    assert_eq!(num(&s, "admissions_refused"), 4 * (FILES as u64 / 2));
+    // Every read of an uncached file through the daemon offers it to the cache, which
+    // refuses it; with passthrough, the kernel reads the files the cache will not keep from
+    // the source (all but those opened while the cache still had room).
+    let refused = num(&s, "admissions_refused");
+    let from_source = num(&s, "passthrough_source_opens");
+    assert_eq!(refused + from_source, 4 * (FILES as u64 / 2), "{s}");
+    if passthrough {
+        assert!(from_source >= 3 * (FILES as u64 / 2), "{s}");
+    } else {
+        assert_eq!(from_source, 0);
+    }
     assert_eq!(num(&s, "evictions"), 0);
     assert_eq!(num(&s, "source_errors"), 0);
 
@@ -132,8 +152,8 @@ fn minio_hit_rate_equals_the_cached_fraction_in_every_later_epoch() {
 #[test]
 fn lru_hits_less_than_minio_within_the_same_budget() {
     // The same dataset, budget and epoch orders (seeds 0-3) under each policy.
-    let (s, _) = four_epochs("lru");
-    let (minio, _) = four_epochs("minio");
+    let (s, _) = four_epochs("lru", &[]);
+    let (minio, _) = four_epochs("minio", &[]);
     assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"));
     assert!(num(&s, "evictions") > 0, "{s}");
     let epochs = s["epochs"].as_array().unwrap();
@@ -198,8 +218,10 @@ fn large_files_are_cached_in_blocks_and_read_right_at_any_offset() {
     std::fs::create_dir(&src).unwrap();
     let data = bytes(9, (5 << 20) + 12345);
     std::fs::write(src.join("shard.tfrecord"), &data).unwrap();
-    // Room for three 1 MiB blocks.
-    let m = Mount::new(&src, &["--cache-size", "3M", "--block-size", "1M"]);
+    // Room for three 1 MiB blocks, each in the file the kernel may read by passthrough: whole
+    // pages and 1 KiB for the file's inode (src/cache/kernel_files.rs).
+    let capacity = (3 * ((1 << 20) + 1024)).to_string();
+    let m = Mount::new(&src, &["--cache-size", &capacity, "--block-size", "1M"]);
     let f = std::fs::File::open(m.path("shard.tfrecord")).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     for _ in 0..300 {
@@ -446,8 +468,12 @@ fn small_misses_enter_the_kernel_page_cache_only_if_the_cache_keeps_them() {
     let rel = |base: &str, r: &PathBuf| Path::new(base).join(r);
     let cases = [
         // MinIO with room: a small file read once is in the kernel's page cache (its next
-        // open needs no READ); a large one went around it.
-        (vec!["--no-prefetch", "--cache-size", "64M"], true),
+        // open needs no READ); a large one went around it. (Without passthrough: a
+        // passthrough open's mapping is the cache's own file, whose pages mincore would show.)
+        (
+            vec!["--no-prefetch", "--cache-size", "64M", "--no-passthrough"],
+            true,
+        ),
         // LRU may evict what it takes, so a miss is never known to stay: direct I/O.
         (
             vec!["--no-prefetch", "--cache-size", "64M", "--policy", "lru"],

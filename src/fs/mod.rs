@@ -189,8 +189,10 @@ pub struct DatasetFs {
     fast_open: bool,
     /// Opens the kernel reads by itself (`passthrough.rs`).
     passthrough: passthrough::Passthrough,
-    /// `--no-passthrough` was not given.
+    /// Neither `--no-passthrough`, `--fast-open` nor `--read-delay` was given.
     passthrough_wanted: bool,
+    /// `--read-delay` was given.
+    read_delay: bool,
     /// The cluster this mount is a member of, if any.
     cluster: Option<crate::cluster::ClusterConfig>,
     /// Its registration in etcd, while it lasts.
@@ -238,7 +240,9 @@ impl DatasetFs {
             .enable_time()
             .build()?;
         let cache = BlockCache::new(config.cache)?;
-        let passthrough_wanted = config.passthrough && !config.fast_open;
+        // --read-delay delays the daemon's reads of the source: the kernel must not read it.
+        let passthrough_wanted =
+            config.passthrough && !config.fast_open && config.read_delay.is_zero();
         if passthrough_wanted && cache.caches() && !cache.evicts() {
             // Cached files the kernel can read itself; without them, passthrough is still
             // used for files the cache will not keep.
@@ -296,6 +300,7 @@ impl DatasetFs {
             fast_open: config.fast_open,
             passthrough: Default::default(),
             passthrough_wanted,
+            read_delay: !config.read_delay.is_zero(),
             cluster: config.cluster.clone(),
             registration: Default::default(),
             shares: Default::default(),
@@ -329,6 +334,8 @@ impl DatasetFs {
             None
         } else if self.fast_open {
             Some("--fast-open: there is no open to answer with a backing file")
+        } else if self.read_delay {
+            Some("--read-delay: the daemon delays every read of the source")
         } else {
             Some("--no-passthrough")
         }

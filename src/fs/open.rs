@@ -27,6 +27,11 @@
 //! With `--policy none` there is no cache of ours and the kernel's page cache does what it
 //! does (`keep_cache` for every unchanged file): the baseline of "FUSE plus page cache".
 //!
+//! Where the kernel reads files by itself (FUSE passthrough, `passthrough.rs`), that comes
+//! first: a wholly cached file over 64 KiB is read from the cache's own file of it, and a file
+//! the cache will not keep, that nothing below wants the daemon to read, from the source file;
+//! the choices above are for the rest.
+//!
 //! The accounting follows: an open of a wholly cached file is a hit, and its size is counted
 //! as bytes from the cache right there (training reads files whole, and the kernel may serve
 //! them without asking); reads through a direct-I/O handle count exactly what they serve.
@@ -38,6 +43,8 @@
 //! taking the file's staged blocks to counting the access, so that of two such opens the one
 //! counted first takes them.
 
+use std::io::ErrorKind;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -45,8 +52,9 @@ use std::sync::atomic::AtomicBool;
 use parking_lot::Mutex;
 
 use super::handles::{FileHandle, Held};
-use super::passthrough::{Backing, KernelIo};
+use super::passthrough::{Backing, BackingFiles, Granted, KernelIo};
 use super::{Access, Caller, DatasetFs, FsError, Opened, kernel_cache, order, source_error};
+use crate::cache::BlockKey;
 use crate::epoch::Step;
 use crate::jobs::Job;
 use crate::jobs::JobKey;
@@ -86,6 +94,8 @@ struct Counted {
     step: Option<Step>,
     /// Every block of the file was staged, and the open took them (`claimed`).
     staged: bool,
+    /// The prefetcher reads ahead for the job ([`crate::prefetch::Prefetcher::reads_ahead_for`]).
+    read_ahead: bool,
     claimed: Vec<(u64, Arc<crate::block::Block>)>,
 }
 
@@ -181,17 +191,19 @@ impl DatasetFs {
         let from_source = reading
             .backing
             .is_some_and(|b| matches!(b, Backing::Source(_)));
+        // A re-read within the epoch is the same access: the source's page cache serves it.
+        let reread = counted.step == Some(Step::Repeat);
         let handle = file_handle(ino, caller, opened, counted, hit, access, reading);
         if passthrough.is_some() {
-            self.count_passthrough(&handle, from_source);
+            self.count_passthrough(&handle, from_source, reread);
         }
         Ok((handle, opened_for_kernel))
     }
 
     /// How the kernel is to read an open of node `ino` (see `passthrough.rs` and the module
-    /// header): from a backing file by itself if the file has one and the inode allows it,
-    /// else through its page cache or the daemon as [`DatasetFs::kernel_caching`] says, as far
-    /// as the inode's other opens allow.
+    /// header): from a backing file by itself if the file has one and the inode's other opens
+    /// allow it (or if they are passthrough opens: then it must), else through its page cache
+    /// or the daemon as [`DatasetFs::kernel_caching`] says.
     fn kernel_reading(
         &self,
         ino: NodeId,
@@ -201,70 +213,35 @@ impl DatasetFs {
         counted: &Counted,
     ) -> KernelReading {
         let version = opened.meta.version;
-        if let Some(backing) = self.backing_for(opened, in_memory, hit, counted) {
-            let (io, refused) =
-                self.passthrough
-                    .open(
-                        ino,
-                        KernelIo::Passthrough(0),
-                        Some(backing),
-                        |kernel| match backing {
-                            Backing::Cached(v) => {
-                                let fd = self
-                                    .tiers
-                                    .memory
-                                    .open_for_kernel(&v)
-                                    .ok_or(std::io::ErrorKind::NotFound)??;
-                                kernel.register(std::os::fd::AsFd::as_fd(&fd))
-                            }
-                            Backing::Source(_) => {
-                                kernel.register(std::os::fd::AsFd::as_fd(&opened.file))
-                            }
-                        },
-                    );
-            if let Some(e) = refused {
-                self.passthrough_unavailable(&format!("the kernel refused a backing file: {e}"));
+        let backing = self.backing_for(opened, in_memory, hit, counted);
+        let register = |kernel: &dyn BackingFiles, backing| match backing {
+            Backing::Cached(v) => {
+                let fd = (self.tiers.memory.open_for_kernel(&v)).ok_or(ErrorKind::NotFound)??;
+                kernel.register(fd.as_fd())
             }
-            if let KernelIo::Passthrough(_) = io {
-                return KernelReading {
-                    io,
-                    keep_cache: false,
-                    watch: None,
-                    backing: Some(backing),
-                };
-            }
-        }
-        let (keep_cache, direct_io, watch) =
-            self.kernel_caching(opened.file_id, version.size, in_memory, opened.changed);
-        let wanted = if direct_io {
-            KernelIo::Direct
-        } else {
-            KernelIo::PageCache
+            Backing::Source(_) => kernel.register(opened.file.as_fd()),
         };
-        if !self.passthrough.on() {
-            return KernelReading {
-                io: wanted,
-                keep_cache,
-                watch,
-                backing: None,
-            };
-        }
-        match self
+        let daemon =
+            || self.kernel_caching(opened.file_id, version.size, in_memory, opened.changed);
+        let (granted, refused) = self
             .passthrough
-            .open(ino, wanted, None, |_| {
-                Err(std::io::ErrorKind::Unsupported.into())
-            })
-            .0
-        {
-            // The inode is read by passthrough: this open asks the daemon.
-            KernelIo::Direct if wanted == KernelIo::PageCache => KernelReading {
-                io: KernelIo::Direct,
+            .open(ino, version, backing, register, daemon);
+        if let Some(e) = refused {
+            self.passthrough_unavailable(&format!("the kernel refused a backing file: {e}"));
+        }
+        match granted {
+            Granted::Passthrough { id, backing } => KernelReading {
+                io: KernelIo::Passthrough(id),
                 keep_cache: false,
                 watch: None,
-                backing: None,
+                backing: Some(backing),
             },
-            io => KernelReading {
-                io,
+            Granted::Daemon((keep_cache, direct_io, watch)) => KernelReading {
+                io: if direct_io {
+                    KernelIo::Direct
+                } else {
+                    KernelIo::PageCache
+                },
                 keep_cache,
                 watch,
                 backing: None,
@@ -293,22 +270,47 @@ impl DatasetFs {
                 .holds_for_kernel(&version)
                 .then_some(Backing::Cached(version));
         }
+        // The daemon's own reads feed the disk tier, the cluster's members, and the other jobs
+        // that read the file this round; the prefetcher's are the job's.
         let disk_has_room =
             (self.tiers.disk.as_ref()).is_some_and(|d| d.enabled() && d.used() < d.capacity());
-        let kept_below = hit || disk_has_room || self.cluster.is_some();
-        let source = !kept_below
-            && counted.claimed.is_empty()
-            && !self.tiers.memory.would_keep(version.size);
+        let read_below = hit || disk_has_room || self.cluster.is_some();
+        // What the prefetcher staged for the job, or is reading now, is read through the
+        // daemon: by passthrough it would be read twice, and staged for nobody.
+        let first = BlockKey { version, block: 0 };
+        let prefetched = counted.read_ahead
+            || !counted.claimed.is_empty()
+            || self.tiers.fetcher.in_flight(&first)
+            || self.tiers.staging.held_by(counted.job_key) > 0;
+        let source = !read_below
+            && !prefetched
+            && !self.tiers.memory.would_keep(version.size)
+            && !self.others_need(opened.file_id, counted);
         source.then_some(Backing::Source(version))
     }
 
+    /// True if another job will read the file soon (the daemon keeps what it reads of the file
+    /// for them, see [`crate::prefetch::Prefetcher::share`]), or the file is one the scan has
+    /// not seen.
+    fn others_need(&self, file: Option<FileId>, counted: &Counted) -> bool {
+        let Some(f) = file else {
+            return true;
+        };
+        !(self.prefetcher)
+            .needing(f, counted.job_key, counted.job_epoch)
+            .is_empty()
+    }
+
     /// Counts an open the kernel reads by itself; one `from_source` is a miss read from the
-    /// source without the daemon: its whole size is counted now, as a hit's is.
-    fn count_passthrough(&self, handle: &FileHandle, from_source: bool) {
+    /// source without the daemon: its whole size is counted now, as a hit's is, unless the
+    /// open `reread` what its job read moments ago in this epoch.
+    fn count_passthrough(&self, handle: &FileHandle, from_source: bool, reread: bool) {
         let counters = &self.ledger.stats().counters;
         crate::stats::Counters::add(&counters.passthrough_opens, 1);
         if from_source {
             crate::stats::Counters::add(&counters.passthrough_source_opens, 1);
+        }
+        if from_source && !reread {
             self.ledger.read_directly(&handle.att, handle.version.size);
             self.ledger
                 .file_from_source(handle.file_id, handle.att.job_epoch);
@@ -405,6 +407,7 @@ impl DatasetFs {
         }
         let order = j.following();
         let position = j.log.tracker().read_in_epoch() as u64;
+        let read_ahead = !hit && self.prefetcher.reads_ahead_for(&j);
         drop(j);
         Counted {
             epoch: self.ledger.open_in_dataset(&opening),
@@ -415,6 +418,7 @@ impl DatasetFs {
             position,
             step,
             staged: opening.staged,
+            read_ahead,
             claimed: claimed.blocks,
         }
     }
@@ -436,6 +440,7 @@ impl DatasetFs {
             position,
             step: None,
             staged: false,
+            read_ahead: false,
             claimed: Vec::new(),
         }
     }

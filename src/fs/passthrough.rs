@@ -16,22 +16,30 @@
 //! fill it), staged files (served from staging), small files (the kernel's page cache).
 //!
 //! # What the kernel allows, and how the table keeps to it
-//! Measured on kernel 6.18 (and so in the kernel's `iomode.c`): an inode's opens are either
-//! all passthrough, to one backing file, or all through the page cache; an open that mixes the
-//! two, or names a second backing file while the first is open, fails with EIO. Direct-I/O
-//! opens are neutral. `FOPEN_KEEP_CACHE` with passthrough is EIO, and `FOPEN_DIRECT_IO` turns
-//! passthrough off. The kernel leaves a mode when the last open is closed, before the daemon
-//! is sent the RELEASE (measured: 22 of 2,000 OPENs came before the previous RELEASE).
+//! Measured on kernel 6.18 (and so in the kernel's `iomode.c`): while an inode has a backing
+//! file attached, every open of it must be a passthrough open of that same backing file, or
+//! the open fails with EIO, direct I/O included; and an inode open through the page cache
+//! cannot take a passthrough open. `FOPEN_KEEP_CACHE` with passthrough is EIO too, and
+//! `FOPEN_DIRECT_IO` turns passthrough off. The kernel lets go of an inode's backing file when
+//! its last open is closed, before it sends the daemon the RELEASE (measured: 22 of 2,000
+//! OPENs came before the previous RELEASE).
 //!
-//! So [`InodeModes`] counts, per inode, the opens it granted each mode and drops the count at
-//! RELEASE: its view holds every open the kernel still has, and more. An open that wants one
-//! mode while the inode is in the other, or another backing file, is given direct I/O, which
-//! is always allowed. A backing file is registered with the kernel at the first passthrough
-//! open of an inode and unregistered at its last release: the kernel refuses reads through an
-//! id closed while its file is open (199 of 200 opens got EIO when the id was dropped at once).
-//!
+//! So [`InodeModes`] counts, per inode, the opens it granted each way and drops the count at
+//! RELEASE; the kernel's count is never above it. While an inode has passthrough opens, every
+//! open of it is given the same registration, even one that wanted the daemon (a staged file
+//! reads its bytes from the backing file). An open of a file that changed since that backing
+//! file was registered first waits up to [`RELEASE_WAIT`] for those opens' RELEASE, which the
+//! kernel sends after the descriptors are closed: close, change, open reads the new version.
+//! Only an open made while a descriptor of the old version is really still open reads what
+//! that descriptor reads, until all of them are closed. While it has opens through the daemon, a
+//! passthrough open goes through the daemon too. A backing file is registered with the
+//! kernel at the first passthrough open of an inode and unregistered at its last release: an
+//! id unregistered while its file is open makes later opens fail (199 of 200 opens got EIO
+//! when the id was dropped at once).
+
 //! # When it is off
-//! With `--no-passthrough`, `--fast-open` (no OPEN to answer), a kernel that does not offer
+//! With `--no-passthrough`, `--fast-open` (no OPEN to answer), `--read-delay` (the daemon
+//! delays each read of the source, as slow storage would), a kernel that does not offer
 //! `FUSE_PASSTHROUGH` (before 6.9, or built without it), or a daemon the kernel refuses a
 //! backing file (it needs `CAP_SYS_ADMIN`): every open goes through the daemon as before. The
 //! daemon says which, once, in its log.
@@ -60,6 +68,21 @@ pub enum Backing {
     Source(FileVersion),
 }
 
+impl Backing {
+    /// The version of the file it holds.
+    pub fn version(&self) -> FileVersion {
+        match self {
+            Backing::Cached(v) | Backing::Source(v) => *v,
+        }
+    }
+}
+
+/// How long an open of a file that changed waits for the RELEASE of its inode's passthrough
+/// opens of the old version: the kernel sends it after the descriptor is closed, in the
+/// background, and the daemon may see the next OPEN first (measured: 22 of 2,000 OPENs); an
+/// open that would otherwise read the old version's backing file.
+pub const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// How the kernel reads an open file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelIo {
@@ -71,12 +94,18 @@ pub enum KernelIo {
     Passthrough(u32),
 }
 
+/// How an open was granted: from a backing file, or through the daemon as it wanted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Granted<D> {
+    Passthrough { id: u32, backing: Backing },
+    Daemon(D),
+}
+
 /// What an inode's open files are, as the daemon granted them.
 #[derive(Debug)]
 enum InodeMode {
-    PageCache {
-        opens: u32,
-    },
+    /// Read through the daemon: the page cache or direct I/O, in any mix.
+    Daemon { opens: u32 },
     Passthrough {
         opens: u32,
         id: u32,
@@ -84,67 +113,64 @@ enum InodeMode {
     },
 }
 
-/// The mode of each inode with open files (see the module header). Pure: registering and
-/// unregistering backing files are the caller's closures.
+/// The mode of each inode with open files (see the module header). Pure: registering a
+/// backing file and choosing the daemon's way are the caller's closures, and what is to be
+/// unregistered is returned.
 #[derive(Debug, Default)]
 pub struct InodeModes {
     inodes: HashMap<NodeId, InodeMode>,
 }
 
 impl InodeModes {
-    /// An open of `ino` that would be read as `wanted` (`Passthrough`'s id is ignored: the
-    /// backing file is `backing`, registered by `register` if the inode has none). Returns
-    /// how it is to be read.
-    pub fn open(
+    /// An open of `ino` that would be read from `backing` if it may (registered by
+    /// `register` if the inode has no registration), else through the daemon as `daemon`
+    /// says. An inode open by passthrough gives every open its registration, whatever it
+    /// wanted: the kernel refuses any other open of it.
+    pub fn open<D>(
         &mut self,
         ino: NodeId,
-        wanted: KernelIo,
         backing: Option<Backing>,
-        register: impl FnOnce() -> Option<u32>,
-    ) -> KernelIo {
-        match (wanted, backing, self.inodes.get_mut(&ino)) {
-            (KernelIo::Direct, ..) => KernelIo::Direct,
-            (KernelIo::Passthrough(_), Some(b), None) => match register() {
-                Some(id) => {
-                    self.inodes.insert(
-                        ino,
-                        InodeMode::Passthrough {
-                            opens: 1,
-                            id,
-                            backing: b,
-                        },
-                    );
-                    KernelIo::Passthrough(id)
+        register: impl FnOnce(Backing) -> Option<u32>,
+        daemon: impl FnOnce() -> D,
+    ) -> Granted<D> {
+        match (self.inodes.get_mut(&ino), backing) {
+            (Some(InodeMode::Passthrough { opens, id, backing }), _) => {
+                *opens += 1;
+                Granted::Passthrough {
+                    id: *id,
+                    backing: *backing,
                 }
-                None => KernelIo::Direct,
-            },
-            (
-                KernelIo::Passthrough(_),
-                Some(b),
-                Some(InodeMode::Passthrough { opens, id, backing }),
-            ) if *backing == b => {
+            }
+            (None, Some(b)) => {
+                if let Some(id) = register(b) {
+                    let mode = InodeMode::Passthrough {
+                        opens: 1,
+                        id,
+                        backing: b,
+                    };
+                    self.inodes.insert(ino, mode);
+                    return Granted::Passthrough { id, backing: b };
+                }
+                self.inodes.insert(ino, InodeMode::Daemon { opens: 1 });
+                Granted::Daemon(daemon())
+            }
+            (Some(InodeMode::Daemon { opens }), _) => {
                 *opens += 1;
-                KernelIo::Passthrough(*id)
+                Granted::Daemon(daemon())
             }
-            (KernelIo::PageCache, _, None) => {
-                self.inodes.insert(ino, InodeMode::PageCache { opens: 1 });
-                KernelIo::PageCache
+            (None, None) => {
+                self.inodes.insert(ino, InodeMode::Daemon { opens: 1 });
+                Granted::Daemon(daemon())
             }
-            (KernelIo::PageCache, _, Some(InodeMode::PageCache { opens })) => {
-                *opens += 1;
-                KernelIo::PageCache
-            }
-            // The other mode, another backing file, or passthrough without one.
-            _ => KernelIo::Direct,
         }
     }
 
-    /// The release of an open of `ino` granted `io`. Returns a backing file id to unregister
-    /// (its last open is gone).
+    /// The release of an open of `ino` that was granted `io`. Returns a backing file id to
+    /// unregister: its inode's last open is gone.
     pub fn release(&mut self, ino: NodeId, io: KernelIo) -> Option<u32> {
-        let (opens, id) = match (io, self.inodes.get_mut(&ino)?) {
-            (KernelIo::PageCache, InodeMode::PageCache { opens }) => (opens, None),
-            (KernelIo::Passthrough(granted), InodeMode::Passthrough { opens, id, .. })
+        let (opens, registered) = match (self.inodes.get_mut(&ino)?, io) {
+            (InodeMode::Daemon { opens }, KernelIo::PageCache | KernelIo::Direct) => (opens, None),
+            (InodeMode::Passthrough { opens, id, .. }, KernelIo::Passthrough(granted))
                 if granted == *id =>
             {
                 (opens, Some(*id))
@@ -156,10 +182,18 @@ impl InodeModes {
             return None;
         }
         self.inodes.remove(&ino);
-        id
+        registered
     }
 
-    /// Inodes with open files in a mode.
+    /// The backing file of `ino`'s passthrough opens, if it has any.
+    pub fn backing_of(&self, ino: NodeId) -> Option<Backing> {
+        match self.inodes.get(&ino)? {
+            InodeMode::Passthrough { backing, .. } => Some(*backing),
+            InodeMode::Daemon { .. } => None,
+        }
+    }
+
+    /// Inodes with open files.
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.inodes.len()
@@ -174,6 +208,8 @@ pub struct Passthrough {
     /// Turned off after the kernel refused a backing file.
     refused: AtomicBool,
     modes: Mutex<InodeModes>,
+    /// Signalled at every release of a passthrough open.
+    released: parking_lot::Condvar,
 }
 
 impl std::fmt::Debug for Passthrough {
@@ -195,46 +231,65 @@ impl Passthrough {
         self.kernel.get().is_some() && !self.refused.load(Ordering::Relaxed)
     }
 
-    /// An open of `ino` that would be read as `wanted`, from `backing` if passed through
-    /// (`open_fd` opens it, if it must be registered). Returns how it is to be read, and the
-    /// error that turned passthrough off if registering failed with EPERM (the caller says it
-    /// in the log).
-    pub fn open(
+    /// An open of `ino`: from `backing` by the kernel if it may (`register` registers the
+    /// backing file with the kernel's table if the inode has none), else through the daemon as
+    /// `daemon` says. Also returns the error that turned passthrough off if the kernel refused
+    /// a registration with EPERM (the caller says it in the log).
+    pub fn open<D>(
         &self,
         ino: NodeId,
-        wanted: KernelIo,
+        version: FileVersion,
         backing: Option<Backing>,
-        register: impl FnOnce(&dyn BackingFiles) -> std::io::Result<u32>,
-    ) -> (KernelIo, Option<std::io::Error>) {
+        register: impl FnOnce(&dyn BackingFiles, Backing) -> std::io::Result<u32>,
+        daemon: impl FnOnce() -> D,
+    ) -> (Granted<D>, Option<std::io::Error>) {
         let kernel = self.kernel.get().filter(|_| self.on());
-        let wanted = match (wanted, kernel) {
-            (KernelIo::Passthrough(_), None) => KernelIo::Direct,
-            _ => wanted,
+        let Some(kernel) = kernel else {
+            return (Granted::Daemon(daemon()), None);
         };
         let mut refused = None;
-        let io =
-            self.modes
-                .lock()
-                .open(ino, wanted, backing, || match register(kernel?.as_ref()) {
-                    Ok(id) => Some(id),
-                    Err(e) => {
-                        if e.raw_os_error() == Some(libc::EPERM) {
-                            self.refused.store(true, Ordering::Relaxed);
-                            refused = Some(e);
-                        } else {
-                            tracing::debug!("registering a backing file: {e}");
-                        }
-                        None
-                    }
-                });
-        (io, refused)
+        let register = |b| match register(kernel.as_ref(), b) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::EPERM) {
+                    self.refused.store(true, Ordering::Relaxed);
+                    refused = Some(e);
+                } else {
+                    tracing::debug!("registering a backing file: {e}");
+                }
+                None
+            }
+        };
+        let mut modes = self.modes.lock();
+        // The inode's passthrough opens read another version: they are most likely closed, with
+        // their RELEASE still on its way. Only if one is really still open does this open read
+        // what it reads (the kernel allows one backing file per inode).
+        let deadline = std::time::Instant::now() + RELEASE_WAIT;
+        while modes
+            .backing_of(ino)
+            .is_some_and(|b| b.version() != version)
+        {
+            if self.released.wait_until(&mut modes, deadline).timed_out() {
+                tracing::debug!(
+                    "inode {ino} changed while open: read as the open descriptor reads"
+                );
+                break;
+            }
+        }
+        let granted = modes.open(ino, backing, register, daemon);
+        drop(modes);
+        (granted, refused)
     }
 
     /// The release of an open of `ino` that was granted `io`.
     pub fn release(&self, ino: NodeId, io: KernelIo) {
-        let id = self.modes.lock().release(ino, io);
-        if let (Some(id), Some(kernel)) = (id, self.kernel.get()) {
+        if self.kernel.get().is_none() {
+            return;
+        }
+        let registered = self.modes.lock().release(ino, io);
+        if let (Some(id), Some(kernel)) = (registered, self.kernel.get()) {
             kernel.unregister(id);
+            self.released.notify_all();
         }
     }
 }
@@ -253,106 +308,120 @@ mod tests {
         }
     }
 
-    const PT: KernelIo = KernelIo::Passthrough(0);
+    fn pt(id: u32, backing: Backing) -> Granted<KernelIo> {
+        Granted::Passthrough { id, backing }
+    }
 
     #[test]
-    fn an_inode_is_in_one_mode_with_one_backing_file_until_its_last_release() {
+    fn an_inode_open_by_passthrough_gives_every_open_its_one_registration() {
         let mut m = InodeModes::default();
-        let cached = Some(Backing::Cached(version(1)));
-        let source = Some(Backing::Source(version(1)));
+        let cached = Backing::Cached(version(1));
+        let source = Backing::Source(version(1));
         let mut next = 10;
-        let mut reg = || {
+        let mut reg = |_| {
             next += 1;
             Some(next)
         };
-        // Two opens share one registration; a page-cache open and another backing file get
-        // direct I/O meanwhile.
-        assert_eq!(m.open(5, PT, cached, &mut reg), KernelIo::Passthrough(11));
-        assert_eq!(m.open(5, PT, cached, &mut reg), KernelIo::Passthrough(11));
+        let page = || KernelIo::PageCache;
+        assert_eq!(m.open(5, Some(cached), &mut reg, page), pt(11, cached));
+        // Whatever the next opens want, they share it while it is open.
+        assert_eq!(m.open(5, Some(source), &mut reg, page), pt(11, cached));
         assert_eq!(
-            m.open(5, KernelIo::PageCache, None, &mut reg),
-            KernelIo::Direct
+            m.open(5, None, &mut reg, || KernelIo::Direct),
+            pt(11, cached)
         );
-        assert_eq!(m.open(5, PT, source, &mut reg), KernelIo::Direct);
-        // Releases of the neutral opens change nothing; the last passthrough one unregisters.
-        assert_eq!(m.release(5, KernelIo::Direct), None);
+        assert_eq!(m.release(5, KernelIo::Passthrough(11)), None);
         assert_eq!(m.release(5, KernelIo::Passthrough(11)), None);
         assert_eq!(m.release(5, KernelIo::Passthrough(11)), Some(11));
         assert_eq!(m.len(), 0);
-        // Then the page cache may have the inode, and passthrough waits for it to be done.
+        // Through the daemon, a passthrough open waits until the inode's opens are gone.
         assert_eq!(
-            m.open(5, KernelIo::PageCache, None, &mut reg),
-            KernelIo::PageCache
+            m.open(5, None, &mut reg, page),
+            Granted::Daemon(KernelIo::PageCache)
         );
-        assert_eq!(m.open(5, PT, source, &mut reg), KernelIo::Direct);
+        let direct = || KernelIo::Direct;
+        assert_eq!(
+            m.open(5, Some(source), &mut reg, direct),
+            Granted::Daemon(KernelIo::Direct)
+        );
         assert_eq!(m.release(5, KernelIo::PageCache), None);
-        assert_eq!(m.open(5, PT, source, &mut reg), KernelIo::Passthrough(12));
+        assert_eq!(m.release(5, KernelIo::Direct), None);
+        assert_eq!(m.open(5, Some(source), &mut reg, page), pt(12, source));
         // Other inodes are their own.
         assert_eq!(
-            m.open(6, KernelIo::PageCache, None, &mut reg),
-            KernelIo::PageCache
+            m.open(6, None, &mut reg, page),
+            Granted::Daemon(KernelIo::PageCache)
         );
     }
 
     #[test]
-    fn a_refused_registration_is_direct_io_and_leaves_no_mode() {
+    fn a_refused_registration_goes_through_the_daemon() {
         let mut m = InodeModes::default();
-        let b = Some(Backing::Cached(version(1)));
-        assert_eq!(m.open(5, PT, b, || None), KernelIo::Direct);
-        assert_eq!(m.open(5, PT, None, || Some(1)), KernelIo::Direct);
+        let b = Backing::Cached(version(1));
+        let granted = m.open(5, Some(b), |_| None, || KernelIo::Direct);
+        assert_eq!(granted, Granted::Daemon(KernelIo::Direct));
+        assert_eq!(m.release(5, KernelIo::Direct), None);
         assert_eq!(m.len(), 0);
-        assert_eq!(
-            m.open(5, KernelIo::PageCache, None, || None),
-            KernelIo::PageCache
-        );
     }
 
-    /// A random sequence of opens and releases never puts an inode in two modes, or in
-    /// passthrough with two backing files, and every registration is unregistered once.
+    /// A random sequence of opens and releases keeps the kernel's rules: an inode with a
+    /// passthrough open has only passthrough opens, of one registration, and every
+    /// registration is unregistered once, after its last open.
     #[test]
     fn random_opens_and_releases_keep_the_kernels_rules() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(29);
         let mut m = InodeModes::default();
-        let mut open: Vec<(NodeId, KernelIo, Option<Backing>)> = Vec::new();
-        let (mut registered, mut unregistered) = (0u32, Vec::new());
+        let mut open: Vec<(NodeId, KernelIo)> = Vec::new();
+        let mut registered = 0u32;
+        let mut unregistered: Vec<u32> = Vec::new();
         for _ in 0..20_000 {
             if open.is_empty() || rng.random_bool(0.55) {
-                let ino = rng.random_range(1..4);
+                let ino = rng.random_range(1..5);
                 let backing = match rng.random_range(0..3) {
                     0 => Some(Backing::Cached(version(ino))),
                     1 => Some(Backing::Source(version(ino))),
                     _ => None,
                 };
-                let wanted = [PT, KernelIo::PageCache, KernelIo::Direct][rng.random_range(0..3)];
-                let io = m.open(ino, wanted, backing, || {
-                    registered += 1;
-                    Some(registered)
-                });
-                // The kernel's rules, against what is open now.
-                for &(other, other_io, other_backing) in open.iter().filter(|o| o.0 == ino) {
-                    match (io, other_io) {
-                        (KernelIo::PageCache, KernelIo::Passthrough(_))
-                        | (KernelIo::Passthrough(_), KernelIo::PageCache) => {
-                            panic!("inode {other} in two modes")
-                        }
-                        (KernelIo::Passthrough(a), KernelIo::Passthrough(b)) => {
-                            assert_eq!(a, b);
-                            assert_eq!(backing, other_backing);
+                let daemon = [KernelIo::PageCache, KernelIo::Direct][rng.random_range(0..2)];
+                let refuse = rng.random_bool(0.1);
+                let granted = m.open(
+                    ino,
+                    backing,
+                    |_| {
+                        (!refuse).then(|| {
+                            registered += 1;
+                            registered
+                        })
+                    },
+                    || daemon,
+                );
+                let io = match granted {
+                    Granted::Passthrough { id, .. } => KernelIo::Passthrough(id),
+                    Granted::Daemon(io) => io,
+                };
+                for &(_, other) in open.iter().filter(|o| o.0 == ino) {
+                    match (io, other) {
+                        (KernelIo::Passthrough(a), KernelIo::Passthrough(b)) => assert_eq!(a, b),
+                        (KernelIo::Passthrough(_), _) | (_, KernelIo::Passthrough(_)) => {
+                            panic!("inode {ino}: {io:?} beside {other:?}")
                         }
                         _ => {}
                     }
                 }
-                open.push((ino, io, backing));
+                if let KernelIo::Passthrough(id) = io {
+                    assert!(!unregistered.contains(&id), "{id} was unregistered");
+                }
+                open.push((ino, io));
             } else {
-                let (ino, io, _) = open.swap_remove(rng.random_range(0..open.len()));
+                let (ino, io) = open.swap_remove(rng.random_range(0..open.len()));
                 if let Some(id) = m.release(ino, io) {
                     assert!(!open.iter().any(|o| o.1 == KernelIo::Passthrough(id)));
                     unregistered.push(id);
                 }
             }
         }
-        for (ino, io, _) in open.drain(..) {
+        for (ino, io) in open.drain(..) {
             unregistered.extend(m.release(ino, io));
         }
         unregistered.sort_unstable();

@@ -265,6 +265,9 @@ impl Prefetcher {
     /// counts: a block kept for a job that does not need it costs room until its epoch turns,
     /// a block not kept costs a read of the source.
     pub fn needing(&self, f: FileId, except: JobKey, round: u64) -> Vec<JobKey> {
+        if !self.config.enabled || !self.config.share {
+            return Vec::new();
+        }
         let now = self.ledger.now();
         let total = self.total();
         let mut out = Vec::new();
@@ -442,6 +445,23 @@ impl Prefetcher {
         self.disk_order.get().map_or(0, |o| o.len())
     }
 
+    /// True if the prefetcher reads ahead for job `j` now: it gave an order for this epoch, or
+    /// it reads the whole dataset. An uncached file such a job opens is read through the daemon
+    /// (from what the prefetcher staged or is fetching), never by the kernel from the source
+    /// (`crate::fs`'s `passthrough.rs`).
+    pub fn reads_ahead_for(&self, j: &Job) -> bool {
+        self.config.enabled && (j.active_order().is_some() || self.reads_remaining_ahead(j))
+    }
+
+    /// True if job `j`, without an order, reads in a way the prefetcher follows: what its reads
+    /// say it will read. A glance, a shard, a job that stopped after its last epoch must not
+    /// leave a staging area full of files nobody will read.
+    fn reads_remaining_ahead(&self, j: &Job) -> bool {
+        let t = j.log.tracker();
+        self.disk_order.get().is_some()
+            && may_prefetch_remaining(t.read_in_epoch(), self.total(), t.covered_dataset())
+    }
+
     /// `job`'s epoch turned to `current`. What it staged for the epochs before moves to the
     /// new one if the job reads the whole dataset (it will read those files in this epoch),
     /// with the bytes read for them; otherwise it is dropped and counted as unused.
@@ -551,12 +571,7 @@ impl Prefetcher {
             let mut j = job.lock();
             let hinted = j.active_order();
             let t = j.log.tracker();
-            // Without an order for it, only what the job's reads say it will read: a
-            // glance, a shard, a job that stopped after its last epoch must not leave a
-            // staging area full of files nobody will read.
-            if hinted.is_none()
-                && !may_prefetch_remaining(t.read_in_epoch(), disk_order.len(), t.covered_dataset())
-            {
+            if hinted.is_none() && !self.reads_remaining_ahead(&j) {
                 return false;
             }
             let order: &[FileId] = hinted.as_deref().map_or(disk_order, |v| v.as_slice());
