@@ -219,8 +219,9 @@ fn large_files_are_cached_in_blocks_and_read_right_at_any_offset() {
     let data = bytes(9, (5 << 20) + 12345);
     std::fs::write(src.join("shard.tfrecord"), &data).unwrap();
     // Room for three 1 MiB blocks, each in the file the kernel may read by passthrough: whole
-    // pages and 1 KiB for the file's inode (src/cache/kernel_files.rs).
-    let capacity = (3 * ((1 << 20) + 1024)).to_string();
+    // pages and the overhead of the file (src/cache/kernel_files.rs).
+    let overhead = coorfs::cache::kernel_files::FILE_OVERHEAD;
+    let capacity = (3 * ((1 << 20) + overhead)).to_string();
     let m = Mount::new(&src, &["--cache-size", &capacity, "--block-size", "1M"]);
     let f = std::fs::File::open(m.path("shard.tfrecord")).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);

@@ -103,8 +103,8 @@ fn files_the_cache_will_not_keep_are_read_by_the_kernel_from_the_source() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 40, SIZE, 4);
-    // Room for 10 of the 40 files (each takes whole pages and 1 KiB for its inode).
-    let per_file = (SIZE as u64).div_ceil(4096) * 4096 + 1024;
+    // Room for 10 of the 40 files (each takes whole pages and the overhead of its file).
+    let per_file = (SIZE as u64).div_ceil(4096) * 4096 + coorfs::cache::kernel_files::FILE_OVERHEAD;
     let capacity = (10 * per_file).to_string();
     let m = Mount::new(&src, &["--no-prefetch", "--cache-size", &capacity]);
     wait_for_scan(&m.mnt);

@@ -16,8 +16,9 @@
 //!   cap the cache at 20,000 files.
 //! - **Memory:** tmpfs pages, charged to the daemon's memory cgroup as the arena's are, and
 //!   like them never reclaimed (there is nothing to write them back to but swap). The budget
-//!   counts each block at whole pages plus [`FILE_OVERHEAD`] for the tmpfs inode and dentry,
-//!   charged per block so that it is counted whichever block of a file comes first.
+//!   counts each block at whole pages plus [`FILE_OVERHEAD`] for the tmpfs inode and dentry
+//!   and the kernel's registration of the file, charged per block so that it is counted
+//!   whichever block of a file comes first.
 //! - **Never rewritten:** a block is written once, before the cache's index publishes it,
 //!   and never truncated, overwritten or removed while the daemon lives (MinIO never
 //!   evicts): a passthrough open may read the file at any time.
@@ -46,8 +47,10 @@ use crate::namespace::FileVersion;
 pub const MIN_FILE: u64 = 64 << 10;
 
 /// Memory of one tmpfs file beyond its pages, as the budget counts it: its inode (shmem's,
-/// about 0.8 KiB) and dentry (0.2 KiB), rounded up.
-pub const FILE_OVERHEAD: u64 = 1 << 10;
+/// about 0.8 KiB) and dentry (0.2 KiB), and the kernel's registration of it as a backing
+/// file, kept while the daemon lives (a `struct file` and its record, about 0.3 KiB), rounded
+/// up.
+pub const FILE_OVERHEAD: u64 = 1536;
 
 const PAGE: u64 = 4096;
 

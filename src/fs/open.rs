@@ -94,8 +94,6 @@ struct Counted {
     step: Option<Step>,
     /// Every block of the file was staged, and the open took them (`claimed`).
     staged: bool,
-    /// The prefetcher reads ahead for the job ([`crate::prefetch::Prefetcher::reads_ahead_for`]).
-    read_ahead: bool,
     claimed: Vec<(u64, Arc<crate::block::Block>)>,
 }
 
@@ -275,13 +273,11 @@ impl DatasetFs {
         let disk_has_room =
             (self.tiers.disk.as_ref()).is_some_and(|d| d.enabled() && d.used() < d.capacity());
         let read_below = hit || disk_has_room || self.cluster.is_some();
-        // What the prefetcher staged for the job, or is reading now, is read through the
-        // daemon: by passthrough it would be read twice, and staged for nobody.
+        // What the prefetcher staged, or anyone is reading now, is read through the daemon:
+        // by passthrough it would be read twice. (Once opened, the file is read in the job's
+        // epoch, and the prefetcher fetches it no more.)
         let first = BlockKey { version, block: 0 };
-        let prefetched = counted.read_ahead
-            || !counted.claimed.is_empty()
-            || self.tiers.fetcher.in_flight(&first)
-            || self.tiers.staging.held_by(counted.job_key) > 0;
+        let prefetched = !counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first);
         let source = !read_below
             && !prefetched
             && !self.tiers.memory.would_keep(version.size)
@@ -407,7 +403,6 @@ impl DatasetFs {
         }
         let order = j.following();
         let position = j.log.tracker().read_in_epoch() as u64;
-        let read_ahead = !hit && self.prefetcher.reads_ahead_for(&j);
         drop(j);
         Counted {
             epoch: self.ledger.open_in_dataset(&opening),
@@ -418,7 +413,6 @@ impl DatasetFs {
             position,
             step,
             staged: opening.staged,
-            read_ahead,
             claimed: claimed.blocks,
         }
     }
@@ -440,7 +434,6 @@ impl DatasetFs {
             position,
             step: None,
             staged: false,
-            read_ahead: false,
             claimed: Vec::new(),
         }
     }

@@ -445,14 +445,6 @@ impl Prefetcher {
         self.disk_order.get().map_or(0, |o| o.len())
     }
 
-    /// True if the prefetcher reads ahead for job `j` now: it gave an order for this epoch, or
-    /// it reads the whole dataset. An uncached file such a job opens is read through the daemon
-    /// (from what the prefetcher staged or is fetching), never by the kernel from the source
-    /// (`crate::fs`'s `passthrough.rs`).
-    pub fn reads_ahead_for(&self, j: &Job) -> bool {
-        self.config.enabled && (j.active_order().is_some() || self.reads_remaining_ahead(j))
-    }
-
     /// True if job `j`, without an order, reads in a way the prefetcher follows: what its reads
     /// say it will read. A glance, a shard, a job that stopped after its last epoch must not
     /// leave a staging area full of files nobody will read.
