@@ -10,7 +10,8 @@
 #     peak at 411 MiB of anonymous memory here, 400 on average), so that its page cache gets
 #     the budget and not much more (every MiB more is a native hit: with 512 MiB, native's
 #     page cache held ~1.1 GiB and hit 27% of bytes instead of 20%);
-#   - coorfs minio (and lru, if SYSTEMS says so): the cache alone (--no-prefetch), as in
+#   - coorfs minio (and lru, and minio-nopt with --no-passthrough, if SYSTEMS says so): the
+#     cache alone (--no-prefetch), as in
 #     bench-epochs.sh's paper scenario: --cache-size 1G, the daemon and the pipeline in one
 #     cgroup limited to the budget + OVERHEAD (64 MiB, as bench-epochs.sh) + READER;
 #   - coorfs prefetch (if SYSTEMS says so): MinIO with remaining-set prefetch, the cgroup

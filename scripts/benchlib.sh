@@ -164,8 +164,9 @@ bench_cleanup() {
 # pages dropped, and sets dir to what the reader reads. native: the cgroup pair gets BUDGET +
 # EXTRA_BYTES of memory and dir is DATA. Otherwise dir is a mount of DATA with --cache-size
 # BUDGET whose daemon runs in the pair, which gets BUDGET + OVERHEAD + EXTRA_BYTES: minio, lru
-# and none are that cache policy alone (--no-prefetch); prefetch is MinIO with remaining-set
-# prefetch, whose staging area (STAGING bytes) the pair gets on top. Storage reads are
+# and none are that cache policy alone (--no-prefetch), minio-nopt MinIO alone with every read
+# through the daemon (--no-passthrough); prefetch is MinIO with remaining-set prefetch, whose
+# staging area (STAGING bytes) the pair gets on top. Storage reads are
 # throttled to BPS on device dev either way.
 bench_side() {
     drop_pages "$DATA"
@@ -173,6 +174,7 @@ bench_side() {
     case "$1" in
         native) memory=$((BUDGET + $2)) ;;
         prefetch) memory=$((memory + STAGING)) opts=(--policy minio --prefetch-memory "$STAGING") ;;
+        minio-nopt) opts=(--policy minio --no-prefetch --no-passthrough) ;;
     esac
     cg_create "$cg" "$memory" "$BPS" "$dev"
     dir="$DATA"

@@ -447,8 +447,11 @@ impl DatasetFs {
         hit: bool,
         changed: bool,
     ) -> (bool, bool, Option<kernel_cache::Watch>) {
+        // A file that changed since the kernel was told is read with direct I/O: the kernel's
+        // size may be the old one until the invalidation lands, and a page-cache read that
+        // came back short while it landed would be padded with zeros up to that old size.
         if !self.tiers.memory.caches() {
-            return (!changed, false, None);
+            return (!changed, changed, None);
         }
         let (keep, watch) = match file {
             Some(file) if hit && !changed => self.kernel.open(file),
