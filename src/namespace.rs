@@ -109,6 +109,20 @@ pub struct FileVersion {
     pub ctime_ns: i64,
 }
 
+#[cfg(test)]
+impl FileVersion {
+    /// A version for tests: file `ino` of `size` bytes, on device 1, never modified.
+    pub fn of_test(ino: u64, size: u64) -> Self {
+        FileVersion {
+            dev: 1,
+            ino,
+            size,
+            mtime_ns: 0,
+            ctime_ns: 0,
+        }
+    }
+}
+
 /// What the source's `lstat` says of an entry: its attributes (with `ino` still unset) and
 /// its version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

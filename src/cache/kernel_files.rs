@@ -222,13 +222,7 @@ mod tests {
     use super::*;
 
     fn version(ino: u64, size: u64) -> FileVersion {
-        FileVersion {
-            dev: 1,
-            ino,
-            size,
-            mtime_ns: 1,
-            ctime_ns: 1,
-        }
+        FileVersion::of_test(ino, size)
     }
 
     #[test]

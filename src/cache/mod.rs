@@ -592,13 +592,7 @@ mod tests {
     use super::*;
 
     fn version(ino: u64, size: u64) -> FileVersion {
-        FileVersion {
-            dev: 1,
-            ino,
-            size,
-            mtime_ns: 0,
-            ctime_ns: 0,
-        }
+        FileVersion::of_test(ino, size)
     }
 
     fn cache(policy: PolicyKind, capacity: u64) -> BlockCache {

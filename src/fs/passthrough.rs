@@ -322,13 +322,7 @@ mod tests {
     use super::*;
 
     fn version(ino: u64) -> FileVersion {
-        FileVersion {
-            dev: 1,
-            ino,
-            size: 100,
-            mtime_ns: 1,
-            ctime_ns: 1,
-        }
+        FileVersion::of_test(ino, 100)
     }
 
     fn pt(id: u32, backing: Backing) -> Granted<KernelIo> {
