@@ -1,56 +1,38 @@
-//! How much memory the cache may take: the default budget, and the check of a given one.
+//! How much memory the daemon may use, and the check of a fixed cache budget.
 //!
 //! A daemon that outgrows the memory it may use is killed, and the training job with it
 //! (`ECONNABORTED`, then `ENOTCONN`). On a host, what it may use is what `/proc/meminfo` calls
 //! `MemAvailable`. In a container it is what its memory cgroup allows, which `MemAvailable`
 //! does not show: a Kubernetes pod limited to 1 GiB on a host with 22 GiB available saw a
-//! default budget of 11 GiB and was OOM-killed in its first epoch (issue 11).
-//!
-//! # The default
+//! budget of 11 GiB and was OOM-killed in its first epoch (issue 11).
 //!
 //! ```text
-//! free    = limit - (usage - reclaimable page cache)     of the limited memory cgroup
-//! cache   = (free - staging - overhead) / 2,  at most MemAvailable / 2,  whole MiB
+//! free = limit - (usage - reclaimable page cache)     of the limited memory cgroup
 //! ```
 //!
 //! - *The cgroup* is the daemon's own memory cgroup or an ancestor of it with a limit (v2
 //!   `memory.max`, or `memory.high` when lower; v1 `memory.limit_in_bytes`); of several, the
 //!   one that leaves the least free. The daemon inherits the cgroup of `coorfs mount`.
+//!   [`Chain`] finds them once; the elastic budget reads them every tick.
 //! - *Usage* (v2 `memory.current`, v1 `memory.usage_in_bytes`) counts page cache, which the
 //!   kernel reclaims before it kills anything; its file pages (v2 `memory.stat` `file`, v1
 //!   `total_cache`) are subtracted, except shared memory (`shmem`: tmpfs, `/dev/shm`, which
-//!   PyTorch's DataLoader uses for its batches), which cannot be reclaimed without swap.
-//! - *Staging* is `--prefetch-memory` when prefetch is on: the daemon holds it on top of the
-//!   cache. *Overhead* ([`DAEMON_OVERHEAD`], 64 MiB) is the rest of the daemon: the node table
-//!   (about 150 bytes plus the name per file), fetch buffers in flight, threads. It is the
-//!   allowance `scripts/bench-epochs.sh` gives the daemon beyond its cache (12 MiB measured
-//!   for 20,000 files, plus fetch buffers); a dataset of millions of files needs more.
-//! - *Half* of what remains, because the training job usually shares the cgroup (a pod's
-//!   containers, or the job and the mount in one container): the job's processes, its
-//!   DataLoader workers and their shared memory get the other half. It is the same share
-//!   the host default leaves the job: half of `MemAvailable`, which also caps the cgroup
-//!   default (a cgroup limit above the host's memory says nothing).
+//!   PyTorch's DataLoader uses for its batches, and the cache's own files that the kernel
+//!   reads by passthrough), which cannot be reclaimed without swap.
 //!
-//! In issue 11's container (1 GiB, a reader of a few MiB) this gives about 350 MiB with
-//! prefetch on, where 850 MiB still ran; the difference is the job's share, which a
-//! PyTorch pipeline needs (411 MiB in the benchmarks). `--cache-size` says otherwise.
-//!
-//! # A given budget
-//!
-//! `--cache-size` is taken as given, but a cache and staging area larger than everything the
-//! cgroup has left cannot work: `coorfs mount` refuses them (exit 2) instead of mounting a
-//! daemon that will be killed once its cache fills.
+//! The default budget is elastic and follows `free` while the mount runs
+//! ([`crate::elastic`]). A fixed one (`--cache-size SIZE`) is taken as given, but a cache and
+//! staging area larger than everything the cgroup has left cannot work: `coorfs mount`
+//! refuses them (exit 2) and says what would fit, instead of mounting a daemon that will be
+//! killed once its cache fills ([`check_given`]).
 //!
 //! Reading and deciding are apart: [`MemoryView::read`] gets every file's contents through
-//! a function (the real one reads `/proc` and `/sys/fs/cgroup`), so that the walk, the
-//! parsers and [`default_cache`] are tested on sample text of both cgroup versions.
+//! a function (the real one reads `/proc` and `/sys/fs/cgroup`), so that the walk and the
+//! parsers are tested on sample text of both cgroup versions.
 
 use std::path::{Path, PathBuf};
 
 use crate::units::format_size;
-
-/// Memory the daemon uses besides its cache and staging area (see the module header).
-pub const DAEMON_OVERHEAD: u64 = 64 << 20;
 
 /// A v1 limit at or above this is "unlimited": the kernel stores no limit as the largest page
 /// count, 9223372036854771712 bytes with 4 KiB pages (another number with larger pages).
@@ -104,7 +86,7 @@ pub struct Decision {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error(
-        "cache size {cache} + prefetch memory {staging} do not fit the memory cgroup {cgroup} (limit {limit}, {in_use} in use)"
+        "--cache-size {cache} and --prefetch-memory {staging} do not fit the memory cgroup {cgroup} (limit {limit}, {in_use} in use): at most {fits} of cache fits beside that prefetch memory; leave --cache-size out (or pass auto) for a cache that grows and shrinks with what is free"
     )]
     CacheAndStagingDoNotFit {
         cache: String,
@@ -112,24 +94,17 @@ pub enum Refusal {
         cgroup: String,
         limit: String,
         in_use: String,
+        fits: String,
     },
     #[error(
-        "cache size {cache} does not fit the memory cgroup {cgroup} (limit {limit}, {in_use} in use)"
+        "--cache-size {cache} does not fit the memory cgroup {cgroup} (limit {limit}, {in_use} in use): at most {fits} fits; leave --cache-size out (or pass auto) for a cache that grows and shrinks with what is free"
     )]
     CacheDoesNotFit {
         cache: String,
         cgroup: String,
         limit: String,
         in_use: String,
-    },
-    #[error(
-        "the memory cgroup {cgroup} (limit {limit}, {in_use} in use) leaves no room for a cache beside {others} (pass --cache-size, a smaller --prefetch-memory, or --policy none)"
-    )]
-    NoRoom {
-        cgroup: String,
-        limit: String,
-        in_use: String,
-        others: String,
+        fits: String,
     },
 }
 
@@ -231,28 +206,59 @@ pub fn cgroup_dir(own: &OwnCgroup, mountinfo: &str) -> Option<CgroupDir> {
     })
 }
 
+/// The daemon's memory cgroup and its ancestors up to the top of their mount: where a limit
+/// may be. Found once; read as often as the elastic budget needs ([`Chain::tightest`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    pub version: Version,
+    /// Each cgroup's directory and its path in the hierarchy, the daemon's own first.
+    pub cgroups: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Chain {
+    /// The chain of this process, from the files `read` returns (`/proc/self/cgroup`,
+    /// `/proc/self/mountinfo`).
+    pub fn find(read: &dyn Fn(&Path) -> Option<String>) -> Option<Chain> {
+        let own = parse_proc_cgroup(&read(Path::new("/proc/self/cgroup"))?)?;
+        let mountinfo = read(Path::new("/proc/self/mountinfo"))?;
+        let CgroupDir { dir, top, root } = cgroup_dir(&own, &mountinfo)?;
+        let mut cgroups = Vec::new();
+        let mut dir = dir.as_path();
+        loop {
+            let rel = dir.strip_prefix(&top).ok()?;
+            cgroups.push((dir.to_path_buf(), root.join(rel)));
+            if dir == top {
+                break;
+            }
+            dir = dir.parent()?;
+        }
+        Some(Chain {
+            version: own.version,
+            cgroups,
+        })
+    }
+
+    /// The limited cgroup of the chain that leaves the least free now, and its directory.
+    pub fn tightest(
+        &self,
+        read: &dyn Fn(&Path) -> Option<String>,
+    ) -> Option<(CgroupMemory, &Path)> {
+        let mut found: Option<(CgroupMemory, &Path)> = None;
+        for (dir, path) in &self.cgroups {
+            if let Some(cg) = read_cgroup(self.version, dir, path, read)
+                && found.as_ref().is_none_or(|(f, _)| cg.free() < f.free())
+            {
+                found = Some((cg, dir));
+            }
+        }
+        found
+    }
+}
+
 /// Reads every cgroup from the daemon's own up to the top of its mount and returns the
 /// limited one that leaves the least free.
 fn tightest_cgroup(read: &dyn Fn(&Path) -> Option<String>) -> Option<CgroupMemory> {
-    let own = parse_proc_cgroup(&read(Path::new("/proc/self/cgroup"))?)?;
-    let mountinfo = read(Path::new("/proc/self/mountinfo"))?;
-    let CgroupDir { dir, top, root } = cgroup_dir(&own, &mountinfo)?;
-    let mut found: Option<CgroupMemory> = None;
-    let mut dir = dir.as_path();
-    loop {
-        let rel = dir.strip_prefix(&top).ok()?;
-        let path = root.join(rel);
-        if let Some(cg) = read_cgroup(own.version, dir, &path, read)
-            && found.as_ref().is_none_or(|f| cg.free() < f.free())
-        {
-            found = Some(cg);
-        }
-        if dir == top {
-            break;
-        }
-        dir = dir.parent()?;
-    }
-    found
+    Chain::find(read)?.tightest(read).map(|(cg, _)| cg)
 }
 
 /// One cgroup's limit and usage, if it has a limit.
@@ -339,77 +345,10 @@ pub fn meminfo_field(text: &str, field: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// What the host default assumes when `/proc/meminfo` cannot be read.
-const UNKNOWN_AVAILABLE: u64 = 1 << 30;
-
-/// The default cache budget (see the module header) for a daemon whose staging area holds
-/// `staging` bytes (0 with prefetch off). Refuses when a cgroup leaves no whole MiB.
-pub fn default_cache(view: &MemoryView, staging: u64) -> Result<Decision, Refusal> {
-    let whole_mib = |b: u64| b >> 20 << 20;
-    let available = view.mem_available.unwrap_or(UNKNOWN_AVAILABLE);
-    let host = whole_mib(available / 2);
-    let host_why = match view.mem_available {
-        Some(a) => format!(
-            "half of the memory available (MemAvailable {})",
-            format_size(a)
-        ),
-        None => format!(
-            "half of {} (/proc/meminfo unreadable)",
-            format_size(UNKNOWN_AVAILABLE)
-        ),
-    };
-    let Some(cg) = &view.cgroup else {
-        return Ok(Decision {
-            cache: host,
-            why: format!("default: {host_why}; no memory cgroup limit"),
-        });
-    };
-    let others = staging.saturating_add(DAEMON_OVERHEAD);
-    let from_cgroup = whole_mib(cg.free().saturating_sub(others) / 2);
-    let cgroup_why = format!(
-        "memory cgroup {} leaves free: limit {}, used {}, staging {}, daemon {}",
-        cg.path,
-        format_size(cg.limit),
-        format_size(cg.in_use()),
-        format_size(staging),
-        format_size(DAEMON_OVERHEAD)
-    );
-    if from_cgroup == 0 {
-        return Err(Refusal::NoRoom {
-            cgroup: cg.path.clone(),
-            limit: format_size(cg.limit),
-            in_use: format_size(cg.in_use()),
-            others: if staging > 0 {
-                format!(
-                    "{} of prefetch memory and {} for the daemon",
-                    format_size(staging),
-                    format_size(DAEMON_OVERHEAD)
-                )
-            } else {
-                format!("{} for the daemon", format_size(DAEMON_OVERHEAD))
-            },
-        });
-    }
-    if host < from_cgroup {
-        Ok(Decision {
-            cache: host,
-            why: format!(
-                "default: {host_why}, less than half of what {cgroup_why} ({})",
-                format_size(from_cgroup)
-            ),
-        })
-    } else {
-        Ok(Decision {
-            cache: from_cgroup,
-            why: format!("default: half of what {cgroup_why}"),
-        })
-    }
-}
-
 /// Checks a given budget: `cache` bytes of cache (0 with `--policy none`) and `staging` bytes
 /// of staging (0 with prefetch off) must fit in what the cgroup has left. Returns the note
 /// for the daemon's log.
-pub fn check_given(view: &MemoryView, cache: u64, staging: u64) -> Result<Decision, Refusal> {
+pub fn check_given(view: &MemoryView, cache: u64, staging: u64) -> Result<Decision, Box<Refusal>> {
     let Some(cg) = &view.cgroup else {
         return Ok(Decision {
             cache,
@@ -422,13 +361,15 @@ pub fn check_given(view: &MemoryView, cache: u64, staging: u64) -> Result<Decisi
             format_size(cg.limit),
             format_size(cg.in_use()),
         );
-        return Err(if staging > 0 {
+        let fits = format_size(cg.free().saturating_sub(staging) >> 20 << 20);
+        return Err(Box::new(if staging > 0 {
             Refusal::CacheAndStagingDoNotFit {
                 cache: format_size(cache),
                 staging: format_size(staging),
                 cgroup,
                 limit,
                 in_use,
+                fits,
             }
         } else {
             Refusal::CacheDoesNotFit {
@@ -436,8 +377,9 @@ pub fn check_given(view: &MemoryView, cache: u64, staging: u64) -> Result<Decisi
                 cgroup,
                 limit,
                 in_use,
+                fits,
             }
-        });
+        }));
     }
     Ok(Decision {
         cache,
@@ -757,127 +699,6 @@ mod tests {
     }
 
     #[test]
-    fn the_default_is_half_of_what_the_tightest_bound_leaves() {
-        let staging = 256 * MIB;
-        // (name, MemAvailable, cgroup, staging, want cache in MiB; 0: refused)
-        type Case = (&'static str, Option<u64>, Option<CgroupMemory>, u64, u64);
-        let cases: Vec<Case> = vec![
-            (
-                "host: half of MemAvailable",
-                Some(22 * GIB),
-                None,
-                staging,
-                11 * 1024,
-            ),
-            ("host: whole MiB", Some(1001 * MIB + 7), None, staging, 500),
-            ("host: meminfo unreadable", None, None, staging, 512),
-            // Issue 11: 1 GiB pod, a small reader. (1024 - 12 - 256 - 64) / 2 = 346.
-            (
-                "pod of 1 GiB",
-                Some(22 * GIB),
-                Some(cg("/pod", GIB, 12 * MIB, 0)),
-                staging,
-                346,
-            ),
-            (
-                "prefetch off",
-                Some(22 * GIB),
-                Some(cg("/pod", GIB, 12 * MIB, 0)),
-                0,
-                474,
-            ),
-            // Page cache does not count, shared memory does (it is not in `reclaimable`).
-            (
-                "page cache reclaimable",
-                Some(22 * GIB),
-                Some(cg("/pod", GIB, 812 * MIB, 800 * MIB)),
-                staging,
-                346,
-            ),
-            // Odd bytes round down to whole MiB.
-            (
-                "rounding",
-                Some(22 * GIB),
-                Some(cg("/pod", GIB + 3 * MIB, 0, 0)),
-                staging,
-                353,
-            ),
-            // A cgroup above the host's memory: the host's half wins.
-            (
-                "huge limit",
-                Some(8 * GIB),
-                Some(cg("/big", 64 * GIB, 0, 0)),
-                staging,
-                4096,
-            ),
-            (
-                "usage above limit",
-                Some(8 * GIB),
-                Some(cg("/full", GIB, 2 * GIB, 0)),
-                0,
-                0,
-            ),
-        ];
-        for (name, available, cgroup, staging, want) in cases {
-            let view = MemoryView {
-                mem_available: available,
-                cgroup,
-            };
-            match default_cache(&view, staging) {
-                Ok(d) => assert_eq!(d.cache, want * MIB, "{name}: {d:?}"),
-                Err(e) => assert_eq!(want, 0, "{name}: {e}"),
-            }
-        }
-    }
-
-    #[test]
-    fn the_default_explains_itself() {
-        let view = MemoryView {
-            mem_available: Some(22 * GIB),
-            cgroup: Some(cg("/kubepods/pod1", GIB, 220 * MIB, 100 * MIB)),
-        };
-        let d = default_cache(&view, 256 * MIB).unwrap();
-        assert_eq!(d.cache, 292 * MIB);
-        assert_eq!(
-            d.why,
-            "default: half of what memory cgroup /kubepods/pod1 leaves free: limit 1.0 GiB, \
-             used 120 MiB, staging 256 MiB, daemon 64.0 MiB"
-        );
-        let host = MemoryView {
-            mem_available: Some(GIB),
-            cgroup: Some(cg("/big", 64 * GIB, 0, 0)),
-        };
-        let d = default_cache(&host, 0).unwrap();
-        assert_eq!(d.cache, 512 * MIB);
-        assert!(
-            d.why.starts_with(
-                "default: half of the memory available (MemAvailable 1.0 GiB), less than half of \
-                 what memory cgroup /big leaves free"
-            ),
-            "{}",
-            d.why
-        );
-        let none = MemoryView {
-            mem_available: Some(GIB),
-            cgroup: None,
-        };
-        assert_eq!(
-            default_cache(&none, 0).unwrap().why,
-            "default: half of the memory available (MemAvailable 1.0 GiB); no memory cgroup limit"
-        );
-        let small = MemoryView {
-            mem_available: Some(GIB),
-            cgroup: Some(cg("/small", 300 * MIB, 10 * MIB, 0)),
-        };
-        assert_eq!(
-            default_cache(&small, 256 * MIB).unwrap_err().to_string(),
-            "the memory cgroup /small (limit 300 MiB, 10.0 MiB in use) leaves no room for a cache \
-             beside 256 MiB of prefetch memory and 64.0 MiB for the daemon (pass --cache-size, a \
-             smaller --prefetch-memory, or --policy none)"
-        );
-    }
-
-    #[test]
     fn a_given_budget_must_fit_what_the_cgroup_has_left() {
         let view = MemoryView {
             mem_available: Some(22 * GIB),
@@ -900,12 +721,16 @@ mod tests {
             check_given(&view, 2 * GIB, 256 * MIB)
                 .unwrap_err()
                 .to_string(),
-            "cache size 2.0 GiB + prefetch memory 256 MiB do not fit the memory cgroup /bench \
-             (limit 1.0 GiB, 140 MiB in use)"
+            "--cache-size 2.0 GiB and --prefetch-memory 256 MiB do not fit the memory cgroup \
+             /bench (limit 1.0 GiB, 140 MiB in use): at most 628 MiB of cache fits beside that \
+             prefetch memory; leave --cache-size out (or pass auto) for a cache that grows and \
+             shrinks with what is free"
         );
         assert_eq!(
             check_given(&view, 2 * GIB, 0).unwrap_err().to_string(),
-            "cache size 2.0 GiB does not fit the memory cgroup /bench (limit 1.0 GiB, 140 MiB in use)"
+            "--cache-size 2.0 GiB does not fit the memory cgroup /bench (limit 1.0 GiB, 140 MiB \
+             in use): at most 884 MiB fits; leave --cache-size out (or pass auto) for a cache \
+             that grows and shrinks with what is free"
         );
         // No cgroup limit: anything goes here (preflight still checks MemTotal).
         let host = MemoryView {

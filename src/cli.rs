@@ -195,13 +195,15 @@ pub struct MountArgs {
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration, help_heading = "Mount")]
     pub metadata_ttl: Duration,
 
-    /// The cache budget: bytes of file data kept in coorfs's memory (K/M/G/T suffixes); 0
-    /// only with --policy none or a --cache-dir. Refused when it and --prefetch-memory do not fit in what the
-    /// memory cgroup has left [default: half of what the memory cgroup (a container's limit)
-    /// leaves free after --prefetch-memory and 64 MiB for the daemon, at most half of the
-    /// memory available; the daemon logs the choice].
-    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Cache")]
-    pub cache_size: Option<u64>,
+    /// The cache budget. auto (the default) is elastic, like the page cache: the cache grows
+    /// while the memory cgroup (a container's limit; without one, the host) has more free than
+    /// a reserve kept for the job (an eighth of the limit, 32 MiB to 1 GiB; a sixteenth of the
+    /// host's memory), and drops its newest files and gives their memory back when it has
+    /// less or the kernel reports memory pressure. A SIZE (K/M/G/T suffixes) is a fixed
+    /// budget, refused when it and --prefetch-memory do not fit in what the memory cgroup
+    /// has left; 0 only with --policy none or a --cache-dir.
+    #[arg(long, value_name = "SIZE|auto", value_parser = parse_size_or_auto, help_heading = "Cache")]
+    pub cache_size: Option<SizeOrAuto>,
     /// What the cache keeps: minio admits files while there is room and never evicts (the
     /// best possible under random per-epoch order); lru evicts the least recently used (what
     /// the page cache does); none caches nothing and leaves caching to the kernel.
@@ -229,8 +231,9 @@ pub struct MountArgs {
     pub no_prefetch: bool,
     /// The staging area for prefetched files the cache does not keep, on top of the cache
     /// (K/M/G suffixes). On bandwidth-bound storage prefetch uses at most 2 MiB of it.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::units::parse_size, help_heading = "Prefetch")]
-    pub prefetch_memory: u64,
+    /// [default: 256M; in a memory cgroup, a sixteenth of its limit, 8 MiB to 256 MiB]
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Prefetch")]
+    pub prefetch_memory: Option<u64>,
     /// Prefetch reads in flight at most. coorfs learns from the reads how the storage
     /// answers: on latency-bound storage (network filesystems) it keeps N in flight; on
     /// bandwidth-bound storage one, only while no job waits for the storage.
@@ -592,6 +595,22 @@ fn half_the_free_space(dir: &std::path::Path) -> std::io::Result<u64> {
     Ok(st.f_bavail * st.f_frsize / 2)
 }
 
+/// A size, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizeOrAuto {
+    Auto,
+    Bytes(u64),
+}
+
+fn parse_size_or_auto(text: &str) -> Result<SizeOrAuto, String> {
+    if text.trim().eq_ignore_ascii_case("auto") {
+        return Ok(SizeOrAuto::Auto);
+    }
+    crate::units::parse_size(text)
+        .map(SizeOrAuto::Bytes)
+        .map_err(|e| format!("{e}, or auto"))
+}
+
 fn parse_nonzero_size(text: &str) -> Result<u64, String> {
     match crate::units::parse_size(text)? {
         0 => Err(format!("\"{text}\": must be more than 0")),
@@ -633,7 +652,7 @@ impl MountArgs {
         config.fast_open = self.fast_open;
         config.passthrough = !self.no_passthrough;
         config.allow_non_empty = self.allow_non_empty;
-        if let Some(size) = self.cache_size {
+        if let Some(SizeOrAuto::Bytes(size)) = self.cache_size {
             config.cache.capacity = size;
             config.cache_size_given = true;
         }
@@ -645,10 +664,11 @@ impl MountArgs {
         config.cache.block_size = self.block_size;
         config.prefetch = crate::prefetch::PrefetchConfig {
             enabled: !self.no_prefetch,
-            memory: self.prefetch_memory,
+            memory: self.prefetch_memory.unwrap_or(config.prefetch.memory),
             depth: self.prefetch_depth as usize,
             share: !self.no_share,
         };
+        config.prefetch_memory_given = self.prefetch_memory.is_some();
         config.jobs = crate::jobs::JobConfig {
             key: match self.job_key {
                 JobKeyArg::Auto => crate::jobs::JobKeyKind::Auto,

@@ -40,6 +40,12 @@ pub struct MountConfig {
     pub cache_size_given: bool,
     /// How the budget was chosen, for the daemon's log (set by `preflight`).
     pub cache_size_why: String,
+    /// The rules of an elastic budget (`--cache-size auto`, the default), set by `preflight`:
+    /// the daemon then watches the memory and resizes the cache ([`crate::elastic`]).
+    pub elastic: Option<crate::elastic::Rules>,
+    /// `--prefetch-memory` was given; if not, `preflight` sizes the staging area to the
+    /// memory cgroup.
+    pub prefetch_memory_given: bool,
     /// How jobs are told apart, and forgotten.
     pub jobs: JobConfig,
     /// Bytes the node table may take before the daemon would outgrow its memory (the scan
@@ -83,10 +89,13 @@ impl MountConfig {
             cache: CacheConfig {
                 policy: PolicyKind::default(),
                 capacity: default_cache_size(),
+                ceiling: None,
                 block_size: DEFAULT_BLOCK_SIZE,
             },
             cache_size_given: false,
             cache_size_why: "default".into(),
+            elastic: None,
+            prefetch_memory_given: false,
             jobs: JobConfig::default(),
             hint_limits: HintLimits::default(),
             metadata_room: None,
@@ -112,15 +121,19 @@ pub fn default_threads() -> usize {
 /// read, small enough that random access into a big file does not drag in much it won't use.
 pub const DEFAULT_BLOCK_SIZE: NonZeroU64 = NonZeroU64::new(1 << 20).unwrap();
 
-/// The default cache budget with the default staging area: half of what the daemon's memory
-/// cgroup leaves free, at most half of the memory available (see `budget.rs`). `coorfs mount`
-/// decides again in `preflight`, with the mount's own `--prefetch-memory`. 0 when a cgroup
-/// leaves no room (the mount then refuses).
+/// The size an elastic budget (`--cache-size auto`) starts at here, with the default staging
+/// area: what the daemon's memory cgroup (or the host) has free beyond the staging area and
+/// the reserve kept for the job (`elastic.rs`). `coorfs mount` decides again in `preflight`,
+/// with the mount's own options; `coorfs analyze` predicts with it. 0 when nothing is free.
 pub fn default_cache_size() -> u64 {
-    let staging = PrefetchConfig::default().memory;
-    crate::budget::default_cache(&crate::budget::MemoryView::probe(), staging)
-        .map(|d| d.cache)
-        .unwrap_or(0)
+    let watched = crate::elastic::Watched::probe();
+    let staging = match &watched {
+        crate::elastic::Watched::Cgroup(_) => watched
+            .read()
+            .map_or(0, |r| crate::elastic::staging_for_cgroup(r.limit)),
+        crate::elastic::Watched::Host => PrefetchConfig::default().memory,
+    };
+    crate::elastic::start(&watched, staging).map_or(0, |s| s.capacity)
 }
 
 /// A field of /proc/meminfo, in bytes.
@@ -132,14 +145,18 @@ pub fn meminfo(field: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn default_cache_is_at_most_half_of_available_memory() {
+    fn the_default_cache_starts_at_what_is_free_beyond_the_reserve_and_staging() {
         let available = super::meminfo("MemAvailable:").unwrap();
+        let total = super::meminfo("MemTotal:").unwrap();
         let size = super::default_cache_size();
-        assert!(size <= available / 2, "{size} > {available} / 2");
+        assert!(size < available, "{size} >= {available}");
         // Without a memory cgroup limit (on this machine, outside the tests that make one),
-        // it is exactly that, in whole MiB.
+        // it is what the host has available beyond the staging area and the reserve, in whole
+        // MiB (other processes may have taken or freed a little meanwhile).
         if crate::budget::MemoryView::probe().cgroup.is_none() {
-            assert!(size + (1 << 20) > available / 2);
+            let reserve = crate::elastic::Rules::for_host(total).reserve;
+            let want = available - reserve - (256 << 20);
+            assert!(size.abs_diff(want) < 64 << 20, "{size} vs {want}");
         }
     }
 }

@@ -97,7 +97,7 @@ pub enum MountError {
     #[error("the metrics server cannot listen on {0}: {1}")]
     MetricsListen(std::net::SocketAddr, io::Error),
     #[error(transparent)]
-    Memory(#[from] crate::budget::Refusal),
+    Memory(#[from] Box<crate::budget::Refusal>),
     #[error("log file {0}: {1}")]
     LogFile(PathBuf, io::Error),
     #[error("mounting {0}: {1}")]
@@ -141,7 +141,11 @@ pub struct SetupLock {
 /// and canonical in `config`. The returned lock keeps any other `coorfs mount` from setting
 /// up at the same mount point until it is dropped.
 pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
-    if config.cache.capacity == 0 && config.cache.policy.caches() && config.disk.is_none() {
+    if config.cache_size_given
+        && config.cache.capacity == 0
+        && config.cache.policy.caches()
+        && config.disk.is_none()
+    {
         return Err(MountError::CacheSizeZero);
     }
     let source = std::path::absolute(&config.source)
@@ -178,6 +182,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
         }
     }
     if let Some(total) = crate::config::meminfo("MemTotal:")
+        && config.cache_size_given
         && config.cache.capacity > total
     {
         return Err(MountError::CacheTooLarge {
@@ -280,27 +285,39 @@ fn resolve_partly(path: &Path) -> io::Result<PathBuf> {
     }
 }
 
-/// Sets the cache budget from the memory the daemon may use (see `budget.rs`): the default
-/// counts this mount's staging area and its memory cgroup; a given `--cache-size` (with the
-/// staging area) that cannot fit the cgroup is refused.
+/// Sets the cache budget from the memory the daemon may use: without `--cache-size` an
+/// elastic one (`elastic.rs`), with a staging area sized to the memory cgroup unless
+/// `--prefetch-memory` says; a given `--cache-size` (with the staging area) that cannot fit
+/// the cgroup is refused (`budget.rs`).
 fn decide_budget(config: &mut MountConfig) -> Result<(), MountError> {
+    let view = crate::budget::MemoryView::probe();
+    if !config.prefetch_memory_given
+        && let Some(cg) = &view.cgroup
+    {
+        config.prefetch.memory = crate::elastic::staging_for_cgroup(cg.limit);
+    }
     if !config.cache.policy.caches() {
         config.cache_size_why = "--policy none caches nothing".into();
         return Ok(());
     }
-    let view = crate::budget::MemoryView::probe();
-    let staging = if config.prefetch.enabled {
-        config.prefetch.memory
+    let staging = config.prefetch.staging_bytes();
+    if config.cache_size_given {
+        let decision = crate::budget::check_given(&view, config.cache.capacity, staging)?;
+        config.cache.capacity = decision.cache;
+        config.cache_size_why = decision.why;
     } else {
-        0
-    };
-    let decision = if config.cache_size_given {
-        crate::budget::check_given(&view, config.cache.capacity, staging)?
-    } else {
-        crate::budget::default_cache(&view, staging)?
-    };
-    config.cache.capacity = decision.cache;
-    config.cache_size_why = decision.why;
+        let watched = crate::elastic::Watched::probe();
+        let start = crate::elastic::start(&watched, staging).ok_or_else(|| {
+            MountError::Mount(
+                config.mountpoint.clone(),
+                "cannot read how much memory is free (/proc/meminfo)".into(),
+            )
+        })?;
+        config.cache.capacity = start.capacity;
+        config.cache.ceiling = Some(start.rules.ceiling);
+        config.elastic = Some(start.rules);
+        config.cache_size_why = start.why;
+    }
     // What the node table may grow to before cache, staging and node table together pass
     // what the machine or the cgroup leaves (the scan warns then).
     let room = match &view.cgroup {
@@ -581,6 +598,9 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
     let fs = open_core(&config)?;
     start_services(&fs, &config)?;
+    if let Some(rules) = config.elastic {
+        start_watcher(&fs, rules).map_err(mount_err)?;
+    }
     let notifier = Arc::new(OnceLock::new());
     let device = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), device.clone(), config.acl);
@@ -666,6 +686,22 @@ fn start_services(fs: &Arc<DatasetFs>, config: &MountConfig) -> Result<(), Mount
         crate::stats::metrics::serve(snapshots, listener, fs.runtime()).map_err(fail)?;
         info!("Prometheus metrics at http://{addr}/metrics");
     }
+    Ok(())
+}
+
+/// Starts the thread that resizes an elastic cache budget as the memory it may use changes;
+/// it ends with the mount.
+fn start_watcher(fs: &Arc<DatasetFs>, rules: crate::elastic::Rules) -> io::Result<()> {
+    let watcher = crate::elastic::Watcher {
+        rules,
+        watched: crate::elastic::Watched::probe(),
+        state: fs.budget_state(),
+    };
+    let target: std::sync::Weak<dyn crate::elastic::Elastic> =
+        Arc::downgrade(&(fs.clone() as Arc<dyn crate::elastic::Elastic>));
+    std::thread::Builder::new()
+        .name("coorfs-budget".into())
+        .spawn(move || watcher.run(target))?;
     Ok(())
 }
 

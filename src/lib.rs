@@ -29,6 +29,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod daemon;
+pub mod elastic;
 pub mod epoch;
 pub mod fs;
 pub mod fuse;

@@ -1,11 +1,15 @@
 //! An append-only arena in one anonymous memory mapping, for the MinIO cache.
 //!
 //! MinIO never evicts, so its store needs no allocator: a slot is carved off the end of one
-//! big mapping with an atomic bump, and never freed. No fragmentation, no per-item header,
-//! and a slot's bytes stay at the same address for the life of the mount, so a hit hands
-//! the FUSE reply a slice of the mapping without a lock or a copy of its own. The mapping is
-//! reserved up front but the kernel only backs the pages that are written, so an idle
-//! cache costs address space, not memory.
+//! big mapping with an atomic bump. No fragmentation, no per-item header, and a slot's bytes
+//! stay at the same address while it is cached, so a hit hands the FUSE reply a slice of the
+//! mapping without a copy of its own. The mapping is reserved up front but the kernel only
+//! backs the pages that are written, so an idle cache costs address space, not memory.
+//!
+//! The one way back is from the end: when an elastic budget shrinks, the cache drops its
+//! newest files and [`Arena::truncate`] gives the pages past the last slot it keeps back to
+//! the kernel (`MADV_DONTNEED`). The cache makes sure nobody holds or writes a slot there
+//! while it does (its shrink lock).
 //!
 //! A slot is written once, by the thread that allocated it, before it is published in the
 //! cache index (under the index's lock, which orders the write before any read of it).
@@ -42,7 +46,12 @@ impl Arena {
     /// An arena of `capacity` bytes. The mapping reserves address space only.
     pub fn new(capacity: usize) -> std::io::Result<Self> {
         // memmap2 refuses empty mappings; a zero-capacity cache still needs a valid arena.
-        let map = MmapOptions::new().len(capacity.max(ALIGN)).map_anon()?;
+        // No swap is reserved for it (MAP_NORESERVE): an elastic budget reserves as much
+        // address space as the machine has memory, and only what is written is ever used.
+        let map = MmapOptions::new()
+            .len(capacity.max(ALIGN))
+            .no_reserve_swap()
+            .map_anon()?;
         Ok(Arena {
             map: MmapRaw::from(map),
             next: AtomicUsize::new(0),
@@ -98,12 +107,41 @@ impl Arena {
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(slot.offset), slot.len) }
     }
 
-    /// Bytes reserved so far, alignment included.
-    #[cfg(test)]
+    /// Bytes reserved so far, alignment included: the end of the last slot.
     pub fn used(&self) -> usize {
         self.next.load(Ordering::Relaxed)
     }
+
+    /// Forgets every slot past `end` and gives their whole pages back to the kernel. Returns
+    /// the bytes no longer reserved. The caller guarantees that no slot past `end` is read or
+    /// written now or later (they are out of every index, and no allocation is in progress).
+    pub fn truncate(&self, end: usize) -> usize {
+        let end = Self::footprint(end);
+        let old = self.next.load(Ordering::Relaxed);
+        if end >= old {
+            return 0;
+        }
+        self.next.store(end, Ordering::Relaxed);
+        let from = end.div_ceil(PAGE) * PAGE;
+        let to = (old.div_ceil(PAGE) * PAGE).min(self.map.len());
+        if from < to {
+            // SAFETY: [from, to) is inside the mapping and past every slot still in use, which
+            // nobody reads or writes (the caller's guarantee), so dropping its pages, which
+            // then read as zeros, changes no byte anyone sees.
+            let dropped = unsafe {
+                self.map
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+            };
+            if let Err(e) = dropped {
+                tracing::warn!("giving cache memory back to the kernel: {e}");
+            }
+        }
+        old - end
+    }
 }
+
+/// The page size, for giving whole pages back.
+const PAGE: usize = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -123,6 +161,38 @@ mod tests {
         assert!(arena.alloc(1000).is_none());
         assert!(arena.alloc(768).is_some());
         assert!(arena.alloc(1).is_none());
+    }
+
+    #[test]
+    fn truncating_gives_pages_back_and_reuses_the_space() {
+        let arena = Arena::new(64 << 10).unwrap();
+        let a = arena.alloc(5000).unwrap();
+        let b = arena.alloc(20_000).unwrap();
+        arena.write(a, &[1; 5000]);
+        arena.write(b, &[2; 20_000]);
+        assert_eq!(arena.truncate(a.offset + a.len), Arena::footprint(20_000));
+        assert_eq!(arena.used(), Arena::footprint(5000));
+        assert_eq!(arena.get(a), &[1; 5000][..]);
+        // The pages past the first one of `b` were dropped: a new slot there reads what is
+        // written into it, over zeros.
+        let c = arena.alloc(20_000).unwrap();
+        assert_eq!(c.offset, b.offset);
+        assert!(
+            arena
+                .get(Slot {
+                    offset: 8192,
+                    len: 4096
+                })
+                .iter()
+                .all(|&x| x == 0)
+        );
+        arena.write(c, &[3; 20_000]);
+        assert_eq!(arena.get(c), &[3; 20_000][..]);
+        assert_eq!(
+            arena.truncate(1 << 20),
+            0,
+            "nothing past the end to give back"
+        );
     }
 
     #[test]

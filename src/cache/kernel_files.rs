@@ -20,8 +20,11 @@
 //!   and the kernel's registration of the file, charged per block so that it is counted
 //!   whichever block of a file comes first.
 //! - **Never rewritten:** a block is written once, before the cache's index publishes it,
-//!   and never truncated, overwritten or removed while the daemon lives (MinIO never
-//!   evicts): a passthrough open may read the file at any time.
+//!   and never truncated or overwritten: a passthrough open may read the file at any time.
+//!   When an elastic budget shrinks, the cache drops whole files ([`KernelFiles::remove`]):
+//!   the file is unlinked, and its pages go back to the kernel once the last descriptor of
+//!   it (an open file's backing, the kernel's registration) is closed; until then those
+//!   opens read its bytes as before.
 //! - **Small files stay in the arena:** a file of up to [`MIN_FILE`] would take a whole page
 //!   and an inode for a few hundred bytes, and costs its open's round trip, not its bytes;
 //!   such files are served from the kernel's page cache as before (`crate::fs`'s `open.rs`).
@@ -194,6 +197,19 @@ impl KernelFiles {
         Ok(block)
     }
 
+    /// Drops the file of `version`: no new open finds it, and its memory goes back to the
+    /// kernel when the last descriptor of it is closed. True if there was one.
+    pub fn remove(&self, version: &FileVersion) -> bool {
+        let Some(file) = self.files.lock().remove(version) else {
+            return false;
+        };
+        match rustix::fs::unlinkat(&self.root, file.name.as_str(), rustix::fs::AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => tracing::warn!("dropping a cached file: {e}"),
+        }
+        true
+    }
+
     /// True if every byte of `version` is here.
     pub fn holds(&self, version: &FileVersion) -> bool {
         let files = self.files.lock();
@@ -260,6 +276,29 @@ mod tests {
         assert!(files.takes(MIN_FILE + 1) && !files.takes(MIN_FILE));
         files.stop_taking();
         assert!(!files.takes(MIN_FILE + 1));
+    }
+
+    #[test]
+    fn a_removed_file_is_gone_for_new_opens_and_whole_for_open_ones() {
+        let Ok(files) = KernelFiles::new(1 << 20) else {
+            return;
+        };
+        let v = version(3, 100_000);
+        files.write(&v, 0, &[5u8; 100_000]).unwrap();
+        files.published(&v, 100_000);
+        let open = files.open_whole(&v).unwrap().unwrap();
+        assert!(files.remove(&v));
+        assert!(!files.remove(&v));
+        assert!(files.open_whole(&v).is_none() && !files.holds(&v));
+        let mut back = vec![0u8; 100_000];
+        assert_eq!(rustix::io::pread(&open, &mut back, 0).unwrap(), 100_000);
+        assert!(back.iter().all(|&b| b == 5));
+        // Its name is free: the same version cached again is a new file.
+        files.write(&v, 0, &[6u8; 100_000]).unwrap();
+        files.published(&v, 100_000);
+        let again = files.open_whole(&v).unwrap().unwrap();
+        assert_eq!(rustix::io::pread(&again, &mut back, 0).unwrap(), 100_000);
+        assert!(back.iter().all(|&b| b == 6));
     }
 
     #[test]

@@ -22,6 +22,20 @@
 //!
 //! The cache is the first tier of the read path ([`crate::tier::memory`]).
 //!
+//! # An elastic budget
+//!
+//! A budget sized from the memory the daemon may use (`--cache-size auto`, [`crate::budget`])
+//! grows and shrinks while the mount runs ([`BlockCache::resize`]). Growing only lets the
+//! policy admit more. Shrinking keeps MinIO's promise as far as memory allows: it drops whole
+//! files, newest first, so that what stays is what was cached first and the files every
+//! later epoch hits are the same; it admits nothing until there is room again. The memory
+//! really goes back: the arena gives the pages past its last kept slot to the kernel, and a
+//! dropped file the kernel reads itself is unlinked from the private tmpfs (its pages go
+//! when the last descriptor of it closes; the caller drops the kernel's registration). LRU
+//! evicts its least recently used blocks instead. Only an elastic cache keeps the order it
+//! needs for this ([`Admitted`]); a lender of arena bytes, and an insert from allocation to
+//! publication, hold the cache's shrink lock shared, and a shrink takes it alone.
+//!
 //! Locks: the policy's mutex is held only for the decision, the index's lock only to look
 //! up or publish; copying bytes happens outside both.
 
@@ -29,12 +43,12 @@ pub mod arena;
 pub mod kernel_files;
 pub mod policy;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::block::{Block, BlockSize};
 use crate::namespace::FileVersion;
@@ -84,8 +98,11 @@ impl PolicyKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheConfig {
     pub policy: PolicyKind,
-    /// Bytes the cache may hold.
+    /// Bytes the cache may hold (at first, if elastic).
     pub capacity: u64,
+    /// The most bytes an elastic budget may grow to ([`BlockCache::resize`]): the arena and
+    /// the tmpfs reserve this much. None for a fixed budget (`--cache-size`).
+    pub ceiling: Option<u64>,
     /// Bytes per block of a large file; files up to this size are cached whole. Never zero:
     /// every block count and offset divides or multiplies by it.
     pub block_size: NonZeroU64,
@@ -181,9 +198,11 @@ impl Stored {
 }
 
 /// Bytes found in the cache.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum CachedBytes<'a> {
-    Arena(&'a [u8]),
+    /// A slot of the arena, and, for an elastic cache, the shrink lock held shared while the
+    /// slice is lent (no shrink gives its pages back meanwhile).
+    Arena(&'a [u8], Option<RwLockReadGuard<'a, ()>>),
     Mapped(Arc<MappedBlock>),
     /// Read from a file the kernel can read ([`kernel_files`]) into a block of its own.
     Copied(Arc<Block>),
@@ -193,7 +212,7 @@ impl std::ops::Deref for CachedBytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            CachedBytes::Arena(b) => b,
+            CachedBytes::Arena(b, _) => b,
             CachedBytes::Mapped(b) => &b.map[..b.len],
             CachedBytes::Copied(b) => b,
         }
@@ -207,12 +226,85 @@ struct Index {
     per_file: HashMap<FileVersion, u64>,
     /// Versions whose every byte is cached.
     full_files: u64,
+    /// The order of admission, kept only by an elastic cache (see the module header).
+    admitted: Option<Admitted>,
+}
+
+/// What an elastic cache needs to drop its newest files: the arena's slots by offset (the
+/// arena gives memory back from its end only), and the files kept for the kernel by when
+/// their first block came.
+#[derive(Debug, Default)]
+struct Admitted {
+    /// Every arena slot in the index: offset, and the block, its length and its sequence
+    /// number.
+    slots: BTreeMap<usize, (BlockKey, usize, u64)>,
+    /// Files kept for the kernel, by the sequence number of their first block.
+    files: BTreeMap<u64, FileVersion>,
+    /// Each such file's sequence number.
+    seq_of: HashMap<FileVersion, u64>,
+    /// Blocks admitted so far.
+    seq: u64,
+}
+
+impl Admitted {
+    fn add(&mut self, key: BlockKey, stored: &Stored) {
+        self.seq += 1;
+        match stored {
+            Stored::Arena(slot) => {
+                self.slots.insert(slot.offset, (key, slot.len, self.seq));
+            }
+            Stored::Kernel { .. } => {
+                if let std::collections::hash_map::Entry::Vacant(e) = self.seq_of.entry(key.version)
+                {
+                    e.insert(self.seq);
+                    self.files.insert(self.seq, key.version);
+                }
+            }
+            Stored::Mapped(_) => {}
+        }
+    }
+
+    fn remove(&mut self, stored: &Stored) {
+        if let Stored::Arena(slot) = stored {
+            self.slots.remove(&slot.offset);
+        }
+    }
+
+    fn file_gone(&mut self, version: &FileVersion) {
+        if let Some(seq) = self.seq_of.remove(version) {
+            self.files.remove(&seq);
+        }
+    }
+
+    /// The file to drop next: the one of the arena's last slot, or the newest file kept for
+    /// the kernel, whichever came later.
+    fn newest(&self) -> Option<FileVersion> {
+        let arena = self
+            .slots
+            .last_key_value()
+            .map(|(_, (k, _, seq))| (*seq, k.version));
+        let kernel = self.files.last_key_value().map(|(seq, v)| (*seq, *v));
+        arena.max(kernel).map(|(_, v)| v)
+    }
+
+    /// The end of the arena's last slot in the index.
+    fn arena_end(&self) -> usize {
+        self.slots
+            .last_key_value()
+            .map_or(0, |(offset, (_, len, _))| offset + len)
+    }
 }
 
 impl Index {
     fn add(&mut self, key: BlockKey, stored: Stored) {
         let len = stored.len();
+        if let Some(admitted) = &mut self.admitted {
+            admitted.add(key, &stored);
+        }
         if let Some(old) = self.blocks.insert(key, stored) {
+            if let Some(admitted) = &mut self.admitted {
+                admitted.remove(&old);
+            }
             self.sub(key.version, old.len());
         }
         let bytes = self.per_file.entry(key.version).or_default();
@@ -225,6 +317,9 @@ impl Index {
 
     fn remove(&mut self, key: &BlockKey) -> Option<Stored> {
         let old = self.blocks.remove(key)?;
+        if let Some(admitted) = &mut self.admitted {
+            admitted.remove(&old);
+        }
         self.sub(key.version, old.len());
         Some(old)
     }
@@ -238,6 +333,9 @@ impl Index {
             }
             if *bytes == 0 {
                 self.per_file.remove(&version);
+                if let Some(admitted) = &mut self.admitted {
+                    admitted.file_gone(&version);
+                }
             }
         }
     }
@@ -250,6 +348,22 @@ pub struct CacheCounters {
     pub refused: AtomicU64,
     /// Blocks evicted (LRU).
     pub evicted: AtomicU64,
+    /// Files dropped because an elastic budget shrank.
+    pub shrink_dropped_files: AtomicU64,
+    /// Bytes of memory given back because an elastic budget shrank.
+    pub shrink_freed: AtomicU64,
+}
+
+/// What a [`BlockCache::resize`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Resized {
+    /// The files dropped (MinIO), newest first. The kernel's registrations of those it read
+    /// by itself are the caller's to drop.
+    pub dropped: Vec<FileVersion>,
+    /// Blocks evicted (LRU).
+    pub evicted: u64,
+    /// Memory given back, bytes, as the budget counts it.
+    pub freed: u64,
 }
 
 /// The cache of one mount.
@@ -269,6 +383,11 @@ pub struct BlockCache {
     /// Where the blocks of larger files go when the kernel may read them itself (see
     /// [`BlockCache::keep_files_for_kernel`]).
     kernel: std::sync::OnceLock<KernelFiles>,
+    /// The budget is elastic ([`CacheConfig::ceiling`]).
+    elastic: bool,
+    /// Held shared by lenders of arena bytes and by inserts, alone by a shrink (see the
+    /// module header). Only an elastic cache takes it.
+    shrink: RwLock<()>,
     /// Makes the next mapping fail, as an exhausted address space or memory would.
     #[cfg(test)]
     fail_next_mapping: std::sync::atomic::AtomicBool,
@@ -290,15 +409,26 @@ impl BlockCache {
     /// address space here).
     pub fn new(config: CacheConfig) -> std::io::Result<Self> {
         let policy = config.policy.policy(config.capacity);
-        let store = Store::for_policy(&*policy, config.capacity)?;
+        let ceiling = config
+            .ceiling
+            .unwrap_or(config.capacity)
+            .max(config.capacity);
+        let store = Store::for_policy(&*policy, ceiling)?;
+        let elastic = config.ceiling.is_some();
+        let index = Index {
+            admitted: elastic.then(Admitted::default),
+            ..Index::default()
+        };
         Ok(BlockCache {
             config,
             keeps: policy.keeps_anything(),
             touch: policy.needs_touch(),
             prefetch: policy.admits_prefetch(),
             policy: Mutex::new(policy),
-            index: RwLock::new(Index::default()),
+            index: RwLock::new(index),
             store,
+            elastic,
+            shrink: RwLock::new(()),
             counters: CacheCounters::default(),
             keeps_path: std::sync::OnceLock::new(),
             kernel: std::sync::OnceLock::new(),
@@ -349,7 +479,92 @@ impl BlockCache {
             return false;
         }
         let footprint = self.footprint(bytes, bytes);
-        self.policy.lock().used() + footprint <= self.config.capacity
+        let policy = self.policy.lock();
+        policy.used() + footprint <= policy.capacity()
+    }
+
+    /// Bytes the cache may hold now (an elastic budget's current size).
+    pub fn capacity(&self) -> u64 {
+        self.policy.lock().capacity()
+    }
+
+    /// The most an elastic budget may grow to; the capacity of a fixed one.
+    pub fn ceiling(&self) -> u64 {
+        self.config
+            .ceiling
+            .unwrap_or(self.config.capacity)
+            .max(self.config.capacity)
+    }
+
+    /// True if the budget is elastic.
+    pub fn elastic(&self) -> bool {
+        self.elastic
+    }
+
+    /// The shrink lock, shared, if the cache is elastic.
+    fn lend(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.elastic.then(|| self.shrink.read_recursive())
+    }
+
+    /// From now on the cache may hold `capacity` bytes (at most [`BlockCache::ceiling`]). A
+    /// smaller budget than it holds drops files, newest first (LRU: evicts the least recently
+    /// used blocks), and gives their memory back (see the module header).
+    pub fn resize(&self, capacity: u64) -> Resized {
+        let capacity = capacity.min(self.ceiling());
+        let _alone = self.shrink.write();
+        let mut policy = self.policy.lock();
+        let evict = policy.resize(capacity);
+        let mut index = self.index.write();
+        let mut done = Resized::default();
+        for (k, size) in &evict {
+            if index.remove(k).is_some() {
+                done.evicted += 1;
+                done.freed += size;
+            }
+        }
+        self.counters
+            .evicted
+            .fetch_add(done.evicted, Ordering::Relaxed);
+        while policy.used() > capacity {
+            let Some(version) = index.admitted.as_ref().and_then(Admitted::newest) else {
+                break;
+            };
+            let mut kernel_bytes = 0;
+            for block in 0..self.blocks().count(version.size).max(1) {
+                let key = BlockKey { version, block };
+                if let Some(Stored::Kernel { len, .. }) = index.remove(&key) {
+                    kernel_bytes += KernelFiles::footprint(len);
+                }
+            }
+            if let Some(admitted) = &mut index.admitted {
+                // Whatever the blocks said, the file is gone from the order: the loop ends.
+                admitted.file_gone(&version);
+                while admitted
+                    .slots
+                    .last_key_value()
+                    .is_some_and(|(_, (k, _, _))| k.version == version)
+                {
+                    admitted.slots.pop_last();
+                }
+            }
+            let first = BlockKey { version, block: 0 };
+            if let Some(files) = self.kernel.get()
+                && files.remove(&version)
+            {
+                policy.remove(&first, kernel_bytes);
+                done.freed += kernel_bytes;
+            }
+            if let (Store::Arena(arena), Some(admitted)) = (&self.store, &index.admitted) {
+                let back = arena.truncate(admitted.arena_end()) as u64;
+                policy.remove(&first, back);
+                done.freed += back;
+            }
+            done.dropped.push(version);
+        }
+        let c = &self.counters;
+        (c.shrink_dropped_files).fetch_add(done.dropped.len() as u64, Ordering::Relaxed);
+        c.shrink_freed.fetch_add(done.freed, Ordering::Relaxed);
+        done
     }
 
     /// True if a file of `size` bytes read now would be kept, whole or in part: the policy
@@ -381,7 +596,7 @@ impl BlockCache {
                 "only a cache that never evicts keeps files",
             ));
         }
-        let files = KernelFiles::new(self.config.capacity)?;
+        let files = KernelFiles::new(self.ceiling())?;
         let _ = self.kernel.set(files);
         Ok(())
     }
@@ -415,10 +630,13 @@ impl BlockCache {
 
     /// The cached bytes of `key`, if any.
     pub fn get(&self, key: &BlockKey) -> Option<CachedBytes<'_>> {
+        let lent = self.lend();
         let found = {
             let index = self.index.read();
             match (index.blocks.get(key)?, &self.store) {
-                (Stored::Arena(slot), Store::Arena(arena)) => CachedBytes::Arena(arena.get(*slot)),
+                (Stored::Arena(slot), Store::Arena(arena)) => {
+                    CachedBytes::Arena(arena.get(*slot), lent)
+                }
                 (Stored::Mapped(block), _) => CachedBytes::Mapped(block.clone()),
                 (Stored::Kernel { offset, len }, _) => {
                     let (offset, len) = (*offset, *len as usize);
@@ -456,6 +674,9 @@ impl BlockCache {
         if !self.keeps {
             return false;
         }
+        // From the admission to the publication: a shrink waits, so that it never gives back
+        // a slot being written nor counts what is not in the index yet.
+        let _admitting = self.lend();
         let footprint = self.footprint(key.version.size, data.len() as u64);
         let admission = self.policy.lock().admit(&key, footprint);
         let evict = match admission {
@@ -599,6 +820,7 @@ mod tests {
         BlockCache::new(CacheConfig {
             policy,
             capacity,
+            ceiling: None,
             block_size: NonZeroU64::new(1000).unwrap(),
         })
         .unwrap()
@@ -656,6 +878,109 @@ mod tests {
             .is_none()
         );
         assert!(c.used() <= 2048);
+    }
+
+    fn elastic(policy: PolicyKind, capacity: u64, ceiling: u64) -> BlockCache {
+        BlockCache::new(CacheConfig {
+            policy,
+            capacity,
+            ceiling: Some(ceiling),
+            block_size: NonZeroU64::new(1000).unwrap(),
+        })
+        .unwrap()
+    }
+
+    fn whole(c: &BlockCache, v: FileVersion, fill: u8) -> bool {
+        let blocks = c.blocks();
+        (0..blocks.count(v.size)).all(|block| {
+            let len = blocks.len(v.size, block) as usize;
+            c.insert(BlockKey { version: v, block }, &vec![fill; len])
+        })
+    }
+
+    #[test]
+    fn a_shrunk_minio_drops_its_newest_files_whole_and_gives_their_memory_back() {
+        let c = elastic(PolicyKind::MinIo, 10_000, 1 << 20);
+        // Files of 1, 2 and 1 blocks (1000-byte blocks, 1024 bytes each in the arena).
+        let (a, b, d) = (version(1, 1000), version(2, 1500), version(3, 700));
+        assert!(whole(&c, a, 1) && whole(&c, b, 2) && whole(&c, d, 3));
+        assert_eq!(c.used(), 1024 + 1024 + 512 + 704);
+        let done = c.resize(2100);
+        assert_eq!(done.dropped, vec![d, b], "newest first, until it fits");
+        assert_eq!(done.freed, 704 + 512 + 1024);
+        assert_eq!((c.used(), c.capacity(), c.cached_files()), (1024, 2100, 1));
+        assert!(c.holds_file(&a) && !c.holds_file(&b) && !c.holds_file(&d));
+        assert_eq!(
+            &*c.get(&BlockKey {
+                version: a,
+                block: 0
+            })
+            .unwrap(),
+            &[1; 1000][..]
+        );
+        // It admits up to the new budget, into the space given back, and the bytes are new.
+        assert!(whole(&c, version(4, 1000), 4));
+        assert!(!c.insert(
+            BlockKey {
+                version: version(5, 100),
+                block: 0
+            },
+            &[5; 100]
+        ));
+        assert_eq!(
+            &*c.get(&BlockKey {
+                version: version(4, 1000),
+                block: 0
+            })
+            .unwrap(),
+            &[4; 1000][..]
+        );
+        // Grown back (no further than the ceiling), it admits again.
+        assert!(c.resize(u64::MAX).dropped.is_empty());
+        assert_eq!(c.capacity(), 1 << 20);
+        assert!(whole(&c, b, 6));
+        assert_eq!(c.counters.shrink_dropped_files.load(Ordering::Relaxed), 2);
+        // To nothing: everything goes.
+        let done = c.resize(0);
+        assert_eq!(done.dropped.len(), 3);
+        assert_eq!((c.used(), c.cached_bytes(), c.cached_blocks()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_shrink_drops_whole_files_when_their_blocks_are_interleaved() {
+        let c = elastic(PolicyKind::MinIo, 1 << 20, 1 << 20);
+        let (a, b) = (version(1, 2000), version(2, 2000));
+        let key = |version, block| BlockKey { version, block };
+        // a0 b0 a1 b1 in the arena.
+        for k in [key(a, 0), key(b, 0), key(a, 1), key(b, 1)] {
+            assert!(c.insert(k, &[7; 1000]));
+        }
+        // The last slot is b's: b goes whole; a's last slot is then the end, nothing more goes.
+        let done = c.resize(3 * 1024);
+        assert_eq!(done.dropped, vec![b]);
+        assert_eq!(
+            done.freed, 1024,
+            "b1's slot is at the end; b0's lies below a1's"
+        );
+        assert!(c.holds_file(&a) && c.cached_bytes_of(&b) == 0);
+        assert_eq!(c.used(), 3 * 1024);
+    }
+
+    #[test]
+    fn a_shrunk_lru_evicts_the_least_recently_used() {
+        let c = elastic(PolicyKind::Lru, 3 * 4096, 1 << 20);
+        let key = |ino| BlockKey {
+            version: version(ino, 1000),
+            block: 0,
+        };
+        for ino in 1..=3 {
+            assert!(c.insert(key(ino), &[ino as u8; 1000]));
+        }
+        assert!(c.get(&key(1)).is_some());
+        let done = c.resize(4096);
+        assert_eq!((done.evicted, done.freed, done.dropped.len()), (2, 8192, 0));
+        assert!(c.get(&key(1)).is_some() && c.get(&key(2)).is_none());
+        assert_eq!(c.used(), 4096);
     }
 
     #[test]
@@ -737,6 +1062,12 @@ mod tests {
         fn remove(&mut self, _key: &BlockKey, _size: u64) {}
         fn used(&self) -> u64 {
             0
+        }
+        fn capacity(&self) -> u64 {
+            0
+        }
+        fn resize(&mut self, _capacity: u64) -> Vec<(BlockKey, u64)> {
+            Vec::new()
         }
         fn evicts(&self) -> bool {
             self.evicts

@@ -37,6 +37,13 @@ pub trait CachePolicy<K>: Send {
     fn remove(&mut self, key: &K, size: u64);
     /// Bytes the policy holds.
     fn used(&self) -> u64;
+    /// Bytes the policy may hold.
+    fn capacity(&self) -> u64;
+    /// From now on the policy may hold `capacity` bytes (an elastic budget that grew or
+    /// shrank). A policy with a record per key returns what it evicts to get there, least
+    /// recently used first; one without (MinIO) returns nothing and goes on counting what it
+    /// holds until the cache drops files and gives their bytes back ([`CachePolicy::remove`]).
+    fn resize(&mut self, capacity: u64) -> Vec<(K, u64)>;
     /// False for a policy that admits nothing: the cache is then left out of every read,
     /// and the kernel's page cache does what it does.
     fn keeps_anything(&self) -> bool {
@@ -87,6 +94,13 @@ impl<K> CachePolicy<K> for MinIoPolicy {
     }
     fn used(&self) -> u64 {
         self.used
+    }
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn resize(&mut self, capacity: u64) -> Vec<(K, u64)> {
+        self.capacity = capacity;
+        Vec::new()
     }
     fn evicts(&self) -> bool {
         false
@@ -158,6 +172,21 @@ impl<K: Hash + Eq + Clone + Send> CachePolicy<K> for LruPolicy<K> {
     fn used(&self) -> u64 {
         self.used
     }
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn resize(&mut self, capacity: u64) -> Vec<(K, u64)> {
+        self.capacity = capacity;
+        let mut evict = Vec::new();
+        while self.used > capacity {
+            let Some((k, s)) = self.order.pop_lru() else {
+                break;
+            };
+            self.used -= s;
+            evict.push((k, s));
+        }
+        evict
+    }
     fn evicts(&self) -> bool {
         true
     }
@@ -181,6 +210,12 @@ impl<K> CachePolicy<K> for NoCachePolicy {
     fn remove(&mut self, _key: &K, _size: u64) {}
     fn used(&self) -> u64 {
         0
+    }
+    fn capacity(&self) -> u64 {
+        0
+    }
+    fn resize(&mut self, _capacity: u64) -> Vec<(K, u64)> {
+        Vec::new()
     }
     fn keeps_anything(&self) -> bool {
         false
@@ -264,6 +299,35 @@ mod tests {
                 evict: vec![(1, 100)]
             }
         );
+    }
+
+    #[test]
+    fn a_shrunk_lru_evicts_the_least_recently_used_and_minio_only_stops_admitting() {
+        let mut lru = LruPolicy::new(300);
+        for k in 1..=3u32 {
+            assert_eq!(lru.admit(&k, 100), Admission::Admit { evict: vec![] });
+        }
+        lru.touch(&1);
+        assert_eq!(lru.resize(150), vec![(2, 100), (3, 100)]);
+        assert_eq!((lru.used(), lru.capacity()), (100, 150));
+        assert_eq!(
+            lru.admit(&4, 100),
+            Admission::Admit {
+                evict: vec![(1, 100)]
+            }
+        );
+        assert!(lru.resize(1000).is_empty());
+        assert_eq!(lru.admit(&5, 900), Admission::Admit { evict: vec![] });
+
+        let mut minio = MinIoPolicy::new(300);
+        assert_eq!(minio.admit(&1u32, 200), Admission::Admit { evict: vec![] });
+        assert!(CachePolicy::<u32>::resize(&mut minio, 100).is_empty());
+        // It holds what it held until the cache drops files, and admits nothing meanwhile.
+        assert_eq!(CachePolicy::<u32>::used(&minio), 200);
+        assert_eq!(minio.admit(&2u32, 1), Admission::Refuse);
+        minio.remove(&1, 150);
+        assert_eq!(minio.admit(&2u32, 50), Admission::Admit { evict: vec![] });
+        assert_eq!(minio.admit(&3u32, 1), Admission::Refuse);
     }
 
     #[test]

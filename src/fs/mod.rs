@@ -199,6 +199,8 @@ pub struct DatasetFs {
     registration: Mutex<Option<crate::cluster::etcd::Registration>>,
     /// The members' shares, for the stats.
     shares: Mutex<cluster::Shares>,
+    /// The cache budget's moves, if it is elastic (`crate::elastic`).
+    budget: Arc<crate::elastic::BudgetState>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -273,6 +275,7 @@ impl DatasetFs {
             ("source", config.source.display().to_string()),
             ("mountpoint", config.mountpoint.display().to_string()),
             ("policy", config.cache.policy.name().to_string()),
+            ("cache_budget", budget_mode(config).to_string()),
         ];
         Ok(DatasetFs {
             source,
@@ -304,6 +307,10 @@ impl DatasetFs {
             cluster: config.cluster.clone(),
             registration: Default::default(),
             shares: Default::default(),
+            budget: Arc::new(crate::elastic::BudgetState {
+                why: Mutex::new(config.cache_size_why.clone()),
+                ..Default::default()
+            }),
             _io: io,
         })
     }
@@ -387,6 +394,11 @@ impl DatasetFs {
         self.prefetcher.start()
     }
 
+    /// The elastic budget's state, for its watcher to keep and the stats to show.
+    pub fn budget_state(&self) -> Arc<crate::elastic::BudgetState> {
+        self.budget.clone()
+    }
+
     /// Capacity of the filesystem holding the source.
     pub fn statfs(&self) -> Result<FsStats, FsError> {
         Ok(self.source.statfs()?)
@@ -412,5 +424,39 @@ fn source_error(e: io::Error) -> FsError {
         FsError::Stale
     } else {
         FsError::Source(e)
+    }
+}
+
+/// How the cache budget is set: `auto` (elastic), `fixed` (`--cache-size`), `none`.
+fn budget_mode(config: &MountConfig) -> &'static str {
+    if !config.cache.policy.caches() {
+        "none"
+    } else if config.cache.ceiling.is_some() {
+        "auto"
+    } else {
+        "fixed"
+    }
+}
+
+impl crate::elastic::Elastic for DatasetFs {
+    fn capacity(&self) -> u64 {
+        self.tiers.memory.capacity()
+    }
+
+    fn used(&self) -> u64 {
+        self.tiers.memory.used()
+    }
+
+    fn staging_unfilled(&self) -> u64 {
+        let staging = &self.tiers.staging;
+        staging.capacity().saturating_sub(staging.bytes())
+    }
+
+    /// Resizes the cache; the kernel's registrations of the files it dropped go too, so that
+    /// their memory really returns.
+    fn resize(&self, capacity: u64) -> u64 {
+        let done = self.tiers.memory.resize(capacity);
+        self.passthrough.forget(&done.dropped);
+        done.freed
     }
 }

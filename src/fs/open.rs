@@ -490,7 +490,9 @@ impl DatasetFs {
             self.kernel.closed(watch);
         }
         if !handle.silent {
-            self.passthrough.release(handle.ino, handle.kernel_io);
+            let memory = &self.tiers.memory;
+            (self.passthrough)
+                .release(handle.ino, handle.kernel_io, |v| memory.holds_for_kernel(v));
         }
     }
 }

@@ -176,9 +176,14 @@ impl InodeModes {
     }
 
     /// The release of an open of `ino` that was granted `io`. Returns a backing file id to
-    /// unregister: its inode's last open is gone, and it is the source's (a cached file's is
-    /// kept).
-    pub fn release(&mut self, ino: NodeId, io: KernelIo) -> Option<u32> {
+    /// unregister: its inode's last open is gone, and it is the source's, or a cached file's
+    /// that the cache no longer `holds` (a cached file's is kept while the cache holds it).
+    pub fn release(
+        &mut self,
+        ino: NodeId,
+        io: KernelIo,
+        holds: impl FnOnce(&FileVersion) -> bool,
+    ) -> Option<u32> {
         let (opens, registered) = match (self.inodes.get_mut(&ino)?, io) {
             (InodeMode::Daemon { opens }, KernelIo::PageCache | KernelIo::Direct) => (opens, None),
             (InodeMode::Passthrough { opens, id, backing }, KernelIo::Passthrough(granted))
@@ -194,12 +199,19 @@ impl InodeModes {
         }
         self.inodes.remove(&ino);
         match registered? {
-            (id, Backing::Cached(v)) => {
+            (id, Backing::Cached(v)) if holds(&v) => {
                 self.kept.insert(v, id);
                 None
             }
-            (id, Backing::Source(_)) => Some(id),
+            (id, _) => Some(id),
         }
+    }
+
+    /// The cache dropped `version` (an elastic budget shrank): returns its kept registration,
+    /// to unregister. An inode still open on it keeps its registration until its last release
+    /// (which then finds the cache no longer holds it).
+    pub fn forget(&mut self, version: &FileVersion) -> Option<u32> {
+        self.kept.remove(version)
     }
 
     /// Registrations kept for cached files.
@@ -304,15 +316,31 @@ impl Passthrough {
         (granted, refused)
     }
 
-    /// The release of an open of `ino` that was granted `io`.
-    pub fn release(&self, ino: NodeId, io: KernelIo) {
+    /// The release of an open of `ino` that was granted `io`; `holds` says whether the cache
+    /// still holds a file (whose registration is then kept).
+    pub fn release(&self, ino: NodeId, io: KernelIo, holds: impl FnOnce(&FileVersion) -> bool) {
         if self.kernel.get().is_none() {
             return;
         }
-        let registered = self.modes.lock().release(ino, io);
+        let registered = self.modes.lock().release(ino, io, holds);
         if let (Some(id), Some(kernel)) = (registered, self.kernel.get()) {
             kernel.unregister(id);
             self.released.notify_all();
+        }
+    }
+
+    /// The cache dropped `versions`: their kept registrations go, so that the kernel lets go
+    /// of their files and their memory returns (see [`InodeModes::forget`]).
+    pub fn forget(&self, versions: &[FileVersion]) {
+        let Some(kernel) = self.kernel.get() else {
+            return;
+        };
+        let ids: Vec<u32> = {
+            let mut modes = self.modes.lock();
+            versions.iter().filter_map(|v| modes.forget(v)).collect()
+        };
+        for id in ids {
+            kernel.unregister(id);
         }
     }
 }
@@ -347,13 +375,13 @@ mod tests {
             m.open(5, None, &mut reg, || KernelIo::Direct),
             pt(11, cached)
         );
-        assert_eq!(m.release(5, KernelIo::Passthrough(11)), None);
-        assert_eq!(m.release(5, KernelIo::Passthrough(11)), None);
+        assert_eq!(m.release(5, KernelIo::Passthrough(11), |_| true), None);
+        assert_eq!(m.release(5, KernelIo::Passthrough(11), |_| true), None);
         // The cached file's registration is kept, for its next open.
-        assert_eq!(m.release(5, KernelIo::Passthrough(11)), None);
+        assert_eq!(m.release(5, KernelIo::Passthrough(11), |_| true), None);
         assert_eq!((m.len(), m.kept()), (0, 1));
         assert_eq!(m.open(5, Some(cached), |_| None, page), pt(11, cached));
-        assert_eq!(m.release(5, KernelIo::Passthrough(11)), None);
+        assert_eq!(m.release(5, KernelIo::Passthrough(11), |_| true), None);
         // Through the daemon, a passthrough open waits until the inode's opens are gone.
         assert_eq!(
             m.open(5, None, &mut reg, page),
@@ -364,11 +392,11 @@ mod tests {
             m.open(5, Some(source), &mut reg, direct),
             Granted::Daemon(KernelIo::Direct)
         );
-        assert_eq!(m.release(5, KernelIo::PageCache), None);
-        assert_eq!(m.release(5, KernelIo::Direct), None);
+        assert_eq!(m.release(5, KernelIo::PageCache, |_| true), None);
+        assert_eq!(m.release(5, KernelIo::Direct, |_| true), None);
         assert_eq!(m.open(5, Some(source), &mut reg, page), pt(12, source));
         // A source file's registration goes at its last release.
-        assert_eq!(m.release(5, KernelIo::Passthrough(12)), Some(12));
+        assert_eq!(m.release(5, KernelIo::Passthrough(12), |_| true), Some(12));
         // Other inodes are their own.
         assert_eq!(
             m.open(6, None, &mut reg, page),
@@ -377,12 +405,34 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_cached_file_loses_its_kept_registration_and_an_open_one_at_release() {
+        let mut m = InodeModes::default();
+        let (a, b) = (Backing::Cached(version(1)), Backing::Cached(version(2)));
+        let mut next = 20;
+        let mut reg = |_| {
+            next += 1;
+            Some(next)
+        };
+        let page = || KernelIo::PageCache;
+        assert_eq!(m.open(5, Some(a), &mut reg, page), pt(21, a));
+        assert_eq!(m.release(5, KernelIo::Passthrough(21), |_| true), None);
+        assert_eq!(m.open(6, Some(b), &mut reg, page), pt(22, b));
+        // Both dropped by the cache: a's kept registration goes now, b's at its release.
+        assert_eq!(m.forget(&version(1)), Some(21));
+        assert_eq!(m.forget(&version(2)), None);
+        assert_eq!(m.release(6, KernelIo::Passthrough(22), |_| false), Some(22));
+        assert_eq!((m.len(), m.kept()), (0, 0));
+        // Cached again later: a new registration.
+        assert_eq!(m.open(5, Some(a), &mut reg, page), pt(23, a));
+    }
+
+    #[test]
     fn a_refused_registration_goes_through_the_daemon() {
         let mut m = InodeModes::default();
         let b = Backing::Cached(version(1));
         let granted = m.open(5, Some(b), |_| None, || KernelIo::Direct);
         assert_eq!(granted, Granted::Daemon(KernelIo::Direct));
-        assert_eq!(m.release(5, KernelIo::Direct), None);
+        assert_eq!(m.release(5, KernelIo::Direct, |_| true), None);
         assert_eq!(m.len(), 0);
     }
 
@@ -437,14 +487,14 @@ mod tests {
                 open.push((ino, io));
             } else {
                 let (ino, io) = open.swap_remove(rng.random_range(0..open.len()));
-                if let Some(id) = m.release(ino, io) {
+                if let Some(id) = m.release(ino, io, |_| true) {
                     assert!(!open.iter().any(|o| o.1 == KernelIo::Passthrough(id)));
                     unregistered.push(id);
                 }
             }
         }
         for (ino, io) in open.drain(..) {
-            unregistered.extend(m.release(ino, io));
+            unregistered.extend(m.release(ino, io, |_| true));
         }
         unregistered.sort_unstable();
         unregistered.dedup();

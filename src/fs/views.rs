@@ -50,6 +50,7 @@ impl DatasetFs {
                 .info
                 .iter()
                 .cloned()
+                .chain([("cache_budget_why", self.budget.why.lock().clone())])
                 .chain(self.cluster_info())
                 .collect(),
             epochs: records,
@@ -86,7 +87,18 @@ impl DatasetFs {
             Stat::CachedFiles => Value::Count(cache.cached_files()),
             Stat::CachedBlocks => Value::Count(cache.cached_blocks()),
             Stat::CacheUsed => Value::Count(cache.used()),
-            Stat::CacheCapacity => Value::Count(cache.config().capacity),
+            Stat::CacheCapacity => Value::Count(cache.capacity()),
+            Stat::CacheBudgetGrows => Value::Count(self.budget.grows.load(Ordering::Relaxed)),
+            Stat::CacheBudgetHolds => Value::Count(self.budget.holds.load(Ordering::Relaxed)),
+            Stat::CacheBudgetShrinks => Value::Count(self.budget.shrinks.load(Ordering::Relaxed)),
+            Stat::CacheDroppedFiles => {
+                Value::Count(cc.shrink_dropped_files.load(Ordering::Relaxed))
+            }
+            Stat::CacheFreedBytes => Value::Count(cc.shrink_freed.load(Ordering::Relaxed)),
+            Stat::MemoryFree => Value::Count(self.budget.free.load(Ordering::Relaxed)),
+            Stat::MemoryPressureEvents => {
+                Value::Count(self.budget.pressure_events.load(Ordering::Relaxed))
+            }
             Stat::MetadataBytes => Value::Count(self.ns.memory() as u64),
             Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
             Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),

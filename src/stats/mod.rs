@@ -85,7 +85,14 @@ stats! {
     CachedFiles => "cached_files", Count, "Files whose every byte is cached.";
     CachedBlocks => "cached_blocks", Count, "Blocks in the cache (a small file is one block).";
     CacheUsed => "cache_used", Bytes, "Bytes of the budget in use (cached bytes plus alignment).";
-    CacheCapacity => "cache_capacity", Bytes, "The cache budget in bytes (--cache-size).";
+    CacheCapacity => "cache_capacity", Bytes, "The cache budget in bytes now: --cache-size, or the elastic budget's current size (cache_budget auto; cache_budget_why says why it is what it is).";
+    CacheBudgetGrows => "cache_budget_grows", Count, "Times the elastic budget grew: the memory cgroup (or the host) had more free than the reserve kept for the job.";
+    CacheBudgetHolds => "cache_budget_holds", Count, "Times it stopped at what the cache held: a little less free than the reserve.";
+    CacheBudgetShrinks => "cache_budget_shrinks", Count, "Times it shrank: well under the reserve free, or memory pressure.";
+    CacheDroppedFiles => "cache_dropped_files", Count, "Files the cache dropped, newest first, because the elastic budget shrank.";
+    CacheFreedBytes => "cache_freed_bytes", Bytes, "Memory those drops gave back to the kernel.";
+    MemoryFree => "memory_free", Bytes, "What the memory cgroup (or the host) had free at the elastic budget's last look, reclaimable page cache counted as free; 0 with a fixed budget.";
+    MemoryPressureEvents => "memory_pressure_events", Count, "Memory pressure notifications from the kernel (cgroup v1 memory.pressure_level medium, v2 PSI) that the elastic budget got.";
     AdmissionsRefused => "admissions_refused", Count, "Blocks read from the source but not cached because the cache was full.";
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";

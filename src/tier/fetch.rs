@@ -437,6 +437,7 @@ mod tests {
             BlockCache::new(crate::cache::CacheConfig {
                 policy: crate::cache::PolicyKind::MinIo,
                 capacity: 1 << 20,
+                ceiling: None,
                 block_size: std::num::NonZeroU64::new(1 << 20).unwrap(),
             })
             .unwrap(),

@@ -48,6 +48,7 @@ mod tests {
         BlockCache::new(CacheConfig {
             policy,
             capacity: 1 << 20,
+            ceiling: None,
             block_size: NonZeroU64::new(1 << 16).unwrap(),
         })
         .unwrap()

@@ -347,6 +347,7 @@ pub(crate) mod tests {
             let memory = BlockCache::new(CacheConfig {
                 policy,
                 capacity: 1 << 20,
+                ceiling: None,
                 block_size: std::num::NonZeroU64::new(64).unwrap(),
             })
             .unwrap();

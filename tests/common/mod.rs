@@ -479,3 +479,103 @@ pub fn fails_with_line(out: &Output, code: i32, line: &str, what: &str) {
     assert!(err.contains(line), "{what}: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{what}: {err}");
 }
+
+/// A v1 memory cgroup made for a test below the test's own, with a limit; the processes in
+/// it must be gone when it is dropped, which removes it.
+pub struct TestCgroup {
+    /// Its directory, e.g. /sys/fs/cgroup/memory/process_api/ID/coorfs-test-PID-NAME.
+    pub dir: PathBuf,
+    /// Its path in the hierarchy, as /proc/self/cgroup and coorfs name it.
+    pub path: String,
+}
+
+impl TestCgroup {
+    /// Makes one limited to `limit` bytes, named after `name`, or says why it cannot.
+    pub fn new(name: &str, limit: u64) -> Result<TestCgroup, String> {
+        use coorfs::budget::{Version, cgroup_dir, parse_proc_cgroup};
+        let text = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let own = parse_proc_cgroup(&text("/proc/self/cgroup"))
+            .ok_or("no memory cgroup in /proc/self/cgroup")?;
+        if own.version != Version::V1 {
+            return Err("memory is accounted by cgroup v2, not v1".into());
+        }
+        let parent = cgroup_dir(&own, &text("/proc/self/mountinfo"))
+            .map(|d| d.dir)
+            .ok_or("no cgroup v1 memory controller mounted")?;
+        if !parent.join("memory.limit_in_bytes").exists() {
+            return Err(format!("{} has no memory.limit_in_bytes", parent.display()));
+        }
+        let name = format!("coorfs-test-{}-{name}", std::process::id());
+        let dir = parent.join(&name);
+        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let cg = TestCgroup {
+            dir,
+            path: own.path.join(&name).display().to_string(),
+        };
+        std::fs::write(cg.dir.join("memory.limit_in_bytes"), limit.to_string())
+            .map_err(|e| format!("limiting {}: {e}", cg.dir.display()))?;
+        Ok(cg)
+    }
+
+    /// `program`, to be run inside the cgroup (a shell moves itself in, then becomes it).
+    pub fn command(&self, program: &str) -> Command {
+        let script = format!(
+            "echo $$ > '{}' && exec \"$0\" \"$@\"",
+            self.dir.join("cgroup.procs").display()
+        );
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(script).arg(program);
+        cmd
+    }
+
+    /// Runs `coorfs ARGS` inside the cgroup.
+    pub fn coorfs(&self, args: &[&OsStr]) -> Output {
+        output_within(self.command(bin()).args(args), COMMAND_LIMIT)
+    }
+
+    /// A field of its memory.stat, bytes.
+    pub fn stat(&self, field: &str) -> u64 {
+        let text = std::fs::read_to_string(self.dir.join("memory.stat")).unwrap();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {field} in {text}"))
+    }
+
+    /// Bytes in use that the kernel cannot reclaim: usage less page cache (shared memory
+    /// counts as in use).
+    pub fn in_use(&self) -> u64 {
+        let usage: u64 = std::fs::read_to_string(self.dir.join("memory.usage_in_bytes"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        usage - (self.stat("total_cache") - self.stat("total_shmem"))
+    }
+
+    /// Processes the kernel's OOM killer killed in it.
+    pub fn oom_kills(&self) -> u64 {
+        let text = std::fs::read_to_string(self.dir.join("memory.oom_control")).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // The daemon exits just after its unmount; rmdir fails while a process is inside.
+        let procs = self.dir.join("cgroup.procs");
+        wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(&procs).is_ok_and(|p| p.trim().is_empty())
+        });
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            eprintln!("removing {}: {e}", self.dir.display());
+        }
+    }
+}

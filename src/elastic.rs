@@ -1,0 +1,492 @@
+//! The elastic cache budget (`--cache-size auto`, the default): the cache takes the memory
+//! the daemon's memory cgroup (or, without a limit, the host) leaves free, and gives it back
+//! before anyone is OOM-killed, the way the page cache does, but in MinIO's order.
+//!
+//! # The rule
+//!
+//! Every tick the watcher reads what the memory the daemon may use has *free*: the limited
+//! memory cgroup that leaves the least (`limit - (usage - reclaimable page cache)`, see
+//! [`crate::budget`]), or the host's `MemAvailable`. The daemon's own memory, the cache
+//! included, is in `usage`, so
+//!
+//! ```text
+//! spare    = free - what the staging area may still take
+//! capacity = used + spare - reserve                      (whole MiB, at most the ceiling)
+//! ```
+//!
+//! keeps `reserve` bytes free for the job: its next allocations come out of the reserve (and
+//! the reclaimable page cache) while the cache shrinks. Then:
+//!
+//! - **Grow** while `spare > reserve`: the capacity rises, and MinIO admits files until it
+//!   holds it. Steps under [`Rules::step`] are ignored, so the budget does not churn.
+//! - **Hold** while `spare` is between 3/4 of the reserve and the reserve: the capacity
+//!   drops to what is held, nothing more is admitted, nothing is dropped.
+//! - **Shrink** when `spare < 3/4 reserve`, or the kernel reports memory pressure (v1
+//!   `memory.pressure_level` at `medium`, a v2 PSI trigger on `memory.pressure`): the cache
+//!   drops whole files, newest first, until the reserve is free again (under pressure, one
+//!   reserve more), and gives their memory back ([`crate::cache::BlockCache::resize`]).
+//!
+//! The reserve is an eighth of the cgroup's limit (32 MiB to 1 GiB), or a sixteenth of the
+//! host's memory (256 MiB to 4 GiB): what a job may allocate in one tick, at memset speed,
+//! before the watcher sees it. The tick is 20 ms while `spare` is under two reserves, 100 ms
+//! otherwise; a pressure event wakes the watcher at once. A tick reads three small files of
+//! one cgroup (about 60 us).
+//!
+//! Pure rules ([`Rules::next`]) are apart from the thread that reads and applies them
+//! ([`Watcher`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::budget::{Chain, Version};
+use crate::units::format_size;
+
+const MIB: u64 = 1 << 20;
+
+/// The watcher's tick while memory is short (spare under two reserves).
+pub const TICK_NEAR: Duration = Duration::from_millis(20);
+/// Its tick otherwise.
+pub const TICK_FAR: Duration = Duration::from_millis(100);
+/// Pressure events closer together than this shrink once.
+const PRESSURE_GAP: Duration = Duration::from_secs(1);
+
+/// How an elastic budget moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// Bytes kept free for the job's next allocations.
+    pub reserve: u64,
+    /// The most the cache may take (what its arena and tmpfs reserve).
+    pub ceiling: u64,
+}
+
+/// What the watcher decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Move {
+    /// More room: the cache may admit up to the new capacity.
+    Grow,
+    /// Short of the reserve: admit nothing more.
+    Hold,
+    /// Well short of it, or memory pressure: drop files down to the new capacity.
+    Shrink,
+}
+
+impl Move {
+    pub fn name(self) -> &'static str {
+        match self {
+            Move::Grow => "grew",
+            Move::Hold => "held",
+            Move::Shrink => "shrank",
+        }
+    }
+}
+
+impl Rules {
+    /// The rules inside a memory cgroup limited to `limit` bytes, for a cache that may grow
+    /// to `ceiling`.
+    pub fn for_cgroup(limit: u64) -> Self {
+        Rules {
+            reserve: (limit / 8).clamp(32 * MIB, 1 << 30),
+            ceiling: limit,
+        }
+    }
+
+    /// The rules on a host with `total` bytes of memory and no cgroup limit.
+    pub fn for_host(total: u64) -> Self {
+        Rules {
+            reserve: (total / 16).clamp(256 * MIB, 4 << 30),
+            ceiling: total,
+        }
+    }
+
+    /// Changes smaller than this are not made (growing), so the budget does not churn.
+    pub fn step(&self) -> u64 {
+        (self.reserve / 8).max(MIB)
+    }
+
+    /// The next capacity of a cache of `capacity` bytes that holds `used`, when the memory
+    /// has `spare` bytes free beyond what the staging area may still take; `pressure` if the
+    /// kernel reported memory pressure. None: no change.
+    pub fn next(
+        &self,
+        capacity: u64,
+        used: u64,
+        spare: u64,
+        pressure: bool,
+    ) -> Option<(u64, Move)> {
+        let whole_mib = |b: u64| b / MIB * MIB;
+        if pressure || spare < self.reserve / 4 * 3 {
+            let extra = if pressure { self.reserve } else { 0 };
+            let short = (self.reserve + extra).saturating_sub(spare);
+            let to = whole_mib(used.saturating_sub(short)).min(capacity);
+            return (to < capacity || to < used).then_some((to, Move::Shrink));
+        }
+        if spare < self.reserve {
+            let to = used.min(capacity);
+            return (to < capacity).then_some((to, Move::Hold));
+        }
+        let to = whole_mib((used + spare - self.reserve).min(self.ceiling));
+        if to > capacity && to - capacity >= self.step() {
+            return Some((to, Move::Grow));
+        }
+        if to < capacity && capacity - to >= self.step() {
+            return Some((to, Move::Hold));
+        }
+        None
+    }
+}
+
+/// An elastic budget as it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub rules: Rules,
+    /// Its first size, bytes.
+    pub capacity: u64,
+    /// Why, for the log.
+    pub why: String,
+}
+
+/// The elastic budget of a daemon that watches `watched` and whose staging area holds
+/// `staging` bytes; None if the memory cannot be read.
+pub fn start(watched: &Watched, staging: u64) -> Option<Start> {
+    let reading = watched.read()?;
+    let rules = match watched {
+        Watched::Cgroup(_) => Rules::for_cgroup(reading.limit),
+        Watched::Host => Rules::for_host(reading.limit),
+    };
+    let spare = reading.free.saturating_sub(staging);
+    let capacity = rules.next(0, 0, spare, false).map_or(0, |(c, _)| c);
+    let why = format!(
+        "auto: {} now; grows while {} has more than {} free, shrinks when it has less \
+         (limit {}, {} free, {} staging)",
+        format_size(capacity),
+        reading.of,
+        format_size(rules.reserve),
+        format_size(reading.limit),
+        format_size(reading.free),
+        format_size(staging)
+    );
+    Some(Start {
+        rules,
+        capacity,
+        why,
+    })
+}
+
+/// The staging area's default size in a memory cgroup limited to `limit` bytes: a sixteenth
+/// of it, 8 MiB to 256 MiB (on a host, `--prefetch-memory`'s default, 256 MiB).
+pub fn staging_for_cgroup(limit: u64) -> u64 {
+    (limit / 16).clamp(8 * MIB, 256 * MIB) / MIB * MIB
+}
+
+/// What the watcher resizes: the mount's cache, with its staging area beside it.
+pub trait Elastic: Send + Sync {
+    /// Bytes the cache may hold now.
+    fn capacity(&self) -> u64;
+    /// Bytes it holds.
+    fn used(&self) -> u64;
+    /// Bytes the staging area may still take before it is full.
+    fn staging_unfilled(&self) -> u64;
+    /// Sets the capacity (dropping files if it holds more); returns the bytes given back.
+    fn resize(&self, capacity: u64) -> u64;
+}
+
+/// The budget as the stats show it.
+#[derive(Debug, Default)]
+pub struct BudgetState {
+    /// Times the budget grew, held, shrank.
+    pub grows: AtomicU64,
+    pub holds: AtomicU64,
+    pub shrinks: AtomicU64,
+    /// Pressure events the kernel sent.
+    pub pressure_events: AtomicU64,
+    /// Bytes the memory had free at the last tick (0 before the first).
+    pub free: AtomicU64,
+    /// Why the budget is what it is: its last change.
+    pub why: Mutex<String>,
+}
+
+/// Where the watcher reads how much memory is free.
+#[derive(Debug)]
+pub enum Watched {
+    /// A memory cgroup chain (the tightest limited one counts).
+    Cgroup(Chain),
+    /// The host's `MemAvailable`.
+    Host,
+}
+
+impl Watched {
+    /// This process's: its cgroup chain if one of them has a limit, else the host.
+    pub fn probe() -> Self {
+        let read = |p: &Path| std::fs::read_to_string(p).ok();
+        match Chain::find(&read) {
+            Some(chain) if chain.tightest(&read).is_some() => Watched::Cgroup(chain),
+            _ => Watched::Host,
+        }
+    }
+
+    /// Bytes free now, the limit they are of, and what they are of (for the log); with the
+    /// cgroup's directory, where pressure events are.
+    pub fn read(&self) -> Option<Reading> {
+        let read = |p: &Path| std::fs::read_to_string(p).ok();
+        match self {
+            Watched::Cgroup(chain) => {
+                let (cg, dir) = chain.tightest(&read)?;
+                Some(Reading {
+                    free: cg.free(),
+                    limit: cg.limit,
+                    of: format!("memory cgroup {}", cg.path),
+                    dir: Some((chain.version, dir.to_path_buf())),
+                })
+            }
+            Watched::Host => {
+                let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+                let field = |name| crate::budget::meminfo_field(&text, name);
+                Some(Reading {
+                    free: field("MemAvailable:")?,
+                    limit: field("MemTotal:")?,
+                    of: "the host".into(),
+                    dir: None,
+                })
+            }
+        }
+    }
+}
+
+/// One look at the memory.
+#[derive(Clone, Debug)]
+pub struct Reading {
+    pub free: u64,
+    pub limit: u64,
+    pub of: String,
+    pub dir: Option<(Version, PathBuf)>,
+}
+
+/// The thread that watches the memory and resizes the cache.
+pub struct Watcher {
+    pub rules: Rules,
+    pub watched: Watched,
+    pub state: Arc<BudgetState>,
+}
+
+impl Watcher {
+    /// Watches until `target` is gone (the mount ended).
+    pub fn run(self, target: std::sync::Weak<dyn Elastic>) {
+        let mut events =
+            self.watched.read().and_then(|r| r.dir).and_then(
+                |(v, dir)| match PressureEvents::open(v, &dir) {
+                    Ok(e) => Some(e),
+                    Err(e) => {
+                        tracing::info!(
+                            "elastic cache: no memory pressure events ({e}); watching usage only"
+                        );
+                        None
+                    }
+                },
+            );
+        let mut last_pressure: Option<Instant> = None;
+        let mut tick = TICK_FAR;
+        loop {
+            let fired = match &mut events {
+                Some(e) => e.wait(tick),
+                None => {
+                    std::thread::sleep(tick);
+                    false
+                }
+            };
+            let Some(target) = target.upgrade() else {
+                return;
+            };
+            let Some(reading) = self.watched.read() else {
+                tick = TICK_FAR;
+                continue;
+            };
+            let pressure = fired && last_pressure.is_none_or(|t| t.elapsed() >= PRESSURE_GAP);
+            if fired {
+                self.state.pressure_events.fetch_add(1, Ordering::Relaxed);
+            }
+            if pressure {
+                last_pressure = Some(Instant::now());
+            }
+            self.state.free.store(reading.free, Ordering::Relaxed);
+            let spare = reading.free.saturating_sub(target.staging_unfilled());
+            tick = if spare < 2 * self.rules.reserve {
+                TICK_NEAR
+            } else {
+                TICK_FAR
+            };
+            let (capacity, used) = (target.capacity(), target.used());
+            let Some((to, how)) = self.rules.next(capacity, used, spare, pressure) else {
+                continue;
+            };
+            let freed = target.resize(to);
+            let counter = match how {
+                Move::Grow => &self.state.grows,
+                Move::Hold => &self.state.holds,
+                Move::Shrink => &self.state.shrinks,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            let why = format!(
+                "{} {} -> {}: {} has {} free of {} ({}{} reserved for the job){}",
+                how.name(),
+                format_size(capacity),
+                format_size(to),
+                reading.of,
+                format_size(reading.free),
+                format_size(reading.limit),
+                if pressure { "memory pressure; " } else { "" },
+                format_size(self.rules.reserve),
+                if freed > 0 {
+                    format!("; gave back {}", format_size(freed))
+                } else {
+                    String::new()
+                }
+            );
+            match how {
+                Move::Shrink => tracing::info!("cache budget {why}"),
+                Move::Grow | Move::Hold => tracing::debug!("cache budget {why}"),
+            }
+            *self.state.why.lock() = why;
+        }
+    }
+}
+
+/// The kernel's memory pressure notifications for one cgroup: v1 `memory.pressure_level`
+/// through `cgroup.event_control` and an eventfd, v2 a PSI trigger on `memory.pressure`.
+struct PressureEvents {
+    fd: std::os::fd::OwnedFd,
+    /// POLLIN for the eventfd, POLLPRI for a PSI trigger.
+    events: libc::c_short,
+    version: Version,
+    /// Kept open: the v1 registration lasts while it is.
+    _level: Option<std::fs::File>,
+}
+
+impl PressureEvents {
+    fn open(version: Version, dir: &Path) -> std::io::Result<Self> {
+        use std::io::Write;
+        use std::os::fd::{AsRawFd, FromRawFd};
+        match version {
+            Version::V1 => {
+                let level = std::fs::File::open(dir.join("memory.pressure_level"))?;
+                // SAFETY: eventfd has no memory preconditions; the result is checked.
+                let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+                if efd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // SAFETY: efd is a new descriptor that nothing else owns.
+                let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(efd) };
+                let line = format!("{} {} medium", fd.as_raw_fd(), level.as_raw_fd());
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.join("cgroup.event_control"))?
+                    .write_all(line.as_bytes())?;
+                Ok(PressureEvents {
+                    fd,
+                    events: libc::POLLIN,
+                    version,
+                    _level: Some(level),
+                })
+            }
+            Version::V2 => {
+                let mut file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(dir.join("memory.pressure"))?;
+                // Some task stalled on memory for 50 ms within 500 ms.
+                file.write_all(b"some 50000 500000")?;
+                Ok(PressureEvents {
+                    fd: file.into(),
+                    events: libc::POLLPRI,
+                    version,
+                    _level: None,
+                })
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for an event; true if one came.
+    fn wait(&mut self, timeout: Duration) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: self.events,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
+        if n <= 0 || pfd.revents & self.events == 0 {
+            return false;
+        }
+        if self.version == Version::V1 {
+            let mut count = [0u8; 8];
+            // SAFETY: reads 8 bytes into a buffer of 8.
+            unsafe { libc::read(self.fd.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn reserves_scale_with_the_memory_and_stay_in_bounds() {
+        assert_eq!(Rules::for_cgroup(GIB).reserve, 128 * MIB);
+        assert_eq!(Rules::for_cgroup(128 * MIB).reserve, 32 * MIB);
+        assert_eq!(Rules::for_cgroup(64 * GIB).reserve, GIB);
+        assert_eq!(Rules::for_host(24 * GIB).reserve, 1536 * MIB);
+        assert_eq!(Rules::for_host(2 * GIB).reserve, 256 * MIB);
+    }
+
+    #[test]
+    fn grows_into_what_is_free_beyond_the_reserve() {
+        let r = Rules::for_cgroup(GIB); // reserve 128 MiB, step 16 MiB
+        // Nothing held, 900 MiB free: the cache may take 772 MiB.
+        assert_eq!(
+            r.next(0, 0, 900 * MIB, false),
+            Some((772 * MIB, Move::Grow))
+        );
+        // As it fills, free falls by what it takes: the capacity stays.
+        assert_eq!(r.next(772 * MIB, 500 * MIB, 400 * MIB, false), None);
+        // Small moves are not made.
+        assert_eq!(r.next(772 * MIB, 500 * MIB, 410 * MIB, false), None);
+        // Never past the ceiling.
+        assert_eq!(r.next(0, 0, 100 * GIB, false), Some((GIB, Move::Grow)));
+    }
+
+    #[test]
+    fn holds_short_of_the_reserve_and_shrinks_well_short_of_it() {
+        let r = Rules::for_cgroup(GIB);
+        // 110 MiB spare: between 3/4 of the reserve (96) and the reserve: admit nothing more.
+        assert_eq!(
+            r.next(772 * MIB, 600 * MIB, 110 * MIB, false),
+            Some((600 * MIB, Move::Hold))
+        );
+        assert_eq!(r.next(600 * MIB, 600 * MIB, 110 * MIB, false), None);
+        // The job took 300 MiB: 10 MiB spare. Drop files until the reserve is free again.
+        assert_eq!(
+            r.next(600 * MIB, 600 * MIB, 10 * MIB, false),
+            Some((482 * MIB, Move::Shrink))
+        );
+        // Pressure: one reserve more.
+        assert_eq!(
+            r.next(600 * MIB, 600 * MIB, 110 * MIB, true),
+            Some((454 * MIB, Move::Shrink))
+        );
+        // Nothing held, nothing to drop: the capacity goes to zero.
+        assert_eq!(r.next(50 * MIB, 0, 0, false), Some((0, Move::Shrink)));
+        assert_eq!(r.next(0, 0, 0, false), None);
+        // The job gave its memory back: grow again.
+        assert_eq!(
+            r.next(482 * MIB, 482 * MIB, 428 * MIB, false),
+            Some((782 * MIB, Move::Grow))
+        );
+    }
+}
