@@ -50,23 +50,25 @@ samples=$work/samples.txt
 : > "$samples"
 hog_pid=
 
-# hog: a process of the job, in the cgroup, that takes GROW bytes and holds them until killed.
+# hog: a process of the job, in the cgroup, that takes GROW bytes and holds them until stopped.
 hog_start() {
     cg_run "$cg" python3 -c '
-import sys, time
+import os, sys, time
 b = bytearray(int(sys.argv[1]))
 b[::4096] = b"\x01" * len(b[::4096])
-print("ready", flush=True)
-time.sleep(3600)' "$GROW" > "$work/hog.out" &
-    hog_pid=$!
+print("ready", os.getpid(), flush=True)
+time.sleep(3600)' "$GROW" > "$work/hog.out" 2>&1 &
     for _ in $(seq 1 300); do
-        grep -q ready "$work/hog.out" 2>/dev/null && return 0
-        kill -0 "$hog_pid" 2>/dev/null || { echo "the $((GROW >> 20)) MiB allocation died (OOM?)" >&2; return 0; }
+        hog_pid=$(awk '$1 == "ready" { print $2 }' "$work/hog.out")
+        [ -n "$hog_pid" ] && return 0
+        # Gone without saying ready: killed (the OOM count says).
+        jobs -r | grep -q . || { echo "  the $((GROW >> 20)) MiB allocation died" >&2; return 0; }
         sleep 0.1
     done
 }
 hog_stop() {
-    if [ -n "$hog_pid" ]; then kill "$hog_pid" 2>/dev/null || true; wait "$hog_pid" 2>/dev/null || true; fi
+    if [ -n "$hog_pid" ]; then kill "$hog_pid" 2>/dev/null || true; fi
+    wait 2>/dev/null || true
     hog_pid=
 }
 
@@ -118,5 +120,7 @@ for run in $RUNS; do
     grep "^$run/" "$samples" | sed "s|^$run/||" |
         python3 scripts/epochstats.py --baseline native --dataset-bytes "$dataset_bytes"
     echo
-    echo "OOM kills: $(grep "^$run/" "$work/kills.txt" | awk '{ s += $3 } END { print s + 0 }')"
+    for sys in $SYSTEMS; do
+        echo "OOM kills, $sys: $(grep "^$run/$sys " "$work/kills.txt" | awk '{ s += $3 } END { print s + 0 }')"
+    done
 done

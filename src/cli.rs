@@ -197,8 +197,8 @@ pub struct MountArgs {
 
     /// The cache budget. auto (the default) is elastic, like the page cache: the cache grows
     /// while the memory cgroup (a container's limit; without one, the host) has more free than
-    /// a reserve kept for the job (an eighth of the limit, 32 MiB to 1 GiB; a sixteenth of the
-    /// host's memory), and drops its newest files and gives their memory back when it has
+    /// a reserve kept for the job (a sixteenth of the limit, 32 MiB to 1 GiB; of the host's
+    /// memory, 256 MiB to 4 GiB), and drops its newest files and gives their memory back when it has
     /// less or the kernel reports memory pressure. A SIZE (K/M/G/T suffixes) is a fixed
     /// budget, refused when it and --prefetch-memory do not fit in what the memory cgroup
     /// has left; 0 only with --policy none or a --cache-dir.
@@ -487,9 +487,9 @@ pub struct AnalyzeArgs {
     pub dataset: PathBuf,
 
     /// The memory to analyse, as coorfs cache or page cache, in bytes (K/M/G/T suffixes), at
-    /// most the dataset's size [default: the --mount's cache size, else what coorfs mount
-    /// would choose here: half of what the memory cgroup leaves free, at most half of the
-    /// memory available].
+    /// most the dataset's size [default: the --mount's cache size, else what coorfs mount's
+    /// elastic budget would start at here: what the memory cgroup (or the host) has free
+    /// beyond the staging area and the reserve it keeps for the job].
     #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size, help_heading = "Prediction")]
     pub cache_size: Option<u64>,
     /// Also simulate every cache size from 0 to 100% of the dataset, in steps of 5%.

@@ -105,8 +105,8 @@ fn the_default_budget_is_elastic_and_a_fixed_one_must_fit() {
         assert!(out.status.success(), "{}", stderr(&out));
     };
 
-    // Default options: what the 1 GiB leaves beyond the staging area (a sixteenth of the
-    // limit) and the reserve kept for the job (an eighth), less what coorfs itself uses.
+    // Default options: what the 1 GiB leaves beyond the staging area and the reserve kept for
+    // the job (a sixteenth of the limit each), less what coorfs itself uses.
     for extra in [&[][..], &["--cache-size", "auto"][..]] {
         let out = mount(extra);
         assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
@@ -114,7 +114,7 @@ fn the_default_budget_is_elastic_and_a_fixed_one_must_fit() {
         assert_eq!(s["cache_budget"], "auto", "{s}");
         assert_eq!(num(&s, "prefetch_memory"), 64 * MIB);
         let cache = num(&s, "cache_capacity");
-        let most = GIB - 64 * MIB - 128 * MIB;
+        let most = GIB - 64 * MIB - 64 * MIB;
         assert!(
             cache <= most && cache + 48 * MIB >= most,
             "{cache} vs {most}"
@@ -124,7 +124,7 @@ fn the_default_budget_is_elastic_and_a_fixed_one_must_fit() {
         let text = std::fs::read_to_string(&log).unwrap();
         let want = format!(
             "cache: {size} (auto: {size} now; grows while memory cgroup {} has more than \
-             128 MiB free, shrinks when it has less (limit 1.0 GiB, ",
+             64.0 MiB free, shrinks when it has less (limit 1.0 GiB, ",
             cg.path,
             size = coorfs::units::format_size(cache)
         );

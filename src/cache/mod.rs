@@ -947,6 +947,37 @@ mod tests {
     }
 
     #[test]
+    fn a_shrink_unlinks_the_files_the_kernel_reads_newest_first() {
+        let c = BlockCache::new(CacheConfig {
+            policy: PolicyKind::MinIo,
+            capacity: 1 << 20,
+            ceiling: Some(1 << 20),
+            block_size: NonZeroU64::new(1 << 16).unwrap(),
+        })
+        .unwrap();
+        if c.keep_files_for_kernel().is_err() {
+            return; // no private tmpfs without CAP_SYS_ADMIN: the arena's case is tested above
+        }
+        let (small, a, b) = (version(1, 1000), version(2, 100_000), version(3, 100_000));
+        assert!(whole(&c, small, 1) && whole(&c, a, 2) && whole(&c, b, 3));
+        assert!(c.holds_for_kernel(&a) && c.holds_for_kernel(&b));
+        let open = c.open_for_kernel(&b).unwrap().unwrap();
+        // b's two blocks: whole pages each, and the file's overhead per block.
+        let b_bytes = KernelFiles::footprint(65536) + KernelFiles::footprint(100_000 - 65536);
+        let done = c.resize(c.used() - 1);
+        assert_eq!((done.dropped, done.freed), (vec![b], b_bytes));
+        assert!(!c.holds_for_kernel(&b) && c.open_for_kernel(&b).is_none());
+        assert!(c.holds_for_kernel(&a) && c.holds_file(&small));
+        // An open descriptor still reads the whole file.
+        let mut back = vec![0u8; 100_000];
+        assert_eq!(rustix::io::pread(&open, &mut back, 0).unwrap(), 100_000);
+        assert!(back.iter().all(|&x| x == 3));
+        // The small file, in the arena, came first: a goes before it.
+        assert_eq!(c.resize(1).dropped, vec![a, small]);
+        assert_eq!(c.used(), 0);
+    }
+
+    #[test]
     fn a_shrink_drops_whole_files_when_their_blocks_are_interleaved() {
         let c = elastic(PolicyKind::MinIo, 1 << 20, 1 << 20);
         let (a, b) = (version(1, 2000), version(2, 2000));

@@ -201,6 +201,8 @@ pub struct DatasetFs {
     shares: Mutex<cluster::Shares>,
     /// The cache budget's moves, if it is elastic (`crate::elastic`).
     budget: Arc<crate::elastic::BudgetState>,
+    /// The most the staging area has held, as the elastic budget saw it.
+    staging_peak: std::sync::atomic::AtomicU64,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -311,6 +313,7 @@ impl DatasetFs {
                 why: Mutex::new(config.cache_size_why.clone()),
                 ..Default::default()
             }),
+            staging_peak: Default::default(),
             _io: io,
         })
     }
@@ -447,9 +450,15 @@ impl crate::elastic::Elastic for DatasetFs {
         self.tiers.memory.used()
     }
 
+    /// What the staging area held at its fullest, less what it holds: on bandwidth-bound
+    /// storage the prefetcher keeps a block or two in flight and its budget stays unused, so
+    /// the cache may have it; on latency-bound storage it fills at once, and keeps it.
     fn staging_unfilled(&self) -> u64 {
-        let staging = &self.tiers.staging;
-        staging.capacity().saturating_sub(staging.bytes())
+        let now = self.tiers.staging.bytes();
+        let peak = (self.staging_peak)
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed)
+            .max(now);
+        peak - now
     }
 
     /// Resizes the cache; the kernel's registrations of the files it dropped go too, so that
