@@ -108,7 +108,7 @@ impl DatasetFs {
         if let Some(config) = &c.etcd {
             let record = etcd::Record {
                 addr: view.my_name().to_string(),
-                cache_bytes: self.tiers.memory.config().capacity,
+                cache_bytes: self.tiers.memory.capacity(),
                 host: hostname(),
                 pid: std::process::id(),
             };
