@@ -61,8 +61,9 @@ const SEARCH_EPOCHS: u32 = 3;
 pub struct AnalyzeConfig {
     /// The dataset directory.
     pub dataset: PathBuf,
-    /// Bytes of cache to analyse. None: the mount's with `mount`, else what `coorfs mount`
-    /// would use (half of the memory available), at most the dataset.
+    /// Bytes of cache to analyse. None: the mount's with `mount`, else what `coorfs mount`'s
+    /// elastic budget would start at here (`crate::config::default_cache_size`), at most the
+    /// dataset.
     pub cache_size: Option<u64>,
     /// Also simulate cache sizes from 0 to 100% of the dataset, in steps of 5%.
     pub sweep: bool,
