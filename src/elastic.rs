@@ -26,6 +26,10 @@
 //!   drops whole files, newest first, until the reserve is free again (under pressure, one
 //!   reserve more), and gives their memory back ([`crate::cache::BlockCache::resize`]).
 //!
+//! The staging area follows the cache: its budget is an eighth of the cache's, at least
+//! 8 MiB and at most what it was given at mount ([`staging_beside`]); shared blocks and
+//! spares give way at once when it shrinks, blocks fetched ahead for a job when they are read.
+//!
 //! The reserve is a sixteenth of the cgroup's limit (32 MiB to 1 GiB), or of the host's memory
 //! (256 MiB to 4 GiB): with the reclaimable page cache, what a job may allocate before the
 //! watcher has made room. A job that allocated 700 MiB at once in a 1 GiB pod (in 0.46 s: the
@@ -183,6 +187,13 @@ pub fn staging_for_cgroup(limit: u64) -> u64 {
     (limit / 16).clamp(8 * MIB, 256 * MIB) / MIB * MIB
 }
 
+/// The staging area's budget beside a cache of `cache` bytes, for a staging area set to
+/// `configured` at mount: it follows the cache down to an eighth of it (8 MiB at least: on
+/// bandwidth-bound storage the prefetcher uses a block or two), and back up to `configured`.
+pub fn staging_beside(cache: u64, configured: u64) -> u64 {
+    (cache / 8).max(8 * MIB).min(configured)
+}
+
 /// What the watcher resizes: the mount's cache, with its staging area beside it.
 pub trait Elastic: Send + Sync {
     /// Bytes the cache may hold now.
@@ -192,7 +203,8 @@ pub trait Elastic: Send + Sync {
     /// Bytes the staging area may take back: what it held at its fullest less what it holds
     /// (on bandwidth-bound storage the prefetcher uses a block or two of it).
     fn staging_unfilled(&self) -> u64;
-    /// Sets the capacity (dropping files if it holds more); returns the bytes given back.
+    /// Sets the cache's capacity (dropping files if it holds more) and the staging area's
+    /// ([`staging_beside`]); returns the bytes given back.
     fn resize(&self, capacity: u64) -> u64;
 }
 
@@ -451,6 +463,12 @@ mod tests {
         assert_eq!(staging_for_cgroup(128 * MIB), 8 * MIB);
         assert_eq!(staging_for_cgroup(GIB), 64 * MIB);
         assert_eq!(staging_for_cgroup(64 * GIB), 256 * MIB);
+        // Beside the cache: an eighth of it, 8 MiB at least, at most what was set at mount.
+        assert_eq!(staging_beside(900 * MIB, 64 * MIB), 64 * MIB);
+        assert_eq!(staging_beside(300 * MIB, 64 * MIB), 300 * MIB / 8);
+        assert_eq!(staging_beside(0, 64 * MIB), 8 * MIB);
+        assert_eq!(staging_beside(0, 4 * MIB), 4 * MIB);
+        assert_eq!(staging_beside(0, 0), 0, "prefetch off");
     }
 
     #[test]

@@ -212,7 +212,7 @@ def epoch():
                 sys.exit("wrong bytes in " + n)
 def report(phase):
     print(json.dumps({"phase": phase, "capacity": x("cache_capacity"), "used": x("cache_used"),
-                      "in_use": in_use()}), flush=True)
+                      "staging": x("prefetch_memory"), "in_use": in_use()}), flush=True)
 epoch(); epoch()
 report("before")
 held = bytearray(alloc_mib << 20)
@@ -318,12 +318,21 @@ fn a_job_that_allocates_mid_run_is_not_oom_killed_and_the_cache_shrinks_and_regr
     assert!(num(&s, "cache_freed_bytes") >= 300 * MIB, "{s}");
     let beside = at("during", "in_use") - ALLOC;
     assert!(beside <= at("during", "used") + 160 * MIB, "{phases:?}");
+    // The staging area followed the cache down (to an eighth of it, under 64 MiB while the
+    // cache is under 512 MiB), and back up.
+    assert_eq!(at("before", "staging"), 64 * MIB);
+    assert!(at("during", "capacity") < 512 * MIB, "{phases:?}");
+    let during = at("during", "staging");
+    assert!((8 * MIB..64 * MIB).contains(&during), "{phases:?}");
     // Freed, the memory went back to the cache.
     assert!(
         at("after", "capacity") > at("during", "capacity") + 300 * MIB,
         "{phases:?}"
     );
     assert!(num(&s, "cache_budget_grows") >= 1, "{s}");
+    if at("after", "capacity") >= 512 * MIB {
+        assert_eq!(at("after", "staging"), 64 * MIB, "{phases:?}");
+    }
     assert!(text.contains("cache budget shrank"), "{text}");
     assert!(
         s["cache_budget_why"]

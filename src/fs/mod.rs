@@ -203,6 +203,9 @@ pub struct DatasetFs {
     budget: Arc<crate::elastic::BudgetState>,
     /// The most the staging area has held, as the elastic budget saw it.
     staging_peak: std::sync::atomic::AtomicU64,
+    /// The staging area's budget as set at mount (an elastic budget lowers it beside a small
+    /// cache, `crate::elastic::staging_beside`).
+    staging_budget: u64,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -314,6 +317,7 @@ impl DatasetFs {
                 ..Default::default()
             }),
             staging_peak: Default::default(),
+            staging_budget: config.prefetch.staging_bytes(),
             _io: io,
         })
     }
@@ -454,11 +458,12 @@ impl crate::elastic::Elastic for DatasetFs {
     /// storage the prefetcher keeps a block or two in flight and its budget stays unused, so
     /// the cache may have it; on latency-bound storage it fills at once, and keeps it.
     fn staging_unfilled(&self) -> u64 {
-        let now = self.tiers.staging.bytes();
+        let staging = &self.tiers.staging;
+        let now = staging.bytes();
         let peak = (self.staging_peak)
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed)
             .max(now);
-        peak - now
+        peak.min(staging.capacity()).saturating_sub(now)
     }
 
     /// Resizes the cache; the kernel's registrations of the files it dropped go too, so that
@@ -466,6 +471,8 @@ impl crate::elastic::Elastic for DatasetFs {
     fn resize(&self, capacity: u64) -> u64 {
         let done = self.tiers.memory.resize(capacity);
         self.passthrough.forget(&done.dropped);
-        done.freed
+        let staging = crate::elastic::staging_beside(capacity, self.staging_budget);
+        let shed = self.tiers.staging.resize(staging);
+        done.freed + shed
     }
 }

@@ -120,7 +120,7 @@ stats! {
     PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
     PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread: their job's epoch ended without them, or the job stopped reading (wasted prefetch).";
     StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
-    PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes (--prefetch-memory; 0 with --no-prefetch).";
+    PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes now: --prefetch-memory (in a memory cgroup, by default a sixteenth of its limit), lowered beside an elastic cache that shrank to an eighth of its size (8 MiB at least); 0 with --no-prefetch.";
     KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits of files over 64 KiB then use direct I/O, where passthrough does not read them).";
     KernelRefills => "kernel_refills", Count, "Reopened sentinel files whose pages the kernel had dropped and read again.";
     Passthrough => "passthrough", Count, "1 while the kernel may read files by itself (FUSE passthrough); 0 with --no-passthrough or --fast-open, on a kernel without it, or when the kernel refused the daemon a backing file (no CAP_SYS_ADMIN).";

@@ -287,7 +287,9 @@ pub struct Claimed {
 /// Blocks fetched ahead of their readers.
 #[derive(Debug)]
 pub struct Staging {
-    capacity: u64,
+    /// The budget, bytes: set at mount, lowered and raised again by an elastic cache budget
+    /// ([`Staging::resize`]).
+    capacity: AtomicU64,
     blocks: BlockSize,
     inner: Mutex<Inner>,
     /// Joins so far ([`Staging::join`]): read without the lock on every share.
@@ -310,7 +312,7 @@ impl Staging {
     /// An empty staging area of `capacity` bytes, for files cut into `blocks`.
     pub fn new(capacity: u64, blocks: BlockSize) -> Self {
         Staging {
-            capacity,
+            capacity: AtomicU64::new(capacity),
             blocks,
             inner: Mutex::new(Inner::default()),
             joins: AtomicU64::new(0),
@@ -320,7 +322,7 @@ impl Staging {
     /// Reserves `len` bytes for a prefetch, if there is room (spares give way).
     pub fn reserve(&self, len: u64) -> bool {
         let mut inner = self.inner.lock();
-        if !inner.make_room(len, 1, UNKNOWN, self.capacity) {
+        if !inner.make_room(len, 1, UNKNOWN, self.capacity()) {
             return false;
         }
         inner.bytes += len;
@@ -410,7 +412,7 @@ impl Staging {
             return true;
         }
         let len = data.footprint();
-        if !inner.make_room(len, needers.len(), due, self.capacity) {
+        if !inner.make_room(len, needers.len(), due, self.capacity()) {
             return false;
         }
         inner.bytes += len;
@@ -606,7 +608,18 @@ impl Staging {
 
     /// The budget in bytes.
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// From now on the staging area may hold `capacity` bytes. Shared blocks and spares give
+    /// way at once (in [`Rank`] order) until what it holds fits; blocks fetched ahead for a
+    /// job stay until their job takes them or its epoch ends. Returns the bytes given up.
+    pub fn resize(&self, capacity: u64) -> u64 {
+        self.capacity.store(capacity, Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        let before = inner.bytes;
+        inner.make_room(0, usize::MAX, 0, capacity);
+        before - inner.bytes
     }
 }
 
@@ -670,6 +683,28 @@ mod tests {
         s.unreserve(P);
         assert!(s.reserve(P));
         assert_eq!(s.bytes(), 2 * P);
+    }
+
+    #[test]
+    fn a_smaller_budget_sheds_shared_blocks_and_keeps_those_fetched_for_a_job() {
+        let s = Staging::new(10 * P, BLOCKS);
+        let (a, b) = (JobKey::Pgid(1), JobKey::Pgid(2));
+        assert!(s.reserve(P));
+        s.put(key(1, 0), block(1), a, 1);
+        assert!(s.share(key(2, 0), &block(2), vec![b], None, 0, UNKNOWN));
+        assert!(s.share(key(3, 0), &block(3), vec![a, b], None, 0, UNKNOWN));
+        assert_eq!(s.bytes(), 3 * P);
+        // The block fewer jobs need goes first; a's prefetch stays over the budget.
+        assert_eq!(s.resize(2 * P), P);
+        assert!(!s.contains(&key(2, 0)) && s.contains(&key(3, 0)));
+        assert_eq!(s.resize(0), P);
+        assert!(s.contains(&key(1, 0)) && s.bytes() == P);
+        assert!(!s.reserve(P), "no room for a new prefetch");
+        assert_eq!(s.claim(&key(1, 0).version, a).blocks.len(), 1);
+        // Grown again, it takes prefetches.
+        assert_eq!(s.resize(2 * P), 0);
+        assert_eq!(s.capacity(), 2 * P);
+        assert!(s.reserve(P) && s.reserve(P) && !s.reserve(P));
     }
 
     #[test]
