@@ -33,9 +33,9 @@
 //! The reserve is a sixteenth of the cgroup's limit (32 MiB to 1 GiB), or of the host's memory
 //! (256 MiB to 4 GiB): with the reclaimable page cache, what a job may allocate before the
 //! watcher has made room. A job that allocated 700 MiB at once in a 1 GiB pod (in 0.46 s: the
-//! kernel's reclaim slows it) was not killed. The tick is 20 ms while `spare` is under two reserves, 100 ms
-//! otherwise; a pressure event wakes the watcher at once. A tick reads three small files of
-//! one cgroup (about 60 us).
+//! kernel's reclaim slows it) was not killed. The tick is 20 ms while `spare` is under two
+//! reserves, 100 ms otherwise; a pressure event wakes the watcher at once. A tick reads three
+//! small files of one cgroup and `/proc/meminfo` (about 60 us).
 //!
 //! Pure rules ([`Rules::next`]) are apart from the thread that reads and applies them
 //! ([`Watcher`]).
