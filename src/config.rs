@@ -126,14 +126,9 @@ pub const DEFAULT_BLOCK_SIZE: NonZeroU64 = NonZeroU64::new(1 << 20).unwrap();
 /// the reserve kept for the job (`elastic.rs`). `coorfs mount` decides again in `preflight`,
 /// with the mount's own options; `coorfs analyze` predicts with it. 0 when nothing is free.
 pub fn default_cache_size() -> u64 {
-    let watched = crate::elastic::Watched::probe();
-    let staging = match &watched {
-        crate::elastic::Watched::Cgroup(_) => watched
-            .read()
-            .map_or(0, |r| crate::elastic::staging_for_cgroup(r.limit)),
-        crate::elastic::Watched::Host => PrefetchConfig::default().memory,
-    };
-    crate::elastic::start(&watched, staging).map_or(0, |s| s.capacity)
+    let view = crate::budget::MemoryView::probe();
+    let staging = crate::elastic::default_staging(view.cgroup.map(|cg| cg.limit));
+    crate::elastic::start(&crate::elastic::Watched::probe(), staging).map_or(0, |s| s.capacity)
 }
 
 /// A field of /proc/meminfo, in bytes.

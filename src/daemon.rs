@@ -291,10 +291,9 @@ fn resolve_partly(path: &Path) -> io::Result<PathBuf> {
 /// the cgroup is refused (`budget.rs`).
 fn decide_budget(config: &mut MountConfig) -> Result<(), MountError> {
     let view = crate::budget::MemoryView::probe();
-    if !config.prefetch_memory_given
-        && let Some(cg) = &view.cgroup
-    {
-        config.prefetch.memory = crate::elastic::staging_for_cgroup(cg.limit);
+    if !config.prefetch_memory_given {
+        config.prefetch.memory =
+            crate::elastic::default_staging(view.cgroup.as_ref().map(|cg| cg.limit));
     }
     if !config.cache.policy.caches() {
         config.cache_size_why = "--policy none caches nothing".into();

@@ -181,6 +181,15 @@ pub fn start(watched: &Watched, staging: u64) -> Option<Start> {
     })
 }
 
+/// The staging area's default size: [`staging_for_cgroup`] in a memory cgroup limited to
+/// `cgroup_limit` bytes, `--prefetch-memory`'s default (256 MiB) without one.
+pub fn default_staging(cgroup_limit: Option<u64>) -> u64 {
+    cgroup_limit.map_or(
+        crate::prefetch::PrefetchConfig::default().memory,
+        staging_for_cgroup,
+    )
+}
+
 /// The staging area's default size in a memory cgroup limited to `limit` bytes: a sixteenth
 /// of it, 8 MiB to 256 MiB (on a host, `--prefetch-memory`'s default, 256 MiB).
 pub fn staging_for_cgroup(limit: u64) -> u64 {

@@ -108,6 +108,14 @@ pub struct CacheConfig {
     pub block_size: NonZeroU64,
 }
 
+impl CacheConfig {
+    /// The most the cache may ever hold: the ceiling of an elastic budget, the capacity of a
+    /// fixed one.
+    fn most(&self) -> u64 {
+        self.ceiling.unwrap_or(self.capacity).max(self.capacity)
+    }
+}
+
 /// One block of one version of a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockKey {
@@ -409,11 +417,7 @@ impl BlockCache {
     /// address space here).
     pub fn new(config: CacheConfig) -> std::io::Result<Self> {
         let policy = config.policy.policy(config.capacity);
-        let ceiling = config
-            .ceiling
-            .unwrap_or(config.capacity)
-            .max(config.capacity);
-        let store = Store::for_policy(&*policy, ceiling)?;
+        let store = Store::for_policy(&*policy, config.most())?;
         let elastic = config.ceiling.is_some();
         let index = Index {
             admitted: elastic.then(Admitted::default),
@@ -490,15 +494,7 @@ impl BlockCache {
 
     /// The most an elastic budget may grow to; the capacity of a fixed one.
     pub fn ceiling(&self) -> u64 {
-        self.config
-            .ceiling
-            .unwrap_or(self.config.capacity)
-            .max(self.config.capacity)
-    }
-
-    /// True if the budget is elastic.
-    pub fn elastic(&self) -> bool {
-        self.elastic
+        self.config.most()
     }
 
     /// The shrink lock, shared, if the cache is elastic.

@@ -533,31 +533,6 @@ impl TestCgroup {
         output_within(self.command(bin()).args(args), COMMAND_LIMIT)
     }
 
-    /// A field of its memory.stat, bytes.
-    pub fn stat(&self, field: &str) -> u64 {
-        let text = std::fs::read_to_string(self.dir.join("memory.stat")).unwrap();
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(field)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("no {field} in {text}"))
-    }
-
-    /// Bytes in use that the kernel cannot reclaim: usage less page cache (shared memory
-    /// counts as in use).
-    pub fn in_use(&self) -> u64 {
-        let usage: u64 = std::fs::read_to_string(self.dir.join("memory.usage_in_bytes"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        usage - (self.stat("total_cache") - self.stat("total_shmem"))
-    }
-
     /// Processes the kernel's OOM killer killed in it.
     pub fn oom_kills(&self) -> u64 {
         let text = std::fs::read_to_string(self.dir.join("memory.oom_control")).unwrap();
