@@ -29,7 +29,7 @@ prereqs_table() {
     prereq test      etcd         etcd-server       # tests/cluster_etcd.rs starts a real etcd
     prereq test      prometheus   prometheus        # tests/metrics.rs: a real scrape
     prereq test      openssl      openssl           # tests/cluster.rs: certificates for TLS
-    prereq ci        py:ensurepip python3-venv      # .ci/run's package check: python3 -m venv
+    prereq test,ci   py:ensurepip python3-venv      # tests/s3.rs's moto server; .ci/run's package check
 }
 
 # prereq STEPS CHECK PACKAGE: one row of the table; adds CHECK to prereqs_missing and PACKAGE

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: every test, on the release build users run (cargo test --release). The
 # tests mount for real, so run it as root on a machine with /dev/fuse; they start a real etcd
-# and a real Prometheus, and build etcd's gRPC client with protoc.
+# and a real Prometheus, and an S3 server (moto, installed from PyPI into target/moto), and
+# build etcd's gRPC client with protoc.
 #
 # First the packages they need (scripts/prereqs.sh: protobuf-compiler, fuse3, acl, etcd-server,
 # prometheus, openssl, python3 and the rest): as root with apt-get it installs what is missing
@@ -16,5 +17,15 @@ cd "$(dirname "$0")/.."
 
 source scripts/prereqs.sh
 prereqs test.sh build test
+
+# tests/s3.rs runs a real S3 server: moto's, from PyPI, in a venv of its own under target/
+# (nothing installed system-wide; `cargo clean` removes it).
+moto=target/moto
+if [ ! -x "$moto/bin/moto_server" ]; then
+    echo "== test.sh: installing moto[server] into $moto (PyPI), for tests/s3.rs"
+    rm -rf "$moto"
+    python3 -m venv "$moto"
+    "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.1"
+fi
 
 cargo test --release "$@"

@@ -50,9 +50,21 @@ pub enum Command {
 answers, leaving a daemon that serves it until 'coorfs umount MOUNTPOINT', 'umount MOUNTPOINT' \
 or a SIGTERM/SIGINT to the daemon. With --foreground it stays attached, logs to stderr and \
 unmounts on Ctrl-C.\n\nEvery write (write, create, mkdir, rename, unlink, truncate, chmod, \
-setxattr, ...) fails with EROFS; the source is never written to.",
+setxattr, ...) fails with EROFS; the source is never written to.\n\nSOURCE may be \
+s3://BUCKET/PREFIX, a dataset in an S3-compatible object store. The store is configured the \
+way the AWS tools are: AWS_ENDPOINT_URL (AWS_ALLOW_HTTP=true for a plain-HTTP endpoint), \
+AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else the profile \
+AWS_PROFILE (default: default) of ~/.aws/credentials and ~/.aws/config, else instance \
+metadata. The mount lists the prefix first (progress in the log); keys become paths, '/' \
+separating directories; objects are files of mode 0444 owned by root. An object's version is \
+its ETag: the listing is trusted for --metadata-ttl, then an open asks the store again, and \
+every read is a ranged GET on the version the open saw (If-Match), so bytes of two versions \
+are never mixed: a read of an object replaced since its open fails with ESTALE. Throttling, \
+server errors, timeouts and resets are retried with backoff (source_retried, \
+source_throttled); 403 gives EACCES, 404 ENOENT.",
         after_help = "Examples:\n  coorfs mount /data/imagenet /mnt/train\n  coorfs mount \
---foreground --log-level debug /data/imagenet /mnt/train"
+--foreground --log-level debug /data/imagenet /mnt/train\n  AWS_PROFILE=training coorfs mount \
+--cache-dir /var/cache/coorfs --disk-cache-size 500G s3://datasets/imagenet/train /mnt/train"
     )]
     Mount(MountArgs),
     /// Unmount a coorfs mount and wait for its daemon to exit.
@@ -151,7 +163,7 @@ coorfs hint /mnt/train epoch-7-order.txt"
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("membership").args(["peers", "cluster"])))]
 pub struct MountArgs {
-    /// The dataset directory to expose.
+    /// The dataset directory to expose, or s3://BUCKET/PREFIX in an object store.
     pub source: PathBuf,
     /// The empty directory where it appears.
     pub mountpoint: PathBuf,
@@ -779,6 +791,7 @@ impl CommandError {
                 MountError::SourceMissing(_)
                 | MountError::SourceNotDir(_)
                 | MountError::SourceUnreadable(..)
+                | MountError::BadUrl(_)
                 | MountError::MountpointMissing(_)
                 | MountError::MountpointNotDir(_)
                 | MountError::MountpointUnusable(..)

@@ -40,6 +40,8 @@ pub enum MountError {
     SourceNotDir(PathBuf),
     #[error("source {0}: {1}")]
     SourceUnreadable(PathBuf, io::Error),
+    #[error("source {0}")]
+    BadUrl(String),
     #[error("mount point {0}: no such file or directory")]
     MountpointMissing(PathBuf),
     #[error("mount point {0}: not a directory")]
@@ -148,20 +150,26 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     {
         return Err(MountError::CacheSizeZero);
     }
-    let source = std::path::absolute(&config.source)
-        .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
+    let object = crate::source::object::ObjectUrl::is_url(&config.source);
+    let source = if object {
+        // An object store: the URL is checked here, the store when the mount lists it.
+        crate::source::object::ObjectUrl::parse(&config.source).map_err(MountError::BadUrl)?;
+        config.source.clone()
+    } else {
+        let absolute = std::path::absolute(&config.source)
+            .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
+        checked_source(absolute)?
+    };
     let mountpoint = std::path::absolute(&config.mountpoint)
         .map_err(|e| MountError::MountpointUnusable(config.mountpoint.clone(), e))?;
-
-    let source = checked_source(source)?;
     let mountpoint = checked_mountpoint(mountpoint)?;
-    if mountpoint.starts_with(&source) {
+    if !object && mountpoint.starts_with(&source) {
         return Err(MountError::MountpointInsideSource {
             mountpoint,
             dataset: source,
         });
     }
-    if source.starts_with(&mountpoint) {
+    if !object && source.starts_with(&mountpoint) {
         return Err(MountError::SourceInsideMountpoint {
             mountpoint,
             dataset: source,
@@ -646,15 +654,21 @@ fn open_core(config: &MountConfig) -> Result<Arc<DatasetFs>, MountError> {
     let unreadable = |e| MountError::SourceUnreadable(config.source.clone(), e);
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
     let drop_pages = config.cache.policy.caches();
-    let local = LocalSource::new(config.source.clone(), drop_pages).map_err(unreadable)?;
-    let source: Arc<dyn crate::source::DatasetSource> = if config.read_delay.is_zero() {
-        Arc::new(local)
-    } else {
-        let slow = crate::source::FaultySource::new(local);
-        *slow.read_delay.lock() = config.read_delay;
-        Arc::new(slow)
-    };
     let stats = Arc::new(crate::stats::Stats::default());
+    let source: Arc<dyn crate::source::DatasetSource> =
+        if crate::source::object::ObjectUrl::is_url(&config.source) {
+            let url = crate::source::object::ObjectUrl::parse(&config.source)
+                .map_err(MountError::BadUrl)?;
+            let store = crate::source::object::ObjectSource::open(
+                url,
+                config.metadata_ttl,
+                stats.store.clone(),
+            );
+            delayed(store.map_err(unreadable)?, config.read_delay)
+        } else {
+            let local = LocalSource::new(config.source.clone(), drop_pages);
+            delayed(local.map_err(unreadable)?, config.read_delay)
+        };
     let disk = match &config.disk {
         Some(d) => {
             let blocks = crate::block::BlockSize::new(config.cache.block_size);
@@ -669,6 +683,19 @@ fn open_core(config: &MountConfig) -> Result<Arc<DatasetFs>, MountError> {
     };
     let fs = DatasetFs::with_disk(source, config, stats, disk).map_err(unreadable)?;
     Ok(Arc::new(fs))
+}
+
+/// `source`, with `delay` added to every read (`--read-delay`) if it is not zero.
+fn delayed<S: crate::source::DatasetSource>(
+    source: S,
+    delay: std::time::Duration,
+) -> Arc<dyn crate::source::DatasetSource> {
+    if delay.is_zero() {
+        return Arc::new(source);
+    }
+    let slow = crate::source::FaultySource::new(source);
+    *slow.read_delay.lock() = delay;
+    Arc::new(slow)
 }
 
 /// Starts what serves the mount besides the kernel: the prefetcher, the cluster member's

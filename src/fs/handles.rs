@@ -54,7 +54,7 @@ pub(super) struct FileHandle {
     /// The source file as opened for the caller (with the caller's credentials). Reads
     /// check it for changes made while the file is open, and read it directly when the path
     /// now names another file (replaced or removed), as a local open descriptor would.
-    pub file: std::fs::File,
+    pub file: crate::source::SourceFile,
     /// The open was a hit and its bytes were counted then; reads count nothing more (unless
     /// the file turns out to need the source after all, see `read.rs`).
     pub counted_at_open: AtomicBool,

@@ -61,15 +61,16 @@ use crate::jobs::JobKey;
 use crate::jobs::ledger::{Attribution, Opening};
 use crate::namespace::{FileId, Kind, NodeId, SourceMeta};
 use crate::prefetch::ReadBy;
-use crate::source::Creds;
+use crate::source::{Creds, SourceFile};
 use crate::tier::staging::Claimed;
 
 /// A source file opened for a caller.
 #[derive(Debug)]
 struct SourceOpen {
     rel: PathBuf,
-    file: std::fs::File,
-    /// Its metadata, fresh from the open descriptor.
+    file: SourceFile,
+    /// Its metadata, fresh from the open descriptor (an object's: from the listing, or from
+    /// the store once the listing is older than --metadata-ttl).
     meta: SourceMeta,
     file_id: Option<FileId>,
     /// It changed since the kernel was last told its attributes.
@@ -217,7 +218,10 @@ impl DatasetFs {
                 let fd = (self.tiers.memory.open_for_kernel(&v)).ok_or(ErrorKind::NotFound)??;
                 kernel.register(fd.as_fd())
             }
-            Backing::Source(_) => kernel.register(opened.file.as_fd()),
+            Backing::Source(_) => match opened.file.local() {
+                Some(file) => kernel.register(file.as_fd()),
+                None => Err(ErrorKind::Unsupported.into()),
+            },
         };
         let daemon =
             || self.kernel_caching(opened.file_id, version.size, in_memory, opened.changed);
@@ -278,7 +282,8 @@ impl DatasetFs {
         // epoch, and the prefetcher fetches it no more.)
         let first = BlockKey { version, block: 0 };
         let prefetched = !counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first);
-        let source = !read_below
+        let source = opened.file.local().is_some()
+            && !read_below
             && !prefetched
             && !self.tiers.memory.would_keep(version.size)
             && !self.others_need(opened.file_id, counted);

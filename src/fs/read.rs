@@ -32,7 +32,6 @@ use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, order};
 use crate::block::Block;
 use crate::cache::CachedBytes;
 use crate::namespace::NodeId;
-use crate::source::{read_open_file, stat_fd};
 use crate::tier::fetch::{FetchResult, Origin, Report};
 use crate::tier::{Found, Tier, look_up};
 
@@ -128,7 +127,7 @@ impl DatasetFs {
         if let Some(watch) = &h.watch {
             self.kernel.asked(watch);
         }
-        match stat_fd(&h.file) {
+        match h.file.stat() {
             Ok(now) if now.version == h.version => self.read_current(&h, offset, size, done),
             Ok(_) => self.read_changed(&h, offset, size, done),
             Err(e) => done(Err(FsError::Source(e))),
@@ -209,7 +208,7 @@ impl DatasetFs {
             }
         }
         let mut buf = vec![0; size as usize];
-        match read_open_file(&h.file, offset, &mut buf) {
+        match h.file.read_at(offset, &mut buf) {
             Ok(n) => {
                 self.ledger.read_directly(&h.att, n as u64);
                 done(Ok(&buf[..n]))
@@ -320,9 +319,10 @@ impl DatasetFs {
             &h.want(block),
             &landed,
             Box::new(move |r| {
-                // The path names another file now (or none); the open one is unchanged.
+                // The path names another file now (or none); the open one is unchanged. (An
+                // object has no open file to read: its reader gets the store's answer.)
                 let r = match r {
-                    Err(libc::ESTALE) | Err(libc::ENOENT) => {
+                    Err(libc::ESTALE) | Err(libc::ENOENT) if handle.file.local().is_some() => {
                         read_from_open_file(&handle, blocks.offset(block), block_len as usize)
                     }
                     other => other,
@@ -356,13 +356,13 @@ impl DatasetFs {
 /// Block `len` bytes at `offset` of the handle's open source file, if that file still holds
 /// the version opened (else ESTALE: a read racing a change fails, the next one sees it).
 fn read_from_open_file(h: &FileHandle, offset: u64, len: usize) -> FetchResult {
-    match stat_fd(&h.file) {
+    match h.file.stat() {
         Ok(now) if now.version == h.version => {}
         Ok(_) => return Err(libc::ESTALE),
         Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
     }
     let mut block = Block::zeroed(len).map_err(|_| libc::ENOMEM)?;
-    match read_open_file(&h.file, offset, &mut block.whole_mut()[..len]) {
+    match h.file.read_at(offset, &mut block.whole_mut()[..len]) {
         Ok(n) if n == len => Ok(Arc::new(block)),
         Ok(_) => Err(libc::ESTALE),
         Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),

@@ -27,6 +27,7 @@
 
 pub mod beneath;
 pub mod creds;
+pub mod object;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -58,7 +59,7 @@ pub struct DirItem {
 /// a listing that only lists (`find`, `os.scandir`) costs no `lstat` per entry.
 #[derive(Debug)]
 pub struct Listing {
-    dir: std::os::fd::OwnedFd,
+    entries: Entries,
     /// The directory's own `fstat`, taken before its names were read: an entry added or
     /// removed since changes its change time.
     pub meta: SourceMeta,
@@ -67,10 +68,40 @@ pub struct Listing {
     pub names: DirNames,
 }
 
+/// Where a listing's names and attributes come from.
+#[derive(Debug)]
+enum Entries {
+    /// A directory open on a local filesystem: names read from it, attributes by `statx`.
+    Open(std::os::fd::OwnedFd),
+    /// A listing already taken (an object store's): each entry's attributes, by name.
+    Known(std::collections::BTreeMap<OsString, SourceMeta>),
+}
+
 impl Listing {
+    /// A listing of entries already known with their attributes, for sources that list
+    /// without a descriptor (object stores).
+    pub fn known(
+        meta: SourceMeta,
+        entries: std::collections::BTreeMap<OsString, SourceMeta>,
+    ) -> Self {
+        Listing {
+            entries: Entries::Known(entries),
+            meta,
+            names: Vec::new(),
+        }
+    }
+
     /// Reads the directory's names, without `.` and `..`, in the order the source lists them.
     pub fn read_names(&mut self) -> io::Result<()> {
-        let mut dir = rustix::fs::Dir::read_from(&self.dir)?;
+        let fd = match &self.entries {
+            Entries::Open(fd) => fd,
+            Entries::Known(entries) => {
+                let names = entries.iter().map(|(n, m)| (n.clone(), Some(m.attr.kind)));
+                self.names.extend(names);
+                return Ok(());
+            }
+        };
+        let mut dir = rustix::fs::Dir::read_from(fd)?;
         while let Some(entry) = dir.read() {
             let entry = entry?;
             let name = entry.file_name().to_bytes();
@@ -89,9 +120,58 @@ impl Listing {
 
     /// `lstat` of entry `name`: one `statx` relative to the open directory, so confined.
     pub fn stat(&self, name: &OsStr) -> io::Result<SourceMeta> {
+        let dir = match &self.entries {
+            Entries::Open(fd) => fd,
+            Entries::Known(entries) => {
+                return entries
+                    .get(name)
+                    .copied()
+                    .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT));
+            }
+        };
         let name = std::ffi::CString::new(name.as_bytes())
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        stat_at(&self.dir, &name)
+        stat_at(dir, &name)
+    }
+}
+
+/// A source file opened for a caller ([`DatasetSource::open_file`]).
+#[derive(Debug)]
+pub enum SourceFile {
+    /// A file of a local filesystem, held open (`O_PATH` for the daemon's own opens): reads
+    /// of a file replaced or changed while open still reach the file that was opened.
+    Local(File),
+    /// An object: nothing is held open. Its bytes are read by version (each ranged read is
+    /// conditional on it), so a changed object fails the reads of an open of the old one.
+    Object(SourceMeta),
+}
+
+impl SourceFile {
+    /// What the open file is now: its `fstat` (an object's version is the one it was opened
+    /// as: the store is not asked again).
+    pub fn stat(&self) -> io::Result<SourceMeta> {
+        match self {
+            SourceFile::Local(file) => stat_fd(file),
+            SourceFile::Object(meta) => Ok(*meta),
+        }
+    }
+
+    /// Reads into `buf` at `offset` of the open file itself, until `buf` is full or the file
+    /// ends (see [`read_open_file`]). An object has no open file to fall back on: the version
+    /// it was opened as is gone from the store, ESTALE.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            SourceFile::Local(file) => read_open_file(file, offset, buf),
+            SourceFile::Object(_) => Err(io::Error::from_raw_os_error(libc::ESTALE)),
+        }
+    }
+
+    /// The local file, which the kernel may read by itself (passthrough); None for an object.
+    pub fn local(&self) -> Option<&File> {
+        match self {
+            SourceFile::Local(file) => Some(file),
+            SourceFile::Object(_) => None,
+        }
     }
 }
 
@@ -152,7 +232,7 @@ pub trait DatasetSource: Send + Sync + 'static {
     /// search permissions now. Returns the open file and what its `fstat` says. For the
     /// daemon's own credentials (root, who may read anything) the file may be opened
     /// `O_PATH` only: read it with [`read_open_file`].
-    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(File, SourceMeta)>;
+    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(SourceFile, SourceMeta)>;
     /// The index of the first of `files` that `who` may not read (searching every
     /// directory on the way), if any.
     fn first_unreadable(
@@ -302,7 +382,7 @@ impl DatasetSource for LocalSource {
         })?;
         let meta = stat_fd(&dir)?;
         Ok(Listing {
-            dir,
+            entries: Entries::Open(dir),
             meta,
             names: Vec::new(),
         })
@@ -314,14 +394,16 @@ impl DatasetSource for LocalSource {
         Ok(PathBuf::from(OsString::from_vec(target.into_bytes())))
     }
 
-    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(File, SourceMeta)> {
-        if who.is_daemon() {
+    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(SourceFile, SourceMeta)> {
+        let (file, meta) = if who.is_daemon() {
             // Nothing to check for root: an O_PATH descriptor pins the file (for reads of a
             // file replaced while open) at a fraction of a real open's cost, on the path of
             // every hit.
-            return self.open_regular(rel, OFlags::PATH);
-        }
-        as_user(who, || self.open_regular(rel, file_flags()))
+            self.open_regular(rel, OFlags::PATH)?
+        } else {
+            as_user(who, || self.open_regular(rel, file_flags()))?
+        };
+        Ok((SourceFile::Local(file), meta))
     }
 
     fn first_unreadable(
@@ -573,7 +655,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         self.inner.read_link(rel)
     }
-    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(File, SourceMeta)> {
+    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(SourceFile, SourceMeta)> {
         self.inner.open_file(rel, who)
     }
     fn first_unreadable(

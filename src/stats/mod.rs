@@ -96,6 +96,9 @@ stats! {
     AdmissionsRefused => "admissions_refused", Count, "Blocks read from the source but not cached because the cache was full.";
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
+    SourceRequests => "source_requests", Count, "HTTP requests sent to an object store source (s3://): listings, HEADs and ranged GETs, retries included; 0 for a directory.";
+    SourceRetried => "source_retried", Count, "Of those, requests answered with throttling, a server error or a timeout, or whose connection failed: each was retried with backoff (10 times, 3 minutes at most) before the read failed.";
+    SourceThrottled => "source_throttled", Count, "Of those, answers that asked to slow down (503 SlowDown, 429).";
     TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory); each read was served by the next tier.";
     DiskHits => "disk_hits", Count, "Blocks read from the disk tier (--cache-dir) instead of from peers or the source.";
     BytesFromDisk => "bytes_from_disk", Bytes, "Bytes of those blocks.";
@@ -504,6 +507,8 @@ impl DataWait {
 pub struct Stats {
     started: Instant,
     pub counters: Counters,
+    /// An object store source's request counters (zero for a directory).
+    pub store: std::sync::Arc<crate::source::object::Counters>,
     pub epochs: Mutex<EpochLog>,
 }
 
@@ -512,6 +517,7 @@ impl Default for Stats {
         Stats {
             started: Instant::now(),
             counters: Counters::default(),
+            store: Default::default(),
             epochs: Mutex::new(EpochLog::new(Boundary::AllRead)),
         }
     }

@@ -99,6 +99,12 @@ pub struct Mount {
 impl Mount {
     /// Mounts `source` with extra arguments; panics with coorfs's stderr on failure.
     pub fn new(source: &Path, extra: &[&str]) -> Mount {
+        Mount::with_env(source, extra, &[])
+    }
+
+    /// Mounts `source` with extra arguments and environment variables `env` (an object
+    /// store's endpoint and keys); panics with coorfs's stderr on failure.
+    pub fn with_env(source: &Path, extra: &[&str], env: &[(&str, &str)]) -> Mount {
         let mnt_dir = open_tempdir();
         let mnt = mnt_dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
@@ -107,7 +113,9 @@ impl Mount {
         args.extend(extra.iter().map(OsStr::new));
         args.push(source.as_os_str());
         args.push(mnt.as_os_str());
-        let out = coorfs(&args);
+        let mut cmd = Command::new(bin());
+        cmd.args(&args).envs(env.iter().copied());
+        let out = output_within(&mut cmd, COMMAND_LIMIT);
         assert!(
             out.status.success(),
             "coorfs mount failed: {}",

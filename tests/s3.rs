@@ -1,0 +1,564 @@
+//! s3:// sources against a real S3 server on this machine: moto in server mode (PyPI
+//! `moto[server]`; scripts/test.sh installs it into target/moto). Objects are written with
+//! the object_store crate, the mount reads them back; faults are injected by a small proxy in
+//! front of the server that answers chosen requests itself (503 SlowDown, 500, 403) or resets
+//! their connection.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Mount, bytes, free_ports, num, stats, wait_for};
+use object_store::ObjectStoreExt;
+
+/// A moto S3 server on a free port, killed when dropped.
+struct S3Server {
+    child: Child,
+    port: u16,
+}
+
+/// The moto_server to run: $COORFS_MOTO_SERVER, else target/moto/bin/moto_server (what
+/// scripts/test.sh installs), else one on PATH.
+fn moto_server() -> PathBuf {
+    if let Some(p) = std::env::var_os("COORFS_MOTO_SERVER") {
+        return p.into();
+    }
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/moto/bin/moto_server");
+    if local.exists() {
+        return local;
+    }
+    PathBuf::from("moto_server")
+}
+
+impl S3Server {
+    fn start() -> S3Server {
+        let port = free_ports(1)[0];
+        let bin = moto_server();
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}: the S3 tests need moto's server; scripts/test.sh installs it \
+                     (python3 -m venv target/moto && target/moto/bin/pip install 'moto[server]')",
+                    bin.display()
+                )
+            });
+        let server = S3Server { child, port };
+        let up = wait_for(Duration::from_secs(30), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(up, "moto_server did not listen on {port}");
+        server
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const KEY_ID: &str = "AKIATESTKEY";
+const SECRET: &str = "s3cr3t-never-shown";
+
+/// The environment a mount of the store at `endpoint` gets.
+fn aws_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint.to_string()),
+        ("AWS_ALLOW_HTTP", "true".into()),
+        ("AWS_ACCESS_KEY_ID", KEY_ID.into()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
+        ("AWS_REGION", "us-east-1".into()),
+        // Nothing of the machine's own AWS setup.
+        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent".into()),
+        ("AWS_CONFIG_FILE", "/nonexistent".into()),
+    ]
+}
+
+/// Mounts `url` from the store at `endpoint`.
+fn mount(endpoint: &str, url: &str, extra: &[&str]) -> Mount {
+    let env = aws_env(endpoint);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Mount::with_env(Path::new(url), extra, &env)
+}
+
+/// A bucket of the test server, written with object_store.
+struct Bucket {
+    store: object_store::aws::AmazonS3,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Bucket {
+    fn create(server: &S3Server, name: &str) -> Bucket {
+        // moto creates a bucket on a PUT of the bucket's URL.
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], method='PUT'))",
+                &format!("{}/{name}", server.endpoint()),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(server.endpoint())
+            .with_allow_http(true)
+            .with_bucket_name(name)
+            .with_region("us-east-1")
+            .with_access_key_id(KEY_ID)
+            .with_secret_access_key(SECRET)
+            .build()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Bucket { store, rt }
+    }
+
+    fn put(&self, key: &str, data: &[u8]) {
+        let path = object_store::path::Path::from(key);
+        let payload = object_store::PutPayload::from(data.to_vec());
+        self.rt.block_on(self.store.put(&path, payload)).unwrap();
+    }
+
+    fn delete(&self, key: &str) {
+        let path = object_store::path::Path::from(key);
+        self.rt.block_on(self.store.delete(&path)).unwrap();
+    }
+}
+
+/// Every regular file beneath `root`, relative, sorted.
+fn files_under(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(e.path());
+            } else {
+                out.push(e.path().strip_prefix(root).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A dataset of `n` objects of mixed sizes (empty, tiny, one block and a bit, several
+/// blocks) in three class directories beneath `prefix`; returns (key below prefix, bytes).
+fn put_dataset(bucket: &Bucket, prefix: &str, n: usize) -> Vec<(String, Vec<u8>)> {
+    let sizes = [0, 1, 4095, 70_000, (1 << 20) + 3, 3 << 20];
+    let mut out = Vec::new();
+    for i in 0..n {
+        let rel = format!("c{}/img{i:03}.jpg", i % 3);
+        let data = bytes(i as u64, sizes[i % sizes.len()]);
+        bucket.put(&format!("{prefix}/{rel}"), &data);
+        out.push((rel, data));
+    }
+    out
+}
+
+#[test]
+fn listing_and_bytes_equal_the_bucket_and_a_second_epoch_hits() {
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "datasets");
+    let mut want = put_dataset(&bucket, "train", 24);
+    bucket.put("train/README", b"read me\n");
+    want.push(("README".into(), b"read me\n".to_vec()));
+    // Beside the prefix: not in the mount.
+    bucket.put("trainee/x", b"no");
+    bucket.put("val/c0/y.jpg", b"no");
+    let m = mount(
+        &server.endpoint(),
+        "s3://datasets/train",
+        &["--no-prefetch"],
+    );
+
+    let mut names: Vec<PathBuf> = want.iter().map(|(k, _)| PathBuf::from(k)).collect();
+    names.sort();
+    assert_eq!(files_under(&m.mnt), names);
+    for epoch in 0..2 {
+        for (rel, data) in &want {
+            assert_eq!(
+                &std::fs::read(m.path(rel)).unwrap(),
+                data,
+                "{rel}, epoch {epoch}"
+            );
+        }
+    }
+    let md = std::fs::metadata(m.path("c1/img001.jpg")).unwrap();
+    assert_eq!(md.len(), 1);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o7777,
+        0o444
+    );
+    let s = stats(&m.mnt);
+    assert_eq!(s["source"], "s3://datasets/train");
+    assert_eq!(num(&s, "dataset_files"), want.len() as u64);
+    // Every file with bytes was a miss once and then wholly cached; an empty file has every
+    // one of its (no) bytes cached, a hit each time, as in a directory's mount.
+    let empty = want.iter().filter(|(_, d)| d.is_empty()).count() as u64;
+    assert_eq!(num(&s, "misses"), want.len() as u64 - empty, "{s}");
+    assert_eq!(num(&s, "hits"), want.len() as u64 + empty, "{s}");
+    let total: u64 = want.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(num(&s, "bytes_from_source"), total);
+    // A listing or two, one GET per block read: nothing was read twice.
+    let blocks: u64 = want
+        .iter()
+        .map(|(_, d)| (d.len() as u64).div_ceil(1 << 20))
+        .sum();
+    assert!(num(&s, "source_requests") >= blocks, "{s}");
+    assert!(num(&s, "source_requests") <= blocks + 8, "{s}");
+    assert_eq!(num(&s, "source_retried"), 0);
+    // Secrets are never shown.
+    let all = s.to_string();
+    assert!(!all.contains(SECRET) && !all.contains(KEY_ID), "{all}");
+    m.unmount();
+}
+
+#[test]
+fn a_changed_object_is_never_mixed_and_is_seen_after_the_ttl() {
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "changing");
+    let old = bytes(1, 4 << 20);
+    bucket.put("d/big", &old);
+    bucket.put("d/small", b"version 1");
+    let m = mount(
+        &server.endpoint(),
+        "s3://changing/d",
+        &["--no-prefetch", "--metadata-ttl", "2s"],
+    );
+    assert_eq!(std::fs::read(m.path("small")).unwrap(), b"version 1");
+
+    // An open file of the old version, partly read, then the object is replaced: the rest of
+    // it is never the new version's bytes.
+    let mut f = std::fs::File::open(m.path("big")).unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact(&mut head).unwrap();
+    assert_eq!(head, old[..4096]);
+    let new = bytes(2, 4 << 20);
+    bucket.put("d/big", &new);
+    bucket.put("d/small", b"version 2");
+    let mut tail = vec![0u8; 4096];
+    let at: usize = 3 << 20;
+    // The old version's block there was never read, so it cannot be served: the reader
+    // learns that the object changed.
+    let e = std::os::unix::fs::FileExt::read_exact_at(&f, &mut tail, at as u64).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    drop(f);
+
+    // Within the TTL a cached file is still the old version, whole; after it, the new one.
+    assert_eq!(std::fs::read(m.path("small")).unwrap(), b"version 1");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(std::fs::read(m.path("small")).unwrap(), b"version 2");
+    assert_eq!(std::fs::read(m.path("big")).unwrap(), new);
+
+    // New objects appear and deleted ones go once their directory's listing is older than
+    // the TTL.
+    bucket.put("d/added", b"new object");
+    bucket.delete("d/small");
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut names: Vec<String> = std::fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["added", "big"]);
+    assert_eq!(std::fs::read(m.path("added")).unwrap(), b"new object");
+    m.unmount();
+}
+
+/// What the proxy does to a request.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Answers with this status and an S3 error body.
+    Status(u16, &'static str),
+    /// Resets the connection without an answer.
+    Reset,
+}
+
+/// Faults to inject: a request whose first line contains `matching` gets `fault`, `times`
+/// times (u32::MAX: always).
+#[derive(Default)]
+struct Faults(Vec<(String, Fault, u32)>);
+
+impl Faults {
+    fn take(&mut self, line: &str) -> Option<Fault> {
+        let rule = self
+            .0
+            .iter_mut()
+            .find(|(m, _, n)| *n > 0 && line.contains(m.as_str()))?;
+        if rule.2 != u32::MAX {
+            rule.2 -= 1;
+        }
+        Some(rule.1)
+    }
+}
+
+/// An HTTP proxy in front of `upstream` that forwards each request on its own connection
+/// (and closes the client's after the answer), unless a fault is due.
+struct FaultProxy {
+    port: u16,
+    faults: Arc<Mutex<Faults>>,
+}
+
+impl FaultProxy {
+    fn start(upstream: u16) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        let rules = faults.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let rules = rules.clone();
+                std::thread::spawn(move || serve(client, upstream, &rules));
+            }
+        });
+        FaultProxy { port, faults }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn inject(&self, matching: &str, fault: Fault, times: u32) {
+        self.faults
+            .lock()
+            .unwrap()
+            .0
+            .push((matching.into(), fault, times));
+    }
+
+    fn clear(&self) {
+        self.faults.lock().unwrap().0.clear();
+    }
+}
+
+/// Reads one request (head and body) from `client`; None at the end of the stream.
+fn read_request(client: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        if client.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&raw).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    client.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
+fn serve(mut client: TcpStream, upstream: u16, faults: &Mutex<Faults>) {
+    let Some((head, body)) = read_request(&mut client) else {
+        return;
+    };
+    let line = head.lines().next().unwrap_or("").to_string();
+    match faults.lock().unwrap().take(&line) {
+        Some(Fault::Status(code, s3code)) => {
+            let body = format!("<Error><Code>{s3code}</Code><Message>injected</Message></Error>");
+            let answer = format!(
+                "HTTP/1.1 {code} Injected\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = client.write_all(answer.as_bytes());
+            return;
+        }
+        Some(Fault::Reset) => {
+            // SO_LINGER 0: the close sends a reset.
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            // SAFETY: a valid socket and a linger struct of the size passed.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    &linger as *const libc::linger as *const libc::c_void,
+                    std::mem::size_of::<libc::linger>() as u32,
+                );
+            }
+            return;
+        }
+        None => {}
+    }
+    let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    // One request per connection, both ways.
+    let mut forwarded: String = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .take_while(|l| !l.is_empty())
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    forwarded.push_str("Connection: close\r\n\r\n");
+    if up.write_all(forwarded.as_bytes()).is_err() || up.write_all(&body).is_err() {
+        return;
+    }
+    let mut answer = Vec::new();
+    let _ = up.read_to_end(&mut answer);
+    // The client must not reuse this connection either.
+    if let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+        let kept: String = head
+            .split("\r\n")
+            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+            .map(|l| format!("{l}\r\n"))
+            .collect();
+        let _ = client.write_all(format!("{kept}Connection: close\r\n\r\n").as_bytes());
+        let _ = client.write_all(&answer[end + 4..]);
+    }
+    let _ = client.shutdown(Shutdown::Both);
+}
+
+#[test]
+fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach_the_reader() {
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "faulty");
+    let want = put_dataset(&bucket, "p", 6);
+    bucket.put("p/secret.bin", b"forbidden");
+    bucket.put("p/gone.bin", b"deleted after the listing");
+    let proxy = FaultProxy::start(server.port);
+    let m = mount(
+        &proxy.endpoint(),
+        "s3://faulty/p",
+        &["--no-prefetch", "--cache-size", "0", "--policy", "none"],
+    );
+
+    // 503 SlowDown three times, a reset twice, a 500 twice: every read still gets its bytes.
+    proxy.inject("GET /faulty/p/c0/", Fault::Status(503, "SlowDown"), 3);
+    proxy.inject("GET /faulty/p/c1/", Fault::Reset, 2);
+    proxy.inject("GET /faulty/p/c2/", Fault::Status(500, "InternalError"), 2);
+    for (rel, data) in &want {
+        assert_eq!(&std::fs::read(m.path(rel)).unwrap(), data, "{rel}");
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "source_throttled"), 3, "{s}");
+    assert_eq!(num(&s, "source_retried"), 3 + 2 + 2, "{s}");
+    assert_eq!(num(&s, "source_errors"), 0, "{s}");
+
+    // A 403 is EACCES, a deleted object ENOENT: at once, not after retries.
+    proxy.inject(
+        "GET /faulty/p/secret.bin",
+        Fault::Status(403, "AccessDenied"),
+        u32::MAX,
+    );
+    let started = std::time::Instant::now();
+    let e = std::fs::read(m.path("secret.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    bucket.delete("p/gone.bin");
+    let e = std::fs::read(m.path("gone.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Nothing of a failed read was kept: with the fault gone the bytes are right.
+    proxy.clear();
+    assert_eq!(std::fs::read(m.path("secret.bin")).unwrap(), b"forbidden");
+    // Two failed reads, each asked for twice by the kernel (its read-ahead, then the read).
+    let s = stats(&m.mnt);
+    assert!((2..=4).contains(&num(&s, "source_errors")), "{s}");
+    m.unmount();
+}
+
+#[test]
+fn the_disk_tier_serves_a_restarted_mount_without_reading_the_store_again() {
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "restart");
+    let want = put_dataset(&bucket, "ds", 9);
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().to_str().unwrap();
+    let opts = [
+        "--no-prefetch",
+        "--cache-dir",
+        dir,
+        "--disk-cache-size",
+        "64M",
+        "--cache-size",
+        "8M",
+    ];
+    let m = mount(&server.endpoint(), "s3://restart/ds", &opts);
+    for (rel, data) in &want {
+        assert_eq!(&std::fs::read(m.path(rel)).unwrap(), data, "{rel}");
+    }
+    let total: u64 = want.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(num(&stats(&m.mnt), "bytes_from_source"), total);
+    m.unmount();
+
+    let m = mount(&server.endpoint(), "s3://restart/ds", &opts);
+    for (rel, data) in &want {
+        assert_eq!(&std::fs::read(m.path(rel)).unwrap(), data, "{rel}");
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "bytes_from_source"), 0, "{s}");
+    assert_eq!(num(&s, "bytes_from_disk"), total, "{s}");
+    m.unmount();
+}
+
+#[test]
+fn bad_urls_and_unreachable_or_unlistable_stores_get_one_clear_line() {
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "odd");
+    bucket.put("x/fine", b"1");
+    let env = aws_env(&server.endpoint());
+    let mnt = tempfile::tempdir().unwrap();
+    let run = |url: &str, env: &[(&str, String)]| {
+        let mut cmd = Command::new(common::bin());
+        cmd.args([OsStr::new("mount"), OsStr::new(url), mnt.path().as_os_str()]);
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        common::output_within(&mut cmd, Duration::from_secs(120))
+    };
+    let out = run("s3://Bad_Bucket/x", &env);
+    common::fails_with_line(
+        &out,
+        2,
+        "coorfs: source s3://Bad_Bucket/x: \"Bad_Bucket\" is not a bucket name (3 to 63 of a-z, 0-9, '-', '.')",
+        "a bad bucket name",
+    );
+    let out = run("s3://no-such-bucket/x", &env);
+    common::fails_with_line(
+        &out,
+        1,
+        "404 Not Found: NoSuchBucket (The specified bucket does not exist)",
+        "a missing bucket",
+    );
+    let err = common::stderr(&out);
+    assert!(err.contains("listing s3://no-such-bucket/x"), "{err}");
+    assert!(!err.contains(SECRET), "{err}");
+    assert!(!common::is_mounted(mnt.path()));
+}
