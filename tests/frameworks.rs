@@ -414,7 +414,8 @@ fn two_workers_that_share_every_file_have_one_epoch_an_epoch() {
 fn a_shard_of_two_has_its_half_as_its_epoch_and_gets_no_guessed_prefetch() {
     // Rank 0 of a DistributedSampler over 2 ranks: a different half of the files every
     // epoch, so "every file read" never happens. Its epochs still turn where its passes do,
-    // and the prefetcher, which cannot know which half comes next, reads nothing ahead for it.
+    // and the prefetcher, which cannot know which half comes next, reads nothing ahead for it
+    // (the storage is local: no guess is worth its I/O, src/prefetch/plan.rs).
     let run = job_run(FILES / 4, &["--workers", "2", "--shard", "0/2"]);
     run.assert_epochs_follow_the_script(10, false);
     assert_eq!(num(&run.stats, "prefetched_blocks"), 0, "{}", run.stats);

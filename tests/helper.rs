@@ -10,32 +10,6 @@ use std::time::Duration;
 
 use common::*;
 
-const HELPER: &str = "/sbin/mount.fuse.coorfs";
-
-/// The helper, linked to the binary under test for as long as this lives (a helper that
-/// was there before, an installed coorfs, is left alone).
-struct Helper {
-    ours: bool,
-}
-
-impl Helper {
-    fn install() -> Helper {
-        let ours = std::fs::symlink_metadata(HELPER).is_err();
-        if ours {
-            std::os::unix::fs::symlink(bin(), HELPER).unwrap();
-        }
-        Helper { ours }
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        if self.ours {
-            let _ = std::fs::remove_file(HELPER);
-        }
-    }
-}
-
 fn mount(args: &[&str]) -> std::process::Output {
     output_within(Command::new("mount").args(args), Duration::from_secs(60))
 }
@@ -61,7 +35,7 @@ fn umount(mnt: &Path) {
 
 #[test]
 fn mount_t_fuse_coorfs_and_an_fstab_line_mount_with_their_options() {
-    let _helper = Helper::install();
+    let _helper = MountHelper::install();
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 40, 8 * 1024, 2);

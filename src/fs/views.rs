@@ -99,7 +99,7 @@ impl DatasetFs {
             Stat::MemoryPressureEvents => {
                 Value::Count(self.budget.pressure_events.load(Ordering::Relaxed))
             }
-            Stat::MetadataBytes => Value::Count(self.ns.memory() as u64),
+            Stat::MetadataBytes => Value::Count(self.ns.memory() as u64 + self.source.memory()),
             Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
             Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
             Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),

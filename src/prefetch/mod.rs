@@ -21,9 +21,10 @@
 //! area is full. What to fetch comes from the job's order hint if it gave one for this epoch,
 //! else from the dataset in inode order (on-disk order on ext4/XFS), skipping what the job
 //! has read (or may have read) this epoch, what is cached, staged or already being fetched
-//! ([`plan::next_candidates`]). Without a hint, a job is prefetched only while its reads say
-//! that it reads the whole dataset and its epoch is under way
-//! ([`plan::may_prefetch_remaining`]): never for a glance, never for a shard.
+//! ([`plan::next_candidates`]). Without a hint, a job is prefetched only once its epoch is
+//! under way, and while its reads say that it reads the whole dataset or, on remote storage,
+//! a cache that never evicts has room for what is fetched ([`plan::may_prefetch_remaining`]):
+//! never for a glance, and for a shard only what the cache keeps.
 //!
 //! A job that has not opened a file for [`ACTIVE_SECS`] gets no prefetch, and what it staged
 //! is released then, counted as unused: it stopped (between runs, validating, gone), and its
@@ -123,6 +124,10 @@ const NARROW_STAGING: u64 = 2 << 20;
 /// fills the staging area with blocks nobody reads soon. Short, since the open that shares
 /// waits too: 2 ms, on 2 CPUs busy with 4 jobs, added seconds to a fast job's epochs.
 const BUSY_WAIT: Duration = Duration::from_micros(200);
+
+/// A read alone taking this long (seconds) is a remote store's (S3: 20-50 ms to the first
+/// byte); local disks and nearby network filesystems answer in a few milliseconds.
+pub const REMOTE_SECS: f64 = 0.005;
 
 /// How long the loop sleeps when nothing wakes it.
 const TICK: Duration = Duration::from_millis(50);
@@ -451,7 +456,31 @@ impl Prefetcher {
     fn reads_remaining_ahead(&self, j: &Job) -> bool {
         let t = j.log.tracker();
         self.disk_order.get().is_some()
-            && may_prefetch_remaining(t.read_in_epoch(), self.total(), t.covered_dataset())
+            && may_prefetch_remaining(
+                t.read_in_epoch(),
+                self.total(),
+                t.covered_dataset(),
+                self.keeps_guesses(),
+            )
+    }
+
+    /// True if a guess (a file a job may not read this epoch) costs nothing worth a read's
+    /// wait: the storage is remote (a read alone takes [`REMOTE_SECS`] or more, and reads do
+    /// not queue behind each other), and the cache, which never evicts, has room for a whole
+    /// window of blocks, so that what is in flight lands in it rather than in staging. On such
+    /// storage every file a job waits for costs tens of milliseconds, and what the cache keeps
+    /// is a hit of a later epoch.
+    fn keeps_guesses(&self) -> bool {
+        let Some(pacer) = &self.pacer else {
+            return false;
+        };
+        let (remote, window) = {
+            let p = pacer.lock();
+            let remote = p.base().is_some_and(|b| b >= REMOTE_SECS) && !p.bandwidth_bound();
+            (remote, p.window())
+        };
+        let memory = &self.tiers.memory;
+        remote && memory.has_room_for(memory.blocks().get() * window as u64)
     }
 
     /// `job`'s epoch turned to `current`. What it staged for the epochs before moves to the

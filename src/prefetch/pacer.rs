@@ -130,6 +130,11 @@ impl Pacer {
         }
     }
 
+    /// The median latency of reads issued alone, in seconds (None before the first).
+    pub fn base(&self) -> Option<f64> {
+        (!self.alone.is_empty()).then(|| median(&self.alone))
+    }
+
     /// True once the storage was judged bandwidth-bound.
     pub fn bandwidth_bound(&self) -> bool {
         self.verdict == Some(true)

@@ -255,6 +255,11 @@ pub trait DatasetSource: Send + Sync + 'static {
     ) -> io::Result<usize>;
     /// `statvfs` of the filesystem holding the source.
     fn statfs(&self) -> io::Result<FsStats>;
+    /// Bytes of memory the source keeps of the dataset's names beside the node table (an
+    /// object store's listing); 0 for a directory.
+    fn memory(&self) -> u64 {
+        0
+    }
 }
 
 /// A directory on a local or kernel-mounted filesystem, every path resolved beneath a
@@ -697,6 +702,9 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
     }
     fn statfs(&self) -> io::Result<FsStats> {
         self.inner.statfs()
+    }
+    fn memory(&self) -> u64 {
+        self.inner.memory()
     }
 }
 

@@ -135,7 +135,7 @@ stats! {
     ActiveJobs => "active_jobs", Count, "Jobs (process groups, or the trials of a sweep script, by default) that read the mount and were not idle long enough to be forgotten.";
     DatasetFiles => "dataset_files", Count, "Regular files found in the source by the scan at mount.";
     DatasetBytes => "dataset_bytes", Bytes, "Bytes of those files.";
-    MetadataBytes => "metadata_bytes", Bytes, "Bytes of the daemon's node table: the names and attributes of every entry of the source it has seen (about 106 bytes plus the name each).";
+    MetadataBytes => "metadata_bytes", Bytes, "Bytes of the daemon's node table: the names and attributes of every entry of the source it has seen (about 106 bytes plus the name each); for an s3:// source, with its listing (about 250 bytes, twice the path and the ETag an object).";
     ScanComplete => "scan_complete", Count, "1 once the scan of the source has finished (epochs can end only then), else 0.";
     Epoch => "epoch", Count, "The current dataset-wide epoch: it ends when every file has been read once more.";
     UptimeSeconds => "uptime_seconds", Seconds, "Seconds since the mount.";

@@ -562,3 +562,30 @@ impl Drop for TestCgroup {
         }
     }
 }
+
+/// The mount(8) helper of coorfs.
+pub const HELPER: &str = "/sbin/mount.fuse.coorfs";
+
+/// The helper, linked to the binary under test for as long as this lives (a helper that
+/// was there before, an installed coorfs, is left alone).
+pub struct MountHelper {
+    ours: bool,
+}
+
+impl MountHelper {
+    pub fn install() -> MountHelper {
+        let ours = std::fs::symlink_metadata(HELPER).is_err();
+        if ours {
+            std::os::unix::fs::symlink(bin(), HELPER).unwrap();
+        }
+        MountHelper { ours }
+    }
+}
+
+impl Drop for MountHelper {
+    fn drop(&mut self) {
+        if self.ours {
+            let _ = std::fs::remove_file(HELPER);
+        }
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! The store is reached with the `object_store` crate, configured the way the AWS tools are:
 //! `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
-//! `AWS_SESSION_TOKEN`, `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint, instance metadata
+//! `AWS_SESSION_TOKEN` (an `http://` endpoint is plain HTTP, as `AWS_ALLOW_HTTP=true` says
+//! for others), instance metadata
 //! when no key is given, and the profile `AWS_PROFILE` (else `default`) of
 //! `~/.aws/credentials` and `~/.aws/config` for what the environment leaves out
 //! ([`profile`]). Secrets are never logged: errors name the request's URL only.
@@ -183,6 +184,25 @@ struct Tree {
     dirs: HashMap<PathBuf, Dir>,
     /// Bytes of all objects, for `statfs`.
     bytes: u64,
+    /// Bytes of memory the tree takes, about ([`object_cost`], [`dir_cost`]).
+    memory: u64,
+}
+
+/// Memory an entry of the tree takes beside its path: the map's slot and the parent's child
+/// entry, with their allocator headers.
+const ENTRY: u64 = (std::mem::size_of::<(PathBuf, Object)>()
+    + std::mem::size_of::<(OsString, Kind)>()
+    + 64) as u64;
+
+/// Memory object `rel` takes in the tree: its entry, its path (and its name in its parent),
+/// its ETag.
+fn object_cost(rel: &Path, etag: Option<&str>) -> u64 {
+    ENTRY + 2 * rel.as_os_str().len() as u64 + etag.map_or(0, |t| t.len() as u64)
+}
+
+/// Memory directory `rel` takes in the tree, without its children.
+fn dir_cost(rel: &Path) -> u64 {
+    (std::mem::size_of::<(PathBuf, Dir)>() + 64) as u64 + 2 * rel.as_os_str().len() as u64
 }
 
 /// Hashes an ETag (or, without one, the last-modified time) into the version's inode field.
@@ -296,7 +316,8 @@ impl Tree {
     }
 
     fn add_dir(&mut self, rel: &Path, now: Instant, at: SystemTime) {
-        self.dirs.insert(
+        self.memory += dir_cost(rel);
+        let old = self.dirs.insert(
             rel.to_path_buf(),
             Dir {
                 meta: dir_meta(rel, at),
@@ -304,6 +325,9 @@ impl Tree {
                 listed: now,
             },
         );
+        if old.is_some() {
+            self.memory -= dir_cost(rel);
+        }
     }
 
     fn child(&mut self, dir: &Path, name: &OsStr, kind: Kind) {
@@ -325,8 +349,10 @@ impl Tree {
             checked: now,
         };
         self.bytes += o.size;
-        if let Some(old) = self.objects.insert(rel, object) {
+        self.memory += object_cost(&rel, o.e_tag.as_deref());
+        if let Some(old) = self.objects.insert(rel.clone(), object) {
             self.bytes -= old.meta.attr.size;
+            self.memory -= object_cost(&rel, old.etag.as_deref());
         }
     }
 
@@ -334,8 +360,10 @@ impl Tree {
     fn remove(&mut self, rel: &Path) {
         if let Some(o) = self.objects.remove(rel) {
             self.bytes -= o.meta.attr.size;
+            self.memory -= object_cost(rel, o.etag.as_deref());
         }
         if self.dirs.remove(rel).is_some() {
+            self.memory -= dir_cost(rel);
             let gone: Vec<PathBuf> = (self.objects.keys().chain(self.dirs.keys()))
                 .filter(|p| p.starts_with(rel))
                 .cloned()
@@ -423,8 +451,8 @@ pub struct ObjectSource {
     ttl: Duration,
 }
 
-/// The request timeout unless `AWS_TIMEOUT` says otherwise: long enough for a block of a
-/// few megabytes over a slow link, short enough that a stalled connection is retried.
+/// The request timeout: long enough for a block of a few megabytes over a slow link, short
+/// enough that a stalled connection is retried.
 const TIMEOUT: &str = "30s";
 /// Directories listed at once at mount.
 const LIST_PARALLEL: usize = 16;
@@ -639,10 +667,14 @@ fn build_store(url: &ObjectUrl, counters: Arc<Counters>) -> io::Result<Arc<dyn O
             builder = builder.with_config(key, value);
         }
     }
-    let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
-    if builder.get_config_value(&timeout).is_none() {
-        builder = builder.with_config(timeout, TIMEOUT);
+    // An endpoint written as http:// says plain HTTP, as it does to the AWS CLI.
+    let allow_http = AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp);
+    let plain = (builder.get_config_value(&AmazonS3ConfigKey::Endpoint))
+        .is_some_and(|e| e.starts_with("http://"));
+    if plain && std::env::var_os("AWS_ALLOW_HTTP").is_none() {
+        builder = builder.with_config(allow_http, "true");
     }
+    builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), TIMEOUT);
     let store = builder
         .with_http_connector(CountingConnector(counters))
         .build()
@@ -882,6 +914,10 @@ impl DatasetSource for ObjectSource {
         }
     }
 
+    fn memory(&self) -> u64 {
+        self.tree.read().memory
+    }
+
     fn statfs(&self) -> io::Result<FsStats> {
         let tree = self.tree.read();
         let blocks = tree.bytes.div_ceil(4096);
@@ -1059,6 +1095,12 @@ mod tests {
         assert_eq!(tree.objects[Path::new("d/new")].meta.attr.size, 4);
         assert!(tree.dirs.contains_key(Path::new("d/sub2")));
         assert_eq!(tree.bytes, 4);
+        // What is forgotten gives its memory back: the tree's count equals a fresh count.
+        let fresh: u64 = (tree.objects.iter())
+            .map(|(p, o)| object_cost(p, o.etag.as_deref()))
+            .chain(tree.dirs.keys().map(|p| dir_cost(p)))
+            .sum();
+        assert_eq!(tree.memory, fresh);
         let same = tree.relisted(
             Path::new("d"),
             vec![(OsString::from("new"), object("d/new", 4, "\"3\""))],

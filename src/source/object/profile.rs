@@ -2,7 +2,8 @@
 //! `AWS_PROFILE` (else `default`) of the credentials file (`AWS_SHARED_CREDENTIALS_FILE`,
 //! else `~/.aws/credentials`, sections `[NAME]`) and of the config file (`AWS_CONFIG_FILE`,
 //! else `~/.aws/config`, sections `[profile NAME]`, or `[default]`), as the AWS CLI reads
-//! them. The credentials file wins over the config file. Only static settings are read:
+//! them; `~` is `HOME`, or the user's home directory where `HOME` is not set (mount(8),
+//! systemd). The credentials file wins over the config file. Only static settings are read:
 //! keys, a session token, the region and an endpoint (`endpoint_url`).
 
 use std::path::PathBuf;
@@ -18,7 +19,10 @@ pub struct Files {
 impl Files {
     /// The files and profile the environment names (`HOME` for the defaults).
     pub fn from_env() -> Self {
-        let home = std::env::var_os("HOME").map(PathBuf::from);
+        // mount(8) and systemd may start the daemon without HOME: then the user's own.
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .or_else(home_of_user);
         let file = |var: &str, name: &str| {
             std::env::var_os(var)
                 .map(PathBuf::from)
@@ -29,6 +33,30 @@ impl Files {
             config: file("AWS_CONFIG_FILE", "config"),
             profile: std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".into()),
         }
+    }
+}
+
+/// The home directory of the effective user, from the password database.
+fn home_of_user() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0 as libc::c_char; 4096];
+    // SAFETY: `pwd` and `buf` outlive the call, `buf.len()` is its size, and `found` points at
+    // `pwd` (or is null) afterwards; `pw_dir` points into `buf`, read before `buf` is dropped.
+    unsafe {
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            libc::geteuid(),
+            &mut pwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        );
+        if rc != 0 || found.is_null() || pwd.pw_dir.is_null() {
+            return None;
+        }
+        let dir = std::ffi::CStr::from_ptr(pwd.pw_dir);
+        Some(PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes())))
     }
 }
 

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Epochs of a dataset in an S3 store with a network's latency: coorfs beside the S3 mounts
+# and readers users run today, each in a memory cgroup of the same limit (POD), in one run.
+#
+#   scripts/bench-s3.sh                              # REPS=2
+#   FILES=200 REPS=1 EPOCHS=2 scripts/bench-s3.sh    # a dry run, in a minute
+#
+# The store: moto's S3 server (scripts/s3-server.py, from the venv scripts/test.sh installs
+# into target/moto) answering every request after LATENCY (20 ms: first byte from a store in
+# another zone). This kernel has no netem, so the server adds it. The dataset: FILES files of
+# 30-220 KiB in 100 class directories (scripts/make-dataset.py), uploaded under
+# s3://bench/ds; it is 1.3x the pod by default.
+#
+# Systems (SYSTEMS), each epoch a fresh random order read whole by PROCS processes:
+#   boto3  - scripts/s3-read.py: each process reads its share with boto3 get_object, one
+#            object after another (a DataLoader's workers reading S3 directly);
+#   s3fs   - s3fs-fuse 1.90 (Debian), read-only, its defaults (no disk cache);
+#   rclone - rclone 1.60 mount (Debian), --vfs-cache-mode full: its cache is on local disk,
+#            capped at DISK (--vfs-cache-max-size, enforced every 5 s);
+#   coorfs - coorfs mount s3://bench/ds, default options (the elastic memory cache, prefetch)
+#            and the same local disk as rclone: --cache-dir with --disk-cache-size DISK;
+#   hint   - the same mount, and `coorfs read --hint` hands each epoch's order to it first;
+#   memory - coorfs with its memory cache only (no --cache-dir; not in the default SYSTEMS).
+# The mounts are read with `coorfs read --procs PROCS`. Per epoch: seconds; for coorfs the hit
+# rate. The summary gives each system's median epoch times, and coorfs's ratio over the best
+# of boto3, s3fs and rclone per epoch (the issue's targets: epoch 1 >= 2x, epochs 2+ >= 3x,
+# with hints >= 5x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/benchlib.sh
+
+REPS=${REPS:-2}
+EPOCHS=${EPOCHS:-3}
+FILES=${FILES:-2000}
+POD=${POD:-$((192 << 20))}
+DISK=${DISK:-$POD}
+PROCS=${PROCS:-2}
+LATENCY=${LATENCY:-20ms}
+SYSTEMS=${SYSTEMS:-"boto3 s3fs rclone coorfs hint"}
+DATA=${DATA:-/var/tmp/coorfs-bench/s3-$FILES}
+PORT=${PORT:-$((20000 + $$ % 10000))}
+
+for tool in rclone s3fs; do
+    if ! command -v "$tool" >/dev/null; then
+        echo "bench-s3.sh: needs $tool: apt-get install -y rclone s3fs" >&2
+        exit 2
+    fi
+done
+venv=target/moto
+if [ ! -x "$venv/bin/moto_server" ]; then
+    echo "bench-s3.sh: needs moto's server in $venv: scripts/test.sh installs it" >&2
+    exit 2
+fi
+cargo build --release --quiet
+coorfs=$PWD/target/release/coorfs
+python3 scripts/make-dataset.py --files "$FILES" --size 30K --max-size 220K --classes 100 "$DATA" >/dev/null
+dataset_bytes=$(file_bytes "$DATA")
+bench_start s3 /var/tmp
+samples=$work/samples.txt
+: > "$samples"
+endpoint=http://127.0.0.1:$PORT
+export AWS_ENDPOINT_URL=$endpoint AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=bench \
+    AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+echo "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" > "$work/s3fs.passwd"
+chmod 600 "$work/s3fs.passwd"
+
+"$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency "$LATENCY" > "$work/server.log" 2>&1 &
+server=$!
+# Ends the server with the rest of the clean-up.
+trap 'unmount_any; kill $server 2>/dev/null || true; cg_kill "$cg"; bench_cleanup' EXIT
+unmount_any() {
+    if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" 2>/dev/null || umount -l "$mnt"; fi
+}
+for _ in $(seq 1 100); do
+    curl -s -o /dev/null "$endpoint" && break
+    sleep 0.1
+done
+echo "uploading $FILES files ($((dataset_bytes >> 20)) MiB) to s3://bench/ds ..." >&2
+"$venv/bin/python" - "$DATA" "$endpoint" <<'PY'
+import concurrent.futures, os, sys, boto3
+root, endpoint = sys.argv[1], sys.argv[2]
+s3 = boto3.client("s3", endpoint_url=endpoint)
+s3.create_bucket(Bucket="bench")
+files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+def put(path):
+    with open(path, "rb") as f:
+        s3.put_object(Bucket="bench", Key="ds/" + os.path.relpath(path, root), Body=f.read())
+with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    list(pool.map(put, files))
+PY
+
+# mount_side SYSTEM: mounts s3://bench/ds at $mnt for SYSTEM, its daemon in the cgroup.
+mount_side() {
+    case "$1" in
+    s3fs)
+        cg_run "$cg" s3fs bench:/ds "$mnt" -o "url=$endpoint,use_path_request_style,ro,passwd_file=$work/s3fs.passwd"
+        ;;
+    rclone)
+        rm -rf "$work/rclone-cache"
+        # (AWS_CA_BUNDLE, if the machine sets one, breaks rclone's HTTP transport; the store is plain HTTP.)
+        cg_run "$cg" env -u AWS_CA_BUNDLE rclone mount ":s3:bench/ds" "$mnt" --s3-provider Other --s3-endpoint "$endpoint" \
+            --s3-access-key-id "$AWS_ACCESS_KEY_ID" --s3-secret-access-key "$AWS_SECRET_ACCESS_KEY" \
+            --vfs-cache-mode full --vfs-cache-max-size "$DISK" --vfs-cache-poll-interval 5s \
+            --cache-dir "$work/rclone-cache" \
+            --read-only --daemon
+        ;;
+    coorfs | hint)
+        rm -rf "$work/coorfs-cache"
+        cg_run "$cg" "$coorfs" mount --job-key pgid --cache-dir "$work/coorfs-cache" \
+            --disk-cache-size "$DISK" s3://bench/ds "$mnt"
+        wait_scan "$mnt"
+        ;;
+    memory)
+        cg_run "$cg" "$coorfs" mount --job-key pgid s3://bench/ds "$mnt"
+        wait_scan "$mnt"
+        ;;
+    esac
+    if [ "$1" = s3fs ] || [ "$1" = rclone ]; then
+        for _ in $(seq 1 300); do
+            [ -n "$(ls -A "$mnt" 2>/dev/null)" ] && return 0
+            sleep 0.1
+        done
+        echo "bench-s3.sh: $1 did not mount" >&2
+        exit 1
+    fi
+}
+
+for rep in $(seq 1 "$REPS"); do
+    for sys in $SYSTEMS; do
+        cg_create "$cg" "$POD" 0 0
+        [ "$sys" = boto3 ] || mount_side "$sys"
+        for epoch in $(seq 1 "$EPOCHS"); do
+            seed=$((rep * 100 + epoch))
+            if [ "$sys" = boto3 ]; then
+                out=$(cg_run "$cg" "$venv/bin/python" scripts/s3-read.py --endpoint "$endpoint" \
+                    --procs "$PROCS" --seed "$seed" bench ds)
+            else
+                hint=()
+                [ "$sys" = hint ] && hint=(--hint)
+                out=$(cg_run "$cg" "$coorfs" read --json "${hint[@]}" --procs "$PROCS" --seed "$seed" "$mnt")
+            fi
+            secs=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+            hit=-
+            if [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
+                hit=$(coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$epoch - 1]['hit_rate'])")
+            fi
+            echo "$sys $rep $epoch $secs 0 $hit" | tee -a "$samples" >&2
+        done
+        note="  $sys rep $rep: peak $(($(cat "$CG_MEM/$cg/memory.max_usage_in_bytes") >> 20)) MiB"
+        if [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
+            note="$note; cache $(($(coorfs_stat "$mnt" cache_capacity) >> 20)) MiB, disk $(($(coorfs_stat "$mnt" disk_cached_bytes) >> 20)) MiB, $(coorfs_stat "$mnt" source_requests) requests, $(coorfs_stat "$mnt" source_retried) retried"
+            "$coorfs" umount "$mnt"
+        else
+            unmount_any
+        fi
+        echo "$note" >&2
+        cg_kill "$cg"
+        cg_destroy "$cg"
+    done
+done
+
+echo
+echo "scripts/bench-s3.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): $FILES files," \
+    "$((dataset_bytes >> 20)) MiB in s3://bench/ds (moto, $LATENCY per request);" \
+    "a $((POD >> 20)) MiB memory cgroup for each system, $((DISK >> 20)) MiB of local disk for rclone's and coorfs's caches;" \
+    "$PROCS reader processes"
+echo
+python3 - "$samples" <<'PY'
+import collections, statistics, sys
+times = collections.defaultdict(lambda: collections.defaultdict(list))
+hits = collections.defaultdict(lambda: collections.defaultdict(list))
+for line in open(sys.argv[1]):
+    s, rep, ep, secs, _, hit = line.split()
+    times[s][int(ep)].append(float(secs))
+    if hit != "-":
+        hits[s][int(ep)].append(float(hit))
+systems = list(times)
+epochs = sorted({e for s in times for e in times[s]})
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+print("| system | " + " | ".join(f"epoch {e}" for e in epochs) + " |")
+print("|---|" + "---|" * len(epochs))
+for s in systems:
+    cells = []
+    for e in epochs:
+        cell = f"{med(times[s][e]):.1f} s"
+        if hits[s][e]:
+            cell += f" (hit {med(hits[s][e]):.2f})"
+        cells.append(cell)
+    print(f"| {s} | " + " | ".join(cells) + " |")
+others = [s for s in systems if s in ("boto3", "s3fs", "rclone")]
+if others:
+    print()
+    print("Speed-up over the best of " + ", ".join(others) + " in each epoch (its median / ours):")
+    print()
+    print("| system | " + " | ".join(f"epoch {e}" for e in epochs) + " |")
+    print("|---|" + "---|" * len(epochs))
+    for s in systems:
+        if s in others:
+            continue
+        cells = []
+        for e in epochs:
+            best = min(med(times[o][e]) for o in others)
+            cells.append(f"{best / med(times[s][e]):.2f}x")
+        print(f"| {s} | " + " | ".join(cells) + " |")
+PY
