@@ -2,7 +2,8 @@
 # Epochs of a dataset in an S3 store with a network's latency: coorfs beside the S3 mounts
 # and readers users run today, each in a memory cgroup of the same limit (POD), in one run.
 #
-#   scripts/bench-s3.sh                              # REPS=2
+#   scripts/bench-s3.sh                              # REPS=2, about 30 minutes
+#   DISK=$((128 << 20)) SYSTEMS="boto3 rclone coorfs hint" scripts/bench-s3.sh
 #   FILES=200 REPS=1 EPOCHS=2 scripts/bench-s3.sh    # a dry run, in a minute
 #
 # The store: moto's S3 server (scripts/s3-server.py, from the venv scripts/test.sh installs
@@ -151,6 +152,7 @@ for rep in $(seq 1 "$REPS"); do
             note="$note; cache $(($(coorfs_stat "$mnt" cache_capacity) >> 20)) MiB, disk $(($(coorfs_stat "$mnt" disk_cached_bytes) >> 20)) MiB, $(coorfs_stat "$mnt" source_requests) requests, $(coorfs_stat "$mnt" source_retried) retried"
             "$coorfs" umount "$mnt"
         else
+            if [ "$sys" = rclone ]; then note="$note; its disk cache $(du -sm "$work/rclone-cache" | cut -f1) MiB"; fi
             unmount_any
         fi
         echo "$note" >&2

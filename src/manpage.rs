@@ -249,7 +249,16 @@ ENODATA. They are read-only.",
          neither it nor \\fBCOORFS_NODE_RANK\\fR is given, GROUP_RANK first.\n\
          .TP\n\\fBPYTHONPATH\\fR, \\fBCOORFS_RUN_DIR\\fR, \\fBCOORFS_MOUNT\\fR\n\
          Set by \\fBcoorfs run\\fR for CMD: its hook's directory first on the Python path, the \
-         same directory for the hook's own use, and \\fB\\-\\-mount\\fR.\n",
+         same directory for the hook's own use, and \\fB\\-\\-mount\\fR.\n\
+         .TP\n\\fBAWS_ENDPOINT_URL\\fR, \\fBAWS_REGION\\fR, \\fBAWS_ACCESS_KEY_ID\\fR, \
+         \\fBAWS_SECRET_ACCESS_KEY\\fR, \\fBAWS_SESSION_TOKEN\\fR, \\fBAWS_ALLOW_HTTP\\fR\n\
+         For an s3:// SOURCE: the store's endpoint (an http:// one is plain HTTP), region and \
+         keys. Without keys, the profile's, else the instance's role (instance metadata).\n\
+         .TP\n\\fBAWS_PROFILE\\fR, \\fBAWS_SHARED_CREDENTIALS_FILE\\fR, \\fBAWS_CONFIG_FILE\\fR\n\
+         For an s3:// SOURCE: the profile (default: default) of ~/.aws/credentials and \
+         ~/.aws/config whose keys, aws_session_token, region and endpoint_url fill in what the \
+         variables above leave out. mount(8) passes its helper no environment: an fstab mount \
+         reads root's ~/.aws, profile default.\n",
     );
     out.push_str(
         ".SH NOTES\n\
@@ -257,12 +266,15 @@ ENODATA. They are read-only.",
          and coorfs never writes to the source. The kernel checks the source's permission bits \
          (\\fBdefault_permissions\\fR). A source file that changes while mounted (its inode, \
          size, modification or change time) is detected when it is next opened and served with \
-         its new content.\n\
+         its new content; an object of an s3:// source, once \\fB\\-\\-metadata\\-ttl\\fR has \
+         passed since it was listed, and a read of an object replaced since its open fails with \
+         ESTALE.\n\
          .PP\n\
          Memory: the cache never holds more than \\fB\\-\\-cache\\-size\\fR bytes of file data. \
          Beyond it the daemon needs the staging area (\\fB\\-\\-prefetch\\-memory\\fR, with \
          prefetch on), about 110 bytes plus the name for every entry of the dataset (its node \
-         table), the blocks being fetched (at most (\\fB\\-\\-prefetch\\-depth\\fR + 2 x \
+         table; for an s3:// source, also about 250 bytes, twice the path and the ETag an object \
+         for its listing), the blocks being fetched (at most (\\fB\\-\\-prefetch\\-depth\\fR + 2 x \
          \\fB\\-\\-threads\\fR) x \\fB\\-\\-block\\-size\\fR), up to 16 MiB of blocks read \
          moments ago, and order hints (at most \\fB\\-\\-hint\\-memory\\fR). The kernel may also \
          keep page\\-cache copies of wholly cached files; it reclaims them under memory pressure, \

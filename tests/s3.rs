@@ -203,10 +203,18 @@ fn listing_and_bytes_equal_the_bucket_and_a_second_epoch_hits() {
     // Beside the prefix: not in the mount.
     bucket.put("trainee/x", b"no");
     bucket.put("val/c0/y.jpg", b"no");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let log_path = log.path().to_str().unwrap();
     let m = mount(
         &server.endpoint(),
         "s3://datasets/train",
-        &["--no-prefetch"],
+        &[
+            "--no-prefetch",
+            "--log-file",
+            log_path,
+            "--log-level",
+            "debug",
+        ],
     );
 
     let mut names: Vec<PathBuf> = want.iter().map(|(k, _)| PathBuf::from(k)).collect();
@@ -247,10 +255,13 @@ fn listing_and_bytes_equal_the_bucket_and_a_second_epoch_hits() {
     assert_eq!(num(&s, "source_retried"), 0);
     // The listing's memory is counted beside the node table's: some 250 bytes an object.
     assert!(num(&s, "metadata_bytes") > 250 * want.len() as u64, "{s}");
-    // Secrets are never shown.
+    // Secrets are never shown, nor logged (every crate at debug).
     let all = s.to_string();
     assert!(!all.contains(SECRET) && !all.contains(KEY_ID), "{all}");
     m.unmount();
+    let logged = std::fs::read_to_string(log.path()).unwrap();
+    assert!(logged.contains("s3://datasets/train"), "{logged}");
+    assert!(!logged.contains(SECRET), "the secret key is in the log");
 }
 
 #[test]
