@@ -703,3 +703,59 @@ fn a_first_epoch_from_a_remote_store_is_prefetched_while_the_cache_has_room() {
     assert_eq!(num(&s, "cached_files"), FILES as u64, "{s}");
     m.unmount();
 }
+
+#[test]
+fn two_members_over_one_bucket_read_each_object_from_the_store_once() {
+    // A cluster (--peers) over an s3:// source: each object is read from the store by the
+    // member that owns it, and served to the other over the peer protocol.
+    const FILES: usize = 40;
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "shared");
+    let mut want = Vec::new();
+    for i in 0..FILES {
+        let rel = format!("c{}/f{i:02}", i % 2);
+        let data = bytes(i as u64 + 7, 20_000);
+        bucket.put(&format!("ds/{rel}"), &data);
+        want.push((rel, data));
+    }
+    let dir = common::open_tempdir();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "a-cluster-secret-of-32-bytes....\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let peers: Vec<String> = free_ports(2)
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let list = peers.join(",");
+    let members: Vec<Mount> = (0..2)
+        .map(|rank| {
+            let rank = rank.to_string();
+            let args = [
+                "--no-prefetch",
+                "--peers",
+                &list,
+                "--node-rank",
+                &rank,
+                "--cluster-secret-file",
+                secret.to_str().unwrap(),
+            ];
+            mount(&server.endpoint(), "s3://shared/ds", &args)
+        })
+        .collect();
+    for m in &members {
+        common::wait_for_scan(&m.mnt);
+        for (rel, data) in &want {
+            assert_eq!(&std::fs::read(m.path(rel)).unwrap(), data, "{rel}");
+        }
+    }
+    let s: Vec<_> = members.iter().map(|m| stats(&m.mnt)).collect();
+    let from_store: u64 = s.iter().map(|s| num(s, "bytes_from_source")).sum();
+    assert_eq!(from_store, (FILES * 20_000) as u64, "{s:?}");
+    for s in &s {
+        assert!(num(s, "peer_hits") > 0, "{s}");
+        assert_eq!(num(s, "peer_errors"), 0, "{s}");
+    }
+    for m in members {
+        m.unmount();
+    }
+}
