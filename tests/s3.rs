@@ -672,16 +672,18 @@ umount "$mnt"
 
 #[test]
 fn a_first_epoch_from_a_remote_store_is_prefetched_while_the_cache_has_room() {
-    // 20 ms a request: the pacer sees remote storage, and what it guesses for the job's first
+    // 50 ms a request: the pacer sees remote storage, and what it guesses for the job's first
     // epoch lands in a cache with room, so it reads ahead from the job's 32nd file on instead
-    // of from the middle of the epoch; nothing is read twice, nothing staged is wasted.
+    // of from the middle of the epoch; nothing is read twice, nothing staged is wasted. (With
+    // 20 ms, moto's own time a request, which grows with the requests in flight on a loaded
+    // machine, can pass for storage that serves one read at a time.)
     const FILES: usize = 300;
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "remote");
     for i in 0..FILES {
         bucket.put(&format!("ds/c{}/f{i:03}", i % 4), &bytes(i as u64, 8192));
     }
-    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(20));
+    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(50));
     let m = mount(&proxy.endpoint(), "s3://remote/ds", &[]);
     common::wait_for_scan(&m.mnt);
     let out = common::coorfs([
@@ -695,9 +697,8 @@ fn a_first_epoch_from_a_remote_store_is_prefetched_while_the_cache_has_room() {
     let epoch = &s["jobs"][0]["epochs"][0];
     assert_eq!(num(epoch, "files"), FILES as u64, "{s}");
     // Without the rule at most the files left after half the epoch and 64 more (85) could be
-    // prefetched; the readers (2 at 20 ms a file) leave the prefetcher (16 at a time) far more
-    // (145-210 measured).
-    assert!(num(epoch, "prefetched_files") > 100, "{s}");
+    // prefetched; the readers (2 at 50 ms a file) leave the prefetcher (16 at a time) far more.
+    assert!(num(epoch, "prefetched_files") > 85, "{s}");
     assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
     assert_eq!(num(&s, "bytes_from_source"), (FILES * 8192) as u64, "{s}");
     assert_eq!(num(&s, "cached_files"), FILES as u64, "{s}");
