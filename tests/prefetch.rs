@@ -104,9 +104,16 @@ fn prefetch_reads_every_file_once_per_epoch_and_wastes_nothing() {
     let cached = num(&s, "cached_files");
     assert_eq!(cached, FILES as u64 / 4, "{s}");
     let uncached = FILES as u64 - cached;
-    for r in j["epochs"].as_array().unwrap() {
+    let records = j["epochs"].as_array().unwrap();
+    // A block in flight when epoch 3 ended lands for the job's next epoch, which then has a
+    // record, with no read yet.
+    assert!(
+        records.len() == 3 || (records.len() == 4 && num(&records[3], "reads") == 0),
+        "{s}"
+    );
+    for r in &records[..3] {
         let epoch = num(r, "epoch");
-        assert_eq!(r["complete"], true);
+        assert_eq!(r["complete"], true, "{s}");
         assert_eq!(num(r, "prefetched_unused"), 0, "epoch {epoch}: {r}");
         if epoch > 1 {
             // Exactly the uncached files come from storage: none twice.

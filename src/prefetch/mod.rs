@@ -127,7 +127,7 @@ const BUSY_WAIT: Duration = Duration::from_micros(200);
 
 /// A read alone taking this long (seconds) is a remote store's (S3: 20-50 ms to the first
 /// byte); local disks and nearby network filesystems answer in a few milliseconds.
-pub const REMOTE_SECS: f64 = 0.005;
+pub const REMOTE_SECS: f64 = 0.010;
 
 /// How long the loop sleeps when nothing wakes it.
 const TICK: Duration = Duration::from_millis(50);
