@@ -174,7 +174,8 @@ struct Object {
 struct Dir {
     meta: SourceMeta,
     children: BTreeMap<OsString, Kind>,
-    listed: Instant,
+    /// None for a directory a relisting of its parent found: its names are not read yet.
+    listed: Option<Instant>,
 }
 
 /// The namespace as listed: every object and directory by path.
@@ -322,7 +323,7 @@ impl Tree {
             Dir {
                 meta: dir_meta(rel, at),
                 children: BTreeMap::new(),
-                listed: now,
+                listed: Some(now),
             },
         );
         if old.is_some() {
@@ -412,12 +413,10 @@ impl Tree {
         for name in &subdirs {
             let path = rel.join(name);
             if !self.dirs.contains_key(&path) {
-                // Listed when first read: until then it is as old as any stale listing.
+                // Listed when first read.
                 self.add_dir(&path, now, at);
                 if let Some(d) = self.dirs.get_mut(&path) {
-                    d.listed = now
-                        .checked_sub(Duration::from_secs(u32::MAX as u64))
-                        .unwrap_or(now);
+                    d.listed = None;
                 }
             }
         }
@@ -429,7 +428,7 @@ impl Tree {
         let changed = before != after;
         if let Some(d) = self.dirs.get_mut(rel) {
             d.children = after;
-            d.listed = now;
+            d.listed = Some(now);
             if changed {
                 d.meta = dir_meta(rel, at);
             }
@@ -581,6 +580,11 @@ impl ObjectSource {
         Ok(())
     }
 
+    /// True if directory `d`'s names are older than the TTL, or were never read.
+    fn stale(&self, d: &Dir) -> bool {
+        d.listed.is_none_or(|at| at.elapsed() >= self.ttl)
+    }
+
     /// What the listing says of `rel` now: a directory listed within the TTL is trusted, an
     /// object checked within it too; else the store is asked again.
     fn current(&self, rel: &Path) -> io::Result<SourceMeta> {
@@ -600,8 +604,7 @@ impl ObjectSource {
         }
         // Unknown: new since the parent was listed, if that was longer ago than the TTL.
         let parent = rel.parent().unwrap_or(Path::new(""));
-        let stale =
-            (self.tree.read().dirs.get(parent)).is_some_and(|d| d.listed.elapsed() >= self.ttl);
+        let stale = (self.tree.read().dirs.get(parent)).is_some_and(|d| self.stale(d));
         if stale {
             self.relist(parent)?;
             let tree = self.tree.read();
@@ -791,7 +794,7 @@ impl DatasetSource for ObjectSource {
 
     fn open_dir(&self, rel: &Path, _who: &Creds) -> io::Result<Listing> {
         let stale = match self.tree.read().dirs.get(rel) {
-            Some(d) => d.listed.elapsed() >= self.ttl,
+            Some(d) => self.stale(d),
             None => {
                 return Err(self
                     .current(rel)
@@ -1093,7 +1096,8 @@ mod tests {
         assert!(!tree.objects.contains_key(Path::new("d/sub/f")));
         assert!(!tree.dirs.contains_key(Path::new("d/sub")));
         assert_eq!(tree.objects[Path::new("d/new")].meta.attr.size, 4);
-        assert!(tree.dirs.contains_key(Path::new("d/sub2")));
+        // A directory found by the relisting has its names read when it is first listed.
+        assert_eq!(tree.dirs[Path::new("d/sub2")].listed, None);
         assert_eq!(tree.bytes, 4);
         // What is forgotten gives its memory back: the tree's count equals a fresh count.
         let fresh: u64 = (tree.objects.iter())
