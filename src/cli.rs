@@ -226,7 +226,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
     pub block_size: std::num::NonZeroU64,
     /// A second cache on local disk, below memory, that survives restarts: blocks read from
-    /// the source are written to DIR while there is room (never evicted), found again after
+    /// the source are written to DIR while there is room (never evicted; first those the
+    /// memory cache does not keep, so that the two hold more together), found again after
     /// an unmount, a kill or a reboot, and checked (source version, CRC32C) before they are
     /// served. DIR is created 0700 if missing; it must hold nothing but coorfs's files, not be
     /// writable by other users, nor lie inside the source or the mount point; one daemon uses

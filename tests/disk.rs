@@ -1,5 +1,5 @@
-//! The disk tier (`--cache-dir`, `--disk-cache-size`) on real mounts: the hit rate survives a
-//! restart, a `kill -9` and flipped bytes never serve anything corrupt, a changed source file
+//! The disk tier (`--cache-dir`, `--disk-cache-size`) on real mounts: it keeps what memory
+//! does not, the hit rate survives a restart, a `kill -9` and flipped bytes never serve anything corrupt, a changed source file
 //! is a miss, a full disk turns the tier off without a failed read, and the directory is one
 //! daemon's and root's alone.
 
@@ -113,6 +113,48 @@ fn a_restart_keeps_the_disk_tiers_hit_rate() {
     assert_eq!(num(&st, "bytes_from_disk"), (FILES / 2 * SIZE) as u64);
     assert_eq!(num(&st, "bytes_from_source"), (FILES / 2 * SIZE) as u64);
     assert_eq!(num(&st, "disk_dropped"), 0);
+    m.unmount();
+}
+
+#[test]
+fn memory_and_disk_together_hold_a_dataset_neither_holds_alone() {
+    let s = setup();
+    // Memory for a quarter of the files (and half a file), the disk for three quarters.
+    let memory = (FILES / 4 * SIZE + SIZE / 2).to_string();
+    let disk = (FILES * 3 / 4 * SIZE).to_string();
+    let m = Mount::new(
+        &s.src,
+        &[
+            "--cache-size",
+            &memory,
+            "--no-prefetch",
+            "--cache-dir",
+            s.cache.to_str().unwrap(),
+            "--disk-cache-size",
+            &disk,
+        ],
+    );
+    wait_for_scan(&m.mnt);
+    s.read_all(&m);
+    wait_for_disk(&m, FILES as u64 * 3 / 4);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "cached_files"), FILES as u64 / 4);
+    assert_eq!(num(&st, "bytes_from_source"), (FILES * SIZE) as u64);
+    // Epoch 2, read by another process (this one's re-reads, moments later, would be
+    // epoch 1's): a quarter from memory, the rest from the disk, nothing from the source.
+    let out = std::process::Command::new("cat")
+        .args(s.files.iter().map(|rel| m.path(rel)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let want: Vec<u8> = (s.files.iter())
+        .flat_map(|rel| std::fs::read(s.src.join(rel)).unwrap())
+        .collect();
+    assert!(out.stdout == want, "epoch 2 differs from the source");
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "bytes_from_source"), (FILES * SIZE) as u64);
+    assert_eq!(num(&st, "disk_hits"), FILES as u64 * 3 / 4);
+    assert_eq!(num(&st, "hits"), FILES as u64);
     m.unmount();
 }
 

@@ -66,6 +66,9 @@ impl DatasetFs {
         let disk_order = self.ns.files_in_inode_order();
         self.ns.shrink();
         self.scan.complete.store(true, Ordering::Release);
+        if let Some(disk) = &self.tiers.disk {
+            disk.set_dataset_bytes(self.scan.bytes.load(Ordering::Relaxed));
+        }
         self.prefetcher.scanned(disk_order);
         tracing::info!(
             "scan complete: {} files, {}",

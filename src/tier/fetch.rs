@@ -274,10 +274,10 @@ impl Fetcher {
         self.inflight.contains(key)
     }
 
-    /// Reads `want` from the tiers behind the fetch, nearest first, and offers what the
-    /// source read to the tiers in front of it that keep blocks (the disk tier) and to the
-    /// cache; says which tier read it, and if the source did because a tier in front of it
-    /// failed.
+    /// Reads `want` from the tiers behind the fetch, nearest first, and offers what it found
+    /// to the cache, then what the source read to the tiers in front of the source that keep
+    /// blocks (the disk tier), telling them if the cache kept it; says which tier read it,
+    /// and if the source did because a tier in front of it failed.
     fn read(&self, want: &Want<'_>) -> (FetchResult, Origin, bool) {
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
         let faults = AtomicU64::new(0);
@@ -302,12 +302,12 @@ impl Fetcher {
         let Some(block) = owned(found, want.key.block) else {
             return (Err(libc::EIO), origin, fallback);
         };
+        let kept = self.memory.admit(want, &block);
         if origin == Origin::Source {
             for tier in nearer {
-                tier.admit(want, &block);
+                tier.admit_behind(want, &block, &self.memory, kept);
             }
         }
-        self.memory.admit(want, &block);
         (Ok(block), origin, fallback)
     }
 }

@@ -149,6 +149,19 @@ pub trait Tier: Send + Sync {
     /// keeps blocks wanted for `want.why`. Returns true if it kept it.
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool;
 
+    /// Offers `data`, read from the source as block `want.key`, after the memory tier was
+    /// offered it: `kept` says if `memory` kept it. A tier that keeps first what memory does
+    /// not (the disk tier) decides by that; the others as [`Tier::admit`].
+    fn admit_behind(
+        &self,
+        want: &Want<'_>,
+        data: &Arc<Block>,
+        _memory: &BlockCache,
+        _kept: bool,
+    ) -> bool {
+        self.admit(want, data)
+    }
+
     /// Forgets block `want.key` for `want`: its reader got the bytes another way, or they
     /// must not be served again.
     fn remove(&self, want: &Want<'_>);
