@@ -706,6 +706,63 @@ fn a_first_epoch_from_a_remote_store_is_prefetched_while_the_cache_has_room() {
 }
 
 #[test]
+fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tier() {
+    // As above, with memory for a sixth of the files and a disk tier: once memory is full,
+    // what the prefetcher fetches waits on the disk for its reader (not in the staging area),
+    // and the first epoch is still prefetched from its 32nd file. The next epoch, by another
+    // process, reads nothing from the store.
+    const FILES: usize = 300;
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "remote");
+    let mut want = Vec::new();
+    for i in 0..FILES {
+        let rel = format!("c{}/f{i:03}", i % 4);
+        let data = bytes(i as u64, 8192);
+        bucket.put(&format!("ds/{rel}"), &data);
+        want.push((rel, data));
+    }
+    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(50));
+    let dir = common::open_tempdir();
+    let cache = dir.path().join("cache");
+    let memory = (FILES / 6 * 8192).to_string();
+    let args = [
+        "--cache-size",
+        &memory,
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--disk-cache-size",
+        "64M",
+    ];
+    let m = mount(&proxy.endpoint(), "s3://remote/ds", &args);
+    common::wait_for_scan(&m.mnt);
+    let read = || {
+        let out = common::coorfs([
+            OsStr::new("read"),
+            OsStr::new("--procs"),
+            OsStr::new("2"),
+            m.mnt.as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+    };
+    read();
+    let s = stats(&m.mnt);
+    let epoch = &s["jobs"][0]["epochs"][0];
+    assert_eq!(num(epoch, "files"), FILES as u64, "{s}");
+    assert!(num(epoch, "prefetched_files") > 85, "{s}");
+    assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
+    assert_eq!(num(&s, "bytes_from_source"), (FILES * 8192) as u64, "{s}");
+    assert!(num(&s, "cached_files") <= FILES as u64 / 6, "{s}");
+    read();
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "bytes_from_source"), (FILES * 8192) as u64, "{s}");
+    assert!(num(&s, "disk_hits") > 0, "{s}");
+    for (rel, data) in &want {
+        assert_eq!(&std::fs::read(m.path(rel)).unwrap(), data, "{rel}");
+    }
+    m.unmount();
+}
+
+#[test]
 fn two_members_over_one_bucket_read_each_object_from_the_store_once() {
     // A cluster (--peers) over an s3:// source: each object is read from the store by the
     // member that owns it, and served to the other over the peer protocol.

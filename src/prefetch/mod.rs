@@ -469,18 +469,24 @@ impl Prefetcher {
     /// not queue behind each other), and the cache, which never evicts, has room for a whole
     /// window of blocks, so that what is in flight lands in it rather than in staging. On such
     /// storage every file a job waits for costs tens of milliseconds, and what the cache keeps
-    /// is a hit of a later epoch.
+    /// is a hit of a later epoch. The disk tier counts as such a cache too while it has room:
+    /// a guess it keeps is a local read later.
     fn keeps_guesses(&self) -> bool {
-        let Some(pacer) = &self.pacer else {
+        let Some(window) = self.remote_window() else {
             return false;
         };
-        let (remote, window) = {
-            let p = pacer.lock();
-            let remote = p.base().is_some_and(|b| b >= REMOTE_SECS) && !p.bandwidth_bound();
-            (remote, p.window())
-        };
         let memory = &self.tiers.memory;
-        remote && memory.has_room_for(memory.blocks().get() * window as u64)
+        let bytes = memory.blocks().get() * window as u64;
+        memory.has_room_for(bytes)
+            || (self.tiers.disk.as_ref()).is_some_and(|d| d.has_room_for(bytes))
+    }
+
+    /// The pacer's window of reads in flight, if the storage is remote: a read alone takes
+    /// [`REMOTE_SECS`] or more, and reads do not queue behind each other.
+    fn remote_window(&self) -> Option<usize> {
+        let p = self.pacer.as_ref()?.lock();
+        let remote = p.base().is_some_and(|b| b >= REMOTE_SECS) && !p.bandwidth_bound();
+        remote.then(|| p.window())
     }
 
     /// `job`'s epoch turned to `current`. What it staged for the epochs before moves to the
@@ -725,6 +731,11 @@ impl Prefetcher {
         let report = self.report(job, staged, total);
         let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());
         let (signals, owner, at) = (self.signals.clone(), job.clone(), rel.clone());
+        // On remote storage a block the disk tier takes from the source waits there for its
+        // reader (a local read, not tens of milliseconds), not in the staging area: staging
+        // then bounds what is in flight, not what was fetched ahead.
+        let into_disk = (self.tiers.disk.clone())
+            .filter(|d| !d.holds_block(rel, &bkey) && self.remote_window().is_some());
         let want = Want {
             key: bkey,
             rel,
@@ -750,8 +761,12 @@ impl Prefetcher {
                 // that joined this fetch discards it right after (it comes first among
                 // the waiters), and anything else is counted as unused when the epoch is
                 // cleaned up.
+                let kept = cache.contains(&bkey)
+                    || into_disk
+                        .as_ref()
+                        .is_some_and(|d| d.takes_block(&at, &bkey));
                 match r {
-                    Ok(data) if !cache.contains(&bkey) => {
+                    Ok(data) if !kept => {
                         let target = owner.lock().staging_epoch(epoch, f, total);
                         let want = Want {
                             key: bkey,

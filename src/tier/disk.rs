@@ -242,6 +242,9 @@ struct Queue {
     blocks: Vec<Pending>,
     bytes: u64,
     closing: bool,
+    /// Every block taken and not yet in the index (queued, or in the batch being written):
+    /// served from here meanwhile, so that a reader right behind the prefetcher reads it once.
+    transit: HashMap<Key, (Version, Arc<Block>)>,
 }
 
 /// The index in memory, and where the data file ends.
@@ -546,6 +549,27 @@ impl DiskTier {
             )
     }
 
+    /// True if block `key` of the file at `rel` is on disk or on its way there.
+    pub fn takes_block(&self, rel: &Path, key: &crate::cache::BlockKey) -> bool {
+        let k = (path_hash(self.seed, rel), key.block);
+        self.holds_block(rel, key) || self.in_transit(&k, &key.version).is_some()
+    }
+
+    /// Block `key` of `version`, if it is on its way to the disk.
+    fn in_transit(&self, key: &Key, version: &FileVersion) -> Option<Arc<Block>> {
+        let q = self.queue.lock();
+        let (v, data) = q.transit.get(key)?;
+        (*v == Version::from(version)).then(|| data.clone())
+    }
+
+    /// True if the disk has room for `bytes` more, beside what is queued.
+    pub fn has_room_for(&self, bytes: u64) -> bool {
+        let queued = self.queue.lock().bytes;
+        self.enabled()
+            && !self.full.load(Ordering::Relaxed)
+            && self.used() + queued + bytes <= self.capacity
+    }
+
     /// True if every block of the file at `rel`, as of `version`, is on disk.
     pub fn holds_file(&self, rel: &Path, version: &FileVersion) -> bool {
         if !self.enabled() {
@@ -575,6 +599,7 @@ impl DiskTier {
         }
         let mut q = self.queue.lock();
         q.blocks.clear();
+        q.transit.clear();
         q.bytes = 0;
     }
 
@@ -663,6 +688,11 @@ impl DiskTier {
             let mut rest = batch.as_slice();
             while !rest.is_empty() && self.enabled() {
                 rest = self.write_batch(rest);
+            }
+            // Written (in the index now), or not written at all.
+            let mut q = self.queue.lock();
+            for p in &batch {
+                q.transit.remove(&p.key);
             }
         }
     }
@@ -866,7 +896,11 @@ impl Tier for DiskTier {
         }
         let key = (path_hash(self.seed, want.rel), want.key.block);
         let Some(entry) = self.index.read().entries.get(&key).copied() else {
-            return Ok(None);
+            return Ok(self.in_transit(&key, &want.key.version).map(|block| {
+                Counters::add(&self.stats.counters.disk_hits, 1);
+                Counters::add(&self.stats.counters.bytes_from_disk, block.len() as u64);
+                Found::Block(block)
+            }));
         };
         if entry.version != Version::from(&want.key.version) {
             self.drop_block(key, "its file changed in the source", want.rel);
@@ -915,6 +949,7 @@ impl Tier for DiskTier {
             return false;
         }
         q.bytes += len;
+        q.transit.insert(key, (version, data.clone()));
         q.blocks.push(Pending {
             key,
             version,
