@@ -193,6 +193,36 @@ fn put_dataset(bucket: &Bucket, prefix: &str, n: usize) -> Vec<(String, Vec<u8>)
     out
 }
 
+/// `n` objects of `size` bytes each under `prefix` in `dirs` directories, `c0/f000`...: their
+/// paths beneath the prefix and their bytes.
+fn put_files(
+    bucket: &Bucket,
+    prefix: &str,
+    n: usize,
+    size: usize,
+    dirs: usize,
+) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let rel = format!("c{}/f{i:03}", i % dirs);
+        let data = bytes(i as u64 + 7, size);
+        bucket.put(&format!("{prefix}/{rel}"), &data);
+        out.push((rel, data));
+    }
+    out
+}
+
+/// One epoch of `m`'s files, by `coorfs read --procs 2`.
+fn read_epoch(m: &Mount) {
+    let out = common::coorfs([
+        OsStr::new("read"),
+        OsStr::new("--procs"),
+        OsStr::new("2"),
+        m.mnt.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+}
+
 #[test]
 fn listing_and_bytes_equal_the_bucket_and_a_second_epoch_hits() {
     let server = S3Server::start();
@@ -680,19 +710,11 @@ fn a_first_epoch_from_a_remote_store_is_prefetched_while_the_cache_has_room() {
     const FILES: usize = 300;
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "remote");
-    for i in 0..FILES {
-        bucket.put(&format!("ds/c{}/f{i:03}", i % 4), &bytes(i as u64, 8192));
-    }
+    put_files(&bucket, "ds", FILES, 8192, 4);
     let proxy = FaultProxy::delayed(server.port, Duration::from_millis(50));
     let m = mount(&proxy.endpoint(), "s3://remote/ds", &[]);
     common::wait_for_scan(&m.mnt);
-    let out = common::coorfs([
-        OsStr::new("read"),
-        OsStr::new("--procs"),
-        OsStr::new("2"),
-        m.mnt.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
+    read_epoch(&m);
     let s = stats(&m.mnt);
     let epoch = &s["jobs"][0]["epochs"][0];
     assert_eq!(num(epoch, "files"), FILES as u64, "{s}");
@@ -714,13 +736,7 @@ fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tie
     const FILES: usize = 300;
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "remote");
-    let mut want = Vec::new();
-    for i in 0..FILES {
-        let rel = format!("c{}/f{i:03}", i % 4);
-        let data = bytes(i as u64, 8192);
-        bucket.put(&format!("ds/{rel}"), &data);
-        want.push((rel, data));
-    }
+    let want = put_files(&bucket, "ds", FILES, 8192, 4);
     let proxy = FaultProxy::delayed(server.port, Duration::from_millis(50));
     let dir = common::open_tempdir();
     let cache = dir.path().join("cache");
@@ -735,16 +751,7 @@ fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tie
     ];
     let m = mount(&proxy.endpoint(), "s3://remote/ds", &args);
     common::wait_for_scan(&m.mnt);
-    let read = || {
-        let out = common::coorfs([
-            OsStr::new("read"),
-            OsStr::new("--procs"),
-            OsStr::new("2"),
-            m.mnt.as_os_str(),
-        ]);
-        assert!(out.status.success(), "{}", common::stderr(&out));
-    };
-    read();
+    read_epoch(&m);
     let s = stats(&m.mnt);
     let epoch = &s["jobs"][0]["epochs"][0];
     assert_eq!(num(epoch, "files"), FILES as u64, "{s}");
@@ -752,7 +759,7 @@ fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tie
     assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
     assert_eq!(num(&s, "bytes_from_source"), (FILES * 8192) as u64, "{s}");
     assert!(num(&s, "cached_files") <= FILES as u64 / 6, "{s}");
-    read();
+    read_epoch(&m);
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "bytes_from_source"), (FILES * 8192) as u64, "{s}");
     assert!(num(&s, "disk_hits") > 0, "{s}");
@@ -769,13 +776,7 @@ fn two_members_over_one_bucket_read_each_object_from_the_store_once() {
     const FILES: usize = 40;
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "shared");
-    let mut want = Vec::new();
-    for i in 0..FILES {
-        let rel = format!("c{}/f{i:02}", i % 2);
-        let data = bytes(i as u64 + 7, 20_000);
-        bucket.put(&format!("ds/{rel}"), &data);
-        want.push((rel, data));
-    }
+    let want = put_files(&bucket, "ds", FILES, 20_000, 2);
     let dir = common::open_tempdir();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "a-cluster-secret-of-32-bytes....\n").unwrap();

@@ -11,15 +11,14 @@
 //! [`START_FILES`] files (or 1% of a small dataset) in this epoch. So the first epoch of a
 //! job is prefetched from its middle on, and the later ones from their 32nd file. One
 //! exception, on remote storage (an object store: tens of milliseconds a read, many at once):
-//! while a cache that never evicts (MinIO) has room, what the prefetcher fetches is kept, and
-//! a file a shard does not read this epoch is a hit of its next (or of the other ranks'), so
-//! the first epoch too is prefetched from its 32nd file. On an S3 server with 20 ms a request
-//! that took the first epoch of 2,000 files read by 2 processes from 17-19 s to 7.4-8.2 s.
-//! The rule costs
-//! the first epoch of a job that reads the dataset: 1,000 files of 16 KiB, half cached,
-//! storage with 2 ms reads, `coorfs read --procs 2`: 1.0 s instead of 0.4 s, while a shard
-//! of two prefetched without the rule read 748 files from the source for its 500-file first
-//! epoch and 487 for 233 in its third.
+//! while a cache that never evicts (MinIO), or the disk tier, has room, what the prefetcher
+//! fetches is kept, and a file a shard does not read this epoch is a hit of its next (or of
+//! the other ranks'), so the first epoch too is prefetched from its 32nd file. On an S3
+//! server with 20 ms a request that took the first epoch of 2,000 files read by 2 processes
+//! from 17-19 s to 7.4-8.2 s. The rule costs the first epoch of a job that reads the
+//! dataset: 1,000 files of 16 KiB, half cached, storage with 2 ms reads, `coorfs read --procs
+//! 2`: 1.0 s instead of 0.4 s, while a shard of two prefetched without the rule read 748
+//! files from the source for its 500-file first epoch and 487 for 233 in its third.
 //!
 //! [`next_candidates`] walks an order (the job's hint, or the dataset's inode order) from a
 //! cursor and picks what is eligible. [`will_read`] says which jobs a block one job read is

@@ -945,7 +945,7 @@ impl Tier for DiskTier {
         }
         let mut q = self.queue.lock();
         let len = data.len() as u64;
-        if q.closing || q.bytes + len > PENDING_MAX {
+        if q.closing || q.bytes + len > PENDING_MAX || q.transit.contains_key(&key) {
             return false;
         }
         q.bytes += len;
