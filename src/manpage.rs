@@ -258,7 +258,10 @@ ENODATA. They are read-only.",
          For an s3:// SOURCE: the profile (default: default) of ~/.aws/credentials and \
          ~/.aws/config whose keys, aws_session_token, region and endpoint_url fill in what the \
          variables above leave out. mount(8) passes its helper no environment: an fstab mount \
-         reads root's ~/.aws, profile default.\n",
+         reads root's ~/.aws, profile default.\n\
+         .TP\n\\fBCOORFS_S3_TIMEOUT\\fR\n\
+         For an s3:// SOURCE: how long one request may take (a duration: 500ms, 10s; default \
+         30s) before it is abandoned and retried.\n",
     );
     out.push_str(
         ".SH NOTES\n\

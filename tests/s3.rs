@@ -106,8 +106,14 @@ fn aws_env(endpoint: &str) -> Vec<(&'static str, String)> {
 
 /// Mounts `url` from the store at `endpoint`.
 fn mount(endpoint: &str, url: &str, extra: &[&str]) -> Mount {
+    mount_with_env(endpoint, url, extra, &[])
+}
+
+/// [`mount`], with `more` variables in the daemon's environment.
+fn mount_with_env(endpoint: &str, url: &str, extra: &[&str], more: &[(&str, &str)]) -> Mount {
     let env = aws_env(endpoint);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.extend_from_slice(more);
     Mount::with_env(Path::new(url), extra, &env)
 }
 
@@ -353,6 +359,8 @@ enum Fault {
     Status(u16, &'static str),
     /// Resets the connection without an answer.
     Reset,
+    /// Holds the connection for this long without an answer, then closes it.
+    Stall(Duration),
 }
 
 /// Faults to inject: a request whose first line contains `matching` gets `fault`, `times`
@@ -448,7 +456,9 @@ fn serve(mut client: TcpStream, upstream: u16, faults: &Mutex<Faults>, delay: Du
     };
     std::thread::sleep(delay);
     let line = head.lines().next().unwrap_or("").to_string();
-    match faults.lock().unwrap().take(&line) {
+    // Taken before the match, which would hold the lock through a stall.
+    let fault = faults.lock().unwrap().take(&line);
+    match fault {
         Some(Fault::Status(code, s3code)) => {
             let body = format!("<Error><Code>{s3code}</Code><Message>injected</Message></Error>");
             let answer = format!(
@@ -475,6 +485,10 @@ fn serve(mut client: TcpStream, upstream: u16, faults: &Mutex<Faults>, delay: Du
                     std::mem::size_of::<libc::linger>() as u32,
                 );
             }
+            return;
+        }
+        Some(Fault::Stall(hold)) => {
+            std::thread::sleep(hold);
             return;
         }
         None => {}
@@ -517,22 +531,35 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
     bucket.put("p/secret.bin", b"forbidden");
     bucket.put("p/gone.bin", b"deleted after the listing");
     let proxy = FaultProxy::start(server.port);
-    let m = mount(
+    let m = mount_with_env(
         &proxy.endpoint(),
         "s3://faulty/p",
         &["--no-prefetch", "--cache-size", "0", "--policy", "none"],
+        &[("COORFS_S3_TIMEOUT", "1s")],
     );
 
-    // 503 SlowDown three times, a reset twice, a 500 twice: every read still gets its bytes.
+    // 503 SlowDown three times, a reset twice, a 500 twice, a request that gets no answer
+    // (past the 1 s timeout) twice: every read still gets its bytes.
     proxy.inject("GET /faulty/p/c0/", Fault::Status(503, "SlowDown"), 3);
     proxy.inject("GET /faulty/p/c1/", Fault::Reset, 2);
     proxy.inject("GET /faulty/p/c2/", Fault::Status(500, "InternalError"), 2);
+    let started = std::time::Instant::now();
+    proxy.inject(
+        "GET /faulty/p/c0/img003",
+        Fault::Stall(Duration::from_secs(20)),
+        2,
+    );
     for (rel, data) in &want {
         assert_eq!(&std::fs::read(m.path(rel)).unwrap(), data, "{rel}");
     }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "source_throttled"), 3, "{s}");
-    assert_eq!(num(&s, "source_retried"), 3 + 2 + 2, "{s}");
+    assert_eq!(num(&s, "source_retried"), 3 + 2 + 2 + 2, "{s}");
     assert_eq!(num(&s, "source_errors"), 0, "{s}");
 
     // A 403 is EACCES, a deleted object ENOENT: at once, not after retries.
@@ -625,6 +652,15 @@ fn bad_urls_and_unreachable_or_unlistable_stores_get_one_clear_line() {
     let err = common::stderr(&out);
     assert!(err.contains("listing s3://no-such-bucket/x"), "{err}");
     assert!(!err.contains(SECRET), "{err}");
+    let mut slow = env.clone();
+    slow.push(("COORFS_S3_TIMEOUT", "soon".into()));
+    let out = run("s3://odd/x", &slow);
+    common::fails_with_line(
+        &out,
+        1,
+        "source s3://odd/x: COORFS_S3_TIMEOUT: \"soon\": expected a duration such as 500ms, 30s, 5m or 24h",
+        "a bad request timeout",
+    );
     assert!(!common::is_mounted(mnt.path()));
 }
 

@@ -451,8 +451,26 @@ pub struct ObjectSource {
 }
 
 /// The request timeout: long enough for a block of a few megabytes over a slow link, short
-/// enough that a stalled connection is retried.
-const TIMEOUT: &str = "30s";
+/// enough that a stalled connection is retried. `COORFS_S3_TIMEOUT` sets another.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The request timeout: `COORFS_S3_TIMEOUT` (a duration: `500ms`, `10s`), else [`TIMEOUT`].
+fn request_timeout() -> io::Result<Duration> {
+    match std::env::var("COORFS_S3_TIMEOUT") {
+        Err(_) => Ok(TIMEOUT),
+        Ok(text) => match crate::units::parse_duration(&text) {
+            Ok(d) if !d.is_zero() => Ok(d),
+            Ok(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "COORFS_S3_TIMEOUT must be more than 0",
+            )),
+            Err(e) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("COORFS_S3_TIMEOUT: {e}"),
+            )),
+        },
+    }
+}
 /// Directories listed at once at mount.
 const LIST_PARALLEL: usize = 16;
 
@@ -677,7 +695,8 @@ fn build_store(url: &ObjectUrl, counters: Arc<Counters>) -> io::Result<Arc<dyn O
     if plain && std::env::var_os("AWS_ALLOW_HTTP").is_none() {
         builder = builder.with_config(allow_http, "true");
     }
-    builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), TIMEOUT);
+    let timeout = format!("{}ms", request_timeout()?.as_millis());
+    builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), timeout);
     let store = builder
         .with_http_connector(CountingConnector(counters))
         .build()
