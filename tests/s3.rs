@@ -806,6 +806,65 @@ fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tie
 }
 
 #[test]
+fn coorfs_run_hands_a_jobs_order_to_an_s3_mount_every_epoch() {
+    // A shuffling job (python/tests/run_job.py over the stand-in torch) under `coorfs run`,
+    // with nothing cached: each epoch's order is a hint the mount accepts, every object is
+    // read from the store once an epoch and nothing prefetched goes unread, and the job sees
+    // what it sees over a local copy of the bucket without coorfs.
+    const FILES: usize = 120;
+    const EPOCHS: u64 = 2;
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tests");
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "hinted");
+    let want = put_files(&bucket, "ds", FILES, 4096, 4);
+    let dir = common::open_tempdir();
+    let local = dir.path().join("local");
+    for (rel, data) in &want {
+        let path = local.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    }
+    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(20));
+    let m = mount(&proxy.endpoint(), "s3://hinted/ds", &["--cache-size", "1"]);
+    common::wait_for_scan(&m.mnt);
+    let job = |run: bool, data: &Path| {
+        let mut cmd = Command::new(if run { common::bin() } else { "python3" });
+        if run {
+            cmd.args(["run", "--", "python3"]);
+        }
+        cmd.arg(format!("{python}/run_job.py"))
+            .args(["--epochs", &EPOCHS.to_string(), "--seed", "11"])
+            .args(["--sampler", "shuffle", "--workers", "2"])
+            .arg(data)
+            .env("PYTHONPATH", format!("{python}/faketorch"))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("COORFS_MOUNT");
+        let out = common::output_within(&mut cmd, Duration::from_secs(120));
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let said = common::stderr(&out);
+        (String::from_utf8(out.stdout).unwrap(), said)
+    };
+    let (plain, _) = job(false, &local);
+    let (hooked, said) = job(true, &m.mnt);
+    assert_eq!(said, "");
+    assert_eq!(
+        hooked, plain,
+        "the job saw other samples or bytes through the mount"
+    );
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "hints_accepted"), EPOCHS, "{s}");
+    assert_eq!(num(&s, "hints_rejected"), 0, "{s}");
+    assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
+    assert_eq!(
+        num(&s, "bytes_from_source"),
+        EPOCHS * (FILES * 4096) as u64,
+        "{s}"
+    );
+    assert!(num(&s, "staging_hits") > 0, "{s}");
+    m.unmount();
+}
+
+#[test]
 fn two_members_over_one_bucket_read_each_object_from_the_store_once() {
     // A cluster (--peers) over an s3:// source: each object is read from the store by the
     // member that owns it, and served to the other over the peer protocol.
