@@ -275,7 +275,7 @@ impl DatasetFs {
         // A block the disk tier holds keeps a hit a hit (it is a cached byte); any other
         // fetch turns it into a miss now, whichever fetch ends up reading it.
         let on_disk =
-            (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_block(&h.rel, &h.want(block).key));
+            (self.tiers.disk.as_ref()).is_some_and(|d| d.takes_block(&h.rel, &h.want(block).key));
         if !on_disk {
             h.no_longer_a_hit(&self.ledger);
         }

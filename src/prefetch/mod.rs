@@ -735,7 +735,7 @@ impl Prefetcher {
         // reader (a local read, not tens of milliseconds), not in the staging area: staging
         // then bounds what is in flight, not what was fetched ahead.
         let into_disk = (self.tiers.disk.clone())
-            .filter(|d| !d.holds_block(rel, &bkey) && self.remote_window().is_some());
+            .filter(|d| !d.takes_block(rel, &bkey) && self.remote_window().is_some());
         let want = Want {
             key: bkey,
             rel,

@@ -62,7 +62,8 @@
 //! per block, at most, of each dataset mounted over the directory), not with the disk's size.
 //! ImageNet's 1.28 M files take 106-213 MB. Blocks
 //! waiting for the writer: at most [`PENDING_MAX`] bytes (more are not written; the tier is
-//! a cache), plus one batch buffer of [`BATCH_MAX`] bytes.
+//! a cache), plus one batch buffer of [`BATCH_MAX`] bytes. Until they are in the index they are
+//! served from the queue (its `transit` map holds the same blocks, not copies).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -549,7 +550,8 @@ impl DiskTier {
             )
     }
 
-    /// True if block `key` of the file at `rel` is on disk or on its way there.
+    /// True if block `key` of the file at `rel` is on disk or on its way there (the index is
+    /// locked before the queue wherever both are).
     pub fn takes_block(&self, rel: &Path, key: &crate::cache::BlockKey) -> bool {
         let k = (path_hash(self.seed, rel), key.block);
         self.holds_block(rel, key) || self.in_transit(&k, &key.version).is_some()
@@ -570,14 +572,19 @@ impl DiskTier {
             && self.used() + queued + bytes <= self.capacity
     }
 
-    /// True if every block of the file at `rel`, as of `version`, is on disk.
+    /// True if every block of the file at `rel`, as of `version`, is on disk or on its way
+    /// there.
     pub fn holds_file(&self, rel: &Path, version: &FileVersion) -> bool {
         if !self.enabled() {
             return false;
         }
         let (hash, v) = (path_hash(self.seed, rel), Version::from(version));
         let index = self.index.read();
-        (0..self.blocks.count(version.size)).all(|b| index.holds(&(hash, b), v))
+        let queue = self.queue.lock();
+        (0..self.blocks.count(version.size)).all(|b| {
+            let key = (hash, b);
+            index.holds(&key, v) || queue.transit.get(&key).is_some_and(|(t, _)| *t == v)
+        })
     }
 
     /// Writes what is queued and stops the writer: at unmount.
