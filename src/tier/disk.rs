@@ -248,6 +248,14 @@ struct Queue {
     transit: HashMap<Key, (Version, Arc<Block>)>,
 }
 
+impl Queue {
+    /// Block `key` read from `version`, if it is on its way to the disk.
+    fn carried(&self, key: &Key, version: Version) -> Option<&Arc<Block>> {
+        let (v, data) = self.transit.get(key)?;
+        (*v == version).then_some(data)
+    }
+}
+
 /// The index in memory, and where the data file ends.
 #[derive(Default)]
 struct Index {
@@ -519,9 +527,7 @@ impl DiskTier {
             return true;
         }
         let held = memory_bytes.saturating_add(self.only_bytes.load(Ordering::Relaxed));
-        let uncovered = dataset.saturating_sub(held);
-        let queued = self.queue.lock().bytes;
-        self.used() + queued + len + uncovered <= self.capacity
+        self.has_room_for(len + dataset.saturating_sub(held))
     }
 
     /// Blocks held.
@@ -550,18 +556,11 @@ impl DiskTier {
             )
     }
 
-    /// True if block `key` of the file at `rel` is on disk or on its way there (the index is
-    /// locked before the queue wherever both are).
+    /// True if block `key` of the file at `rel` is on disk or on its way there.
     pub fn takes_block(&self, rel: &Path, key: &crate::cache::BlockKey) -> bool {
         let k = (path_hash(self.seed, rel), key.block);
-        self.holds_block(rel, key) || self.in_transit(&k, &key.version).is_some()
-    }
-
-    /// Block `key` of `version`, if it is on its way to the disk.
-    fn in_transit(&self, key: &Key, version: &FileVersion) -> Option<Arc<Block>> {
-        let q = self.queue.lock();
-        let (v, data) = q.transit.get(key)?;
-        (*v == Version::from(version)).then(|| data.clone())
+        let v = Version::from(&key.version);
+        self.holds_block(rel, key) || self.queue.lock().carried(&k, v).is_some()
     }
 
     /// True if the disk has room for `bytes` more, beside what is queued.
@@ -573,18 +572,30 @@ impl DiskTier {
     }
 
     /// True if every block of the file at `rel`, as of `version`, is on disk or on its way
-    /// there.
+    /// there. The writer's queue is looked at only if the index lacks a block (the index is
+    /// locked before the queue wherever both are).
     pub fn holds_file(&self, rel: &Path, version: &FileVersion) -> bool {
         if !self.enabled() {
             return false;
         }
         let (hash, v) = (path_hash(self.seed, rel), Version::from(version));
+        let count = self.blocks.count(version.size);
         let index = self.index.read();
+        if (0..count).all(|b| index.holds(&(hash, b), v)) {
+            return true;
+        }
         let queue = self.queue.lock();
-        (0..self.blocks.count(version.size)).all(|b| {
+        (0..count).all(|b| {
             let key = (hash, b);
-            index.holds(&key, v) || queue.transit.get(&key).is_some_and(|(t, _)| *t == v)
+            index.holds(&key, v) || queue.carried(&key, v).is_some()
         })
+    }
+
+    /// `block`, served from here: counted as a hit of the disk tier.
+    fn served(&self, block: Arc<Block>) -> Found<'static> {
+        Counters::add(&self.stats.counters.disk_hits, 1);
+        Counters::add(&self.stats.counters.bytes_from_disk, block.len() as u64);
+        Found::Block(block)
     }
 
     /// Writes what is queued and stops the writer: at unmount.
@@ -903,11 +914,9 @@ impl Tier for DiskTier {
         }
         let key = (path_hash(self.seed, want.rel), want.key.block);
         let Some(entry) = self.index.read().entries.get(&key).copied() else {
-            return Ok(self.in_transit(&key, &want.key.version).map(|block| {
-                Counters::add(&self.stats.counters.disk_hits, 1);
-                Counters::add(&self.stats.counters.bytes_from_disk, block.len() as u64);
-                Found::Block(block)
-            }));
+            let version = Version::from(&want.key.version);
+            let carried = self.queue.lock().carried(&key, version).cloned();
+            return Ok(carried.map(|block| self.served(block)));
         };
         if entry.version != Version::from(&want.key.version) {
             self.drop_block(key, "its file changed in the source", want.rel);
@@ -936,9 +945,7 @@ impl Tier for DiskTier {
                 e.checked = true;
             }
         }
-        Counters::add(&self.stats.counters.disk_hits, 1);
-        Counters::add(&self.stats.counters.bytes_from_disk, block.len() as u64);
-        Ok(Some(Found::Block(Arc::new(block))))
+        Ok(Some(self.served(Arc::new(block))))
     }
 
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool {
