@@ -743,24 +743,38 @@ fn a_first_epoch_from_a_remote_store_is_prefetched_while_the_cache_has_room() {
     // of from the middle of the epoch; nothing is read twice, nothing staged is wasted. (With
     // 20 ms, moto's own time a request, which grows with the requests in flight on a loaded
     // machine, can pass for storage that serves one read at a time.)
-    const FILES: usize = 300;
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "remote");
-    put_files(&bucket, "ds", FILES, 8192, 4);
+    put_files(&bucket, "ds", REMOTE_FILES, 8192, 4);
     let proxy = FaultProxy::delayed(server.port, Duration::from_millis(50));
     let m = mount(&proxy.endpoint(), "s3://remote/ds", &[]);
+    let s = first_epoch_prefetched_from_its_32nd_file(&m);
+    assert_eq!(num(&s, "cached_files"), REMOTE_FILES as u64, "{s}");
+    m.unmount();
+}
+
+/// Objects of 8 KiB in the first-epoch tests.
+const REMOTE_FILES: usize = 300;
+
+/// Reads `m`'s first epoch (`REMOTE_FILES` objects of 8 KiB from a store at 50 ms a request)
+/// and checks that it was prefetched from its 32nd file, nothing read twice or left unused;
+/// returns the stats.
+fn first_epoch_prefetched_from_its_32nd_file(m: &Mount) -> serde_json::Value {
     common::wait_for_scan(&m.mnt);
-    read_epoch(&m);
+    read_epoch(m);
     let s = stats(&m.mnt);
     let epoch = &s["jobs"][0]["epochs"][0];
-    assert_eq!(num(epoch, "files"), FILES as u64, "{s}");
+    assert_eq!(num(epoch, "files"), REMOTE_FILES as u64, "{s}");
     // Without the rule at most the files left after half the epoch and 64 more (85) could be
     // prefetched; the readers (2 at 50 ms a file) leave the prefetcher (16 at a time) far more.
     assert!(num(epoch, "prefetched_files") > 85, "{s}");
     assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
-    assert_eq!(num(&s, "bytes_from_source"), (FILES * 8192) as u64, "{s}");
-    assert_eq!(num(&s, "cached_files"), FILES as u64, "{s}");
-    m.unmount();
+    assert_eq!(
+        num(&s, "bytes_from_source"),
+        (REMOTE_FILES * 8192) as u64,
+        "{s}"
+    );
+    s
 }
 
 #[test]
@@ -769,7 +783,7 @@ fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tie
     // what the prefetcher fetches waits on the disk for its reader (not in the staging area),
     // and the first epoch is still prefetched from its 32nd file. The next epoch, by another
     // process, reads nothing from the store.
-    const FILES: usize = 300;
+    const FILES: usize = REMOTE_FILES;
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "remote");
     let want = put_files(&bucket, "ds", FILES, 8192, 4);
@@ -786,14 +800,7 @@ fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tie
         "64M",
     ];
     let m = mount(&proxy.endpoint(), "s3://remote/ds", &args);
-    common::wait_for_scan(&m.mnt);
-    read_epoch(&m);
-    let s = stats(&m.mnt);
-    let epoch = &s["jobs"][0]["epochs"][0];
-    assert_eq!(num(epoch, "files"), FILES as u64, "{s}");
-    assert!(num(epoch, "prefetched_files") > 85, "{s}");
-    assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
-    assert_eq!(num(&s, "bytes_from_source"), (FILES * 8192) as u64, "{s}");
+    let s = first_epoch_prefetched_from_its_32nd_file(&m);
     assert!(num(&s, "cached_files") <= FILES as u64 / 6, "{s}");
     read_epoch(&m);
     let s = stats(&m.mnt);
