@@ -531,10 +531,19 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
     bucket.put("p/secret.bin", b"forbidden");
     bucket.put("p/gone.bin", b"deleted after the listing");
     let proxy = FaultProxy::start(server.port);
+    let log = tempfile::NamedTempFile::new().unwrap();
     let m = mount_with_env(
         &proxy.endpoint(),
         "s3://faulty/p",
-        &["--no-prefetch", "--cache-size", "0", "--policy", "none"],
+        &[
+            "--no-prefetch",
+            "--cache-size",
+            "0",
+            "--policy",
+            "none",
+            "--log-file",
+            log.path().to_str().unwrap(),
+        ],
         &[("COORFS_S3_TIMEOUT", "1s")],
     );
 
@@ -571,6 +580,22 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
     let started = std::time::Instant::now();
     let e = std::fs::read(m.path("secret.bin")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    // The read's one log line says why, in the store's words.
+    let logged = std::fs::read_to_string(log.path()).unwrap();
+    assert!(
+        logged.lines().any(|l| l.contains("WARN")
+            && l.contains("reading secret.bin: GET:")
+            && l.contains("AccessDenied")),
+        "{logged}"
+    );
+    assert_eq!(
+        logged.lines().filter(|l| l.contains("secret.bin")).count(),
+        logged
+            .lines()
+            .filter(|l| l.contains("reading secret.bin"))
+            .count(),
+        "one line a failed read: {logged}"
+    );
     bucket.delete("p/gone.bin");
     let e = std::fs::read(m.path("gone.bin")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");

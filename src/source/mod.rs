@@ -46,6 +46,31 @@ pub use creds::{Creds, as_user};
 use rustix::fs::{AtFlags, OFlags, Statx, StatxFlags};
 use std::os::fd::AsFd;
 
+/// A source's refusal of a read, with the errno the reader gets and the words of whoever
+/// refused (an object store's answer), so that the read's one log line can say why.
+#[derive(Debug, thiserror::Error)]
+#[error("{why} ({})", io::Error::from_raw_os_error(*.errno))]
+pub struct Refusal {
+    pub errno: i32,
+    pub why: String,
+}
+
+impl Refusal {
+    /// An I/O error of kind `errno`'s that carries the refusal.
+    pub fn error(errno: i32, why: String) -> io::Error {
+        io::Error::new(
+            io::Error::from_raw_os_error(errno).kind(),
+            Refusal { errno, why },
+        )
+    }
+
+    /// The errno of a source's error: its own, or its refusal's.
+    pub fn errno_of(e: &io::Error) -> Option<i32> {
+        e.raw_os_error()
+            .or_else(|| Some(e.get_ref()?.downcast_ref::<Refusal>()?.errno))
+    }
+}
+
 /// One entry of a source directory listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirItem {

@@ -127,7 +127,7 @@ pub struct TierError(pub i32);
 impl TierError {
     /// The fault of an I/O error (EIO if it carries no errno).
     pub fn of(e: &std::io::Error) -> Self {
-        TierError(e.raw_os_error().unwrap_or(libc::EIO))
+        TierError(crate::source::Refusal::errno_of(e).unwrap_or(libc::EIO))
     }
 }
 

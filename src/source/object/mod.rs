@@ -56,7 +56,7 @@ use object_store::path::Path as Key;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
 use parking_lot::RwLock;
 
-use super::{Creds, DatasetSource, FsStats, Listing, SourceFile};
+use super::{Creds, DatasetSource, FsStats, Listing, Refusal, SourceFile};
 use crate::namespace::{Attr, FileVersion, Kind, NodeId, SourceMeta};
 
 /// The URL scheme of an S3 source.
@@ -546,6 +546,21 @@ impl ObjectSource {
         io::Error::from_raw_os_error(errno)
     }
 
+    /// The error of a GET the store refused because object `rel` changed since it was listed
+    /// (`ESTALE`: some stores check If-Match first) or is gone (`ENOENT`).
+    fn gone_or_changed(&self, rel: &Path, errno: i32) -> io::Result<usize> {
+        match errno {
+            libc::ESTALE => match self.head(rel) {
+                Err(gone) if gone.raw_os_error() == Some(libc::ENOENT) => Err(gone),
+                _ => Err(io::Error::from_raw_os_error(libc::ESTALE)),
+            },
+            _ => {
+                self.tree.write().remove(rel);
+                Err(io::Error::from_raw_os_error(libc::ENOENT))
+            }
+        }
+    }
+
     /// Asks the store about object `rel` again (HEAD) and keeps the answer.
     fn head(&self, rel: &Path) -> io::Result<SourceMeta> {
         let (store, key) = (self.store.clone(), self.url.key(rel));
@@ -896,14 +911,6 @@ impl DatasetSource for ObjectSource {
             let r = store.get_opts(&key, options).await?;
             r.bytes().await
         })?;
-        if let Err(e) = &got {
-            tracing::debug!(
-                "{}/{}: GET: {}",
-                self.name.display(),
-                rel.display(),
-                one_line(e)
-            );
-        }
         match got {
             Ok(bytes) if bytes.len() as u64 == end - offset => {
                 buf[..bytes.len()].copy_from_slice(&bytes);
@@ -918,20 +925,16 @@ impl DatasetSource for ObjectSource {
                 );
                 Err(io::Error::from_raw_os_error(libc::EIO))
             }
-            // The caller logs the errno, knowing what the read was for; the store's words
-            // are here.
+            // A failure carries the store's words to the caller's one log line of the read; a
+            // changed or deleted object is logged only at debug: the next open sees what is
+            // there now.
             Err(e) => match errno_of(&e) {
-                // Changed since listed, or gone (some stores check If-Match first): the next
-                // open sees what is there now.
-                libc::ESTALE => match self.head(rel) {
-                    Err(gone) if gone.raw_os_error() == Some(libc::ENOENT) => Err(gone),
-                    _ => Err(io::Error::from_raw_os_error(libc::ESTALE)),
-                },
-                libc::ENOENT => {
-                    self.tree.write().remove(rel);
-                    Err(io::Error::from_raw_os_error(libc::ENOENT))
+                errno @ (libc::ESTALE | libc::ENOENT) => {
+                    let (name, why) = (self.name.display(), one_line(&e));
+                    tracing::debug!("{name}/{}: GET: {why}", rel.display());
+                    self.gone_or_changed(rel, errno)
                 }
-                errno => Err(io::Error::from_raw_os_error(errno)),
+                errno => Err(Refusal::error(errno, format!("GET: {}", one_line(&e)))),
             },
         }
     }
