@@ -232,6 +232,8 @@ struct Index {
     blocks: HashMap<BlockKey, Stored>,
     /// Cached bytes per file version.
     per_file: HashMap<FileVersion, u64>,
+    /// Their sum, kept as they change: the disk tier asks for it at every block it is offered.
+    bytes: u64,
     /// Versions whose every byte is cached.
     full_files: u64,
     /// The order of admission, kept only by an elastic cache (see the module header).
@@ -315,6 +317,7 @@ impl Index {
             }
             self.sub(key.version, old.len());
         }
+        self.bytes += len;
         let bytes = self.per_file.entry(key.version).or_default();
         let was_full = *bytes >= key.version.size;
         *bytes += len;
@@ -335,7 +338,9 @@ impl Index {
     fn sub(&mut self, version: FileVersion, len: u64) {
         if let Some(bytes) = self.per_file.get_mut(&version) {
             let was_full = *bytes >= version.size;
-            *bytes -= len.min(*bytes);
+            let gone = len.min(*bytes);
+            *bytes -= gone;
+            self.bytes -= gone;
             if was_full && *bytes < version.size {
                 self.full_files -= 1;
             }
@@ -790,7 +795,7 @@ impl BlockCache {
 
     /// Bytes of file data held.
     pub fn cached_bytes(&self) -> u64 {
-        self.index.read().per_file.values().sum()
+        self.index.read().bytes
     }
 
     /// Files whose every byte is cached.
@@ -820,6 +825,29 @@ mod tests {
             block_size: NonZeroU64::new(1000).unwrap(),
         })
         .unwrap()
+    }
+
+    proptest::proptest! {
+        /// The running total of cached bytes is the sum over files, whatever was inserted,
+        /// replaced, removed or evicted (LRU) in whatever order.
+        #[test]
+        fn cached_bytes_is_the_sum_over_files(
+            lru in proptest::bool::ANY,
+            ops in proptest::collection::vec((0u64..6, 0u64..3, 1usize..1000, proptest::bool::ANY), 1..60),
+        ) {
+            let policy = if lru { PolicyKind::Lru } else { PolicyKind::MinIo };
+            let c = cache(policy, 4096);
+            for (ino, block, len, insert) in ops {
+                let key = BlockKey { version: version(ino, 3000), block };
+                if insert {
+                    c.insert(key, &vec![1; len]);
+                } else {
+                    c.remove(&key);
+                }
+                let sum: u64 = c.index.read().per_file.values().sum();
+                proptest::prop_assert_eq!(c.cached_bytes(), sum);
+            }
+        }
     }
 
     #[test]
