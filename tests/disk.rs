@@ -117,23 +117,21 @@ fn a_restart_keeps_the_disk_tiers_hit_rate() {
 }
 
 #[test]
-fn memory_and_disk_together_hold_a_dataset_neither_holds_alone() {
+fn memory_and_disk_together_hold_a_dataset_neither_holds_alone_and_again_after_a_restart() {
     let s = setup();
     // Memory for a quarter of the files (and half a file), the disk for three quarters.
     let memory = (FILES / 4 * SIZE + SIZE / 2).to_string();
     let disk = (FILES * 3 / 4 * SIZE).to_string();
-    let m = Mount::new(
-        &s.src,
-        &[
-            "--cache-size",
-            &memory,
-            "--no-prefetch",
-            "--cache-dir",
-            s.cache.to_str().unwrap(),
-            "--disk-cache-size",
-            &disk,
-        ],
-    );
+    let args = [
+        "--cache-size",
+        &memory,
+        "--no-prefetch",
+        "--cache-dir",
+        s.cache.to_str().unwrap(),
+        "--disk-cache-size",
+        &disk,
+    ];
+    let m = Mount::new(&s.src, &args);
     wait_for_scan(&m.mnt);
     s.read_all(&m);
     wait_for_disk(&m, FILES as u64 * 3 / 4);
@@ -155,6 +153,40 @@ fn memory_and_disk_together_hold_a_dataset_neither_holds_alone() {
     assert_eq!(num(&st, "bytes_from_source"), (FILES * SIZE) as u64);
     assert_eq!(num(&st, "disk_hits"), FILES as u64 * 3 / 4);
     assert_eq!(num(&st, "hits"), FILES as u64);
+    m.unmount();
+
+    // After a restart memory is empty and the disk holds three quarters. The job reads the
+    // disk's files first (the reverse order): memory does not fill with copies of them, so
+    // it still has room for the quarter only the source has, and epoch 2 reads nothing
+    // from the source.
+    let m = Mount::new(&s.src, &args);
+    wait_for_scan(&m.mnt);
+    let reversed: Vec<&PathBuf> = s.files.iter().rev().collect();
+    for epoch in 1..=2 {
+        let out = std::process::Command::new("cat")
+            .args(reversed.iter().map(|rel| m.path(rel)))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let want: Vec<u8> = (reversed.iter())
+            .flat_map(|rel| std::fs::read(s.src.join(rel)).unwrap())
+            .collect();
+        assert!(
+            out.stdout == want,
+            "epoch {epoch} after the restart differs"
+        );
+        let st = stats(&m.mnt);
+        assert_eq!(
+            num(&st, "bytes_from_source"),
+            (FILES / 4 * SIZE) as u64,
+            "epoch {epoch}: {st}"
+        );
+        assert_eq!(
+            num(&st, "cached_files"),
+            FILES as u64 / 4,
+            "epoch {epoch}: {st}"
+        );
+    }
     m.unmount();
 }
 

@@ -17,8 +17,11 @@
 //! 188 MiB of disk read 21% of itself from the source every epoch, where the two together
 //! hold it all. A disk as large as the dataset still gets every block, so a restart finds
 //! them all; a smaller one trades the copies for blocks memory lacks, and a restarted daemon
-//! reads the memory cache's share from the source once. Over an evicting cache (LRU) or none,
-//! every block is written while there is room.
+//! reads the memory cache's share from the source once. The same rule holds the other way
+//! up: memory keeps a block found here only while it has room for it and for every byte
+//! neither tier holds ([`DiskTier::memory_keeps_copy`]), so after a restart it fills first
+//! with what the disk lacks, not with copies of what the disk serves. Over an evicting cache
+//! (LRU) or none, every block is written while there is room.
 //!
 //! # Layout
 //! DIR holds three files, each created `0600`, opened without following symlinks:
@@ -530,6 +533,21 @@ impl DiskTier {
         self.has_room_for(len + dataset.saturating_sub(held))
     }
 
+    /// True if the memory cache should also keep a block of `len` bytes found here: only if
+    /// it has room, after it, for every byte of the dataset that neither tier holds. After a
+    /// restart with a disk smaller than the dataset, memory then keeps first what the disk
+    /// lacks, as [`DiskTier::keeps_copy`] has the disk do, instead of filling with copies of
+    /// what the disk serves anyway. Until the scan has counted the dataset, it keeps every
+    /// block while it has room.
+    fn memory_keeps_copy(&self, len: u64, memory: &crate::cache::BlockCache) -> bool {
+        let dataset = self.dataset_bytes.load(Ordering::Relaxed);
+        if dataset == 0 {
+            return true;
+        }
+        let held = (memory.cached_bytes()).saturating_add(self.only_bytes.load(Ordering::Relaxed));
+        memory.has_room_for(len + dataset.saturating_sub(held))
+    }
+
     /// Blocks held.
     pub fn cached_blocks(&self) -> u64 {
         self.index.read().entries.len() as u64
@@ -994,6 +1012,23 @@ impl Tier for DiskTier {
             self.only_bytes.fetch_add(len, Ordering::Relaxed);
         }
         taken
+    }
+
+    /// With a cache that never evicts (MinIO), memory keeps a block found here only if
+    /// [`DiskTier::memory_keeps_copy`]; a block it keeps is no longer one only the disk holds.
+    fn lift(&self, want: &Want<'_>, data: &Arc<Block>, memory: &crate::cache::BlockCache) -> bool {
+        let len = data.len() as u64;
+        let exclusive = memory.caches() && !memory.evicts();
+        if exclusive && !self.memory_keeps_copy(len, memory) {
+            return false;
+        }
+        let kept = memory.admit(want, data);
+        if kept {
+            let _ = (self.only_bytes).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(len))
+            });
+        }
+        kept
     }
 
     fn remove(&self, _want: &Want<'_>) {}

@@ -282,9 +282,11 @@ impl Fetcher {
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
         let faults = AtomicU64::new(0);
         let mut found = None;
+        let mut finder = None;
         for tier in nearer {
             if let Some(f) = look_up([&**tier], want, &faults) {
                 found = Some((f, tier.origin()));
+                finder = Some(tier);
                 break;
             }
         }
@@ -302,7 +304,10 @@ impl Fetcher {
         let Some(block) = owned(found, want.key.block) else {
             return (Err(libc::EIO), origin, fallback);
         };
-        let kept = self.memory.admit(want, &block);
+        let kept = match finder {
+            Some(tier) => tier.lift(want, &block, &self.memory),
+            None => self.memory.admit(want, &block),
+        };
         if origin == Origin::Source {
             for tier in nearer {
                 tier.admit_behind(want, &block, &self.memory, kept);

@@ -162,6 +162,13 @@ pub trait Tier: Send + Sync {
         self.admit(want, data)
     }
 
+    /// Offers `data`, which this tier found as block `want.key`, to the memory cache above
+    /// it; returns true if memory kept it. A tier whose blocks memory need not copy (the disk
+    /// tier) decides by that; the others offer every block.
+    fn lift(&self, want: &Want<'_>, data: &Arc<Block>, memory: &BlockCache) -> bool {
+        memory.admit(want, data)
+    }
+
     /// Forgets block `want.key` for `want`: its reader got the bytes another way, or they
     /// must not be served again.
     fn remove(&self, want: &Want<'_>);
