@@ -275,42 +275,44 @@ impl Fetcher {
     }
 
     /// Reads `want` from the tiers behind the fetch, nearest first, and offers what it found
-    /// to the cache, then what the source read to the tiers in front of the source that keep
-    /// blocks (the disk tier), telling them if the cache kept it; says which tier read it,
-    /// and if the source did because a tier in front of it failed.
+    /// to the cache (through the tier that found it, which may decline for it), then what the
+    /// source read to the tiers in front of the source that keep blocks (the disk tier),
+    /// telling them if the cache kept it; says which tier read it, and if the source did
+    /// because a tier in front of it failed.
     fn read(&self, want: &Want<'_>) -> (FetchResult, Origin, bool) {
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
         let faults = AtomicU64::new(0);
         let mut found = None;
-        let mut finder = None;
         for tier in nearer {
             if let Some(f) = look_up([&**tier], want, &faults) {
-                found = Some((f, tier.origin()));
-                finder = Some(tier);
+                found = Some((f, Some(tier)));
                 break;
             }
         }
         let faults = faults.into_inner();
         Counters::add(&self.stats.counters.tier_errors, faults);
         let fallback = faults > 0;
-        let (found, origin) = match found {
+        let (found, finder) = match found {
             Some(found) => found,
             None => match source.get(want) {
-                Ok(Some(found)) => (found, Origin::Source),
+                Ok(Some(found)) => (found, None),
                 Ok(None) => return (Err(libc::EIO), Origin::Source, fallback),
                 Err(TierError(errno)) => return (Err(errno), Origin::Source, fallback),
             },
         };
+        let origin = finder.map_or(Origin::Source, |tier| tier.origin());
         let Some(block) = owned(found, want.key.block) else {
             return (Err(libc::EIO), origin, fallback);
         };
-        let kept = match finder {
-            Some(tier) => tier.lift(want, &block, &self.memory),
-            None => self.memory.admit(want, &block),
-        };
-        if origin == Origin::Source {
-            for tier in nearer {
-                tier.admit_behind(want, &block, &self.memory, kept);
+        match finder {
+            Some(tier) => {
+                tier.lift(want, &block, &self.memory);
+            }
+            None => {
+                let kept = self.memory.admit(want, &block);
+                for tier in nearer {
+                    tier.admit_behind(want, &block, &self.memory, kept);
+                }
             }
         }
         (Ok(block), origin, fallback)
