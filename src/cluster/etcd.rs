@@ -6,8 +6,8 @@
 //! (its address, cache budget, host and pid) signed with the cluster's secret, so that a
 //! writer of etcd who lacks the secret cannot add a member that peers would route reads to:
 //! a record whose signature does not check is ignored, with a warning. Every member watches
-//! the prefix and, at every change, reads the whole member set again and hands it to its
-//! [`Membership`]. A member that is killed stops renewing its lease and leaves the set when
+//! the prefix and, at every change (and after a lease's life without one), reads the whole
+//! member set again and hands it to its [`Membership`]. A member that is killed stops renewing its lease and leaves the set when
 //! the lease runs out (within [`LEASE_TTL`]); one that unmounts revokes its lease and leaves
 //! at once. In between, reads of its files fail over to the source (the peer tier's backoff).
 //!
@@ -252,7 +252,17 @@ impl Member {
             .watch(self.config.prefix(), Some(options))
             .await
             .map_err(why)?;
-        while let Some(reply) = stream.message().await.map_err(why)? {
+        loop {
+            // A watch that stays quiet for a lease's life is checked by reading the set
+            // again: a member's departure then shows within two lease lives even if the
+            // watch missed it (one CI run saw a dead member outlive its lease by 20 s).
+            let Ok(message) = tokio::time::timeout(LEASE_TTL, stream.message()).await else {
+                self.refresh(client).await?;
+                continue;
+            };
+            let Some(reply) = message.map_err(why)? else {
+                return Err("the watch ended".into());
+            };
             if reply.canceled() {
                 return Err("the watch was cancelled".into());
             }
@@ -260,7 +270,6 @@ impl Member {
                 self.refresh(client).await?;
             }
         }
-        Err("the watch ended".into())
     }
 }
 
