@@ -177,7 +177,10 @@ impl Cluster {
         let secret = self.dir.path().join("secret");
         let cache = (FILES * SIZE * 6 / 10).to_string();
         let mut args = self.extra.to_vec();
+        let log = self.log(member);
         args.extend([
+            "--log-file",
+            log.to_str().unwrap(),
             "--cluster",
             CLUSTER,
             "--etcd",
@@ -194,7 +197,12 @@ impl Cluster {
         m
     }
 
-    /// Waits until member `member` sees `n` members.
+    /// Where member `member`'s daemon logs (appended to across its restarts).
+    fn log(&self, member: usize) -> PathBuf {
+        self.dir.path().join(format!("member{member}.log"))
+    }
+
+    /// Waits until member `member` sees `n` members; on failure, shows its log.
     fn wait_for_members(&self, member: usize, n: usize) {
         let mnt = &self.mounts[member].as_ref().unwrap().mnt;
         let of = format!(" of {n} (");
@@ -202,8 +210,9 @@ impl Cluster {
             wait_for(Duration::from_secs(20), || {
                 stats(mnt)["cluster"].as_str().unwrap_or("").contains(&of)
             }),
-            "member {member} never saw {n} members: {}",
-            stats(mnt)["cluster"]
+            "member {member} never saw {n} members: {}\nits log:\n{}",
+            stats(mnt)["cluster"],
+            std::fs::read_to_string(self.log(member)).unwrap_or_default()
         );
     }
 
