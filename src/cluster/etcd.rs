@@ -7,9 +7,9 @@
 //! writer of etcd who lacks the secret cannot add a member that peers would route reads to:
 //! a record whose signature does not check is ignored, with a warning. Every member watches
 //! the prefix and, at every change (and after a lease's life without one), reads the whole
-//! member set again and hands it to its [`Membership`]. A member that is killed stops renewing its lease and leaves the set when
-//! the lease runs out (within [`LEASE_TTL`]); one that unmounts revokes its lease and leaves
-//! at once. In between, reads of its files fail over to the source (the peer tier's backoff).
+//! member set again and hands it to its [`Membership`]. A member that is killed stops
+//! renewing its lease and leaves the set when the lease runs out (within [`LEASE_TTL`]); one
+//! that unmounts revokes its lease and leaves at once. In between, reads of its files fail over to the source (the peer tier's backoff).
 //!
 //! A key is taken only if nobody holds it (an etcd transaction on its create revision): a
 //! second daemon with the same address is refused, and a member restarted after `kill -9`

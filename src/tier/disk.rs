@@ -525,12 +525,15 @@ impl DiskTier {
     /// disk as large as the dataset keeps every block, as before. Until the scan has counted
     /// the dataset, every block is written while there is room.
     fn keeps_copy(&self, len: u64, memory_bytes: u64) -> bool {
+        (self.uncovered(memory_bytes)).is_none_or(|rest| self.has_room_for(len + rest))
+    }
+
+    /// Bytes of the dataset that neither tier holds, with memory holding `memory_bytes`; none
+    /// until the scan has counted the dataset.
+    fn uncovered(&self, memory_bytes: u64) -> Option<u64> {
         let dataset = self.dataset_bytes.load(Ordering::Relaxed);
-        if dataset == 0 {
-            return true;
-        }
         let held = memory_bytes.saturating_add(self.only_bytes.load(Ordering::Relaxed));
-        self.has_room_for(len + dataset.saturating_sub(held))
+        (dataset > 0).then(|| dataset.saturating_sub(held))
     }
 
     /// True if the memory cache should also keep a block of `len` bytes found here: only if
@@ -540,12 +543,7 @@ impl DiskTier {
     /// what the disk serves anyway. Until the scan has counted the dataset, it keeps every
     /// block while it has room.
     fn memory_keeps_copy(&self, len: u64, memory: &crate::cache::BlockCache) -> bool {
-        let dataset = self.dataset_bytes.load(Ordering::Relaxed);
-        if dataset == 0 {
-            return true;
-        }
-        let held = (memory.cached_bytes()).saturating_add(self.only_bytes.load(Ordering::Relaxed));
-        memory.has_room_for(len + dataset.saturating_sub(held))
+        (self.uncovered(memory.cached_bytes())).is_none_or(|rest| memory.has_room_for(len + rest))
     }
 
     /// Blocks held.
