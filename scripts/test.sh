@@ -19,13 +19,15 @@ source scripts/prereqs.sh
 prereqs test.sh build test
 
 # tests/s3.rs runs a real S3 server: moto's, from PyPI, in a venv of its own under target/
-# (nothing installed system-wide; `cargo clean` removes it).
+# (nothing installed system-wide; `cargo clean` removes it). tests/shards.rs and tests/s3.rs
+# read shards with the real readers users run, webdataset and tfrecord, from the same venv.
 moto=target/moto
-if [ ! -x "$moto/bin/moto_server" ]; then
-    echo "== test.sh: installing moto[server] into $moto (PyPI), for tests/s3.rs"
+if [ ! -x "$moto/bin/moto_server" ] || ! "$moto/bin/python" -c 'import webdataset, tfrecord' 2>/dev/null; then
+    echo "== test.sh: installing moto[server], webdataset and tfrecord into $moto (PyPI)"
     rm -rf "$moto"
     python3 -m venv "$moto"
-    "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.1"
+    "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.1" \
+        "webdataset==1.0.2" "tfrecord==1.14.6"
 fi
 
 cargo test --release "$@"

@@ -239,6 +239,21 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", requires = "cache_dir", value_parser = parse_nonzero_size, help_heading = "Cache")]
     pub disk_cache_size: Option<u64>,
 
+    /// How far the kernel reads ahead in a file a reader streams through (K/M/G suffixes):
+    /// the mount's readahead window, which grows while the reader reads on and shrinks when
+    /// it seeks. Files of 4 MiB and more that the cache does not hold whole (shards: tar,
+    /// TFRecord, MDS) are read through the kernel's page cache, so that their small reads
+    /// cost no round trip to the daemon, and their pages are dropped when the file is
+    /// closed. Set as root at mount (the mount's read_ahead_kb); 0 keeps the kernel's 128K.
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = parse_readahead, help_heading = "Reading")]
+    pub readahead: u64,
+    /// An object store (s3://) object larger than a block is read in ranged GETs of SIZE
+    /// (K/M/G suffixes; rounded down to whole blocks of --block-size): the first read of a
+    /// part fetches the rest of it too, so a big object read once costs one GET per part,
+    /// several in flight. A directory source is read block by block.
+    #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_part_size, help_heading = "Reading")]
+    pub part_size: u64,
+
     /// Turn off prefetch: read only what jobs ask for.
     #[arg(long, help_heading = "Prefetch")]
     pub no_prefetch: bool,
@@ -600,6 +615,27 @@ fn parse_block_size(text: &str) -> Result<std::num::NonZeroU64, String> {
     }
 }
 
+fn parse_readahead(text: &str) -> Result<u64, String> {
+    let size = crate::units::parse_size(text)?;
+    // The kernel takes read_ahead_kb in KiB; beyond 1 GiB a reader's window is memory that
+    // no stream needs.
+    if size <= (1 << 30) {
+        Ok(size)
+    } else {
+        Err(format!("\"{text}\": must be at most 1G"))
+    }
+}
+
+fn parse_part_size(text: &str) -> Result<u64, String> {
+    let size = crate::units::parse_size(text)?;
+    // One GET's body is held in memory until its blocks are handed out.
+    if ((1 << 20)..=(1 << 30)).contains(&size) {
+        Ok(size)
+    } else {
+        Err(format!("\"{text}\": must be between 1M and 1G"))
+    }
+}
+
 /// Half of the space free for the daemon on the filesystem that holds (or will hold) `dir`.
 fn half_the_free_space(dir: &std::path::Path) -> std::io::Result<u64> {
     let mut at = std::path::absolute(dir)?;
@@ -675,6 +711,8 @@ impl MountArgs {
             Policy::None => PolicyKind::None,
         };
         config.cache.block_size = self.block_size;
+        config.readahead = self.readahead;
+        config.part_size = self.part_size;
         config.prefetch = crate::prefetch::PrefetchConfig {
             enabled: !self.no_prefetch,
             memory: self.prefetch_memory.unwrap_or(config.prefetch.memory),

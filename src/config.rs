@@ -33,6 +33,12 @@ pub struct MountConfig {
     pub allow_non_empty: bool,
     /// Threads that read the source for cache misses.
     pub io_threads: usize,
+    /// Bytes of an object-store part: a big object is read in ranged GETs of this size (a
+    /// whole number of cache blocks; the block size or less reads block by block).
+    pub part_size: u64,
+    /// Bytes the kernel may read ahead in an open file of the mount (the mount's
+    /// `read_ahead_kb`, set by root at mount); 0 leaves the kernel's default (128 KiB).
+    pub readahead: u64,
     /// The cache: policy, budget (bytes) and block size (bytes).
     pub cache: CacheConfig,
     /// The budget was given (`--cache-size`). If not, `preflight` replaces the default of
@@ -86,6 +92,8 @@ impl MountConfig {
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough
             // that idle threads cost nothing worth mentioning.
             io_threads: 64,
+            part_size: DEFAULT_PART_SIZE,
+            readahead: DEFAULT_READAHEAD,
             cache: CacheConfig {
                 policy: PolicyKind::default(),
                 capacity: default_cache_size(),
@@ -120,6 +128,18 @@ pub fn default_threads() -> usize {
 /// Bytes per cache block of a large file: big enough that a block is one efficient source
 /// read, small enough that random access into a big file does not drag in much it won't use.
 pub const DEFAULT_BLOCK_SIZE: NonZeroU64 = NonZeroU64::new(1 << 20).unwrap();
+
+/// Bytes of an object-store part (`--part-size`): one ranged GET. At 20 ms to a first byte
+/// and about 100 MiB/s a stream, 8 MiB spends a fifth of a GET waiting, where 1 MiB blocks
+/// spent two thirds; mountpoint-s3 and the AWS CRT use 8 MiB too.
+pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
+
+/// Bytes the kernel may read ahead in an open file (`--readahead`): the window of a reader
+/// streaming through a shard. Its default of 128 KiB sent a shard's 16 KiB reads as READs of
+/// 128 KiB, one or two in flight; 16 MiB keeps two 8 MiB parts of an object in flight per
+/// reader. The pages it reads are the kernel's page cache: reclaimable, and dropped when a
+/// streamed file is closed (`fs/open.rs`).
+pub const DEFAULT_READAHEAD: u64 = 16 << 20;
 
 /// The size an elastic budget (`--cache-size auto`) starts at here, with the default staging
 /// area: what the daemon's memory cgroup (or the host) has free beyond the staging area and

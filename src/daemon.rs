@@ -639,9 +639,19 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
             }
         })
         .map_err(mount_err)?;
-    if let Some(mut file) = ready.take() {
-        let _ = file.write_all(b"ready\n");
-    }
+    // Once INIT is done (a stat of the root waits for it), the kernel's readahead window is
+    // raised, and only then is the mount ready: no job opens a file under the old window.
+    let ready = ready.take();
+    let (mountpoint, readahead) = (config.mountpoint.clone(), config.readahead);
+    std::thread::Builder::new()
+        .name("coorfs-ready".into())
+        .spawn(move || {
+            raise_readahead(&mountpoint, readahead);
+            if let Some(mut file) = ready {
+                let _ = file.write_all(b"ready\n");
+            }
+        })
+        .map_err(mount_err)?;
     let served = session.run().map_err(mount_err);
     member.leave_cluster();
     member.close_disk();
@@ -894,6 +904,35 @@ fn fs_name(source: &Path) -> String {
     match source.to_str() {
         Some(s) if !s.contains([',', ' ', '\t', '\n', '\\']) => s.to_string(),
         _ => "coorfs".to_string(),
+    }
+}
+
+/// Sets the kernel's readahead window for files of the mount at `mountpoint` to `bytes`
+/// (`--readahead`; 0 leaves it): INIT can only lower it, the mount's backing device info
+/// (`/sys/class/bdi/MAJ:MIN`, named after the mount's device number) raises it, as root. Waits
+/// for INIT: a STATFS is always sent to the daemon, and answered after INIT set the window.
+/// Says why in the log if it cannot.
+fn raise_readahead(mountpoint: &Path, bytes: u64) {
+    use std::os::unix::fs::MetadataExt;
+    if !answers(mountpoint) {
+        return warn!("readahead: {} does not answer", mountpoint.display());
+    }
+    let dev = match std::fs::metadata(mountpoint) {
+        Ok(m) => m.dev(),
+        Err(e) => return warn!("readahead: {}: {e}", mountpoint.display()),
+    };
+    // SAFETY: geteuid has no preconditions.
+    if bytes == 0 || unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let bdi = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    match std::fs::write(&bdi, format!("{}", bytes.div_ceil(1024))) {
+        Ok(()) => tracing::debug!("readahead {} KiB ({bdi})", bytes.div_ceil(1024)),
+        Err(e) => warn!("readahead: {bdi}: {e}; the kernel's window stays as it is"),
     }
 }
 

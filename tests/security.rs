@@ -304,7 +304,7 @@ fn a_file_rewritten_in_place_with_its_mtime_restored_is_never_served_stale() {
 }
 
 #[test]
-fn a_file_truncated_while_it_is_read_yields_nothing_past_its_new_end() {
+fn a_file_truncated_while_it_is_read_yields_only_bytes_of_the_version_opened_then_ends() {
     let (_dir, src) = source();
     let big = bytes(3, 24 << 20);
     std::fs::write(src.join("big"), &big).unwrap();
@@ -324,9 +324,22 @@ fn a_file_truncated_while_it_is_read_yields_nothing_past_its_new_end() {
         .unwrap();
     let mut rest = Vec::new();
     file.read_to_end(&mut rest).unwrap();
-    assert_eq!(rest.len(), keep - (1 << 20), "read past the new end");
-    assert_eq!(rest, &big[1 << 20..keep]);
+    // A big file is read through the kernel's page cache (its small reads cost no round
+    // trip): what the kernel read ahead before the change is still the version opened, as on
+    // NFS. Every byte is the opened file's, never zeros or another version's, up to the new
+    // end at least, and the read ends where the kernel's readahead (16 MiB) had got to.
+    assert!(rest.len() >= keep - (1 << 20), "{} bytes", rest.len());
+    assert!(
+        rest.len() <= (1 << 20) + (16 << 20),
+        "read {} bytes past the change",
+        rest.len()
+    );
+    assert!(
+        rest == big[1 << 20..(1 << 20) + rest.len()],
+        "bytes of another version"
+    );
     drop(file);
+    // A new open reads the file as it is now.
     assert_eq!(std::fs::read(m.path("big")).unwrap(), &big[..keep]);
     m.unmount();
 }

@@ -31,10 +31,16 @@ pub(super) struct Held {
     /// Blocks the prefetcher staged for this file, claimed by this open, or taken from the
     /// blocks read moments ago; freed at close.
     pub claimed: Vec<(u64, Arc<Block>)>,
-    /// The last block fetched for this handle, so that small reads through a block the
-    /// cache did not admit do not fetch it again.
-    pub last: Option<(u64, Arc<Block>)>,
+    /// The last blocks fetched for this handle (at most [`HELD_LAST`]), so that reads
+    /// through a block the cache did not admit do not fetch it again: small reads of it, and
+    /// the kernel's readahead READs, which start off block boundaries and so ask for two
+    /// blocks each, several in flight.
+    pub last: std::collections::VecDeque<(u64, Arc<Block>)>,
 }
+
+/// Blocks an open file keeps of those last fetched for it: a READ of the kernel's readahead
+/// spans two blocks, and up to four READs are answered out of order.
+pub const HELD_LAST: usize = 4;
 
 impl Held {
     pub fn get(&self, block: u64) -> Option<Arc<Block>> {
@@ -43,6 +49,17 @@ impl Held {
             .chain(self.last.iter())
             .find(|(b, _)| *b == block)
             .map(|(_, data)| data.clone())
+    }
+
+    /// Keeps `data`, block `block`, among the last blocks fetched.
+    pub fn keep_last(&mut self, block: u64, data: Arc<Block>) {
+        if self.last.iter().any(|(b, _)| *b == block) {
+            return;
+        }
+        if self.last.len() == HELD_LAST {
+            self.last.pop_front();
+        }
+        self.last.push_back((block, data));
     }
 }
 
@@ -69,6 +86,9 @@ pub(super) struct FileHandle {
     /// the blocks read then (see [`crate::tier::recent`]).
     pub same_access: bool,
     pub held: Mutex<Held>,
+    /// Read through the kernel's page cache as a streamed miss: its pages are dropped when
+    /// the open is released (`open.rs`, `STREAMED_MISS_MIN`).
+    pub drop_pages_at_release: bool,
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
     pub watch: Option<kernel_cache::Watch>,
     /// How the kernel reads it (`passthrough.rs`), released with it.

@@ -257,9 +257,12 @@ impl DatasetFs {
                 tracing::debug!("no private tmpfs for cached files: {e}");
             }
         }
+        // Object stores are read in parts; a directory block by block.
+        let object_store = crate::source::object::ObjectUrl::is_url(&config.source);
         let tiers = Tiers::new(
             cache,
             config.prefetch.staging_bytes(),
+            if object_store { config.part_size } else { 0 },
             disk,
             source.clone(),
             config.cluster.as_ref(),

@@ -119,6 +119,17 @@ impl Counted {
 /// round trips, are its cost, and the page cache would hold a second copy of them.
 pub const BUFFERED_MISS_MAX: u64 = 64 << 10;
 
+/// Misses of files of at least this size (shards: WebDataset and MDS tars, TFRecords, LitData
+/// chunks) are read through the kernel's page cache, whatever the cache keeps of them, and
+/// their pages are dropped when the open is released, so that they never outlive the read
+/// (see [`DatasetFs::kernel_caching`]). Shard readers read 8-64 KiB at a time (tarfile,
+/// TFRecord): through direct I/O each such read was a round trip to the daemon (8 shards of
+/// 12 MiB read by `webdataset`: 7,558 READs of 13 KiB on average, 7.2 s against 0.48 s
+/// natively); through the page cache the kernel's readahead asks for up to 1 MiB a READ, many
+/// in flight, and the small reads are served from its pages. Below this size (ImageNet-like
+/// files) a file is read whole in one or two READs, and direct I/O saves a second copy.
+pub const STREAMED_MISS_MIN: u64 = 4 << 20;
+
 impl DatasetFs {
     /// Opens file `ino` (or the order file) for reading. `flags` are the
     /// `open(2)` flags.
@@ -282,8 +293,14 @@ impl DatasetFs {
         // epoch, and the prefetcher fetches it no more.)
         let first = BlockKey { version, block: 0 };
         let prefetched = !counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first);
+        // A file the cache holds part of (a shard larger than the room that was left) is read
+        // through the daemon, which serves that part from the cache: by passthrough every byte
+        // of it came from the source again (measured: 307 MiB of 24 MiB shards cached saved
+        // 144 MiB an epoch).
+        let partly_cached = self.tiers.memory.cached_bytes_of(&version) > 0;
         let source = opened.file.local().is_some()
             && !read_below
+            && !partly_cached
             && !prefetched
             && !self.tiers.memory.would_keep(version.size)
             && !self.others_need(opened.file_id, counted);
@@ -462,6 +479,11 @@ impl DatasetFs {
             Some(file) if hit && !changed => self.kernel.open(file),
             _ => (false, None),
         };
+        // A large miss streams through the kernel's page cache (readahead, small reads served
+        // from its pages); its pages are dropped at release (`KernelReading::drop_at_release`).
+        if !keep && !changed && size >= STREAMED_MISS_MIN {
+            return (false, false, watch);
+        }
         // A small miss the cache will keep whole may enter the kernel's page cache: it is
         // about to be a file of the cache, and its pages are then right. Read through the
         // page cache it costs one READ instead of two (the kernel knows the size, so the
@@ -493,6 +515,13 @@ impl DatasetFs {
         };
         if let Some(watch) = &handle.watch {
             self.kernel.closed(watch);
+        }
+        // A streamed miss's pages are the kernel's copy of bytes the cache keeps or does not
+        // want: left there, they would push out what the cache serves (LRU again).
+        if handle.drop_pages_at_release
+            && let Some(invalidate) = self.invalidator.get()
+        {
+            invalidate(handle.ino);
         }
         if !handle.silent {
             let memory = &self.tiers.memory;
@@ -553,8 +582,11 @@ fn file_handle(
             || matches!(counted.step, Some(Step::Repeat | Step::Trailing)),
         held: Mutex::new(Held {
             claimed: counted.claimed,
-            last: None,
+            last: Default::default(),
         }),
+        drop_pages_at_release: reading.io == KernelIo::PageCache
+            && !reading.keep_cache
+            && opened.meta.version.size >= STREAMED_MISS_MIN,
         watch: reading.watch,
         kernel_io: reading.io,
         ino,

@@ -20,7 +20,10 @@
 //! Wholly cached files are opened with `keep_cache`, and the kernel serves their reads from
 //! its page cache without asking: bytes it already holds can still be read through a
 //! descriptor opened before the change (close-to-open consistency, as NFS has); every read
-//! that reaches the daemon, and every later open, sees the change.
+//! that reaches the daemon, and every later open, sees the change. The same holds for big
+//! files read through the page cache as they stream (`open.rs`, `STREAMED_MISS_MIN`): what
+//! the kernel read ahead before the change (up to `--readahead`) is still the version opened,
+//! and the read ends at the first READ that finds the change.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -239,6 +242,11 @@ impl DatasetFs {
         if let Some(data) = held.get(block) {
             return Some(Local::Fetched(data));
         }
+        // The rest of a part read with an earlier block (its bytes counted with that read).
+        if let Some(data) = tiers.fetcher.take_ahead(&want.key) {
+            held.keep_last(block, data.clone());
+            return Some(Local::Fetched(data));
+        }
         // A fetch of the block in flight (the job's prefetch, most often) is joined, not
         // answered from the recent blocks: its bytes would land staged for a reader that had
         // them already, and count as prefetched and unused.
@@ -288,13 +296,19 @@ impl DatasetFs {
                 accounted.no_longer_a_hit(&ledger);
             }
             match fetched.bytes {
-                Some(_) if fetched.origin == Origin::Disk => {}
+                // A block from the disk tier is a cached byte: a hit's were counted at open.
+                Some(_)
+                    if fetched.origin == Origin::Disk
+                        && accounted.counted_at_open.load(Ordering::Relaxed) => {}
+                Some(n) if fetched.origin == Origin::Disk => {
+                    ledger.served_from_cache(&accounted.att, n)
+                }
                 Some(n) if fetched.origin == Origin::Source => {
                     ledger.fetched_for(&accounted.att, n);
                     if fetched.fallback {
                         ledger.peer_fell_back(&accounted.att);
                     }
-                    if block == 0 {
+                    if fetched.first_block {
                         ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);
                     }
                 }
@@ -329,7 +343,7 @@ impl DatasetFs {
                 };
                 let waited = started.elapsed();
                 if let Ok(buf) = &r {
-                    handle.held.lock().last = Some((block, buf.clone()));
+                    handle.held.lock().keep_last(block, buf.clone());
                     // If this read joined a prefetch of the block, the bytes are read now:
                     // the staged copy would be wasted. They are kept a moment, as the
                     // fetcher keeps what a demand read fetched (a re-open finds them).

@@ -81,6 +81,11 @@ impl DatasetFs {
             } else {
                 hits as f64 / reads as f64
             }),
+            Stat::BytesRead => Value::Count(Counters::get(&c.bytes_read)),
+            Stat::ByteHitRate => Value::Ratio(crate::stats::byte_hit_rate(
+                Counters::get(&c.bytes_read),
+                Counters::get(&c.bytes_from_source),
+            )),
             Stat::BytesFromCache => Value::Count(Counters::get(&c.bytes_from_cache)),
             Stat::BytesFromSource => Value::Count(Counters::get(&c.bytes_from_source)),
             Stat::CachedBytes => Value::Count(cache.cached_bytes()),
@@ -133,6 +138,17 @@ impl DatasetFs {
             }),
             Stat::PrefetchedBlocks => Value::Count(Counters::get(&c.prefetched_blocks)),
             Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
+            Stat::ReadaheadBytes => Value::Count(Counters::get(&c.readahead_bytes)),
+            Stat::ReadaheadUnusedBytes => Value::Count(Counters::get(&c.readahead_unused_bytes)),
+            Stat::SourceRequestsPerGib => {
+                let gib = Counters::get(&c.bytes_from_source) as f64 / (1u64 << 30) as f64;
+                let requests = Counters::get(&stats.store.requests) as f64;
+                Value::Count(if gib > 0.0 {
+                    (requests / gib).round() as u64
+                } else {
+                    0
+                })
+            }
             Stat::StagingBytes => Value::Count(self.prefetcher.staging_bytes()),
             Stat::PrefetchMemory => Value::Count(self.prefetcher.staging_capacity()),
             Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),

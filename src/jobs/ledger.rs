@@ -144,6 +144,7 @@ impl Ledger {
     pub fn open_in_dataset(&self, o: &Opening) -> u64 {
         let counters = &self.stats.counters;
         Counters::add(&counters.reads, 1);
+        Counters::add(&counters.bytes_read, o.size);
         if o.hit {
             Counters::add(&counters.hits, 1);
             Counters::add(&counters.bytes_from_cache, o.size);
@@ -369,8 +370,12 @@ impl Ledger {
 
     /// Applies `change` to the records of the dataset epoch and the job epoch of an open.
     fn update(&self, a: &Attribution, change: impl Fn(&mut EpochRecord)) {
-        self.stats.epochs.lock().update(a.epoch, &change);
-        a.job.lock().log.update(a.job_epoch, &change);
+        let change = |r: &mut EpochRecord| {
+            change(r);
+            r.count_bytes();
+        };
+        self.stats.epochs.lock().update(a.epoch, change);
+        a.job.lock().log.update(a.job_epoch, change);
     }
 }
 

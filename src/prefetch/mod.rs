@@ -788,12 +788,7 @@ impl Prefetcher {
 
     /// What the ledger is told of a prefetched block's fetch, once it ends.
     fn report(self: &Arc<Self>, job: &Arc<Mutex<Job>>, staged: Staged, total: usize) -> Report {
-        let Staged {
-            epoch,
-            file: f,
-            block,
-            ..
-        } = staged;
+        let Staged { epoch, file: f, .. } = staged;
         let (this, accounted) = (self.clone(), job.clone());
         Box::new(move |fetched| {
             this.record(fetched);
@@ -805,7 +800,7 @@ impl Prefetcher {
                         this.ledger
                             .prefetched_via_peer(&accounted, epoch, f, total, n, false);
                     }
-                    if block == 0 {
+                    if fetched.first_block {
                         this.ledger.file_from_source(Some(f), epoch);
                     }
                 }

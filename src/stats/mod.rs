@@ -79,6 +79,8 @@ stats! {
     Hits => "hits", Count, "Accesses of files whose every byte was cached when opened.";
     Misses => "misses", Count, "Accesses of files not (wholly) cached when opened.";
     HitRate => "hit_rate", Ratio, "hits / reads, from 0 to 1.";
+    BytesRead => "bytes_read", Bytes, "Bytes of the files accessed: each access counts its file's size (training reads files whole).";
+    ByteHitRate => "byte_hit_rate", Ratio, "Bytes not read from the source over bytes read: 1 - bytes_from_source / bytes_read, from 0 to 1 (the cache, the disk tier and peers served the rest). The hit rate of shards and other big files, which hits and misses count as misses unless every byte was cached.";
     BytesFromCache => "bytes_from_cache", Bytes, "Bytes served from the cache (a hit's whole file size, counted when opened).";
     BytesFromSource => "bytes_from_source", Bytes, "Bytes read from the source.";
     CachedBytes => "cached_bytes", Bytes, "Bytes of file data in the cache.";
@@ -120,6 +122,9 @@ stats! {
     StagingHits => "staging_hits", Count, "Accesses of uncached files that the prefetcher had wholly staged before they were opened.";
     SharedHits => "shared_hits", Count, "Staging hits on blocks read for another job (kept for the jobs that had still to read the file).";
     SourceReadsPerFile => "source_reads_per_file", Ratio, "Reads of files from the source per file and round (a round: the epochs of the same number of every job): 1.0 when each file is read from the source once a round however many jobs read it; N when N jobs each read it themselves.";
+    ReadaheadBytes => "readahead_bytes", Bytes, "Bytes of object-store parts read ahead of the reader inside a file (the rest of a part after the block asked for) that neither the cache kept nor a reader was waiting for.";
+    ReadaheadUnusedBytes => "readahead_unused_bytes", Bytes, "Of those, bytes dropped before a reader took them (the reader seeked elsewhere or stopped): wasted readahead.";
+    SourceRequestsPerGib => "source_requests_per_gib", Count, "source_requests per GiB of bytes_from_source: 128 when a big object is read in GETs of 8 MiB parts, 1,024 in 1 MiB blocks; 0 for a directory.";
     PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
     PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread: their job's epoch ended without them, or the job stopped reading (wasted prefetch).";
     StagingBytes => "staging_bytes", Bytes, "Bytes staged by the prefetcher (or reserved for its fetches in flight) now.";
@@ -193,6 +198,9 @@ pub struct Counters {
     pub source_file_reads: AtomicU64,
     pub prefetched_blocks: AtomicU64,
     pub prefetched_unused: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub readahead_bytes: AtomicU64,
+    pub readahead_unused_bytes: AtomicU64,
     /// Microseconds.
     pub fetch_stall_us: AtomicU64,
     /// Microseconds.
@@ -232,6 +240,10 @@ pub struct EpochRecord {
     pub hits: u64,
     pub misses: u64,
     pub hit_rate: f64,
+    /// Bytes of the files accessed (each access its file's size).
+    pub bytes_read: u64,
+    /// Bytes not read from the source over bytes read (see [`EpochRecord::count_bytes`]).
+    pub byte_hit_rate: f64,
     pub bytes_from_cache: u64,
     pub bytes_from_source: u64,
     /// Bytes read from the member of the cluster that owns their file.
@@ -270,6 +282,11 @@ impl EpochRecord {
         }
     }
 
+    /// Works out `byte_hit_rate` from the byte counts (see [`byte_hit_rate`]).
+    pub fn count_bytes(&mut self) {
+        self.byte_hit_rate = byte_hit_rate(self.bytes_read, self.bytes_from_source);
+    }
+
     /// Turns one hit of a file of `size` bytes into a miss: the file was wholly cached at
     /// open, but (LRU) part of it was evicted before it was read.
     pub fn hit_became_miss(&mut self, size: u64) {
@@ -277,6 +294,17 @@ impl EpochRecord {
         self.misses += 1;
         self.bytes_from_cache -= size.min(self.bytes_from_cache);
         self.hit_rate = self.hits as f64 / self.reads.max(1) as f64;
+    }
+}
+
+/// The share of `read` bytes that did not come from the source (`from_source` of them): 1 -
+/// from_source / read, 0 before any byte. Bytes read ahead for the next epoch may make an
+/// epoch's source bytes exceed what it read: then 0.
+pub fn byte_hit_rate(read: u64, from_source: u64) -> f64 {
+    if read == 0 {
+        0.0
+    } else {
+        1.0 - from_source.min(read) as f64 / read as f64
     }
 }
 
@@ -445,6 +473,7 @@ fn count_access(r: &mut EpochRecord, hit: bool, size: u64, sign: i64) {
         }
     };
     add(&mut r.reads, 1);
+    add(&mut r.bytes_read, size);
     if hit {
         add(&mut r.hits, 1);
         add(&mut r.bytes_from_cache, size);
@@ -452,6 +481,7 @@ fn count_access(r: &mut EpochRecord, hit: bool, size: u64, sign: i64) {
         add(&mut r.misses, 1);
     }
     r.hit_rate = r.hits as f64 / r.reads.max(1) as f64;
+    r.count_bytes();
 }
 
 /// Where a job's readers spent an epoch: waiting for data, or doing the rest (reading

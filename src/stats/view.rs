@@ -56,11 +56,12 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
         .any(|r| number(r, "bytes_from_peers") > 0.0 || number(r, "peer_fallbacks") > 0.0);
     let _ = write!(
         out,
-        "{:>6} {:>9} {:>9} {:>9} {:>8} {:>12} {:>12} {:>9} {:>9} {:>9}",
+        "{:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>12} {:>12} {:>9} {:>9} {:>9}",
         "epoch",
         "files",
         "reads",
         "hit rate",
+        "byte hit",
         "staged",
         "from cache",
         "from source",
@@ -80,11 +81,12 @@ pub fn epoch_table(records: &[Json], out: &mut String) {
         };
         let _ = write!(
             out,
-            "{:>6} {:>9} {:>9} {:>8.1}% {:>8} {:>12} {:>12} {:>9.2} {:>9} {:>9.2}",
+            "{:>6} {:>9} {:>9} {:>8.1}% {:>8.1}% {:>8} {:>12} {:>12} {:>9.2} {:>9} {:>9.2}",
             number(r, "epoch") as u64,
             number(r, "files") as u64,
             number(r, "reads") as u64,
             number(r, "hit_rate") * 100.0,
+            number(r, "byte_hit_rate") * 100.0,
             number(r, "staging_hits") as u64,
             format_size(number(r, "bytes_from_cache") as u64),
             format_size(number(r, "bytes_from_source") as u64),
@@ -204,7 +206,7 @@ mod tests {
         let doc: Json = serde_json::json!({
             "mountpoint": "/mnt", "source": "/data", "policy": "minio",
             "hits": 3, "hit_rate": 0.75, "cached_bytes": 2048,
-            "epochs": [{"epoch": 1, "files": 4, "reads": 4, "hit_rate": 0.5, "bytes_from_cache": 1024,
+            "epochs": [{"epoch": 1, "files": 4, "reads": 4, "hit_rate": 0.5, "byte_hit_rate": 0.5, "bytes_from_cache": 1024,
                         "bytes_from_source": 1024, "seconds": 1.5, "complete": true}]
         });
         let text = render(&doc);
@@ -225,7 +227,7 @@ mod tests {
         assert!(line("cached_bytes").ends_with(" 2048 (2.0 KiB)"), "{text}");
         assert!(
             text.contains(
-                "     1         4         4     50.0%        0      1.0 KiB      1.0 KiB      0.00         -      1.50  complete"
+                "     1         4         4     50.0%     50.0%        0      1.0 KiB      1.0 KiB      0.00         -      1.50  complete"
             ),
             "{text}"
         );

@@ -16,14 +16,27 @@
 //! fetch whose read panics still ends: its waiters get EIO and the block is no longer in
 //! flight.
 //!
-//! Memory: a fetch holds one block-sized buffer until its waiters are done, so the bytes in
-//! flight are bounded by the I/O threads times the block size (64 x 1 MiB by default).
+//! # Parts of big objects
+//! On an object store a request costs tens of milliseconds before its first byte, so a big
+//! object is read in parts (`--part-size`, a whole number of blocks): a fetch that reaches the
+//! source claims the blocks after its own to the end of its part (those no tier holds and no
+//! fetch is reading) and reads them all in one ranged GET. Each block of the run is offered to
+//! the cache and the disk tier as a block of its own; readers waiting for one get it (the
+//! kernel's readahead asks for the next blocks while the GET runs), and the rest wait in the
+//! readahead buffer ([`super::ahead`]) for the reader that streams through the file. So a big
+//! object read once costs one GET per part, and the kernel's readahead keeps several parts in
+//! flight. A directory source reads block by block.
+//!
+//! Memory: a fetch holds one block-sized buffer until its waiters are done (a part's run: the
+//! part), so the bytes in flight are bounded by the I/O threads times the block size (64 x 1
+//! MiB by default), or the part size with parts.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::ahead::Ahead;
 use super::inflight::{Inflight, Waiter};
 use super::recent::RecentBlocks;
 use super::{Found, Tier, TierError, Want, look_up};
@@ -47,6 +60,9 @@ pub struct Fetched {
     pub took: Duration,
     /// Reads in flight when it started, itself included.
     pub crowd: usize,
+    /// The read began at the file's first block (with it, or in its part's run): the file
+    /// was read from the source this round.
+    pub first_block: bool,
 }
 
 /// Where a fetched block came from.
@@ -69,6 +85,13 @@ pub struct Fetcher {
     below: Vec<Arc<dyn Tier>>,
     memory: Arc<BlockCache>,
     recent: Arc<RecentBlocks>,
+    /// Blocks of a part read with the one asked for, that no reader waited for yet.
+    ahead: Arc<Ahead>,
+    /// Blocks a source read may span: the part size over the block size (1: block by block).
+    part_blocks: u64,
+    /// With parts: blocks whose fetch is in flight and has not begun to read, which a part's
+    /// run may still take (see [`Fetcher::claim_part`]).
+    unread: parking_lot::Mutex<std::collections::HashSet<BlockKey>>,
     blocks: BlockSize,
     stats: Arc<Stats>,
     inflight: Inflight<BlockKey, FetchResult>,
@@ -111,12 +134,15 @@ impl std::fmt::Debug for Fetcher {
 }
 
 impl Fetcher {
-    /// A fetcher that reads from `below` (nearest first, the source last) on the `io` pool
-    /// and offers what it read to `memory`, and what that does not keep of reads to `recent`.
+    /// A fetcher that reads from `below` (nearest first, the source last) on the `io` pool,
+    /// runs of up to `part_blocks` blocks at once from the source, and offers what it read to
+    /// `memory`, what that does not keep of reads to `recent`, and the rest of a part that no
+    /// reader waits for to `ahead`.
     pub fn new(
         below: Vec<Arc<dyn Tier>>,
         memory: Arc<BlockCache>,
         recent: Arc<RecentBlocks>,
+        (ahead, part_blocks): (Arc<Ahead>, u64),
         stats: Arc<Stats>,
         io: tokio::runtime::Handle,
     ) -> Self {
@@ -126,6 +152,9 @@ impl Fetcher {
             blocks: memory.blocks(),
             memory,
             recent,
+            ahead,
+            part_blocks: part_blocks.max(1),
+            unread: Default::default(),
             stats,
             inflight: Inflight::default(),
             io,
@@ -183,6 +212,9 @@ impl Fetcher {
                 self.blocks.len(key.version.size, key.block),
                 self.demand_latency_us.load(Ordering::Relaxed),
             );
+        if self.part_blocks > 1 {
+            self.unread.lock().insert(key);
+        }
         let this = self.clone();
         let work = move || this.run(started, report);
         if inline {
@@ -241,7 +273,13 @@ impl Fetcher {
             epoch,
             why,
         };
-        let (result, origin, fallback) = self.read(&want);
+        let Some((result, origin, fallback, read_bytes, first_block)) = self.read(&want) else {
+            // Another fetch took this block into its part's run: it hands it to the waiters,
+            // and reports the bytes.
+            running.uncount();
+            running.done = true;
+            return;
+        };
         let took = issued.elapsed();
         if demand {
             // An average over the last few reads: a slow one alone does not move it far.
@@ -254,11 +292,12 @@ impl Fetcher {
         }
         running.uncount();
         report(&Fetched {
-            bytes: result.as_ref().ok().map(|b| b.len() as u64),
+            bytes: result.as_ref().ok().map(|_| read_bytes),
             origin,
             fallback,
             took,
             crowd,
+            first_block,
         });
         if demand
             && let Ok(bytes) = &result
@@ -277,9 +316,14 @@ impl Fetcher {
     /// Reads `want` from the tiers behind the fetch, nearest first, and offers what it found
     /// to the cache (through the tier that found it, which may decline for it), then what the
     /// source read to the tiers in front of the source that keep blocks (the disk tier),
-    /// telling them if the cache kept it; says which tier read it, and if the source did
-    /// because a tier in front of it failed.
-    fn read(&self, want: &Want<'_>) -> (FetchResult, Origin, bool) {
+    /// telling them if the cache kept it; says which tier read it, if the source did
+    /// because a tier in front of it failed, the bytes read (with the rest of a part), and if
+    /// the read began at the file's first block. None if another fetch took the block into its
+    /// part's run before this one began (see [`Fetcher::claim_part`]).
+    fn read(&self, want: &Want<'_>) -> Option<(FetchResult, Origin, bool, u64, bool)> {
+        if self.part_blocks > 1 && !self.unread.lock().remove(&want.key) {
+            return None;
+        }
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
         let faults = AtomicU64::new(0);
         let mut found = None;
@@ -292,18 +336,42 @@ impl Fetcher {
         let faults = faults.into_inner();
         Counters::add(&self.stats.counters.tier_errors, faults);
         let fallback = faults > 0;
-        let (found, finder) = match found {
-            Some(found) => found,
-            None => match source.get(want) {
-                Ok(Some(found)) => (found, None),
-                Ok(None) => return (Err(libc::EIO), Origin::Source, fallback),
-                Err(TierError(errno)) => return (Err(errno), Origin::Source, fallback),
-            },
+        let (found, finder, rest): (_, _, Vec<(u64, Arc<Block>)>) = match found {
+            Some((found, finder)) => (found, finder, Vec::new()),
+            None => {
+                let (lo, hi) = self.claim_part(&want.key);
+                let b = want.key.block;
+                let read = if hi - lo == 1 {
+                    source.get(want).map(|f| f.map(|f| (f, Vec::new())))
+                } else {
+                    source.get_run(&want.block(lo), hi - lo - 1).map(|mut run| {
+                        let mine = run.remove((b - lo) as usize);
+                        let rest = (lo..hi).filter(|&x| x != b).zip(run).collect();
+                        Some((Found::Block(mine), rest))
+                    })
+                };
+                let read = match read {
+                    Ok(Some(run)) => Ok(run),
+                    Ok(None) => Err(libc::EIO),
+                    Err(TierError(errno)) => Err(errno),
+                };
+                match read {
+                    Ok((found, rest)) => (found, None, rest),
+                    Err(errno) => {
+                        for other in (lo..hi).filter(|&x| x != b) {
+                            self.inflight.complete(&want.block(other).key, Err(errno));
+                        }
+                        return Some((Err(errno), Origin::Source, fallback, 0, false));
+                    }
+                }
+            }
         };
         let origin = finder.map_or(Origin::Source, |tier| tier.origin());
         let Some(block) = owned(found, want.key.block) else {
-            return (Err(libc::EIO), origin, fallback);
+            return Some((Err(libc::EIO), origin, fallback, 0, false));
         };
+        let first_block = want.key.block == 0 || rest.first().is_some_and(|(b, _)| *b == 0);
+        let mut bytes = block.len() as u64;
         match finder {
             Some(tier) => {
                 tier.lift(want, &block, &self.memory);
@@ -315,7 +383,60 @@ impl Fetcher {
                 }
             }
         }
-        (Ok(block), origin, fallback)
+        for (b, data) in rest {
+            let want = want.block(b);
+            bytes += data.len() as u64;
+            let kept = self.memory.admit(&want, &data);
+            for tier in nearer {
+                tier.admit_behind(&want, &data, &self.memory, kept);
+            }
+            // Put where the reader that streams on finds it before the key leaves flight.
+            if !kept && !self.inflight.awaited(&want.key) {
+                self.ahead.put(want.key, data.clone());
+            }
+            self.inflight.complete(&want.key, Ok(data));
+        }
+        Some((Ok(block), origin, fallback, bytes, first_block))
+    }
+
+    /// Claims for this fetch, which reads block `key`, the blocks of its part around it that
+    /// nothing holds or reads, up to the first on each side that something does (see the
+    /// module header); returns the run `lo..hi` to read, `key`'s block among them. Of two
+    /// reads of one part that start together, the second finds the first's claims and
+    /// waits for its GET.
+    fn claim_part(&self, key: &BlockKey) -> (u64, u64) {
+        let b = key.block;
+        if self.part_blocks <= 1 {
+            return (b, b + 1);
+        }
+        let count = self.blocks.count(key.version.size);
+        let start = b / self.part_blocks * self.part_blocks;
+        let end = (start + self.part_blocks).min(count);
+        // A block in flight whose fetch has not begun to read it is taken into the run: its
+        // fetch will find it taken and leave it to this one.
+        let claim = |block| {
+            let other = BlockKey {
+                version: key.version,
+                block,
+            };
+            !self.memory.contains(&other)
+                && !self.ahead.contains(&other)
+                && (self.inflight.claim(&other) || self.unread.lock().remove(&other))
+        };
+        let mut hi = b + 1;
+        while hi < end && claim(hi) {
+            hi += 1;
+        }
+        let mut lo = b;
+        while lo > start && claim(lo - 1) {
+            lo -= 1;
+        }
+        (lo, hi)
+    }
+
+    /// Block `key` if a part's read left it for its reader: it leaves the buffer.
+    pub fn take_ahead(&self, key: &BlockKey) -> Option<Arc<Block>> {
+        self.ahead.take(key)
     }
 }
 
@@ -459,7 +580,15 @@ mod tests {
             .build()
             .unwrap();
         let recent = Arc::new(RecentBlocks::new(true));
-        let f = Fetcher::new(below, memory, recent, stats, io.handle().clone());
+        let ahead = Arc::new(Ahead::new(0, stats.clone()));
+        let f = Fetcher::new(
+            below,
+            memory,
+            recent,
+            (ahead, 1),
+            stats,
+            io.handle().clone(),
+        );
         let mut want = crate::tier::tests::want(0, 0, 0, super::super::Why::Read);
         want.key.version = version;
         (dir, Arc::new(f), source, want, io)

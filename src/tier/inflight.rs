@@ -65,6 +65,27 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
         }
     }
 
+    /// Claims `key` for a fetch with no waiter yet, if none is in flight: returns true if
+    /// the caller must now fetch it and call [`Inflight::complete`] (the rest of a part, read
+    /// with the block asked for).
+    pub fn claim(&self, key: &K) -> bool {
+        let mut waiting = self.waiting.lock();
+        if waiting.contains_key(key) {
+            return false;
+        }
+        waiting.insert(key.clone(), State::Waiting(Vec::new()));
+        true
+    }
+
+    /// True if callers wait for `key`'s fetch.
+    pub fn awaited(&self, key: &K) -> bool {
+        match self.waiting.lock().get(key) {
+            Some(State::Waiting(list)) => !list.is_empty(),
+            Some(State::Done(..)) => true,
+            None => false,
+        }
+    }
+
     /// True if a fetch of `key` is in flight.
     pub fn contains(&self, key: &K) -> bool {
         self.waiting.lock().contains_key(key)

@@ -28,6 +28,7 @@
 //! Lookups cost what they cost before the chain: a call through `&dyn Tier` per tier asked,
 //! no allocation, and the memory tier lends its bytes without a copy or a reference count.
 
+pub mod ahead;
 pub mod disk;
 pub mod fetch;
 pub mod inflight;
@@ -145,6 +146,13 @@ pub trait Tier: Send + Sync {
     /// a miss: the caller counts it and asks the next tier.
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError>;
 
+    /// Block `want.key` and the `more` blocks after it, read at once (one request to an
+    /// object store, see [`fetch`]'s parts). Only the source is asked for runs; a tier that
+    /// cannot read one says EOPNOTSUPP.
+    fn get_run(&self, _want: &Want<'_>, _more: u64) -> Result<Vec<Arc<Block>>, TierError> {
+        Err(TierError(libc::EOPNOTSUPP))
+    }
+
     /// Offers `data`, found below this tier, as block `want.key`; the tier keeps it if it
     /// keeps blocks wanted for `want.why`. Returns true if it kept it.
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool;
@@ -174,6 +182,11 @@ pub trait Tier: Send + Sync {
     fn remove(&self, want: &Want<'_>);
 }
 
+/// Parts the readahead buffer holds at most ([`ahead::Ahead`]): the rest of the part being
+/// read for a few readers; the kernel's readahead asks for most blocks of a part while its GET
+/// runs, so that little waits there.
+pub const AHEAD_PARTS: u64 = 4;
+
 /// The tiers of one mount, shared by the read path and the prefetcher.
 #[derive(Clone, Debug)]
 pub struct Tiers {
@@ -192,10 +205,13 @@ impl Tiers {
     /// page cache alone), and fetches on the `io` pool, counted in `stats`: from `disk` if it
     /// holds the block, else from the member of `cluster` that owns the file, if it is
     /// another, else from `source`. In a cluster, the cache keeps only the files this member
-    /// owns.
+    /// owns. A source read of a big file reads the rest of its part of `part_size` bytes
+    /// with it (object stores; 0, or the block size, reads block by block).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         memory: BlockCache,
         staging: u64,
+        part_size: u64,
         disk: Option<Arc<disk::DiskTier>>,
         source: Arc<dyn DatasetSource>,
         cluster: Option<&crate::cluster::ClusterConfig>,
@@ -221,7 +237,24 @@ impl Tiers {
             )));
         }
         below.push(Arc::new(SourceTier::new(source, blocks, stats.clone())));
-        let fetcher = Fetcher::new(below, memory.clone(), recent.clone(), stats, io);
+        // The rest of a part waits for its reader in a buffer of a few parts.
+        let part_blocks = (part_size / blocks.get()).max(1);
+        let ahead = Arc::new(ahead::Ahead::new(
+            if part_blocks > 1 {
+                AHEAD_PARTS * part_size
+            } else {
+                0
+            },
+            stats.clone(),
+        ));
+        let fetcher = Fetcher::new(
+            below,
+            memory.clone(),
+            recent.clone(),
+            (ahead, part_blocks),
+            stats,
+            io,
+        );
         Tiers {
             staging: Arc::new(Staging::new(staging, blocks)),
             memory,
@@ -377,6 +410,7 @@ pub(crate) mod tests {
             let tiers = Tiers::new(
                 memory,
                 1 << 20,
+                0,
                 None,
                 Arc::new(source.unwrap()),
                 None,

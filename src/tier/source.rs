@@ -75,6 +75,34 @@ impl SourceTier {
         self.complete(block, len)
     }
 
+    /// Reads block `key` and the `more` after it in one read of the source (one request to an
+    /// object store), each as a block of its own.
+    fn read_run(&self, rel: &Path, key: BlockKey, more: u64) -> Result<Vec<Arc<Block>>, TierError> {
+        let size = key.version.size;
+        let lens: Vec<usize> = (key.block..=key.block + more)
+            .map(|b| self.blocks.len(size, b) as usize)
+            .collect();
+        let len: usize = lens.iter().sum();
+        let mut run = match Block::zeroed(len) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("no memory for a part of {}: {e}", rel.display());
+                return Err(TierError(libc::ENOMEM));
+            }
+        };
+        let n = self.read_into(rel, &key, self.blocks.offset(key.block), run.whole_mut())?;
+        run.truncate(n.min(len));
+        let run = self.complete(run, len)?;
+        let mut at = 0;
+        let mut blocks = Vec::with_capacity(lens.len());
+        for l in lens {
+            let block = Block::copy_of(&run[at..at + l]).map_err(|_| TierError(libc::ENOMEM))?;
+            blocks.push(Arc::new(block));
+            at += l;
+        }
+        Ok(blocks)
+    }
+
     /// Reads block `key` (at `offset`) into `buf`, whole pages of it, so that an O_DIRECT
     /// read may ask for them; the file ends at the block's length unless it grew, which the
     /// source's version check reports. Returns the bytes read.
@@ -122,6 +150,19 @@ impl Tier for SourceTier {
         );
         let block = self.read(want.rel, want.key)?;
         Ok(Some(Found::Block(Arc::new(block))))
+    }
+
+    fn get_run(&self, want: &Want<'_>, more: u64) -> Result<Vec<Arc<Block>>, TierError> {
+        tracing::debug!(
+            "fetch {} blocks {}..={} for {} epoch {} ({:?})",
+            want.rel.display(),
+            want.key.block,
+            want.key.block + more,
+            want.job,
+            want.epoch,
+            want.why
+        );
+        self.read_run(want.rel, want.key, more)
     }
 
     fn admit(&self, _want: &Want<'_>, _data: &Arc<Block>) -> bool {

@@ -589,3 +589,29 @@ impl Drop for MountHelper {
         }
     }
 }
+
+/// The Python that has `webdataset` and `tfrecord`: `COORFS_TEST_PYTHON`, else the venv
+/// scripts/test.sh makes in target/moto (with moto's server).
+pub fn shard_python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("COORFS_TEST_PYTHON") {
+        return p.into();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/moto/bin/python")
+}
+
+/// Runs `tests/shard_readers.py` with `args`; returns what it printed, as JSON for `read`.
+pub fn shard_readers(args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shard_readers.py");
+    let out = std::process::Command::new(shard_python())
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("the shard readers' Python (scripts/test.sh installs it in target/moto)");
+    assert!(
+        out.status.success(),
+        "shard_readers.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null)
+}

@@ -1,0 +1,190 @@
+//! Shards through a real mount: big files (WebDataset tars, TFRecords) read whole and in
+//! sequence with small reads, shards in a shuffled order. Small reads cost no round trip each,
+//! a shard the cache holds part of is read from the source only for the rest, and the byte
+//! hit rate says what the per-file one cannot.
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+
+use common::*;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+const SHARDS: usize = 6;
+const SHARD: usize = 6 << 20;
+/// What a tar reader asks for at a time.
+const READ: usize = 16 << 10;
+
+/// Reads every shard once, in a shuffled order fixed by `seed`, with `READ`-byte reads,
+/// and checks every byte against the source's.
+fn read_epoch(mnt: &Path, seed: u64) {
+    let mut order: Vec<usize> = (0..SHARDS).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    for i in order {
+        let mut f = std::fs::File::open(mnt.join(format!("shard-{i:03}.tar"))).unwrap();
+        let mut got = Vec::with_capacity(SHARD);
+        let mut buf = vec![0; READ];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == bytes(i as u64, SHARD), "shard {i} differs");
+    }
+}
+
+fn make_shards(src: &Path) {
+    std::fs::create_dir_all(src).unwrap();
+    for i in 0..SHARDS {
+        std::fs::write(
+            src.join(format!("shard-{i:03}.tar")),
+            bytes(i as u64, SHARD),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn partly_cached_shards_read_only_their_uncached_bytes_and_small_reads_are_no_round_trip_each() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_shards(&src);
+    // Room for two shards and a part of a third: MinIO keeps the blocks it admitted.
+    let cache = (2 * SHARD + SHARD / 2).to_string();
+    let m = Mount::new(&src, &["--no-prefetch", "--cache-size", &cache]);
+    wait_for_scan(&m.mnt);
+    let dataset = (SHARDS * SHARD) as u64;
+
+    read_epoch(&m.mnt, 1);
+    let s = stats(&m.mnt);
+    // Epoch 1: the dataset once, and the reader's 16 KiB reads reached the daemon as the
+    // kernel's readahead, about a READ per MiB (2,304 reads of 16 KiB were made).
+    assert_eq!(num(&s, "bytes_from_source"), dataset, "{s}");
+    let reads = num(&s, "read_requests");
+    assert!(reads <= 2 * (dataset >> 20), "{reads} READs for 36 MiB");
+    let cached = num(&s, "cached_bytes");
+    assert!(
+        cached > 2 * SHARD as u64 && cached < 3 * SHARD as u64,
+        "a shard is cached in part: {cached}"
+    );
+
+    for epoch in 2..=3 {
+        let before = num(&stats(&m.mnt), "bytes_from_source");
+        read_epoch(&m.mnt, epoch);
+        let s = stats(&m.mnt);
+        let read = num(&s, "bytes_from_source") - before;
+        // Exactly what the cache lacks: no byte of a partly cached shard twice.
+        assert_eq!(read, dataset - cached, "epoch {epoch}: {s}");
+        let e = &s["epochs"][epoch as usize - 1];
+        let byte_hit = e["byte_hit_rate"].as_f64().unwrap();
+        let want = cached as f64 / dataset as f64;
+        assert!(
+            (byte_hit - want).abs() < 1e-3,
+            "{byte_hit} against {want}: {e}"
+        );
+        // Per file, only the whole shards are hits.
+        assert_eq!(num(e, "hits"), 2, "{e}");
+    }
+    let text = String::from_utf8(coorfs(["stats".as_ref(), m.mnt.as_os_str()]).stdout).unwrap();
+    assert!(text.contains("byte hit"), "{text}");
+    m.unmount();
+}
+
+#[test]
+fn a_streamed_shard_leaves_no_page_behind_in_the_kernel() {
+    // A shard read through the kernel's page cache (so that its small reads are served from
+    // there) has its pages dropped when it is closed: left there, the kernel's LRU would push
+    // out what the cache serves.
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_shards(&src);
+    let m = Mount::new(
+        &src,
+        &["--no-prefetch", "--no-passthrough", "--cache-size", "1M"],
+    );
+    wait_for_scan(&m.mnt);
+    let path = m.mnt.join("shard-000.tar");
+    // Every open without keep_cache drops the file's pages, so they are looked at through a
+    // mapping of a descriptor opened before the read, not by opening the file again.
+    let watcher = std::fs::File::open(&path).unwrap();
+    // SAFETY: a private read-only mapping, only its residency is asked.
+    let map = unsafe { memmap2::Mmap::map(&watcher) }.unwrap();
+    let resident = || {
+        let mut vec = vec![0u8; map.len().div_ceil(4096)];
+        // SAFETY: `map` is live for `map.len()` bytes; `vec` has a byte per page.
+        let rc = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    };
+    {
+        let mut f = std::fs::File::open(&path).unwrap();
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        assert!(got == bytes(0, SHARD));
+        // While it is open its pages are there: that is how small reads are served.
+        assert!(resident() > SHARD / 4096 / 2, "{} pages", resident());
+    }
+    // The release reaches the daemon after the close, and the invalidation after that.
+    assert!(
+        wait_for(std::time::Duration::from_secs(5), || resident() == 0),
+        "{} pages left",
+        resident()
+    );
+    drop(map);
+    drop(watcher);
+    m.unmount();
+}
+
+#[test]
+fn webdataset_and_tfrecord_readers_read_a_mount_as_the_source_and_cost_no_round_trip_a_read() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    shard_readers(&["make".as_ref(), src.as_os_str()]);
+    let want = shard_readers(&["read".as_ref(), src.as_os_str(), "1".as_ref()]);
+    assert_eq!(want["samples"], 300, "{want}");
+    assert_eq!(want["records"], 240, "{want}");
+    let dataset: u64 = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    // A third of the dataset: the cache keeps some shards whole and one in part.
+    let cache = (dataset / 3).to_string();
+    let m = Mount::new(&src, &["--no-prefetch", "--cache-size", &cache]);
+    wait_for_scan(&m.mnt);
+    let mut cached = 0;
+    for epoch in 1..=3u64 {
+        let before = stats(&m.mnt);
+        let got = shard_readers(&[
+            "read".as_ref(),
+            m.mnt.as_os_str(),
+            epoch.to_string().as_ref(),
+        ]);
+        assert_eq!(got, want, "epoch {epoch}: samples, records or bytes differ");
+        let s = stats(&m.mnt);
+        let from_source = num(&s, "bytes_from_source") - num(&before, "bytes_from_source");
+        let requests = num(&s, "read_requests") - num(&before, "read_requests");
+        // tarfile and the TFRecord loader read a few bytes to 200 KiB at a time (thousands
+        // of reads); the kernel's readahead asks the daemon for about a MiB a READ.
+        assert!(
+            requests <= 2 * (dataset >> 20) + 20,
+            "epoch {epoch}: {requests} READs for {} MiB",
+            dataset >> 20
+        );
+        if epoch == 1 {
+            assert_eq!(from_source, dataset, "epoch 1 reads the dataset once: {s}");
+            cached = num(&s, "cached_bytes");
+            assert!(cached > 0 && cached < dataset, "{s}");
+        } else {
+            assert_eq!(
+                from_source,
+                dataset - cached,
+                "epoch {epoch}: the uncached bytes: {s}"
+            );
+        }
+    }
+    m.unmount();
+}
