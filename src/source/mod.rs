@@ -278,6 +278,27 @@ pub trait DatasetSource: Send + Sync + 'static {
         offset: u64,
         buf: &mut [u8],
     ) -> io::Result<usize>;
+    /// Reads from `offset` of file `version` into `bufs`, one after another, until all are
+    /// full or the file ends; returns the bytes read. An object store reads them in one
+    /// request (a part, see `tier/fetch.rs`); by default, one `read_block` each.
+    fn read_blocks(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        bufs: &mut [&mut [u8]],
+    ) -> io::Result<usize> {
+        let mut done = 0;
+        for buf in bufs.iter_mut() {
+            let want = buf.len();
+            let n = self.read_block(rel, version, offset + done as u64, buf)?;
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
     /// `statvfs` of the filesystem holding the source.
     fn statfs(&self) -> io::Result<FsStats>;
     /// Bytes of memory the source keeps of the dataset's names beside the node table (an
@@ -790,6 +811,25 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
             panic!("injected panic reading {}", rel.display());
         }
         self.inner.read_block(rel, version, offset, buf)
+    }
+    fn read_blocks(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        bufs: &mut [&mut [u8]],
+    ) -> io::Result<usize> {
+        let one = bufs.len() == 1;
+        if !one {
+            // One read however many blocks: as slow as one, and counted once.
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            let delay = *self.read_delay.lock();
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            return self.inner.read_blocks(rel, version, offset, bufs);
+        }
+        self.read_block(rel, version, offset, bufs[0])
     }
     fn statfs(&self) -> io::Result<FsStats> {
         self.inner.statfs()

@@ -76,31 +76,39 @@ impl SourceTier {
     }
 
     /// Reads block `key` and the `more` after it in one read of the source (one request to an
-    /// object store), each as a block of its own.
+    /// object store), each into a block of its own.
     fn read_run(&self, rel: &Path, key: BlockKey, more: u64) -> Result<Vec<Arc<Block>>, TierError> {
         let size = key.version.size;
-        let lens: Vec<usize> = (key.block..=key.block + more)
-            .map(|b| self.blocks.len(size, b) as usize)
-            .collect();
-        let len: usize = lens.iter().sum();
-        let mut run = match Block::zeroed(len) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!("no memory for a part of {}: {e}", rel.display());
-                return Err(TierError(libc::ENOMEM));
+        let mut blocks = Vec::with_capacity(more as usize + 1);
+        for b in key.block..=key.block + more {
+            match Block::zeroed(self.blocks.len(size, b) as usize) {
+                Ok(block) => blocks.push(block),
+                Err(e) => {
+                    tracing::warn!("no memory for a part of {}: {e}", rel.display());
+                    return Err(TierError(libc::ENOMEM));
+                }
             }
-        };
-        let n = self.read_into(rel, &key, self.blocks.offset(key.block), run.whole_mut())?;
-        run.truncate(n.min(len));
-        let run = self.complete(run, len)?;
-        let mut at = 0;
-        let mut blocks = Vec::with_capacity(lens.len());
-        for l in lens {
-            let block = Block::copy_of(&run[at..at + l]).map_err(|_| TierError(libc::ENOMEM))?;
-            blocks.push(Arc::new(block));
-            at += l;
         }
-        Ok(blocks)
+        let len: usize = blocks.iter().map(|b| b.len()).sum();
+        let offset = self.blocks.offset(key.block);
+        let mut bufs: Vec<&mut [u8]> = blocks.iter_mut().map(|b| &mut b.whole_mut()[..]).collect();
+        // Each block's own length, not its pages: the run is one range of the file.
+        for (buf, b) in bufs.iter_mut().zip(key.block..) {
+            let l = self.blocks.len(size, b) as usize;
+            let whole = std::mem::take(buf);
+            *buf = &mut whole[..l];
+        }
+        let n = (self
+            .source
+            .read_blocks(rel, &key.version, offset, &mut bufs))
+        .map_err(|e| self.failed(rel, &e))?;
+        let counters = &self.stats.counters;
+        Counters::add(&counters.bytes_from_source, n.min(len) as u64);
+        if n < len {
+            Counters::add(&counters.source_errors, 1);
+            return Err(TierError(libc::ESTALE));
+        }
+        Ok(blocks.into_iter().map(Arc::new).collect())
     }
 
     /// Reads block `key` (at `offset`) into `buf`, whole pages of it, so that an O_DIRECT
@@ -113,13 +121,14 @@ impl SourceTier {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize, TierError> {
-        self.source
-            .read_block(rel, &key.version, offset, buf)
-            .map_err(|e| {
-                Counters::add(&self.stats.counters.source_errors, 1);
-                tracing::warn!("reading {}: {e}", rel.display());
-                TierError::of(&e)
-            })
+        (self.source.read_block(rel, &key.version, offset, buf)).map_err(|e| self.failed(rel, &e))
+    }
+
+    /// Counts and logs a failed read of `rel`; its fault for the reader.
+    fn failed(&self, rel: &Path, e: &std::io::Error) -> TierError {
+        Counters::add(&self.stats.counters.source_errors, 1);
+        tracing::warn!("reading {}: {e}", rel.display());
+        TierError::of(e)
     }
 
     /// Counts a block read from the source; one shorter than `len` is an error.

@@ -885,6 +885,17 @@ impl DatasetSource for ObjectSource {
         offset: u64,
         buf: &mut [u8],
     ) -> io::Result<usize> {
+        self.read_blocks(rel, version, offset, &mut [buf])
+    }
+
+    /// One ranged GET for all of `bufs`, its body copied into each in turn.
+    fn read_blocks(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        bufs: &mut [&mut [u8]],
+    ) -> io::Result<usize> {
         let (etag, last_modified) = {
             let tree = self.tree.read();
             // Gone (a read found it so), or another version now.
@@ -895,7 +906,8 @@ impl DatasetSource for ObjectSource {
             }
             (o.etag.clone(), o.last_modified)
         };
-        let end = (offset + buf.len() as u64).min(version.size);
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        let end = (offset + len as u64).min(version.size);
         if offset >= end {
             return Ok(0);
         }
@@ -913,7 +925,12 @@ impl DatasetSource for ObjectSource {
         })?;
         match got {
             Ok(bytes) if bytes.len() as u64 == end - offset => {
-                buf[..bytes.len()].copy_from_slice(&bytes);
+                let mut at = 0;
+                for buf in bufs.iter_mut() {
+                    let n = buf.len().min(bytes.len() - at);
+                    buf[..n].copy_from_slice(&bytes[at..at + n]);
+                    at += n;
+                }
                 Ok(bytes.len())
             }
             Ok(bytes) => {
