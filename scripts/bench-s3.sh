@@ -5,6 +5,12 @@
 #   scripts/bench-s3.sh                              # REPS=2, about 30 minutes
 #   DISK=$((128 << 20)) SYSTEMS="boto3 rclone coorfs hint" scripts/bench-s3.sh
 #   FILES=200 REPS=1 EPOCHS=2 scripts/bench-s3.sh    # a dry run, in a minute
+#   SHARDS=32 SHARD_SIZE=24M POD=$((384 << 20)) DISK=$((256 << 20)) PACE=100M scripts/bench-s3.sh
+#
+# With SHARDS, the dataset is SHARDS WebDataset .tar shards of SHARD_SIZE
+# (scripts/make-shards.py) instead of small files (scripts/bench-shards.sh s3 runs it so).
+# With PACE (e.g. 100M), the server sends each answer at most at PACE bytes a second, about
+# what one S3 stream gives.
 #
 # The store: moto's S3 server (scripts/s3-server.py, from the venv scripts/test.sh installs
 # into target/moto) answering every request after LATENCY (20 ms: first byte from a store in
@@ -38,7 +44,14 @@ DISK=${DISK:-$POD}
 PROCS=${PROCS:-2}
 LATENCY=${LATENCY:-20ms}
 SYSTEMS=${SYSTEMS:-"boto3 s3fs rclone coorfs hint"}
-DATA=${DATA:-/var/tmp/coorfs-bench/s3-$FILES}
+SHARDS=${SHARDS:-}
+SHARD_SIZE=${SHARD_SIZE:-24M}
+PACE=${PACE:-0}
+if [ -n "$SHARDS" ]; then
+    DATA=${DATA:-/var/tmp/coorfs-bench/s3-shards-$SHARDS-$SHARD_SIZE}
+else
+    DATA=${DATA:-/var/tmp/coorfs-bench/s3-$FILES}
+fi
 PORT=${PORT:-$((20000 + $$ % 10000))}
 
 for tool in rclone s3fs; do
@@ -54,7 +67,12 @@ if [ ! -x "$venv/bin/moto_server" ]; then
 fi
 cargo build --release --quiet
 coorfs=$PWD/target/release/coorfs
-python3 scripts/make-dataset.py --files "$FILES" --size 30K --max-size 220K --classes 100 "$DATA" >/dev/null
+if [ -n "$SHARDS" ]; then
+    python3 scripts/make-shards.py --shards "$SHARDS" --size "$SHARD_SIZE" "$DATA"
+    FILES=$SHARDS
+else
+    python3 scripts/make-dataset.py --files "$FILES" --size 30K --max-size 220K --classes 100 "$DATA" >/dev/null
+fi
 dataset_bytes=$(file_bytes "$DATA")
 bench_start s3 /var/tmp
 samples=$work/samples.txt
@@ -65,7 +83,7 @@ export AWS_ENDPOINT_URL=$endpoint AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=bench \
 echo "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" > "$work/s3fs.passwd"
 chmod 600 "$work/s3fs.passwd"
 
-"$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency "$LATENCY" > "$work/server.log" 2>&1 &
+"$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency "$LATENCY" --pace "$PACE" > "$work/server.log" 2>&1 &
 server=$!
 # Ends the server with the rest of the clean-up.
 trap 'unmount_any; kill $server 2>/dev/null || true; cg_kill "$cg"; bench_cleanup' EXIT
@@ -163,7 +181,7 @@ done
 
 echo
 echo "scripts/bench-s3.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): $FILES files," \
-    "$((dataset_bytes >> 20)) MiB in s3://bench/ds (moto, $LATENCY per request);" \
+    "$((dataset_bytes >> 20)) MiB in s3://bench/ds (moto, $LATENCY per request, answers paced at $PACE/s (0: unpaced));" \
     "a $((POD >> 20)) MiB memory cgroup for each system, $((DISK >> 20)) MiB of local disk for rclone's and coorfs's caches;" \
     "$PROCS reader processes"
 echo

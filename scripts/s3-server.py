@@ -3,7 +3,10 @@
 added before every answer, like an object store across a network (first byte after
 --latency; many requests wait at once, as they do on a real store).
 
-    s3-server.py --port 9000 --latency 20ms
+    s3-server.py --port 9000 --latency 20ms [--pace 100M]
+
+With --pace, each answer's body is sent at most at that many bytes a second (one S3 stream
+gives about 100 MiB/s): many requests in flight then go faster than one, as on a real store.
 
 This machine's kernel has no netem to delay loopback traffic, so the delay is the server's.
 Run it with the python of the venv that has moto (scripts/test.sh installs one into
@@ -23,15 +26,34 @@ def seconds(text):
 
 
 class Delayed:
-    """WSGI middleware: waits `latency` seconds before the app answers."""
+    """WSGI middleware: waits `latency` seconds before the app answers, and sends each body
+    at `pace` bytes a second at most (0: as fast as it goes), in chunks of 256 KiB."""
 
-    def __init__(self, app, latency):
-        self.app, self.latency = app, latency
+    CHUNK = 256 << 10
+
+    def __init__(self, app, latency, pace=0):
+        self.app, self.latency, self.pace = app, latency, pace
 
     def __call__(self, environ, start_response):
         if self.latency:
             time.sleep(self.latency)
-        return self.app(environ, start_response)
+        body = self.app(environ, start_response)
+        return self.paced(body) if self.pace else body
+
+    def paced(self, body):
+        start, sent = time.monotonic(), 0
+        try:
+            for part in body:
+                for i in range(0, len(part), self.CHUNK):
+                    chunk = part[i : i + self.CHUNK]
+                    sent += len(chunk)
+                    ahead = start + sent / self.pace - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
+                    yield chunk
+        finally:
+            if hasattr(body, "close"):
+                body.close()
 
 
 class Quiet(WSGIRequestHandler):
@@ -47,8 +69,14 @@ def main():
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--latency", default="20ms", help="added before each answer (e.g. 20ms)")
+    p.add_argument("--pace", default="0", help="bytes a second per answer at most (e.g. 100M)")
     a = p.parse_args()
-    app = Delayed(DomainDispatcherApplication(create_backend_app), seconds(a.latency))
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    pace = a.pace.upper().rstrip("B")
+    pace = int(float(pace[:-1]) * units[pace[-1]]) if pace[-1:] in units else int(pace)
+    app = Delayed(
+        DomainDispatcherApplication(create_backend_app), seconds(a.latency), pace
+    )
     run_simple(a.host, a.port, app, threaded=True, request_handler=Quiet)
 
 

@@ -45,7 +45,7 @@
 //! - Readahead: INIT can only lower the window the kernel gives a FUSE mount (128 KiB); as
 //!   root the daemon raises it to `--readahead` (16 MiB) through the mount's
 //!   `/sys/class/bdi/MAJ:MIN/read_ahead_kb` once INIT is done (`daemon.rs`), and INIT allows
-//!   64 background requests (readahead's READs) in flight instead of 12. Files read through
+//!   16 background requests (readahead's READs) in flight instead of 12. Files read through
 //!   the page cache (hits with `keep_cache`, streamed misses of 4 MiB and more) then reach the
 //!   daemon as READs of 1 MiB, many in flight, however small the reader's own reads.
 //! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and `--threads` worker threads
@@ -340,11 +340,13 @@ impl Filesystem for FuseAdapter {
         if let Err(max) = config.set_max_readahead(1 << 20) {
             let _ = config.set_max_readahead(max);
         }
-        // Readahead's READs are background requests: up to 64 in flight (the kernel's default
+        // Readahead's READs are background requests: up to 16 in flight (the kernel's default
         // is 12), so that a reader's window of 16 MiB (`--readahead`) is 16 READs of 1 MiB
-        // at once, each fetched by its own I/O thread (64 by default).
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
+        // at once. Each holds a block in the daemon while it is fetched, so that more would be
+        // memory a small pod lacks: 64 in flight (64 MiB) got a daemon OOM-killed in a pod of
+        // 64 MiB.
+        let _ = config.set_max_background(16);
+        let _ = config.set_congestion_threshold(12);
         debug!("FUSE capabilities {:?}", config.capabilities());
         Ok(())
     }
