@@ -76,6 +76,21 @@ pub enum Origin {
     Source,
 }
 
+/// Parts read at once at most: each holds its GET's body and its blocks (2 x 8 MiB) until it
+/// is handed out. Without a bound, the prefetcher's 16 fetches in flight following an order
+/// hint each read a part, and a daemon with 300 MiB of cache got OOM-killed in a pod of
+/// 384 MiB. Four parts keep two readers' windows (16 MiB each) full; a smaller staging area
+/// (a small pod's) allows fewer ([`parts_in_flight`]).
+pub const PARTS_IN_FLIGHT: usize = 4;
+
+/// Parts read at once with a staging area of `staging` bytes and parts of `part` bytes: as
+/// many as a quarter of the staging area holds (a GET's body and its blocks each: 2 parts'
+/// worth), 1 to [`PARTS_IN_FLIGHT`], so that their memory stays of the order of the staging
+/// area's, which the budget beside the cache was sized for.
+pub fn parts_in_flight(staging: u64, part: u64) -> usize {
+    (staging / (4 * part.max(1))).clamp(1, PARTS_IN_FLIGHT as u64) as usize
+}
+
 /// Called once by the fetch that a caller started, before its waiters run.
 pub type Report = Box<dyn FnOnce(&Fetched) + Send>;
 
@@ -92,6 +107,9 @@ pub struct Fetcher {
     /// With parts: blocks whose fetch is in flight and has not begun to read, which a part's
     /// run may still take (see [`Fetcher::claim_part`]).
     unread: parking_lot::Mutex<std::collections::HashSet<BlockKey>>,
+    /// Runs of a part being read now (at most `parts_max`, see [`parts_in_flight`]).
+    parts_in_flight: AtomicUsize,
+    parts_max: usize,
     blocks: BlockSize,
     stats: Arc<Stats>,
     inflight: Inflight<BlockKey, FetchResult>,
@@ -142,7 +160,7 @@ impl Fetcher {
         below: Vec<Arc<dyn Tier>>,
         memory: Arc<BlockCache>,
         recent: Arc<RecentBlocks>,
-        (ahead, part_blocks): (Arc<Ahead>, u64),
+        (ahead, part_blocks, parts_max): (Arc<Ahead>, u64, usize),
         stats: Arc<Stats>,
         io: tokio::runtime::Handle,
     ) -> Self {
@@ -155,6 +173,8 @@ impl Fetcher {
             ahead,
             part_blocks: part_blocks.max(1),
             unread: Default::default(),
+            parts_in_flight: AtomicUsize::new(0),
+            parts_max,
             stats,
             inflight: Inflight::default(),
             io,
@@ -339,12 +359,14 @@ impl Fetcher {
         let (found, finder, rest): (_, _, Vec<(u64, Arc<Block>)>) = match found {
             Some((found, finder)) => (found, finder, Vec::new()),
             None => {
-                let (lo, hi) = self.claim_part(&want.key);
+                let (lo, hi) = self.claim_part(&want.key, want.why.is_read());
                 let b = want.key.block;
                 let read = if hi - lo == 1 {
                     source.get(want).map(|f| f.map(|f| (f, Vec::new())))
                 } else {
-                    source.get_run(&want.block(lo), hi - lo - 1).map(|mut run| {
+                    let run = source.get_run(&want.block(lo), hi - lo - 1);
+                    self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
+                    run.map(|mut run| {
                         let mine = run.remove((b - lo) as usize);
                         let rest = (lo..hi).filter(|&x| x != b).zip(run).collect();
                         Some((Found::Block(mine), rest))
@@ -404,9 +426,25 @@ impl Fetcher {
     /// module header); returns the run `lo..hi` to read, `key`'s block among them. Of two
     /// reads of one part that start together, the second finds the first's claims and
     /// waits for its GET.
-    fn claim_part(&self, key: &BlockKey) -> (u64, u64) {
+    fn claim_part(&self, key: &BlockKey, demand: bool) -> (u64, u64) {
         let b = key.block;
         if self.part_blocks <= 1 {
+            return (b, b + 1);
+        }
+        // The parts in flight are memory (a GET's body and its blocks): readers get up to
+        // `parts_max` at once, the prefetcher half of them; past that a block is read on its
+        // own.
+        let most = if demand {
+            self.parts_max
+        } else {
+            self.parts_max / 2
+        };
+        let taken = self
+            .parts_in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < most).then_some(n + 1)
+            });
+        if taken.is_err() {
             return (b, b + 1);
         }
         let count = self.blocks.count(key.version.size);
@@ -430,6 +468,9 @@ impl Fetcher {
         let mut lo = b;
         while lo > start && claim(lo - 1) {
             lo -= 1;
+        }
+        if hi - lo == 1 {
+            self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
         }
         (lo, hi)
     }
@@ -585,7 +626,7 @@ mod tests {
             below,
             memory,
             recent,
-            (ahead, 1),
+            (ahead, 1, 1),
             stats,
             io.handle().clone(),
         );

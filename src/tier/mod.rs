@@ -237,21 +237,24 @@ impl Tiers {
             )));
         }
         below.push(Arc::new(SourceTier::new(source, blocks, stats.clone())));
-        // The rest of a part waits for its reader in a buffer of a few parts.
+        // The rest of a part waits for its reader in a buffer of a few parts, at most half the
+        // staging area (a small pod's is a few MiB); as many parts are read at once as the
+        // staging area allows.
         let part_blocks = (part_size / blocks.get()).max(1);
         let ahead = Arc::new(ahead::Ahead::new(
             if part_blocks > 1 {
-                AHEAD_PARTS * part_size
+                (AHEAD_PARTS * part_size).min(staging / 2)
             } else {
                 0
             },
             stats.clone(),
         ));
+        let parts = fetch::parts_in_flight(staging, part_size);
         let fetcher = Fetcher::new(
             below,
             memory.clone(),
             recent.clone(),
-            (ahead, part_blocks),
+            (ahead, part_blocks, parts),
             stats,
             io,
         );
