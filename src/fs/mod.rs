@@ -262,7 +262,10 @@ impl DatasetFs {
         let tiers = Tiers::new(
             cache,
             config.prefetch.staging_bytes(),
-            if object_store { config.part_size } else { 0 },
+            (
+                if object_store { config.part_size } else { 0 },
+                config.prefetch.memory,
+            ),
             disk,
             source.clone(),
             config.cluster.as_ref(),

@@ -206,12 +206,14 @@ impl Tiers {
     /// holds the block, else from the member of `cluster` that owns the file, if it is
     /// another, else from `source`. In a cluster, the cache keeps only the files this member
     /// owns. A source read of a big file reads the rest of its part of `part_size` bytes
-    /// with it (object stores; 0, or the block size, reads block by block).
+    /// with it (object stores; 0, or the block size, reads block by block), with parts in
+    /// flight and read ahead sized to `part_memory` (the `--prefetch-memory` budget, which
+    /// is set even when prefetch is off).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         memory: BlockCache,
         staging: u64,
-        part_size: u64,
+        (part_size, part_memory): (u64, u64),
         disk: Option<Arc<disk::DiskTier>>,
         source: Arc<dyn DatasetSource>,
         cluster: Option<&crate::cluster::ClusterConfig>,
@@ -238,18 +240,18 @@ impl Tiers {
         }
         below.push(Arc::new(SourceTier::new(source, blocks, stats.clone())));
         // The rest of a part waits for its reader in a buffer of a few parts, at most half the
-        // staging area (a small pod's is a few MiB); as many parts are read at once as the
-        // staging area allows.
+        // staging budget (a small pod's is a few MiB); as many parts are read at once as that
+        // budget allows.
         let part_blocks = (part_size / blocks.get()).max(1);
         let ahead = Arc::new(ahead::Ahead::new(
             if part_blocks > 1 {
-                (AHEAD_PARTS * part_size).min(staging / 2)
+                (AHEAD_PARTS * part_size).min(part_memory / 2)
             } else {
                 0
             },
             stats.clone(),
         ));
-        let parts = fetch::parts_in_flight(staging, part_size);
+        let parts = fetch::parts_in_flight(part_memory, part_size);
         let fetcher = Fetcher::new(
             below,
             memory.clone(),
@@ -413,7 +415,7 @@ pub(crate) mod tests {
             let tiers = Tiers::new(
                 memory,
                 1 << 20,
-                0,
+                (0, 0),
                 None,
                 Arc::new(source.unwrap()),
                 None,
