@@ -79,8 +79,9 @@ pub enum Origin {
 /// Parts read at once at most: each holds its GET's body and its blocks (2 x 8 MiB) until it
 /// is handed out. Without a bound, the prefetcher's 16 fetches in flight following an order
 /// hint each read a part, and a daemon with 300 MiB of cache got OOM-killed in a pod of
-/// 384 MiB. Four parts keep two readers' windows (16 MiB each) full; a smaller staging area
-/// (a small pod's) allows fewer ([`parts_in_flight`]).
+/// 384 MiB. Four parts keep two readers' windows (16 MiB each) full; the prefetcher gets
+/// half of what the budget allows ([`parts_in_flight`]): none in a small pod. Readers always
+/// get four: one part at a time made an epoch of shards from S3 twice as long.
 pub const PARTS_IN_FLIGHT: usize = 4;
 
 /// Parts read at once with a staging area of `staging` bytes and parts of `part` bytes: as
@@ -432,10 +433,10 @@ impl Fetcher {
             return (b, b + 1);
         }
         // The parts in flight are memory (a GET's body and its blocks): readers get up to
-        // `parts_max` at once, the prefetcher half of them; past that a block is read on its
-        // own.
+        // [`PARTS_IN_FLIGHT`] at once, the prefetcher up to half of what the budget allows
+        // (none in a small pod); past that a block is read on its own.
         let most = if demand {
-            self.parts_max
+            PARTS_IN_FLIGHT
         } else {
             self.parts_max / 2
         };
