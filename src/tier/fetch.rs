@@ -76,20 +76,22 @@ pub enum Origin {
     Source,
 }
 
-/// Parts read at once at most: each holds its GET's body and its blocks (2 x 8 MiB) until it
-/// is handed out. Without a bound, the prefetcher's 16 fetches in flight following an order
-/// hint each read a part, and a daemon with 300 MiB of cache got OOM-killed in a pod of
-/// 384 MiB. Four parts keep two readers' windows (16 MiB each) full; the prefetcher gets
-/// half of what the budget allows ([`parts_in_flight`]): none in a small pod. Readers always
-/// get four: one part at a time made an epoch of shards from S3 twice as long.
+/// Parts read at once at most: each holds its blocks (8 MiB) and a MiB of the GET's body
+/// until it is handed out. Four keep two readers' windows (16 MiB each) full.
 pub const PARTS_IN_FLIGHT: usize = 4;
 
-/// Parts read at once with a staging area of `staging` bytes and parts of `part` bytes: as
-/// many as a quarter of the staging area holds (a GET's body and its blocks each: 2 parts'
-/// worth), 1 to [`PARTS_IN_FLIGHT`], so that their memory stays of the order of the staging
-/// area's, which the budget beside the cache was sized for.
-pub fn parts_in_flight(staging: u64, part: u64) -> usize {
-    (staging / (4 * part.max(1))).clamp(1, PARTS_IN_FLIGHT as u64) as usize
+/// Parts read at once `(by readers, by the prefetcher)` beside a `--prefetch-memory` budget
+/// of `budget` bytes, with parts of `part` bytes: readers get 2 to [`PARTS_IN_FLIGHT`], a
+/// part for each 1.5 parts of the budget (24 MiB in a pod of 384 MiB: 2); the prefetcher
+/// half of that, and none beside a budget under 8 parts. Without a bound, the prefetcher's 16
+/// fetches in flight following an order hint each read a part, and a daemon with 300 MiB of
+/// cache was OOM-killed in a pod of 384 MiB; with readers limited to one part at a time, an
+/// epoch of shards from S3 took twice as long.
+pub fn parts_in_flight(budget: u64, part: u64) -> (usize, usize) {
+    let part = part.max(1);
+    let readers = (budget * 2 / (3 * part)).clamp(2, PARTS_IN_FLIGHT as u64) as usize;
+    let prefetcher = if budget >= 8 * part { readers / 2 } else { 0 };
+    (readers, prefetcher)
 }
 
 /// Called once by the fetch that a caller started, before its waiters run.
@@ -110,7 +112,8 @@ pub struct Fetcher {
     unread: parking_lot::Mutex<std::collections::HashSet<BlockKey>>,
     /// Runs of a part being read now (at most `parts_max`, see [`parts_in_flight`]).
     parts_in_flight: AtomicUsize,
-    parts_max: usize,
+    /// At most, by readers and by the prefetcher ([`parts_in_flight`]).
+    parts_max: (usize, usize),
     blocks: BlockSize,
     stats: Arc<Stats>,
     inflight: Inflight<BlockKey, FetchResult>,
@@ -161,7 +164,7 @@ impl Fetcher {
         below: Vec<Arc<dyn Tier>>,
         memory: Arc<BlockCache>,
         recent: Arc<RecentBlocks>,
-        (ahead, part_blocks, parts_max): (Arc<Ahead>, u64, usize),
+        (ahead, part_blocks, parts_max): (Arc<Ahead>, u64, (usize, usize)),
         stats: Arc<Stats>,
         io: tokio::runtime::Handle,
     ) -> Self {
@@ -432,13 +435,12 @@ impl Fetcher {
         if self.part_blocks <= 1 {
             return (b, b + 1);
         }
-        // The parts in flight are memory (a GET's body and its blocks): readers get up to
-        // [`PARTS_IN_FLIGHT`] at once, the prefetcher up to half of what the budget allows
-        // (none in a small pod); past that a block is read on its own.
+        // The parts in flight are memory: readers and the prefetcher get as many at once as
+        // the budget allows ([`parts_in_flight`]); past that a block is read on its own.
         let most = if demand {
-            PARTS_IN_FLIGHT
+            self.parts_max.0
         } else {
-            self.parts_max / 2
+            self.parts_max.1
         };
         let taken = self
             .parts_in_flight
@@ -627,7 +629,7 @@ mod tests {
             below,
             memory,
             recent,
-            (ahead, 1, 1),
+            (ahead, 1, (1, 0)),
             stats,
             io.handle().clone(),
         );

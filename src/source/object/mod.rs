@@ -546,6 +546,20 @@ impl ObjectSource {
         io::Error::from_raw_os_error(errno)
     }
 
+    /// The error of a GET of `rel` that failed with `e`: a failure carries the store's words
+    /// to the caller's one log line of the read; a changed or deleted object is logged only at
+    /// debug (the next open sees what is there now).
+    fn get_failed(&self, rel: &Path, e: &object_store::Error) -> io::Result<usize> {
+        match errno_of(e) {
+            errno @ (libc::ESTALE | libc::ENOENT) => {
+                let (name, why) = (self.name.display(), one_line(e));
+                tracing::debug!("{name}/{}: GET: {why}", rel.display());
+                self.gone_or_changed(rel, errno)
+            }
+            errno => Err(Refusal::error(errno, format!("GET: {}", one_line(e)))),
+        }
+    }
+
     /// The error of a GET the store refused because object `rel` changed since it was listed
     /// (`ESTALE`: some stores check If-Match first) or is gone (`ENOENT`).
     fn gone_or_changed(&self, rel: &Path, errno: i32) -> io::Result<usize> {
@@ -918,42 +932,75 @@ impl DatasetSource for ObjectSource {
             range: Some(GetRange::Bounded(offset..end)),
             ..Default::default()
         };
+        // The body is copied into `bufs` as it arrives, a MiB at a time: a part's GET holds no
+        // copy of the part beside the blocks it fills.
         let (store, key) = (self.store.clone(), self.url.key(rel));
-        let got = self.wait(async move {
+        let opened = self.wait(async move {
             let r = store.get_opts(&key, options).await?;
-            r.bytes().await
+            Ok::<_, object_store::Error>(r.into_stream())
         })?;
-        match got {
-            Ok(bytes) if bytes.len() as u64 == end - offset => {
-                let mut at = 0;
-                for buf in bufs.iter_mut() {
-                    let n = buf.len().min(bytes.len() - at);
-                    buf[..n].copy_from_slice(&bytes[at..at + n]);
-                    at += n;
+        let mut stream = match opened {
+            Ok(stream) => stream,
+            Err(e) => return self.get_failed(rel, &e),
+        };
+        let want = (end - offset) as usize;
+        let (mut got, mut at) = (0usize, (0usize, 0usize));
+        loop {
+            let (back, chunks) = self.wait(async move {
+                let (mut chunks, mut n) = (Vec::new(), 0);
+                while n < (1 << 20) {
+                    match stream.next().await {
+                        Some(Ok(bytes)) => {
+                            n += bytes.len();
+                            chunks.push(Ok(bytes));
+                        }
+                        Some(Err(e)) => {
+                            chunks.push(Err(e));
+                            break;
+                        }
+                        None => break,
+                    }
                 }
-                Ok(bytes.len())
+                (stream, chunks)
+            })?;
+            stream = back;
+            if chunks.is_empty() {
+                break;
             }
-            Ok(bytes) => {
-                tracing::warn!(
-                    "{}/{}: GET of bytes {offset}..{end} answered {} bytes",
-                    self.name.display(),
-                    rel.display(),
-                    bytes.len()
-                );
-                Err(io::Error::from_raw_os_error(libc::EIO))
-            }
-            // A failure carries the store's words to the caller's one log line of the read; a
-            // changed or deleted object is logged only at debug: the next open sees what is
-            // there now.
-            Err(e) => match errno_of(&e) {
-                errno @ (libc::ESTALE | libc::ENOENT) => {
-                    let (name, why) = (self.name.display(), one_line(&e));
-                    tracing::debug!("{name}/{}: GET: {why}", rel.display());
-                    self.gone_or_changed(rel, errno)
+            for chunk in chunks {
+                let bytes = match chunk {
+                    Ok(bytes) => bytes,
+                    Err(e) => return self.get_failed(rel, &e),
+                };
+                got += bytes.len();
+                if got > want {
+                    break;
                 }
-                errno => Err(Refusal::error(errno, format!("GET: {}", one_line(&e)))),
-            },
+                let mut from = &bytes[..];
+                while !from.is_empty() {
+                    let buf = &mut bufs[at.0][at.1..];
+                    let n = buf.len().min(from.len());
+                    buf[..n].copy_from_slice(&from[..n]);
+                    from = &from[n..];
+                    at.1 += n;
+                    if at.1 == bufs[at.0].len() {
+                        at = (at.0 + 1, 0);
+                    }
+                }
+            }
+            if got > want {
+                break;
+            }
         }
+        if got != want {
+            tracing::warn!(
+                "{}/{}: GET of bytes {offset}..{end} answered {got} bytes",
+                self.name.display(),
+                rel.display(),
+            );
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(got)
     }
 
     fn memory(&self) -> u64 {
