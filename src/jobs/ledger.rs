@@ -191,7 +191,10 @@ impl Ledger {
     /// `n` bytes a fetch for an open read from the source (the source tier counted them for
     /// the mount).
     pub fn fetched_for(&self, a: &Attribution, n: u64) {
-        self.update(a, |r| r.bytes_from_source += n);
+        self.update(a, |r| {
+            r.bytes_from_source += n;
+            r.source_reads += 1;
+        });
     }
 
     /// A block of `n` bytes a fetch for an open read from another member of the cluster.
@@ -287,7 +290,10 @@ impl Ledger {
     /// dataset's epoch now and in the job's epoch that will read them, in a dataset of
     /// `total` files.
     pub fn prefetched(&self, job: &Mutex<Job>, epoch: u64, f: FileId, total: usize, n: u64) {
-        self.prefetch_update(job, epoch, f, total, |r| r.bytes_from_source += n);
+        self.prefetch_update(job, epoch, f, total, |r| {
+            r.bytes_from_source += n;
+            r.source_reads += 1;
+        });
     }
 
     /// The prefetcher fetched a block of `n` bytes of file `f` for `job`'s epoch `epoch`
@@ -322,13 +328,17 @@ impl Ledger {
         total: usize,
         change: impl Fn(&mut EpochRecord),
     ) {
+        let change = |r: &mut EpochRecord| {
+            change(r);
+            r.count_bytes();
+        };
         let mut log = self.stats.epochs.lock();
         let current = log.tracker().epoch();
-        log.update(current, &change);
+        log.update(current, change);
         drop(log);
         let mut j = job.lock();
         let target = j.staging_epoch(epoch, f, total);
-        j.log.update(target, &change);
+        j.log.update(target, change);
     }
 
     /// The prefetcher fetched blocks of a file for `job`'s epoch `epoch`.
@@ -348,10 +358,12 @@ impl Ledger {
         j.log.update(from, |r| {
             r.bytes_from_source -= read.min(r.bytes_from_source);
             r.prefetched_files -= files.min(r.prefetched_files);
+            r.count_bytes();
         });
         j.log.update(to, |r| {
             r.bytes_from_source += read;
             r.prefetched_files += files;
+            r.count_bytes();
         });
     }
 

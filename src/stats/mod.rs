@@ -242,6 +242,10 @@ pub struct EpochRecord {
     pub hit_rate: f64,
     /// Bytes of the files accessed (each access its file's size).
     pub bytes_read: u64,
+    /// Reads of the source that the daemon made for the epoch (for readers or the
+    /// prefetcher): for an object store, its GETs (a part is one), retries aside; a file read
+    /// by passthrough from the source is none.
+    pub source_reads: u64,
     /// Bytes not read from the source over bytes read (see [`EpochRecord::count_bytes`]).
     pub byte_hit_rate: f64,
     pub bytes_from_cache: u64,
