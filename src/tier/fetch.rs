@@ -480,6 +480,11 @@ impl Fetcher {
 
     /// Block `key` if a part's read left it for its reader: it leaves the buffer.
     pub fn take_ahead(&self, key: &BlockKey) -> Option<Arc<Block>> {
+        // A directory source reads block by block: nothing is ever left there, and a read
+        // need not take the buffer's lock to learn it.
+        if self.part_blocks <= 1 {
+            return None;
+        }
         self.ahead.take(key)
     }
 }

@@ -91,13 +91,14 @@ impl SourceTier {
         }
         let len: usize = blocks.iter().map(|b| b.len()).sum();
         let offset = self.blocks.offset(key.block);
-        let mut bufs: Vec<&mut [u8]> = blocks.iter_mut().map(|b| &mut b.whole_mut()[..]).collect();
         // Each block's own length, not its pages: the run is one range of the file.
-        for (buf, b) in bufs.iter_mut().zip(key.block..) {
-            let l = self.blocks.len(size, b) as usize;
-            let whole = std::mem::take(buf);
-            *buf = &mut whole[..l];
-        }
+        let mut bufs: Vec<&mut [u8]> = blocks
+            .iter_mut()
+            .map(|b| {
+                let len = b.len();
+                &mut b.whole_mut()[..len]
+            })
+            .collect();
         let n = (self
             .source
             .read_blocks(rel, &key.version, offset, &mut bufs))
