@@ -297,8 +297,18 @@ fn job_run(cached: usize, args: &[&str]) -> JobRun {
                 .collect()
         })
         .collect();
+    // Once the script's last epoch is over, the prefetcher may already stage files for the
+    // job's next one: that epoch has a record with bytes from the source and no read yet (it
+    // made CI fail once). It is not an epoch the script ran.
+    let mut records = job["epochs"].as_array().unwrap().clone();
+    if records.len() > through_mount.len() {
+        let next = records.pop().unwrap();
+        assert_eq!(num(&next, "reads"), 0, "{stats}");
+        assert_eq!(num(&next, "epoch"), through_mount.len() as u64 + 1, "{stats}");
+        assert_eq!(next["complete"], false, "{stats}");
+    }
     JobRun {
-        records: job["epochs"].as_array().unwrap().clone(),
+        records,
         epoch: num(&job, "epoch"),
         stats,
         read,
