@@ -288,6 +288,34 @@ impl Table {
     }
 }
 
+/// The attributes of an entry of kind `kind` not read yet (see [`Namespace::replay`]).
+fn unknown(kind: Kind) -> SourceMeta {
+    SourceMeta {
+        attr: Attr {
+            ino: 0,
+            size: 0,
+            blocks: 0,
+            atime: SystemTime::UNIX_EPOCH,
+            mtime: SystemTime::UNIX_EPOCH,
+            ctime: SystemTime::UNIX_EPOCH,
+            kind,
+            perm: 0,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+        },
+        version: FileVersion {
+            dev: 0,
+            ino: 0,
+            size: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+        },
+    }
+}
+
 fn mode_of(a: &Attr) -> u32 {
     let kind = match a.kind {
         Kind::File => libc::S_IFREG,
@@ -325,11 +353,18 @@ pub struct NodeInfo {
     pub file_id: Option<FileId>,
 }
 
+/// Told of every node the table gives out, in order, under the table's lock: the journal a
+/// successor daemon replays to know the node ids the kernel holds (`handover/state.rs`).
+pub trait NodeLog: Send + Sync + std::fmt::Debug {
+    fn node_added(&self, id: NodeId, parent: NodeId, kind: Kind, name: &[u8]);
+}
+
 /// The node table of one mount.
 #[derive(Debug)]
 pub struct Namespace {
     table: RwLock<Table>,
     hasher: RandomState,
+    log: std::sync::OnceLock<std::sync::Arc<dyn NodeLog>>,
 }
 
 impl Namespace {
@@ -344,7 +379,38 @@ impl Namespace {
         Namespace {
             table: RwLock::new(table),
             hasher: RandomState::new(),
+            log: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on every node given out is told to `log`.
+    pub fn log_to(&self, log: std::sync::Arc<dyn NodeLog>) {
+        let _ = self.log.set(log);
+    }
+
+    /// Enters the nodes a previous daemon of this mount gave out, `(id, parent, kind, name)`
+    /// in the order it gave them, so that every node id the kernel holds means the same entry
+    /// again. Their attributes are not known yet: each reads as empty until a lookup, getattr,
+    /// open or the scan reads the source's (each of those reads it anyway). Fails, naming the
+    /// first, if a node would get another id than it had (the table was not empty).
+    pub fn replay(
+        &self,
+        nodes: impl IntoIterator<Item = (NodeId, NodeId, Kind, Vec<u8>)>,
+    ) -> Result<usize, String> {
+        let mut table = self.table.write();
+        let mut n = 0;
+        for (id, parent, kind, name) in nodes {
+            let name = OsStr::from_bytes(&name);
+            if parent as usize >= table.nodes.len() {
+                return Err(format!("node {id}: parent {parent} not known yet"));
+            }
+            let got = self.insert_into(&mut table, parent, name, unknown(kind));
+            if got != id {
+                return Err(format!("node {id} ({}) came back as {got}", name.display()));
+            }
+            n += 1;
+        }
+        Ok(n)
     }
 
     fn hash(&self, parent: u32, name: &OsStr) -> u64 {
@@ -437,6 +503,9 @@ impl Namespace {
             let at = n.name_at as usize;
             hasher.hash_one((n.parent, &names[at..at + n.name_len as usize]))
         });
+        if let Some(log) = self.log.get() {
+            log.node_added(id.into(), parent.into(), meta.attr.kind, name.as_bytes());
+        }
         id.into()
     }
 
@@ -637,6 +706,62 @@ mod tests {
                 ctime_ns: 0,
             },
         }
+    }
+
+    /// A node as the log is told of it: id, parent, kind, name.
+    type Logged = (NodeId, NodeId, Kind, Vec<u8>);
+
+    #[derive(Debug, Default)]
+    struct Log(parking_lot::Mutex<Vec<Logged>>);
+
+    impl NodeLog for Log {
+        fn node_added(&self, id: NodeId, parent: NodeId, kind: Kind, name: &[u8]) {
+            self.0.lock().push((id, parent, kind, name.to_vec()));
+        }
+    }
+
+    #[test]
+    fn a_replayed_log_gives_every_node_its_id_and_file_id_again() {
+        let ns = Namespace::new(meta(Kind::Dir, 0, 0));
+        let log = std::sync::Arc::new(Log::default());
+        ns.log_to(log.clone());
+        let d = ns.insert_child(ROOT, OsStr::new("d"), meta(Kind::Dir, 0, 0));
+        ns.insert_children(
+            d,
+            [
+                (OsStr::new("x.bin"), meta(Kind::File, 5, 1)),
+                (OsStr::new("y.bin"), meta(Kind::File, 6, 1)),
+            ],
+        );
+        let z = ns.insert_child(ROOT, OsStr::new("z"), meta(Kind::File, 7, 1));
+        // A refresh of a known node gives out no id.
+        ns.insert_child(d, OsStr::new("x.bin"), meta(Kind::File, 9, 2));
+        let entries = log.0.lock().clone();
+        assert_eq!(entries.len(), 4);
+        let again = Namespace::new(meta(Kind::Dir, 0, 0));
+        assert_eq!(again.replay(entries.clone()), Ok(4));
+        for id in 2..=z {
+            assert_eq!(again.path(id), ns.path(id));
+            assert_eq!(
+                again.info(id).unwrap().file_id,
+                ns.info(id).unwrap().file_id
+            );
+            assert_eq!(
+                again.info(id).unwrap().attr.kind,
+                ns.info(id).unwrap().attr.kind
+            );
+        }
+        // Attributes come from the source again; until then a node reads as empty.
+        assert_eq!(again.info(z).unwrap().attr.size, 0);
+        assert!(again.refresh(z, meta(Kind::File, 7, 1)));
+        assert_eq!(again.info(z).unwrap().attr.size, 7);
+        // Replayed into a table that gave out other ids first: refused, not renumbered.
+        let other = Namespace::new(meta(Kind::Dir, 0, 0));
+        other.insert_child(ROOT, OsStr::new("new"), meta(Kind::File, 1, 1));
+        assert_eq!(
+            other.replay(entries),
+            Err("node 2 (d) came back as 3".to_string())
+        );
     }
 
     #[test]

@@ -134,6 +134,12 @@ impl DatasetFs {
     /// Opens directory `ino` for `caller` (who must be allowed to read it now) and takes a
     /// snapshot of its listing.
     pub fn opendir(&self, ino: NodeId, caller: Caller) -> Result<u64, FsError> {
+        let handle = self.dir_handle(ino, caller)?;
+        Ok(self.handles.add_dir(handle))
+    }
+
+    /// The handle of an open of directory `ino` by `caller`: a snapshot of its listing.
+    pub(super) fn dir_handle(&self, ino: NodeId, caller: Caller) -> Result<DirHandle, FsError> {
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
@@ -155,12 +161,12 @@ impl DatasetFs {
             }
         };
         let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
-        Ok(self.handles.add_dir(DirHandle {
+        Ok(DirHandle {
             node: ino,
             parent,
             listing,
             kept_until,
-        }))
+        })
     }
 
     /// Lists directory `fh` from `offset`, handing entries to `add` until it returns true

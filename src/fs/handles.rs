@@ -8,8 +8,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use super::kernel_cache;
 use crate::block::Block;
 use crate::cache::BlockKey;
+use crate::handover::state::{HandleKind, HandleSlots, OpenHandle};
 use crate::jobs::JobKey;
 use crate::jobs::ledger::Attribution;
 use crate::namespace::{FileId, FileVersion, NodeId};
@@ -104,6 +105,10 @@ pub(super) struct FileHandle {
     /// Opened for one read under `--fast-open` that is not the file's access (see
     /// [`super::Access::Silent`]): it counts the bytes it moves, never a hit or a miss.
     pub silent: bool,
+    /// Opened by a previous daemon of the mount, and opened again here at its first read
+    /// (silent: its access was counted then). Its release ends the inode's open as the
+    /// previous daemon granted it.
+    pub adopted: bool,
 }
 
 impl FileHandle {
@@ -163,6 +168,11 @@ pub(super) struct HandleTable {
     next: AtomicU64,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
+    /// Where the handles the kernel holds are kept for a successor daemon, and where a
+    /// predecessor's are found (`handover/state.rs`); none without a keeper.
+    slots: OnceLock<Arc<HandleSlots>>,
+    /// A previous daemon left handles open (some may be released since).
+    inherited: AtomicBool,
 }
 
 impl Default for HandleTable {
@@ -172,18 +182,61 @@ impl Default for HandleTable {
             next: AtomicU64::new(1),
             files: Mutex::default(),
             dirs: Mutex::default(),
+            slots: OnceLock::new(),
+            inherited: AtomicBool::new(false),
         }
     }
 }
 
 impl HandleTable {
+    /// Keeps every handle in `slots` from now on; handle numbers go on after the highest a
+    /// predecessor gave out.
+    pub fn keep_in(&self, slots: Arc<HandleSlots>) {
+        self.next.fetch_max(slots.next_fh(), Ordering::Relaxed);
+        let inherited = !slots.all().is_empty();
+        if self.slots.set(slots).is_ok() {
+            self.inherited.store(inherited, Ordering::Relaxed);
+        }
+    }
+
+    /// The handle `fh` a previous daemon of the mount opened, if it is still open.
+    pub fn predecessors(&self, fh: u64) -> Option<OpenHandle> {
+        if !self.inherited.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.slots.get()?.get(fh)
+    }
+
+    /// A predecessor's handle `fh` is released without having been opened again here.
+    pub fn forget_predecessors(&self, fh: u64) {
+        if let Some(slots) = self.slots.get() {
+            slots.close_handle(fh);
+        }
+    }
+
     /// A handle number no other open has.
     pub fn next_fh(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed)
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Some(slots) = self.slots.get() {
+            slots.gave_out(fh);
+        }
+        fh
     }
 
     /// Enters an open file as `fh` (from [`HandleTable::next_fh`]).
     pub fn insert_file(&self, fh: u64, handle: FileHandle) {
+        if let Some(slots) = self.slots.get() {
+            let backing = match handle.kernel_io {
+                super::passthrough::KernelIo::Passthrough(id) => id,
+                _ => 0,
+            };
+            slots.open_handle(OpenHandle {
+                fh,
+                ino: handle.ino,
+                kind: HandleKind::File,
+                backing,
+            });
+        }
         self.files.lock().insert(fh, Arc::new(handle));
     }
 
@@ -194,14 +247,31 @@ impl HandleTable {
 
     /// Closes open file `fh`; returns it if it was one.
     pub fn remove_file(&self, fh: u64) -> Option<Arc<FileHandle>> {
-        self.files.lock().remove(&fh)
+        let handle = self.files.lock().remove(&fh);
+        if handle.is_some() {
+            self.forget_predecessors(fh);
+        }
+        handle
     }
 
     /// Enters an open directory; returns its handle.
     pub fn add_dir(&self, handle: DirHandle) -> u64 {
         let fh = self.next_fh();
-        self.dirs.lock().insert(fh, Arc::new(handle));
+        self.insert_dir(fh, handle);
         fh
+    }
+
+    /// Enters an open directory as `fh`.
+    pub fn insert_dir(&self, fh: u64, handle: DirHandle) {
+        if let Some(slots) = self.slots.get() {
+            slots.open_handle(OpenHandle {
+                fh,
+                ino: handle.node,
+                kind: HandleKind::Dir,
+                backing: 0,
+            });
+        }
+        self.dirs.lock().insert(fh, Arc::new(handle));
     }
 
     /// Open directory `fh`.
@@ -212,5 +282,6 @@ impl HandleTable {
     /// Closes open directory `fh`.
     pub fn remove_dir(&self, fh: u64) {
         self.dirs.lock().remove(&fh);
+        self.forget_predecessors(fh);
     }
 }

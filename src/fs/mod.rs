@@ -35,7 +35,9 @@ pub mod order;
 mod passthrough;
 mod read;
 mod scan;
+mod takeover;
 mod views;
+pub use takeover::TakenOver;
 
 use std::ffi::OsStr;
 use std::io;
@@ -206,6 +208,8 @@ pub struct DatasetFs {
     /// The staging area's budget as set at mount (an elastic budget lowers it beside a small
     /// cache, `crate::elastic::staging_beside`).
     staging_budget: u64,
+    /// The keeper's meta page, under a keeper: the daemons of the mount so far.
+    handover: std::sync::OnceLock<Arc<crate::handover::state::Meta>>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
     _io: tokio::runtime::Runtime,
 }
@@ -324,6 +328,7 @@ impl DatasetFs {
             }),
             staging_peak: Default::default(),
             staging_budget: config.prefetch.staging_bytes(),
+            handover: std::sync::OnceLock::new(),
             _io: io,
         })
     }
@@ -363,6 +368,11 @@ impl DatasetFs {
 
     /// The kernel agreed to passthrough at INIT: backing files are registered with `kernel`
     /// from now on. Said once in the log.
+    /// True once INIT (this daemon's, or an earlier one's) started passthrough.
+    pub fn passthrough_started(&self) -> bool {
+        self.passthrough.started()
+    }
+
     pub fn start_passthrough(&self, kernel: Box<dyn BackingFiles>) {
         self.passthrough.start(kernel);
         tracing::info!(

@@ -511,6 +511,9 @@ impl DatasetFs {
     /// Closes open file `fh`.
     pub fn release(&self, fh: u64) {
         let Some(handle) = self.handles.remove_file(fh) else {
+            if self.release_predecessors(fh) {
+                return;
+            }
             return self.orders.release(fh);
         };
         if let Some(watch) = &handle.watch {
@@ -523,7 +526,7 @@ impl DatasetFs {
         {
             invalidate(handle.ino);
         }
-        if !handle.silent {
+        if !handle.silent || handle.adopted {
             let memory = &self.tiers.memory;
             (self.passthrough)
                 .release(handle.ino, handle.kernel_io, |v| memory.holds_for_kernel(v));
@@ -594,6 +597,7 @@ fn file_handle(
         file_id: opened.file_id,
         changed_while_open: AtomicBool::new(false),
         silent: access == Access::Silent,
+        adopted: false,
     }
 }
 

@@ -49,11 +49,12 @@
 
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use crate::handover::state::{HandleKind, HandleSlots, OpenHandle};
 use crate::namespace::{FileVersion, NodeId};
 
 /// The kernel's table of backing files: the FUSE adapter's, over the session's device.
@@ -235,9 +236,33 @@ impl InodeModes {
     }
 }
 
+/// A backing file registration kept past its opens is kept for a successor in the handle
+/// slots as a handle of its own: this bit and its id (real handle numbers never reach it).
+const KEPT_REGISTRATION: u64 = 1 << 63;
+
+fn kept_registration(id: u32) -> OpenHandle {
+    OpenHandle {
+        fh: KEPT_REGISTRATION | u64::from(id),
+        ino: 0,
+        kind: HandleKind::File,
+        backing: id,
+    }
+}
+
+/// The version of a file opened by a previous daemon, which did not leave it.
+const UNKNOWN_VERSION: FileVersion = FileVersion {
+    dev: 0,
+    ino: 0,
+    size: 0,
+    mtime_ns: 0,
+    ctime_ns: 0,
+};
+
 /// Passthrough for one mount: whether the kernel does it, and the inodes' modes.
 #[derive(Default)]
 pub struct Passthrough {
+    /// Where kept registrations are recorded for a successor daemon, if there is a keeper.
+    slots: OnceLock<Arc<HandleSlots>>,
     /// The kernel's backing files, once the kernel agreed to passthrough at INIT.
     kernel: OnceLock<Box<dyn BackingFiles>>,
     /// Turned off after the kernel refused a backing file.
@@ -259,6 +284,11 @@ impl Passthrough {
     /// Reads may be passed through from now on, to backing files registered with `kernel`.
     pub fn start(&self, kernel: Box<dyn BackingFiles>) {
         let _ = self.kernel.set(kernel);
+    }
+
+    /// True once the kernel agreed to passthrough (even if it refused a backing file since).
+    pub fn started(&self) -> bool {
+        self.kernel.get().is_some()
     }
 
     /// True while opens may be passed through.
@@ -322,11 +352,70 @@ impl Passthrough {
         if self.kernel.get().is_none() {
             return;
         }
-        let registered = self.modes.lock().release(ino, io, holds);
+        let (registered, kept) = {
+            let mut modes = self.modes.lock();
+            let backing = modes.backing_of(ino);
+            let registered = modes.release(ino, io, holds);
+            let kept = match backing {
+                Some(Backing::Cached(v)) if registered.is_none() => modes.kept.get(&v).copied(),
+                _ => None,
+            };
+            (registered, kept)
+        };
+        if let (Some(id), Some(slots)) = (kept, self.slots.get()) {
+            slots.open_handle(kept_registration(id));
+        }
         if let (Some(id), Some(kernel)) = (registered, self.kernel.get()) {
             kernel.unregister(id);
             self.released.notify_all();
         }
+    }
+
+    /// Keeps every backing file registration that outlives its opens in `slots` from now on,
+    /// so that a successor daemon can give it back.
+    pub fn keep_in(&self, slots: Arc<HandleSlots>) {
+        let _ = self.slots.set(slots);
+    }
+
+    /// Takes over the opens a previous daemon of the mount granted, `handles` (those the kernel
+    /// still holds): each inode's mode as it was, so that its new opens are granted as the
+    /// kernel allows and its last release gives its registration back. Registrations it kept
+    /// for cached files are given back now (its cache went with it); returns how many.
+    pub fn adopt(&self, handles: &[OpenHandle]) -> usize {
+        let mut modes = self.modes.lock();
+        let mut dropped = Vec::new();
+        for h in handles {
+            if h.fh & KEPT_REGISTRATION != 0 {
+                dropped.push(h);
+                continue;
+            }
+            if h.kind != HandleKind::File {
+                continue;
+            }
+            let mode = modes.inodes.entry(h.ino).or_insert(match h.backing {
+                0 => InodeMode::Daemon { opens: 0 },
+                // Its version is not known: an open of another version waits for this one's
+                // release as it would for any (`RELEASE_WAIT`).
+                id => InodeMode::Passthrough {
+                    opens: 0,
+                    id,
+                    backing: Backing::Source(UNKNOWN_VERSION),
+                },
+            });
+            match mode {
+                InodeMode::Daemon { opens } | InodeMode::Passthrough { opens, .. } => *opens += 1,
+            }
+        }
+        drop(modes);
+        for h in &dropped {
+            if let Some(kernel) = self.kernel.get() {
+                kernel.unregister(h.backing);
+            }
+            if let Some(slots) = self.slots.get() {
+                slots.close_handle(h.fh);
+            }
+        }
+        dropped.len()
     }
 
     /// The cache dropped `versions`: their kept registrations go, so that the kernel lets go
@@ -341,6 +430,9 @@ impl Passthrough {
         };
         for id in ids {
             kernel.unregister(id);
+            if let Some(slots) = self.slots.get() {
+                slots.close_handle(kept_registration(id).fh);
+            }
         }
     }
 }

@@ -51,6 +51,10 @@ impl DatasetFs {
                 .iter()
                 .cloned()
                 .chain([("cache_budget_why", self.budget.why.lock().clone())])
+                .chain(
+                    (self.daemons().restarts.last_cause)
+                        .map(|c| ("daemon_last_end", c.to_string())),
+                )
                 .chain(self.cluster_info())
                 .collect(),
             epochs: records,
@@ -168,6 +172,9 @@ impl DatasetFs {
             Stat::Epoch => Value::Count(epoch),
             Stat::UptimeSeconds => Value::Count(stats.now() as u64),
             Stat::Pid => Value::Count(std::process::id() as u64),
+            Stat::KeeperPid => Value::Count(self.daemons().keeper.unwrap_or(0).into()),
+            Stat::DaemonRestarts => Value::Count(self.daemons().restarts.count),
+            Stat::DaemonLongestPauseSeconds => Value::Ratio(self.daemons().restarts.longest_pause),
         }
     }
 
