@@ -140,6 +140,14 @@ pub struct OwnCgroup {
     pub path: PathBuf,
 }
 
+/// The OOM kills a cgroup's `memory.events` (v2) or `memory.oom_control` (v1) counts: its
+/// `oom_kill` line.
+pub fn parse_oom_kills(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 /// Parses `/proc/self/cgroup` (`hierarchy-ID:controllers:path` per line): the v1 hierarchy
 /// with the `memory` controller if there is one (on a hybrid host the v2 line `0::/...` is
 /// there too, without the controller), else the v2 line.

@@ -74,6 +74,17 @@ retried with backoff (source_retried, source_throttled); 403 gives EACCES, 404 E
 MOUNTPOINT' and 'fusermount3 -u MOUNTPOINT' work too, but return before the daemon is gone."
     )]
     Umount(UmountArgs),
+    /// Hand a coorfs mount to a new daemon while jobs read it (an upgrade in place).
+    #[command(
+        long_about = "Hand a coorfs mount to a new daemon, with the same options, while jobs \
+read it: reads wait for a moment and none fails. Run as root, the new daemon is this coorfs \
+binary (after a package upgrade, the new version), and the mount's keeper starts this one from \
+then on. 'coorfs mount SOURCE MOUNTPOINT' over a live mount of the same source does the same \
+when run from another coorfs binary than the mount's daemon (an upgraded package). \
+Needs the mount's keeper (a mount by root without --no-keeper); root or the user who mounted \
+may ask."
+    )]
+    Restart(RestartArgs),
     /// Show a mount's statistics: cache, hits and misses, bytes, epochs.
     #[command(
         long_about = "Show the statistics of a coorfs mount: accesses, hits and misses, bytes from \
@@ -195,6 +206,12 @@ pub struct MountArgs {
     /// well with --fast-open and --read-delay.
     #[arg(long, help_heading = "Mount")]
     pub no_passthrough: bool,
+    /// Serve the mount from the daemon alone. By default (as root) a small keeper process
+    /// holds the mount's FUSE connection and starts a new daemon when the daemon dies (a
+    /// crash, kill -9, the OOM killer): readers wait a moment instead of failing with
+    /// "Transport endpoint is not connected". Mounts by other users never have a keeper.
+    #[arg(long, help_heading = "Mount")]
+    pub no_keeper: bool,
     /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
     #[arg(long, help_heading = "Mount")]
     pub allow_non_empty: bool,
@@ -417,6 +434,13 @@ pub struct UmountArgs {
     /// How long to wait for the daemon to exit.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+/// `coorfs restart`.
+#[derive(Debug, Args)]
+pub struct RestartArgs {
+    /// The mount point of a coorfs mount.
+    pub mountpoint: PathBuf,
 }
 
 /// `coorfs stats`.
@@ -700,6 +724,7 @@ impl MountArgs {
         config.acl = self.acl;
         config.fast_open = self.fast_open;
         config.passthrough = !self.no_passthrough;
+        config.keeper = !self.no_keeper;
         config.allow_non_empty = self.allow_non_empty;
         if let Some(SizeOrAuto::Bytes(size)) = self.cache_size {
             config.cache.capacity = size;
@@ -825,6 +850,7 @@ impl CommandError {
             CommandError::Mount(e) => match e {
                 MountError::Mount(..)
                 | MountError::Unmount(..)
+                | MountError::Handover(..)
                 | MountError::DaemonLingers { .. }
                 | MountError::FuseUnusable(_) => false,
                 MountError::SourceMissing(_)
@@ -854,6 +880,7 @@ impl CommandError {
                 | MountError::Memory(_)
                 | MountError::LogFile(..)
                 | MountError::NotMounted(_)
+                | MountError::NoKeeper(_)
                 | MountError::Busy(_) => true,
             },
             // A directory that cannot be listed or holds nothing, an order the mount refuses;

@@ -29,6 +29,9 @@ pub struct MountConfig {
     /// The kernel may read files from backing files by itself (FUSE passthrough; off with
     /// `--no-passthrough`).
     pub passthrough: bool,
+    /// A keeper process holds the FUSE connection and replaces a daemon that dies (root
+    /// only; off with `--no-keeper`).
+    pub keeper: bool,
     /// Mount over a non-empty directory.
     pub allow_non_empty: bool,
     /// Threads that read the source for cache misses.
@@ -87,6 +90,7 @@ impl MountConfig {
             acl: false,
             fast_open: false,
             passthrough: true,
+            keeper: true,
             allow_non_empty: false,
             // Enough concurrent source reads to keep a network filesystem's pipe full (a
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough

@@ -13,17 +13,17 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
 use crate::config::MountConfig;
 use crate::fs::DatasetFs;
-use crate::fuse::FuseAdapter;
+use crate::fuse::session::FuseSession;
 use crate::mountinfo;
 use crate::source::LocalSource;
 use crate::units::format_size;
@@ -112,6 +112,12 @@ pub enum MountError {
     Busy(PathBuf),
     #[error("unmounting {0}: {1}")]
     Unmount(PathBuf, io::Error),
+    #[error(
+        "{0} has no keeper to hand it over (it was mounted with --no-keeper, or by a user other than root): unmount it and mount it again"
+    )]
+    NoKeeper(PathBuf),
+    #[error("handing {0} over to a new daemon: {1}")]
+    Handover(PathBuf, io::Error),
     #[error("the daemon (pid {pid}) of {mountpoint} is still running {waited:?} after unmounting")]
     DaemonLingers {
         mountpoint: PathBuf,
@@ -203,6 +209,36 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     config.source = source;
     config.mountpoint = mountpoint;
     Ok(lock)
+}
+
+/// The checks of [`preflight`] that a daemon started by a keeper makes again: the source and
+/// the budget. The mount point is the keeper's live mount, which nothing may touch before
+/// this daemon serves it (a lookup there would wait for this very daemon): its path is made
+/// absolute, not resolved.
+fn preflight_handed(config: &mut MountConfig) -> Result<(), MountError> {
+    if !crate::source::object::ObjectUrl::is_url(&config.source) {
+        let absolute = std::path::absolute(&config.source)
+            .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;
+        config.source = checked_source(absolute)?;
+    }
+    config.mountpoint = std::path::absolute(&config.mountpoint)
+        .map_err(|e| MountError::MountpointUnusable(config.mountpoint.clone(), e))?;
+    if let Some(disk) = &mut config.disk {
+        disk.dir = resolve_partly(&disk.dir)
+            .map_err(|e| crate::tier::disk::DiskError::Io(disk.dir.clone(), e))?;
+    }
+    match decide_budget(config) {
+        // A successor replaces a daemon the OOM killer may just have killed, in a pod whose
+        // memory others now hold: a fixed cache that does not fit now would be refused, and
+        // the mount with it. It starts with the elastic budget, which takes what is free
+        // and grows as memory comes back.
+        Err(MountError::Memory(refusal)) if config.cache_size_given => {
+            warn!("{refusal}; this daemon's cache follows the free memory instead");
+            config.cache_size_given = false;
+            decide_budget(config)
+        }
+        decided => decided,
+    }
 }
 
 /// The source directory `source` (absolute), canonical: a readable directory that is no
@@ -427,7 +463,24 @@ fn check_fuse_device() -> Result<(), MountError> {
 
 /// Mounts `config.source` at `config.mountpoint`. In the foreground this returns when the
 /// mount ends; otherwise once the background daemon's mount answers.
+///
+/// As root (unless `--no-keeper`) the process that stays is a keeper (`keeper.rs`), which
+/// starts the daemon as this binary again: that daemon comes back here with the keeper's
+/// socket in [`keeper::HANDOFF_FD`] and serves the keeper's connection ([`serve_handed`]).
+/// Over a live mount of the same source with a keeper, `coorfs mount` from another binary
+/// than the daemon's hands the mount to a new daemon running it (an upgrade in place); from
+/// the same binary it is refused as any mount over a coorfs mount is.
 pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), MountError> {
+    if let Some(socket) = handoff_socket() {
+        return serve_handed(config, options, socket);
+    }
+    if let Some(pid) = upgrade_in_place(&config)? {
+        eprintln!(
+            "coorfs: {} handed to a new daemon (pid {pid}) running this coorfs",
+            config.mountpoint.display()
+        );
+        return Ok(());
+    }
     let lock = preflight(&mut config)?;
     let log_file = match &options.log_file {
         Some(path) => Some(
@@ -439,39 +492,43 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
         ),
         None => None,
     };
+    // SAFETY: geteuid has no preconditions.
+    let keeper = config.keeper && unsafe { libc::geteuid() } == 0;
+    let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
+    // The daemons a keeper starts run where `coorfs mount` ran (relative paths, profiles).
+    let cwd = if keeper {
+        Some(open_cwd().map_err(mount_err)?)
+    } else {
+        None
+    };
     if options.foreground {
         init_logging(options.log_level.as_deref(), log_file);
-        return serve(config, &mut None, lock);
+        return match cwd {
+            Some(cwd) => keep(&config, &mut None, lock, cwd),
+            None => serve(config, &mut None, Some(lock), None),
+        };
     }
 
-    let (read_end, write_end) =
-        pipe().map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()))?;
+    let (read_end, write_end) = pipe().map_err(mount_err)?;
     // SAFETY: no other thread exists yet (nothing before this point spawns one), so the
     // child may go on running Rust code after fork.
     match unsafe { libc::fork() } {
-        -1 => Err(MountError::Mount(
-            config.mountpoint.clone(),
-            io::Error::last_os_error().to_string(),
-        )),
+        -1 => Err(mount_err(io::Error::last_os_error())),
         0 => {
             drop(read_end);
             detach(log_file.as_ref());
             init_logging(options.log_level.as_deref(), log_file);
             let mountpoint = config.mountpoint.clone();
             let mut ready = Some(File::from(write_end));
-            // The daemon's own status, which only the parent waits for: the user sees the
-            // parent's, which reports a failure before "ready" as MountError::Mount.
-            let code = match serve(config, &mut ready, lock) {
-                Ok(()) => 0,
-                Err(e) => {
-                    if let Some(mut file) = ready {
-                        let _ = writeln!(file, "{e}");
-                    }
-                    tracing::error!("{e}");
-                    1
-                }
+            // The daemon's (or keeper's) own status, which only the parent waits for: the
+            // user sees the parent's, which reports a failure before "ready" as
+            // MountError::Mount.
+            let served = match cwd {
+                Some(cwd) => keep(&config, &mut ready, lock, cwd),
+                None => serve(config, &mut ready, Some(lock), None),
             };
-            info!("{} unmounted; daemon exits", mountpoint.display());
+            let code = exit_code(served, &mut ready);
+            info!("{} unmounted; exiting", mountpoint.display());
             std::process::exit(code);
         }
         child => {
@@ -501,6 +558,167 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
             Ok(())
         }
     }
+}
+
+/// The exit status of a daemon or keeper that `served` as it did; a failure before "ready"
+/// goes to `ready`, for the waiting `coorfs mount` to say.
+fn exit_code(served: Result<(), MountError>, ready: &mut Option<File>) -> i32 {
+    match served {
+        Ok(()) => 0,
+        Err(e) => {
+            if let Some(mut file) = ready.take() {
+                let _ = writeln!(file, "{e}");
+            }
+            tracing::error!("{e}");
+            1
+        }
+    }
+}
+
+/// Runs as the keeper of the mount (see `keeper.rs`); the mount point's `lock` goes once the
+/// kernel has the mount.
+fn keep(
+    config: &MountConfig,
+    ready: &mut Option<File>,
+    lock: SetupLock,
+    cwd: OwnedFd,
+) -> Result<(), MountError> {
+    crate::keeper::run(config, ready, cwd, move || drop(lock))
+        .map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()))
+}
+
+/// The working directory, held open.
+fn open_cwd() -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    Ok(std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(".")?
+        .into())
+}
+
+/// The keeper's socket, if this process is a daemon a keeper started (the variable is
+/// removed, so that nothing this daemon starts inherits it).
+fn handoff_socket() -> Option<OwnedFd> {
+    let fd: i32 = std::env::var(crate::keeper::HANDOFF_FD)
+        .ok()?
+        .parse()
+        .ok()?;
+    // SAFETY: no other thread runs yet (the daemon has not started any).
+    unsafe { std::env::remove_var(crate::keeper::HANDOFF_FD) };
+    // SAFETY: the keeper passed this descriptor open to this process, which owns it now; a
+    // number that is not a socket of a keeper fails the handoff's recvmsg, nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Close-on-exec from here on, as every other descriptor of the daemon.
+    let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);
+    Some(fd)
+}
+
+/// Serves the connection of the keeper at the other end of `socket` (see `keeper.rs`).
+fn serve_handed(
+    mut config: MountConfig,
+    options: DaemonOptions,
+    socket: OwnedFd,
+) -> Result<(), MountError> {
+    let log_file = match &options.log_file {
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok(),
+        None => None,
+    };
+    init_logging(options.log_level.as_deref(), log_file);
+    let handoff = crate::handover::handoff::Handoff::recv(socket.as_fd())
+        .map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()))?;
+    crate::keeper::set_oom_score_adj(crate::keeper::DAEMON_OOM_SCORE_ADJ);
+    let mut ready = handoff.ready.map(File::from);
+    let handed = Handed::open(
+        handoff.fuse,
+        handoff.meta,
+        handoff.nodes,
+        handoff.handles,
+        socket,
+    )
+    .map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()));
+    let served = handed.and_then(|handed| {
+        preflight_handed(&mut config)?;
+        serve(config, &mut ready, None, Some(handed))
+    });
+    let code = exit_code(served, &mut ready);
+    std::process::exit(code);
+}
+
+/// What a daemon under a keeper serves with: the keeper's connection, the state regions, and
+/// the socket on which it tells the keeper that it serves.
+struct Handed {
+    fuse: OwnedFd,
+    meta: Arc<crate::handover::state::Meta>,
+    journal: Arc<crate::handover::state::NodeJournal>,
+    slots: Arc<crate::handover::state::HandleSlots>,
+    keeper: OwnedFd,
+}
+
+impl Handed {
+    fn open(
+        fuse: OwnedFd,
+        meta: OwnedFd,
+        nodes: OwnedFd,
+        handles: OwnedFd,
+        keeper: OwnedFd,
+    ) -> io::Result<Handed> {
+        use crate::handover::state::{HandleSlots, Meta, NodeJournal};
+        Ok(Handed {
+            fuse,
+            meta: Arc::new(Meta::open(meta)?),
+            journal: Arc::new(NodeJournal::open(nodes)?),
+            slots: Arc::new(HandleSlots::open(handles)?),
+            keeper,
+        })
+    }
+}
+
+/// True if this process runs another binary than daemon `pid` (a rebuilt or upgraded coorfs:
+/// another file, even at the same path). False if it is the same, or cannot be told.
+fn newer_than(pid: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &str| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    match (id(&format!("/proc/{pid}/exe")), id("/proc/self/exe")) {
+        (Some(running), Some(mine)) => running != mine,
+        _ => false,
+    }
+}
+
+/// `coorfs mount` with another binary over a live coorfs mount of the same source that has a
+/// keeper (an upgrade): asks the
+/// keeper to hand the mount to a daemon running this binary, and returns that daemon's pid.
+/// None if the mount point is no coorfs mount (mount as usual); an error if it is one of
+/// another source, or has no keeper.
+fn upgrade_in_place(config: &MountConfig) -> Result<Option<u32>, MountError> {
+    let Ok(mountpoint) = std::path::absolute(&config.mountpoint) else {
+        return Ok(None);
+    };
+    if !mountinfo::is_coorfs_mount(&mountpoint) {
+        return Ok(None);
+    }
+    let already = || MountError::AlreadyMounted(mountpoint.clone());
+    let doc = crate::stats::view::fetch(&mountpoint).map_err(|_| already())?;
+    let served = doc.get("source").and_then(|s| s.as_str()).unwrap_or("");
+    let wanted = if crate::source::object::ObjectUrl::is_url(&config.source) {
+        config.source.clone()
+    } else {
+        std::fs::canonicalize(&config.source).unwrap_or_else(|_| config.source.clone())
+    };
+    let keeper = doc.get("keeper_pid").and_then(|p| p.as_u64()).unwrap_or(0);
+    let daemon = doc.get("pid").and_then(|p| p.as_u64()).unwrap_or(0);
+    if Path::new(served) != wanted || keeper == 0 || !newer_than(daemon) {
+        return Err(already());
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| MountError::Mount(mountpoint.clone(), e.to_string()))?;
+    crate::keeper::request_handover(keeper as u32, Some(&exe))
+        .map(Some)
+        .map_err(|e| MountError::Handover(mountpoint, e))
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -589,13 +807,20 @@ fn stop_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGHUP);
+        // Under a keeper: hand the mount to the next daemon (see `keeper.rs`).
+        libc::sigaddset(&mut set, libc::SIGUSR2);
         set
     }
 }
 
 /// Mounts and serves until the mount ends. Writes "ready" to `ready` (and closes it) once
 /// the kernel has accepted the mount, and releases the mount point's `lock` then.
-fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Result<(), MountError> {
+fn serve(
+    config: MountConfig,
+    ready: &mut Option<File>,
+    lock: Option<SetupLock>,
+    handed: Option<Handed>,
+) -> Result<(), MountError> {
     keep_buffers_out_of_the_heap();
     let signals = stop_signals();
     // SAFETY: blocks the stop signals in this thread; every thread spawned from here on
@@ -604,54 +829,107 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
 
     let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
     let fs = open_core(&config)?;
+    // Under a keeper: what an earlier daemon's INIT negotiated (None for the first daemon),
+    // and the node ids the kernel holds, before anything reads the node table.
+    let successor = handed.as_ref().and_then(|h| h.meta.negotiated());
+    if let Some(h) = &handed {
+        h.meta.daemon_starts();
+        fs.kept_by(h.meta.clone());
+        if successor.is_some() {
+            let nodes = fs.take_over_nodes(h.journal.clone()).map_err(mount_err)?;
+            info!("taking the mount over: {nodes} node ids");
+        }
+    }
     start_services(&fs, &config)?;
     if let Some(rules) = config.elastic {
         start_watcher(&fs, rules).map_err(mount_err)?;
     }
-    let notifier = Arc::new(OnceLock::new());
-    let device = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs.clone(), notifier.clone(), device.clone(), config.acl);
-    let (session, mut unmounter) = start_session(adapter, &config)?;
+    let mut session = match &handed {
+        None => FuseSession::mount(fs.clone(), &config).map_err(mount_err)?,
+        Some(h) => {
+            let fuse = h.fuse.try_clone().map_err(mount_err)?;
+            FuseSession::over(fs.clone(), &config, fuse, successor).map_err(mount_err)?
+        }
+    };
     // The mount is in the mount table now, which keeps other mounts away from here.
     drop(lock);
-    let _ = notifier.set(session.notifier());
-    // Before the session runs: INIT, the first request, may start passthrough on it.
-    match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
-        Ok(fd) => {
-            let _ = device.set(fd);
+    if let Some(h) = &handed {
+        match successor {
+            None => {
+                if let Some(n) = session.negotiated() {
+                    h.meta.set_negotiated(n);
+                }
+                fs.keep_for_successor(h.journal.clone(), h.slots.clone());
+            }
+            Some(_) => {
+                let taken = fs.take_over_handles(h.slots.clone());
+                // Requests the predecessor read and did not answer are queued again; this
+                // daemon's threads take them first when the session runs.
+                if let Err(e) = session.resend() {
+                    warn!(
+                        "FUSE_NOTIFY_RESEND: {e}: requests the previous daemon had read stay \
+                         unanswered (Linux 6.9 or later resends them)"
+                    );
+                }
+                let pause = h.meta.serving(crate::handover::state::monotonic_ns());
+                info!(
+                    "took the mount over ({} open handles, {} kept registrations given back) \
+                     {:.3} s after the previous daemon ended",
+                    taken.handles,
+                    taken.registrations_dropped,
+                    pause.unwrap_or(0.0)
+                );
+            }
         }
-        Err(e) => tracing::warn!("no descriptor to register backing files on: {e}"),
+        let _ = crate::handover::handoff::send(h.keeper.as_fd(), crate::keeper::SERVING, &[]);
     }
     log_mounted(&config);
     let member = fs.clone();
+    let scanned = fs.clone();
     std::thread::Builder::new()
         .name("coorfs-scan".into())
-        .spawn(move || fs.scan())
+        .spawn(move || scanned.scan())
         .map_err(mount_err)?;
+    let mut unmounter = session.unmounter();
+    let under_keeper = handed.is_some();
+    let handing = fs.clone();
     std::thread::Builder::new()
         .name("coorfs-signals".into())
         .spawn(move || {
             let mut sig = 0;
             // SAFETY: `signals` is an initialised set and `sig` a valid out-pointer.
-            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
-                info!("signal {sig}: unmounting");
-                unmounter.unmount();
+            if unsafe { libc::sigwait(&signals, &mut sig) } != 0 {
+                return;
             }
+            if sig == libc::SIGUSR2 && under_keeper {
+                // The keeper hands the mount to a new daemon: what must outlive this one is
+                // saved, and it goes without unmounting. Requests it read and did not answer
+                // are sent to the next.
+                info!("handing the mount over to the next daemon");
+                handing.close_disk();
+                // SAFETY: _exit ends the process at once; nothing is left to run.
+                unsafe { libc::_exit(0) };
+            }
+            info!("signal {sig}: unmounting");
+            unmounter.unmount();
         })
         .map_err(mount_err)?;
     // Once INIT is done (a stat of the root waits for it), the kernel's readahead window is
     // raised, and only then is the mount ready: no job opens a file under the old window.
+    // A successor's mount was ready long ago.
     let ready = ready.take();
     let (mountpoint, readahead) = (config.mountpoint.clone(), config.readahead);
-    std::thread::Builder::new()
-        .name("coorfs-ready".into())
-        .spawn(move || {
-            raise_readahead(&mountpoint, readahead);
-            if let Some(mut file) = ready {
-                let _ = file.write_all(b"ready\n");
-            }
-        })
-        .map_err(mount_err)?;
+    if successor.is_none() {
+        std::thread::Builder::new()
+            .name("coorfs-ready".into())
+            .spawn(move || {
+                raise_readahead(&mountpoint, readahead);
+                if let Some(mut file) = ready {
+                    let _ = file.write_all(b"ready\n");
+                }
+            })
+            .map_err(mount_err)?;
+    }
     let served = session.run().map_err(mount_err);
     member.leave_cluster();
     member.close_disk();
@@ -741,46 +1019,6 @@ fn start_watcher(fs: &Arc<DatasetFs>, rules: crate::elastic::Rules) -> io::Resul
     Ok(())
 }
 
-/// Mounts `adapter` at the mount point of `config`: the session that serves it, and how to
-/// end it.
-fn start_session(
-    adapter: FuseAdapter,
-    config: &MountConfig,
-) -> Result<(fuser::Session<FuseAdapter>, Unmounter), MountError> {
-    let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
-    let mut options = fuser::Config::default();
-    options.acl = if config.allow_other {
-        fuser::SessionACL::All
-    } else {
-        fuser::SessionACL::Owner
-    };
-    options.n_threads = Some(config.threads.max(1));
-    options.clone_fd = true;
-    // As root, coorfs mounts by itself, so that the mount table shows the type
-    // "fuse.coorfs" (fuser's own mount says "fuse"), which is how coorfs recognises its
-    // mounts. Other users go through fuser and fusermount3.
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let fd = kernel_mount(config).map_err(mount_err)?;
-        let session = fuser::Session::from_fd(adapter, fd, options.acl, options).map_err(|e| {
-            unmount_detached(&config.mountpoint);
-            mount_err(e)
-        })?;
-        return Ok((session, Unmounter::Own(config.mountpoint.clone())));
-    }
-    options.mount_options = vec![
-        fuser::MountOption::FSName(fs_name(&config.source)),
-        fuser::MountOption::Subtype("coorfs".into()),
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoAtime,
-        fuser::MountOption::RO,
-    ];
-    let mut session =
-        fuser::Session::new(adapter, &config.mountpoint, &options).map_err(mount_err)?;
-    let unmounter = session.unmount_callable();
-    Ok((session, Unmounter::Fuser(unmounter)))
-}
-
 /// Logs what was mounted, and with which cache and prefetch.
 fn log_mounted(config: &MountConfig) {
     info!(
@@ -821,92 +1059,6 @@ fn log_mounted(config: &MountConfig) {
     }
 }
 
-/// How the signal thread ends the mount.
-enum Unmounter {
-    Own(PathBuf),
-    Fuser(fuser::SessionUnmounter),
-}
-
-impl Unmounter {
-    fn unmount(&mut self) {
-        match self {
-            Unmounter::Own(path) => unmount_detached(path),
-            Unmounter::Fuser(u) => {
-                if let Err(e) = u.unmount() {
-                    warn!("unmount: {e}");
-                }
-            }
-        }
-    }
-}
-
-/// Detaches the mount at `path`: it disappears now, and its connection ends when the last
-/// open file in it is closed.
-fn unmount_detached(path: &Path) {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return;
-    };
-    // SAFETY: `c` is a NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        warn!(
-            "unmounting {}: {}",
-            path.display(),
-            io::Error::last_os_error()
-        );
-    }
-}
-
-/// Opens /dev/fuse and mounts it at the mount point with type `fuse.coorfs` (root only).
-fn kernel_mount(config: &MountConfig) -> io::Result<OwnedFd> {
-    use std::os::unix::fs::MetadataExt;
-    let dev: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")?
-        .into();
-    let root_mode = std::fs::metadata(&config.mountpoint)?.mode() & libc::S_IFMT;
-    let mut data = format!(
-        "fd={},rootmode={:o},user_id=0,group_id=0,default_permissions",
-        dev.as_raw_fd(),
-        root_mode
-    );
-    if config.allow_other {
-        data.push_str(",allow_other");
-    }
-    let to_c = |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
-    let source = to_c(fs_name(&config.source).as_bytes())?;
-    let target = to_c(config.mountpoint.as_os_str().as_bytes())?;
-    let fstype = to_c(mountinfo::FS_TYPE.as_bytes())?;
-    let data = to_c(data.as_bytes())?;
-    // Read-only down to the superblock: the kernel then keeps a file's attributes across its
-    // reads instead of forgetting its access time at each, which cost every `stat` after a
-    // read a GETATTR round trip (see fs/order.rs for how hints still get in).
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME | libc::MS_RDONLY;
-    // SAFETY: all pointers are NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            source.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            flags,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(dev)
-}
-
-/// The name the mount table shows as the mount's source: the source path, unless it holds
-/// characters that the mount option syntax cannot carry.
-fn fs_name(source: &Path) -> String {
-    match source.to_str() {
-        Some(s) if !s.contains([',', ' ', '\t', '\n', '\\']) => s.to_string(),
-        _ => "coorfs".to_string(),
-    }
-}
-
 /// Sets the kernel's readahead window for files of the mount at `mountpoint` to `bytes`
 /// (`--readahead`; 0 leaves it): INIT can only lower it, the mount's backing device info
 /// (`/sys/class/bdi/MAJ:MIN`, named after the mount's device number) raises it, as root. Waits
@@ -934,6 +1086,34 @@ fn raise_readahead(mountpoint: &Path, bytes: u64) {
         Ok(()) => tracing::debug!("readahead {} KiB ({bdi})", bytes.div_ceil(1024)),
         Err(e) => warn!("readahead: {bdi}: {e}; the kernel's window stays as it is"),
     }
+}
+
+/// Hands the coorfs mount at `mountpoint` to a new daemon (see `keeper.rs`), running this
+/// binary if the caller is root. Returns the new daemon's pid once it serves.
+pub fn restart(mountpoint: &Path) -> Result<u32, MountError> {
+    let mountpoint = std::path::absolute(mountpoint)
+        .map_err(|e| MountError::MountpointUnusable(mountpoint.to_path_buf(), e))?;
+    if !mountinfo::is_coorfs_mount(&mountpoint) {
+        return Err(MountError::NotMounted(mountpoint));
+    }
+    let keeper = keeper_pid(&mountpoint).ok_or_else(|| MountError::NoKeeper(mountpoint.clone()))?;
+    // SAFETY: geteuid has no preconditions.
+    let exe = if unsafe { libc::geteuid() } == 0 {
+        std::env::current_exe().ok()
+    } else {
+        None
+    };
+    crate::keeper::request_handover(keeper, exe.as_deref())
+        .map_err(|e| MountError::Handover(mountpoint, e))
+}
+
+/// The pid of the keeper of `mountpoint`, from its `user.coorfs.keeper_pid` attribute (None
+/// without a keeper).
+pub fn keeper_pid(mountpoint: &Path) -> Option<u32> {
+    let name = crate::stats::xattr_name(crate::stats::Stat::KeeperPid);
+    let value = xattr::get(mountpoint, name).ok()??;
+    let pid: u32 = String::from_utf8(value).ok()?.trim().parse().ok()?;
+    (pid != 0).then_some(pid)
 }
 
 /// The pid of the daemon serving `mountpoint`, from its `user.coorfs.pid` attribute.
@@ -965,6 +1145,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
         return Err(MountError::NotMounted(mountpoint));
     }
     let pid = daemon_pid(&mountpoint);
+    let keeper = keeper_pid(&mountpoint);
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| MountError::NotMounted(mountpoint.clone()))?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
@@ -986,17 +1167,19 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
             _ => return Err(MountError::Unmount(mountpoint, e)),
         }
     }
-    let Some(pid) = pid else { return Ok(()) };
+    // The daemon exits once the connection ends, and its keeper right after.
     let start = Instant::now();
-    while alive(pid) {
-        if start.elapsed() >= timeout {
-            return Err(MountError::DaemonLingers {
-                mountpoint,
-                pid,
-                waited: timeout,
-            });
+    for pid in [pid, keeper].into_iter().flatten() {
+        while alive(pid) {
+            if start.elapsed() >= timeout {
+                return Err(MountError::DaemonLingers {
+                    mountpoint,
+                    pid,
+                    waited: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
 }

@@ -15,8 +15,9 @@
 //!
 //! Around them: `cli` (clap, at the edge), `helper` (mount(8)'s command line as `coorfs
 //! mount`'s), `config` (plain structs), `budget` (how much memory the cache may take: the
-//! memory cgroup), `daemon` (mount life cycle), `manpage` (generated from the CLI), `metrics`
-//! (the statistics for Prometheus),
+//! memory cgroup), `daemon` (mount life cycle), `keeper` (the process that holds a mount's
+//! connection and replaces a daemon that dies) and `handover` (what a successor daemon takes
+//! over), `manpage` (generated from the CLI),
 //! `analyze` (`coorfs analyze`: measure the storage, simulate the cache, predict data stalls),
 //! `run` (`coorfs run`: a training command whose DataLoaders hand the mount their order,
 //! through the Python hook of `python/coorfs/run.py`).
@@ -33,7 +34,10 @@ pub mod elastic;
 pub mod epoch;
 pub mod fs;
 pub mod fuse;
+pub mod handover;
 pub mod helper;
+pub mod keeper;
+
 pub mod jobs;
 pub mod manpage;
 pub mod mountinfo;

@@ -32,6 +32,16 @@ fn main() -> ExitCode {
         Command::Umount(args) => {
             daemon::unmount(&args.mountpoint, args.lazy, args.timeout).map_err(CommandError::from)
         }
+        Command::Restart(args) => match daemon::restart(&args.mountpoint) {
+            Ok(pid) => {
+                println!(
+                    "{}: served by a new daemon (pid {pid})",
+                    args.mountpoint.display()
+                );
+                Ok(())
+            }
+            Err(e) => Err(CommandError::from(e)),
+        },
         Command::Read(args) => read(&args),
         Command::Stats(args) => stats(&args),
         Command::Hint(args) => hint(&args),

@@ -180,9 +180,7 @@ fn members_serve_each_other_their_files_and_the_source_serves_a_dead_members() {
     // Member 2 dies. The others read the whole dataset between them with no error: its files
     // come from the source, and it is asked once or twice, not for every file.
     let dead = c.mounts[2].take().unwrap();
-    let pid = dead.pid();
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let pid = dead.kill();
     assert!(wait_for(std::time::Duration::from_secs(10), || {
         !process_alive(pid)
     }));

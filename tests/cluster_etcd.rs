@@ -311,9 +311,7 @@ fn members_in_etcd_share_one_cache_survive_a_death_re_home_and_rejoin() {
         c.read(member, &shards[member][..half(&shards[member])]);
     }
     let dead = c.mounts[2].take().unwrap();
-    let pid = dead.pid();
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let pid = dead.kill();
     assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)));
     drop(dead);
     let survivors = [0, 1];

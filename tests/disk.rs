@@ -196,9 +196,7 @@ fn after_a_kill_corrupt_blocks_and_changed_files_are_read_again_not_served() {
     let m = s.mount(FILES, &[]);
     s.read_all(&m);
     wait_for_disk(&m, FILES as u64);
-    let pid = m.pid();
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let pid = m.kill();
     assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)));
     drop(m);
     // A torn record at the end of the index, as a kill mid-append leaves it.
@@ -249,7 +247,6 @@ fn a_kill_in_the_middle_of_the_writes_leaves_nothing_torn_to_serve() {
     let s = setup();
     // Reads take 20 ms more each, so that reads and writes go on when the daemon is killed.
     let m = s.mount(FILES, &["--read-delay", "20ms"]);
-    let pid = m.pid();
     let mnt = m.mnt.clone();
     let files = s.files.clone();
     let reader = std::thread::spawn(move || {
@@ -265,8 +262,7 @@ fn a_kill_in_the_middle_of_the_writes_leaves_nothing_torn_to_serve() {
         &stats(&m.mnt),
         "disk_cached_blocks"
     ) >= 5));
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let pid = m.kill();
     assert!(wait_for(Duration::from_secs(10), || !process_alive(pid)));
     let _ = std::process::Command::new("umount")
         .arg("-l")

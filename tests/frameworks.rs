@@ -304,7 +304,11 @@ fn job_run(cached: usize, args: &[&str]) -> JobRun {
     if records.len() > through_mount.len() {
         let next = records.pop().unwrap();
         assert_eq!(num(&next, "reads"), 0, "{stats}");
-        assert_eq!(num(&next, "epoch"), through_mount.len() as u64 + 1, "{stats}");
+        assert_eq!(
+            num(&next, "epoch"),
+            through_mount.len() as u64 + 1,
+            "{stats}"
+        );
         assert_eq!(next["complete"], false, "{stats}");
     }
     JobRun {

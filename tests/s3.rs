@@ -600,9 +600,15 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
         .into_iter()
         .filter(|s| s.line.starts_with("GET "))
         .collect();
-    assert_eq!(gets.len(), 6, "one GET per 8 MiB part: {gets:#?}");
-    assert!(most_at_once(&gets) >= 2, "parts one at a time: {gets:#?}");
+    // A GET that timed out under load is sent again (and counted as retried).
     let s = stats(&m.mnt);
+    let retried = num(&s, "source_retried") as usize;
+    assert_eq!(
+        gets.len(),
+        6 + retried,
+        "one GET per 8 MiB part: {gets:#?} {s}"
+    );
+    assert!(most_at_once(&gets) >= 2, "parts one at a time: {gets:#?}");
     assert_eq!(num(&s, "bytes_from_source"), shard.len() as u64, "{s}");
     assert!(num(&s, "source_requests_per_gib") <= 256, "{s}");
     m.unmount();

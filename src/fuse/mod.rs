@@ -87,6 +87,8 @@ use fuser::{
 };
 use tracing::{debug, warn};
 
+pub mod session;
+
 use crate::fs::{BackingFiles, Caller, DatasetFs, FsError};
 use crate::namespace::{Attr, Kind};
 
@@ -138,6 +140,20 @@ impl BackingFiles for KernelBacking {
 }
 
 impl FuseAdapter {
+    /// Starts passthrough as an earlier daemon's INIT negotiated it (`passthrough`), for an
+    /// adapter over a connection that is already initialised (no `init` is called).
+    pub(crate) fn resume(&self, passthrough: bool) {
+        match self.fs.passthrough_refusal() {
+            None if passthrough => self.fs.start_passthrough(Box::new(KernelBacking {
+                device: self.device.clone(),
+            })),
+            Some(why) => self.fs.passthrough_unavailable(why),
+            None => self
+                .fs
+                .passthrough_unavailable("the connection's INIT did not enable it"),
+        }
+    }
+
     /// An adapter over `fs`. `notifier` and `device` are filled in once the session exists, so
     /// that the adapter can tell the kernel to drop what it cached of a changed file, and
     /// register backing files.
@@ -426,6 +442,9 @@ impl Filesystem for FuseAdapter {
             self.fs
                 .read_unopened(ino.0, offset, size, caller(req), done);
         } else {
+            // A handle a previous daemon of the mount gave out is opened again at its first
+            // read here (`fs/takeover.rs`).
+            self.fs.adopt_file(fh.0, ino.0, caller(req));
             self.fs.read(fh.0, offset, size, done);
         }
     }
@@ -470,12 +489,13 @@ impl Filesystem for FuseAdapter {
 
     fn readdir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.fs.adopt_dir(fh.0, ino.0, caller(req));
         let result = self.fs.readdir(fh.0, offset, false, |e| {
             reply.add(INodeNo(e.ino), e.next, file_type(e.kind), e.name)
         });
@@ -487,12 +507,13 @@ impl Filesystem for FuseAdapter {
 
     fn readdirplus(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.fs.adopt_dir(fh.0, ino.0, caller(req));
         let ttl = self.fs.ttl();
         let result = self.fs.readdir(fh.0, offset, true, |e| match e.attr {
             Some(attr) => reply.add(

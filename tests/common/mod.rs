@@ -133,6 +133,25 @@ impl Mount {
         coorfs::daemon::daemon_pid(&self.mnt).expect("daemon pid attribute")
     }
 
+    /// Kills the mount's keeper and daemon with SIGKILL, as the loss of its machine would, and
+    /// returns the daemon's pid: the keeper first, which would start another daemon.
+    pub fn kill(&self) -> u32 {
+        let pid = self.pid();
+        let name = coorfs::stats::xattr_name(coorfs::stats::Stat::KeeperPid);
+        let keeper: u32 = xattr::get(&self.mnt, name)
+            .ok()
+            .flatten()
+            .and_then(|v| String::from_utf8(v).ok()?.trim().parse().ok())
+            .unwrap_or(0);
+        for p in [keeper, pid] {
+            if p != 0 {
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            }
+        }
+        pid
+    }
+
     /// The path of `rel` inside the mount.
     pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
         self.mnt.join(rel)
