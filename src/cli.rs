@@ -85,6 +85,14 @@ Needs the mount's keeper (a mount by root without --no-keeper); root or the user
 may ask."
     )]
     Restart(RestartArgs),
+    /// Print a shell's completion script for coorfs.
+    #[command(
+        long_about = "Print the completion script of SHELL (bash, zsh, fish, elvish or \
+powershell) for coorfs on standard output, e.g. 'coorfs completions bash > \
+/usr/share/bash-completion/completions/coorfs'. The .deb (scripts/build-deb.sh) and \
+scripts/install.sh install those of bash, zsh and fish."
+    )]
+    Completions(CompletionsArgs),
     /// Show a mount's statistics: cache, hits and misses, bytes, epochs.
     #[command(
         long_about = "Show the statistics of a coorfs mount: accesses, hits and misses, bytes from \
@@ -434,6 +442,14 @@ pub struct UmountArgs {
     /// How long to wait for the daemon to exit.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+/// `coorfs completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// `coorfs restart`.

@@ -42,6 +42,11 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(CommandError::from(e)),
         },
+        Command::Completions(args) => {
+            let mut cli = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(args.shell, &mut cli, "coorfs", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Read(args) => read(&args),
         Command::Stats(args) => stats(&args),
         Command::Hint(args) => hint(&args),

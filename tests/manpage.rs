@@ -75,6 +75,7 @@ const NOT_COORFS: &[(&str, &str)] = &[
     ("data", "the example job's: python train.py --data DIR"),
     ("lr", "the example sweep's: python train.py --lr RATE"),
     ("only-values", "getfattr's"),
+    ("destdir", "scripts/install.sh --destdir DIR"),
 ];
 
 /// The docs written by hand that name options.
