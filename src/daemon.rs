@@ -758,7 +758,11 @@ fn init_logging(level: Option<&str>, file: Option<File>) {
         Some(level) => EnvFilter::new(level),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Spans (a FUSE operation, a fetch: debug level) are logged as they close, with their
+    // time: nothing at the default level.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE);
     let _ = match file {
         Some(file) => builder
             .with_ansi(false)

@@ -323,3 +323,54 @@ impl Drop for Unmount {
         }
     }
 }
+
+#[test]
+fn the_log_says_what_each_daemon_did_and_how_it_ended() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 3, 300_000, 1);
+    let log = dir.path().join("log");
+    let log_arg = log.display().to_string();
+    let m = Mount::new(
+        &src,
+        &[
+            "--log-level",
+            "debug",
+            "--log-file",
+            &log_arg,
+            "--no-passthrough",
+        ],
+    );
+    assert_eq!(
+        std::fs::read(m.path(&rels[0])).unwrap(),
+        std::fs::read(src.join(&rels[0])).unwrap()
+    );
+    let dead = m.pid();
+    kill(dead, libc::SIGKILL);
+    assert_eq!(
+        std::fs::read(m.path(&rels[1])).unwrap(),
+        std::fs::read(src.join(&rels[1])).unwrap()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    // Each FUSE operation and each fetch ends with a line: what, and how long it took.
+    let name = rels[0].file_name().unwrap().to_str().unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("fuse{op=\"read\"") && l.contains("close time.busy")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains("fetch{file=")
+            && l.contains(name)
+            && l.contains("tier=Source bytes=300000")
+            && l.contains("close time.busy")),
+        "{text}"
+    );
+    // The keeper says how the daemon ended, and the successor what it took over.
+    assert!(
+        text.contains(&format!("daemon (pid {dead}) killed by SIGKILL")),
+        "{text}"
+    );
+    assert!(text.contains("took the mount over"), "{text}");
+    unmount_all(m);
+}

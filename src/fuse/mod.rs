@@ -194,6 +194,13 @@ impl FuseAdapter {
     }
 }
 
+/// The span of one FUSE operation on node `ino`, at debug level: with `--log-level debug`
+/// the log has a line for each as it ends (the daemon's logging prints span closes), with its
+/// time, so that the log of a daemon that died shows what it was doing.
+fn op(op: &'static str, ino: u64) -> tracing::span::EnteredSpan {
+    tracing::debug_span!("fuse", op, ino).entered()
+}
+
 fn caller(req: &Request) -> Caller {
     Caller {
         pid: req.pid(),
@@ -368,6 +375,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _op = op("lookup", parent.0);
         match self.fs.lookup(parent.0, name, caller(req)) {
             Ok(e) => reply.entry(&self.fs.ttl(), &file_attr(&e.attr), Generation(0)),
             Err(e) => fail("lookup", e, reply),
@@ -375,6 +383,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _op = op("getattr", ino.0);
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
             Err(e) => fail("getattr", e, reply),
@@ -382,6 +391,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _op = op("readlink", ino.0);
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(target.as_os_str().as_encoded_bytes()),
             Err(e) => fail("readlink", e, reply),
@@ -389,6 +399,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _op = op("open", ino.0);
         if self.fs.fast_open() {
             // The kernel stops sending OPEN (and RELEASE) on this connection.
             return reply.error(Errno::ENOSYS);
@@ -430,6 +441,8 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _op = tracing::debug_span!("fuse", op = "read", ino = ino.0, fh = fh.0, offset, size)
+            .entered();
         // The order file takes hints by ioctl and reads as empty.
         if ino.0 == crate::fs::order::ORDER_INO {
             return reply.data(&[]);
@@ -459,6 +472,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = tracing::debug_span!("fuse", op = "release", fh = fh.0).entered();
         self.fs.release(fh.0);
         reply.ok();
     }
@@ -481,6 +495,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _op = op("opendir", ino.0);
         match self.fs.opendir(ino.0, caller(req)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => fail("opendir", e, reply),
@@ -495,6 +510,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _op = op("readdir", ino.0);
         self.fs.adopt_dir(fh.0, ino.0, caller(req));
         let result = self.fs.readdir(fh.0, offset, false, |e| {
             reply.add(INodeNo(e.ino), e.next, file_type(e.kind), e.name)
@@ -513,6 +529,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _op = op("readdirplus", ino.0);
         self.fs.adopt_dir(fh.0, ino.0, caller(req));
         let ttl = self.fs.ttl();
         let result = self.fs.readdir(fh.0, offset, true, |e| match e.attr {
@@ -556,6 +573,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _op = op("statfs", 1);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -565,6 +583,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _op = op("access", ino.0);
         match self.fs.access(ino.0, mask.bits(), caller(req)) {
             Ok(()) => reply.ok(),
             Err(e) => fail("access", e, reply),
@@ -572,6 +591,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _op = op("getxattr", ino.0);
         match self.fs.getxattr(ino.0, name) {
             Ok(value) => reply_xattr(value, size, reply),
             Err(e) => fail("getxattr", e, reply),
@@ -579,6 +599,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _op = op("listxattr", ino.0);
         match self.fs.listxattr(ino.0) {
             Ok(names) => reply_xattr(names, size, reply),
             Err(e) => fail("listxattr", e, reply),

@@ -297,6 +297,17 @@ impl Fetcher {
             epoch,
             why,
         };
+        // At debug level the log has a line for each fetch as it ends: the file, the block,
+        // why, the tier that had it and the bytes read (a part's with it), and its time.
+        let span = tracing::debug_span!(
+            "fetch",
+            file = %rel.display(),
+            block = key.block,
+            why = ?why,
+            tier = tracing::field::Empty,
+            bytes = tracing::field::Empty,
+        )
+        .entered();
         let Some((result, origin, fallback, read_bytes, first_block)) = self.read(&want) else {
             // Another fetch took this block into its part's run: it hands it to the waiters,
             // and reports the bytes.
@@ -304,6 +315,12 @@ impl Fetcher {
             running.done = true;
             return;
         };
+        span.record("tier", tracing::field::debug(origin));
+        span.record("bytes", read_bytes);
+        if let Err(errno) = &result {
+            tracing::debug!(errno, "fetch failed");
+        }
+        drop(span);
         let took = issued.elapsed();
         if demand {
             // An average over the last few reads: a slow one alone does not move it far.
