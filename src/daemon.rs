@@ -632,15 +632,10 @@ fn serve_handed(
     let handoff = crate::handover::handoff::Handoff::recv(socket.as_fd())
         .map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()))?;
     crate::keeper::set_oom_score_adj(crate::keeper::DAEMON_OOM_SCORE_ADJ);
-    let mut ready = handoff.ready.map(File::from);
-    let handed = Handed::open(
-        handoff.fuse,
-        handoff.meta,
-        handoff.nodes,
-        handoff.handles,
-        socket,
-    )
-    .map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()));
+    let mut handoff = handoff;
+    let mut ready = handoff.ready.take().map(File::from);
+    let handed = Handed::open(handoff, socket)
+        .map_err(|e| MountError::Mount(config.mountpoint.clone(), e.to_string()));
     let served = handed.and_then(|handed| {
         preflight_handed(&mut config)?;
         serve(config, &mut ready, None, Some(handed))
@@ -656,24 +651,33 @@ struct Handed {
     meta: Arc<crate::handover::state::Meta>,
     journal: Arc<crate::handover::state::NodeJournal>,
     slots: Arc<crate::handover::state::HandleSlots>,
+    arena: OwnedFd,
+    cache_index: Arc<crate::handover::state::CacheJournal>,
+    tmpfs: Option<OwnedFd>,
     keeper: OwnedFd,
 }
 
 impl Handed {
-    fn open(
-        fuse: OwnedFd,
-        meta: OwnedFd,
-        nodes: OwnedFd,
-        handles: OwnedFd,
-        keeper: OwnedFd,
-    ) -> io::Result<Handed> {
-        use crate::handover::state::{HandleSlots, Meta, NodeJournal};
+    fn open(h: crate::handover::handoff::Handoff, keeper: OwnedFd) -> io::Result<Handed> {
+        use crate::handover::state::{CacheJournal, HandleSlots, Meta, NodeJournal};
         Ok(Handed {
-            fuse,
-            meta: Arc::new(Meta::open(meta)?),
-            journal: Arc::new(NodeJournal::open(nodes)?),
-            slots: Arc::new(HandleSlots::open(handles)?),
+            fuse: h.fuse,
+            meta: Arc::new(Meta::open(h.meta)?),
+            journal: Arc::new(NodeJournal::open(h.nodes)?),
+            slots: Arc::new(HandleSlots::open(h.handles)?),
+            arena: h.arena,
+            cache_index: Arc::new(CacheJournal::open(h.cache_index)?),
+            tmpfs: h.tmpfs,
             keeper,
+        })
+    }
+
+    /// The cache's memory, for the daemon's cache (see `cache::BlockCache::kept`).
+    fn cache_memory(&self) -> io::Result<crate::cache::CacheMemory> {
+        Ok(crate::cache::CacheMemory {
+            arena: self.arena.try_clone()?,
+            journal: self.cache_index.clone(),
+            tmpfs: self.tmpfs.as_ref().map(OwnedFd::try_clone).transpose()?,
         })
     }
 }
@@ -832,7 +836,11 @@ fn serve(
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
     let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
-    let fs = open_core(&config)?;
+    let memory = match &handed {
+        Some(h) => Some(h.cache_memory().map_err(mount_err)?),
+        None => None,
+    };
+    let fs = open_core(&config, memory)?;
     // Under a keeper: what an earlier daemon's INIT negotiated (None for the first daemon),
     // and the node ids the kernel holds, before anything reads the node table.
     let successor = handed.as_ref().and_then(|h| h.meta.negotiated());
@@ -942,7 +950,10 @@ fn serve(
 
 /// The core of the mount of `config`: its source (delayed with `--read-delay`), its disk
 /// tier if it has one, and the filesystem over them.
-fn open_core(config: &MountConfig) -> Result<Arc<DatasetFs>, MountError> {
+fn open_core(
+    config: &MountConfig,
+    memory: Option<crate::cache::CacheMemory>,
+) -> Result<Arc<DatasetFs>, MountError> {
     let unreadable = |e| MountError::SourceUnreadable(config.source.clone(), e);
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
     let drop_pages = config.cache.policy.caches();
@@ -973,7 +984,7 @@ fn open_core(config: &MountConfig) -> Result<Arc<DatasetFs>, MountError> {
         }
         None => None,
     };
-    let fs = DatasetFs::with_disk(source, config, stats, disk).map_err(unreadable)?;
+    let fs = DatasetFs::with_tiers(source, config, stats, disk, memory).map_err(unreadable)?;
     Ok(Arc::new(fs))
 }
 

@@ -6,11 +6,13 @@
 //! reader gets ENOTCONN and the mount is dead. Under a keeper the daemon's death costs a pause:
 //!
 //! 1. `coorfs mount` (as root) forks the keeper. It mounts, holds the connection, creates the
-//!    state regions (`handover/state.rs`), and starts the daemon: this same binary again
+//!    state regions (`handover/state.rs`) and the memory the cache lives in (the arena's memfd,
+//!    the journal of its index, the tmpfs of the files the kernel reads: `cache/mod.rs`), and
+//!    starts the daemon: this same binary again
 //!    (`execveat` of the executable it holds), with the same arguments and working directory,
 //!    told by `COORFS_HANDOFF_FD` to take its connection and state from the keeper over a unix
 //!    socket (`handover/handoff.rs`, `SCM_RIGHTS`) instead of mounting.
-//! 2. The keeper waits. It does no I/O for readers, holds no cache, and asks the OOM killer
+//! 2. The keeper waits. It does no I/O for readers, and asks the OOM killer
 //!    to take the daemon instead: its own `oom_score_adj` is -1000 where it may lower it
 //!    (CAP_SYS_RESOURCE), the daemon's 500.
 //! 3. When the daemon dies while the connection is up, the keeper logs why (the signal, the
@@ -43,7 +45,7 @@ use tracing::{error, info, warn};
 use crate::config::MountConfig;
 use crate::fuse::session::{connected, kernel_mount, unmount_detached};
 use crate::handover::handoff::{self, Handoff};
-use crate::handover::state::{Cause, HandleSlots, Meta, NodeJournal, monotonic_ns};
+use crate::handover::state::{CacheJournal, Cause, HandleSlots, Meta, NodeJournal, monotonic_ns};
 
 /// The environment variable that tells a daemon which descriptor is its keeper's socket.
 pub const HANDOFF_FD: &str = "COORFS_HANDOFF_FD";
@@ -91,6 +93,20 @@ pub fn run(
     let meta = Meta::create()?;
     let journal = NodeJournal::create()?;
     let slots = HandleSlots::create()?;
+    // The cache's memory: the arena's memory file (sized by the daemon), the journal of its
+    // index, and the tmpfs of the files the kernel reads (none where it cannot be made: the
+    // daemon then keeps every block in the arena).
+    let arena: OwnedFd = rustix::fs::memfd_create("coorfs-arena", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let cache_index = CacheJournal::create()?;
+    let tmpfs = crate::cache::kernel_files::tmpfs(
+        config
+            .cache
+            .ceiling
+            .unwrap_or(config.cache.capacity)
+            .max(config.cache.capacity),
+    )
+    .inspect_err(|e| tracing::debug!("no tmpfs for the cache's files: {e}"))
+    .ok();
     meta.set_keeper(std::process::id());
     let launch = Launch {
         exe: open_exe(Path::new("/proc/self/exe"))?,
@@ -112,6 +128,9 @@ pub fn run(
         meta,
         journal,
         slots,
+        arena,
+        cache_index,
+        tmpfs,
         launch,
         control,
         owner: config.owner_uid,
@@ -130,6 +149,9 @@ struct Keeper {
     meta: Meta,
     journal: NodeJournal,
     slots: HandleSlots,
+    arena: OwnedFd,
+    cache_index: CacheJournal,
+    tmpfs: Option<OwnedFd>,
     launch: Launch,
     control: OwnedFd,
     owner: u32,
@@ -235,6 +257,9 @@ impl Keeper {
             meta: self.meta.fd().try_clone_to_owned()?,
             nodes: self.journal.fd().try_clone_to_owned()?,
             handles: self.slots.fd().try_clone_to_owned()?,
+            arena: self.arena.try_clone()?,
+            cache_index: self.cache_index.fd().try_clone_to_owned()?,
+            tmpfs: self.tmpfs.as_ref().map(OwnedFd::try_clone).transpose()?,
             ready,
         };
         if let Err(e) = handoff.send(keeper_end.as_fd()) {

@@ -119,6 +119,20 @@ fn a_daemon_killed_three_times_in_an_epoch_fails_no_read() {
     wait_for_scan(&m.mnt);
     let keeper = keeper_of(&m);
     assert!(keeper > 0 && process_alive(keeper));
+    // The hit rate of an epoch once the cache is full, before the kills: epoch 1 fills it.
+    let epoch_hit_rate = || {
+        let before = num(&stats(&m.mnt), "hits");
+        for rel in &rels {
+            assert_eq!(
+                std::fs::read(m.path(rel)).unwrap(),
+                std::fs::read(src.join(rel)).unwrap()
+            );
+        }
+        (num(&stats(&m.mnt), "hits") - before) as f64 / rels.len() as f64
+    };
+    epoch_hit_rate();
+    let warm = epoch_hit_rate();
+    assert!(warm > 0.2, "epoch 2 hit {warm}");
     let children = readers(&src, &m.mnt, &rels, 3, 3);
     let mut pid = m.pid();
     for _ in 0..3 {
@@ -131,8 +145,18 @@ fn a_daemon_killed_three_times_in_an_epoch_fails_no_read() {
         pid = next_daemon(&m, pid);
     }
     assert_read_everything(children, "3 kills");
+    // The cache outlives the daemons (the keeper holds its memory): killed once more, the
+    // daemon's successor hits in its first epoch as the daemon before the kills did (a cold
+    // cache would hit nothing in it).
+    kill(pid, libc::SIGKILL);
+    next_daemon(&m, pid);
+    let after = epoch_hit_rate();
+    assert!(
+        after >= 0.9 * warm,
+        "hit rate {after} after the kills, {warm} before"
+    );
     let s = stats(&m.mnt);
-    assert_eq!(num(&s, "daemon_restarts"), 3, "{s}");
+    assert_eq!(num(&s, "daemon_restarts"), 4, "{s}");
     assert_eq!(s["daemon_last_end"], "killed by SIGKILL", "{s}");
     assert_eq!(num(&s, "keeper_pid"), keeper as u64, "{s}");
     let pause = s["daemon_longest_pause_seconds"].as_f64().unwrap();

@@ -40,6 +40,9 @@ pub struct Slot {
 pub struct Arena {
     map: MmapRaw,
     next: AtomicUsize,
+    /// The memory file the arena maps, when it must outlive the daemon (a keeper holds it:
+    /// see [`Arena::shared`]); None for anonymous memory.
+    file: Option<std::fs::File>,
 }
 
 impl Arena {
@@ -55,7 +58,33 @@ impl Arena {
         Ok(Arena {
             map: MmapRaw::from(map),
             next: AtomicUsize::new(0),
+            file: None,
         })
+    }
+
+    /// An arena of `capacity` bytes in the memory file `memory` (a memfd), mapped shared: its
+    /// bytes outlive the daemon while another process (the keeper) holds the file, and a
+    /// successor maps them again with [`Arena::resume_at`]. The file is sized to `capacity`
+    /// (sparse: only written pages take memory).
+    pub fn shared(memory: &std::os::fd::OwnedFd, capacity: usize) -> std::io::Result<Self> {
+        let file = std::fs::File::from(memory.try_clone()?);
+        let capacity = capacity.max(ALIGN);
+        if (file.metadata()?.len() as usize) < capacity {
+            file.set_len(capacity as u64)?;
+        }
+        let map = MmapOptions::new().len(capacity).map_raw(&file)?;
+        Ok(Arena {
+            map,
+            next: AtomicUsize::new(0),
+            file: Some(file),
+        })
+    }
+
+    /// Goes on allocating from `end`, the end of the last slot a previous daemon published
+    /// (slots it allocated past that were never published, and are written again).
+    pub fn resume_at(&self, end: usize) {
+        self.next
+            .store(Self::footprint(end).min(self.map.len()), Ordering::Relaxed);
     }
 
     /// The bytes a slot of `len` takes, alignment included.
@@ -107,6 +136,11 @@ impl Arena {
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(slot.offset), slot.len) }
     }
 
+    /// Bytes the arena may hold.
+    pub fn capacity(&self) -> usize {
+        self.map.len()
+    }
+
     /// Bytes reserved so far, alignment included: the end of the last slot.
     pub fn used(&self) -> usize {
         self.next.load(Ordering::Relaxed)
@@ -127,11 +161,15 @@ impl Arena {
         if from < to {
             // SAFETY: [from, to) is inside the mapping and past every slot still in use, which
             // nobody reads or writes (the caller's guarantee), so dropping its pages, which
-            // then read as zeros, changes no byte anyone sees.
-            let dropped = unsafe {
-                self.map
-                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+            // then read as zeros, changes no byte anyone sees. A shared memory file's pages
+            // are freed by removing them from the file (MADV_REMOVE); DONTNEED would only
+            // unmap them.
+            let advice = if self.file.is_some() {
+                memmap2::UncheckedAdvice::Remove
+            } else {
+                memmap2::UncheckedAdvice::DontNeed
             };
+            let dropped = unsafe { self.map.unchecked_advise_range(advice, from, to - from) };
             if let Err(e) = dropped {
                 tracing::warn!("giving cache memory back to the kernel: {e}");
             }

@@ -79,26 +79,101 @@ pub struct KernelFiles {
     warned: AtomicBool,
 }
 
+/// A private tmpfs of `capacity` bytes, its root held by the returned descriptor. Fails without
+/// `CAP_SYS_ADMIN`, or on a kernel without the mount API (before 5.2).
+pub fn tmpfs(capacity: u64) -> io::Result<OwnedFd> {
+    let fs = rustix::mount::fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    let size = capacity.div_ceil(PAGE).max(1) * PAGE;
+    rustix::mount::fsconfig_set_string(&fs, "size", size.to_string())?;
+    rustix::mount::fsconfig_set_string(&fs, "mode", "0700")?;
+    rustix::mount::fsconfig_create(&fs)?;
+    let attrs = MountAttrFlags::MOUNT_ATTR_NOEXEC
+        | MountAttrFlags::MOUNT_ATTR_NOSUID
+        | MountAttrFlags::MOUNT_ATTR_NODEV;
+    Ok(rustix::mount::fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        attrs,
+    )?)
+}
+
 impl KernelFiles {
     /// A private tmpfs of `capacity` bytes. Fails without `CAP_SYS_ADMIN`, or on a kernel
     /// without the mount API (before 5.2).
     pub fn new(capacity: u64) -> io::Result<Self> {
-        let fs = rustix::mount::fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
-        let size = capacity.div_ceil(PAGE).max(1) * PAGE;
-        rustix::mount::fsconfig_set_string(&fs, "size", size.to_string())?;
-        rustix::mount::fsconfig_set_string(&fs, "mode", "0700")?;
-        rustix::mount::fsconfig_create(&fs)?;
-        let attrs = MountAttrFlags::MOUNT_ATTR_NOEXEC
-            | MountAttrFlags::MOUNT_ATTR_NOSUID
-            | MountAttrFlags::MOUNT_ATTR_NODEV;
-        let root = rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)?;
-        Ok(KernelFiles {
+        Ok(Self::on(tmpfs(capacity)?))
+    }
+
+    /// The files on the tmpfs whose root is `root` (one from [`tmpfs`]), none known yet: a
+    /// successor daemon then enters those its predecessor published ([`KernelFiles::restore`]).
+    pub fn on(root: OwnedFd) -> Self {
+        KernelFiles {
             root,
             files: Mutex::default(),
             next: AtomicU64::new(0),
             taking: AtomicBool::new(true),
             warned: AtomicBool::new(false),
-        })
+        }
+    }
+
+    /// The number that names the file of `version`, if it has one.
+    pub fn number_of(&self, version: &FileVersion) -> Option<u64> {
+        self.files.lock().get(version)?.name.parse().ok()
+    }
+
+    /// `len` bytes of `version`, published by a previous daemon in its file numbered `number`,
+    /// are in the cache's index again. False if that file is not on the tmpfs.
+    pub fn restore(&self, version: &FileVersion, number: u64, len: u64) -> bool {
+        let name = number.to_string();
+        if rustix::fs::statat(
+            &self.root,
+            name.as_str(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .is_err()
+        {
+            return false;
+        }
+        self.next.fetch_max(number + 1, Ordering::Relaxed);
+        let mut files = self.files.lock();
+        let file = files.entry(*version).or_insert_with(|| {
+            Arc::new(KernelFile {
+                name,
+                stored: AtomicU64::new(0),
+            })
+        });
+        file.stored.fetch_add(len, Ordering::Release);
+        true
+    }
+
+    /// Unlinks every file on the tmpfs that no version names (a predecessor's files that did
+    /// not make it into the index, or were dropped from it): their memory goes back.
+    pub fn sweep(&self) -> usize {
+        let named: std::collections::HashSet<String> =
+            self.files.lock().values().map(|f| f.name.clone()).collect();
+        let Ok(dir) = rustix::fs::openat(
+            &self.root,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return 0;
+        };
+        let Ok(mut entries) = rustix::fs::Dir::read_from(&dir) else {
+            return 0;
+        };
+        let mut swept = 0;
+        while let Some(Ok(entry)) = entries.next() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == "." || name == ".." || named.contains(&name) {
+                continue;
+            }
+            if rustix::fs::unlinkat(&self.root, name.as_str(), rustix::fs::AtFlags::empty()).is_ok()
+            {
+                swept += 1;
+            }
+        }
+        swept
     }
 
     /// True if the blocks of a file of `size` bytes go here.
@@ -141,8 +216,10 @@ impl KernelFiles {
     }
 
     /// Writes a block of `version` at `offset`. Not yet served: see [`KernelFiles::published`].
-    pub fn write(&self, version: &FileVersion, offset: u64, data: &[u8]) -> io::Result<()> {
+    /// Returns the number that names the file.
+    pub fn write(&self, version: &FileVersion, offset: u64, data: &[u8]) -> io::Result<u64> {
         let file = self.file_of(version);
+        let number = file.name.parse().unwrap_or(0);
         let fd = self.open(&file.name, OFlags::WRONLY | OFlags::CREATE)?;
         let mut done = 0;
         while done < data.len() {
@@ -153,7 +230,7 @@ impl KernelFiles {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(())
+        Ok(number)
     }
 
     /// Says a failed write once in the log (the block goes to the arena instead).

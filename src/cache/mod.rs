@@ -51,6 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::block::{Block, BlockSize};
+use crate::handover::state::{CacheJournal, CacheRecord, CachedAt};
 use crate::namespace::FileVersion;
 use arena::{Arena, Slot};
 use kernel_files::KernelFiles;
@@ -188,10 +189,11 @@ impl Store {
 enum Stored {
     Arena(Slot),
     Mapped(Arc<MappedBlock>),
-    /// In its file's file on the private tmpfs ([`kernel_files`]), at `offset`.
+    /// In its file's file on the private tmpfs ([`kernel_files`]), named `file`, at `offset`.
     Kernel {
         offset: u64,
         len: u64,
+        file: u64,
     },
 }
 
@@ -238,6 +240,8 @@ struct Index {
     full_files: u64,
     /// The order of admission, kept only by an elastic cache (see the module header).
     admitted: Option<Admitted>,
+    /// Where every change is recorded for a successor daemon, under a keeper.
+    log: Option<Arc<CacheJournal>>,
 }
 
 /// What an elastic cache needs to drop its newest files: the arena's slots by offset (the
@@ -308,6 +312,23 @@ impl Admitted {
 impl Index {
     fn add(&mut self, key: BlockKey, stored: Stored) {
         let len = stored.len();
+        if let Some(log) = &self.log {
+            let at = match stored {
+                Stored::Arena(slot) => Some(CachedAt::Arena {
+                    offset: slot.offset as u64,
+                    len,
+                }),
+                Stored::Kernel { offset, file, .. } => Some(CachedAt::File { file, offset, len }),
+                Stored::Mapped(_) => None,
+            };
+            if let Some(at) = at {
+                log.append(&CacheRecord::Added {
+                    version: key.version,
+                    block: key.block,
+                    at,
+                });
+            }
+        }
         if let Some(admitted) = &mut self.admitted {
             admitted.add(key, &stored);
         }
@@ -328,6 +349,12 @@ impl Index {
 
     fn remove(&mut self, key: &BlockKey) -> Option<Stored> {
         let old = self.blocks.remove(key)?;
+        if let Some(log) = &self.log {
+            log.append(&CacheRecord::Removed {
+                version: key.version,
+                block: key.block,
+            });
+        }
         if let Some(admitted) = &mut self.admitted {
             admitted.remove(&old);
         }
@@ -401,9 +428,44 @@ pub struct BlockCache {
     /// Held shared by lenders of arena bytes and by inserts, alone by a shrink (see the
     /// module header). Only an elastic cache takes it.
     shrink: RwLock<()>,
+    /// Memory a keeper holds for this cache (see [`BlockCache::kept`]): its journal, and the
+    /// tmpfs for the files the kernel reads until [`BlockCache::keep_files_for_kernel`].
+    kept: Option<Arc<CacheJournal>>,
+    kept_tmpfs: Mutex<Option<std::os::fd::OwnedFd>>,
     /// Makes the next mapping fail, as an exhausted address space or memory would.
     #[cfg(test)]
     fail_next_mapping: std::sync::atomic::AtomicBool,
+}
+
+/// Memory a keeper holds for a cache, so that it outlives the daemon (see `keeper.rs`): the
+/// arena's memory file, the journal of the index, and the tmpfs of the files the kernel reads.
+#[derive(Debug)]
+pub struct CacheMemory {
+    pub arena: std::os::fd::OwnedFd,
+    pub journal: Arc<CacheJournal>,
+    pub tmpfs: Option<std::os::fd::OwnedFd>,
+}
+
+/// The key under which a taken-over cache's policy counts the arena's slots that no block
+/// holds any more (no file has this version).
+const ARENA_HOLES: BlockKey = BlockKey {
+    version: FileVersion {
+        dev: u64::MAX,
+        ino: u64::MAX,
+        size: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+    },
+    block: 0,
+};
+
+/// What a cache took over from a previous daemon's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Blocks in the journal that could not be taken (no longer fit, or their file is gone).
+    pub dropped: u64,
 }
 
 /// Says which files, by dataset-relative path, a cache may keep.
@@ -421,8 +483,27 @@ impl BlockCache {
     /// A cache following `config`, in the store its policy needs (an arena reserves its
     /// address space here).
     pub fn new(config: CacheConfig) -> std::io::Result<Self> {
+        Self::build(config, None)
+    }
+
+    /// A cache in memory a keeper holds (`memory`): a cache that never evicts keeps its arena
+    /// in the keeper's memory file and its files on the keeper's tmpfs, and records its index
+    /// in the journal, from which a successor daemon takes them over ([`BlockCache::restore`]).
+    /// A cache that evicts (LRU) is the daemon's alone.
+    pub fn kept(config: CacheConfig, memory: CacheMemory) -> std::io::Result<Self> {
+        Self::build(config, Some(memory))
+    }
+
+    fn build(config: CacheConfig, memory: Option<CacheMemory>) -> std::io::Result<Self> {
         let policy = config.policy.policy(config.capacity);
-        let store = Store::for_policy(&*policy, config.most())?;
+        let (store, kept, kept_tmpfs) = match memory {
+            Some(m) if policy.keeps_anything() && !policy.evicts() => (
+                Store::Arena(Arena::shared(&m.arena, config.most() as usize)?),
+                Some(m.journal),
+                m.tmpfs,
+            ),
+            _ => (Store::for_policy(&*policy, config.most())?, None, None),
+        };
         let elastic = config.ceiling.is_some();
         let index = Index {
             admitted: elastic.then(Admitted::default),
@@ -441,6 +522,8 @@ impl BlockCache {
             counters: CacheCounters::default(),
             keeps_path: std::sync::OnceLock::new(),
             kernel: std::sync::OnceLock::new(),
+            kept,
+            kept_tmpfs: Mutex::new(kept_tmpfs),
             #[cfg(test)]
             fail_next_mapping: Default::default(),
         })
@@ -597,9 +680,126 @@ impl BlockCache {
                 "only a cache that never evicts keeps files",
             ));
         }
-        let files = KernelFiles::new(self.ceiling())?;
+        let files = match self.kept_tmpfs.lock().take() {
+            Some(root) => KernelFiles::on(root),
+            None => KernelFiles::new(self.ceiling())?,
+        };
         let _ = self.kernel.set(files);
         Ok(())
+    }
+
+    /// Takes over what a previous daemon's cache held in the keeper's memory (see
+    /// [`BlockCache::kept`]), after [`BlockCache::keep_files_for_kernel`] if it is called: the
+    /// blocks its journal says are published, in the order they came, each where it is
+    /// (an arena slot inside the arena, a file still on the tmpfs), as far as the budget
+    /// allows; an elastic budget takes at least what they hold, up to its ceiling. From then
+    /// on this cache records its own changes. Does nothing for a first daemon.
+    pub fn restore(&self) -> std::io::Result<Restored> {
+        let Some(journal) = &self.kept else {
+            return Ok(Restored::default());
+        };
+        let records = match journal.records() {
+            Ok(records) => records,
+            Err(e) => {
+                // Nothing of it is taken: the journal starts again, empty, with this cache.
+                journal.rewrite(&[]);
+                self.index.write().log = Some(journal.clone());
+                return Err(e);
+            }
+        };
+        // What the journal says is published now, in the order of its first publication.
+        let mut live: HashMap<BlockKey, (usize, CachedAt)> = HashMap::new();
+        for (i, r) in records.iter().enumerate() {
+            match *r {
+                CacheRecord::Added { version, block, at } => {
+                    live.insert(BlockKey { version, block }, (i, at));
+                }
+                CacheRecord::Removed { version, block } => {
+                    live.remove(&BlockKey { version, block });
+                }
+            }
+        }
+        let mut order: Vec<(usize, BlockKey, CachedAt)> =
+            live.into_iter().map(|(k, (i, at))| (i, k, at)).collect();
+        order.sort_unstable_by_key(|(i, _, _)| *i);
+        let mut done = Restored::default();
+        let mut policy = self.policy.lock();
+        if self.elastic {
+            policy.resize(self.ceiling());
+        }
+        let mut index = self.index.write();
+        let (mut arena_end, mut arena_slots) = (0, 0);
+        let mut kept = Vec::with_capacity(order.len());
+        for (_, key, at) in order {
+            let (stored, footprint) = match (at, &self.store) {
+                (CachedAt::Arena { offset, len }, Store::Arena(arena))
+                    if offset as usize + len as usize <= arena.capacity() =>
+                {
+                    let slot = Slot {
+                        offset: offset as usize,
+                        len: len as usize,
+                    };
+                    (Stored::Arena(slot), Arena::footprint(len as usize) as u64)
+                }
+                (CachedAt::File { file, offset, len }, _) => match self.kernel.get() {
+                    Some(files) if files.restore(&key.version, file, len) => (
+                        Stored::Kernel { offset, len, file },
+                        KernelFiles::footprint(len),
+                    ),
+                    _ => {
+                        done.dropped += 1;
+                        continue;
+                    }
+                },
+                _ => {
+                    done.dropped += 1;
+                    continue;
+                }
+            };
+            if !matches!(policy.admit(&key, footprint), Admission::Admit { .. }) {
+                if let (Stored::Kernel { len, .. }, Some(files)) = (&stored, self.kernel.get()) {
+                    files.published(&key.version, -(*len as i64));
+                }
+                done.dropped += 1;
+                continue;
+            }
+            if let Stored::Arena(slot) = &stored {
+                arena_end = arena_end.max(slot.offset + slot.len);
+                arena_slots += Arena::footprint(slot.len) as u64;
+            }
+            done.blocks += 1;
+            done.bytes += stored.len();
+            kept.push(CacheRecord::Added {
+                version: key.version,
+                block: key.block,
+                at,
+            });
+            index.add(key, stored);
+        }
+        if let Store::Arena(arena) = &self.store {
+            arena.resume_at(arena_end);
+            // Slots below the end that no block holds now (removed) still take their memory,
+            // as they did in the previous daemon's budget: the policy counts them.
+            let holes = (Arena::footprint(arena_end) as u64).saturating_sub(arena_slots);
+            if holes > 0 {
+                let _ = policy.admit(&ARENA_HOLES, holes);
+            }
+        }
+        if let Some(files) = self.kernel.get() {
+            files.sweep();
+        }
+        // The journal starts again with what this cache holds, so that it does not grow with
+        // every daemon, and records this cache's changes from now on.
+        journal.rewrite(&kept);
+        index.log = Some(journal.clone());
+        let held = policy.used();
+        drop(index);
+        drop(policy);
+        if self.elastic {
+            let capacity = self.config.capacity.max(held).min(self.ceiling());
+            self.resize(capacity);
+        }
+        Ok(done)
     }
 
     /// From now on new blocks go to the arena: the kernel will not read files itself. What
@@ -639,7 +839,7 @@ impl BlockCache {
                     CachedBytes::Arena(arena.get(*slot), lent)
                 }
                 (Stored::Mapped(block), _) => CachedBytes::Mapped(block.clone()),
-                (Stored::Kernel { offset, len }, _) => {
+                (Stored::Kernel { offset, len, .. }, _) => {
                     let (offset, len) = (*offset, *len as usize);
                     drop(index);
                     let files = self.kernel.get()?;
@@ -737,9 +937,10 @@ impl BlockCache {
         let files = self.kernel.get().filter(|f| f.takes(key.version.size))?;
         let offset = self.blocks().offset(key.block);
         match files.write(&key.version, offset, data) {
-            Ok(()) => Some(Stored::Kernel {
+            Ok(file) => Some(Stored::Kernel {
                 offset,
                 len: data.len() as u64,
+                file,
             }),
             Err(e) => {
                 files.write_failed(&e);
@@ -848,6 +1049,113 @@ mod tests {
                 proptest::prop_assert_eq!(c.cached_bytes(), sum);
             }
         }
+    }
+
+    /// Memory for a kept cache, and a copy of its descriptors for a successor's.
+    fn memory(tmpfs: bool) -> (CacheMemory, impl Fn() -> CacheMemory) {
+        let arena: std::os::fd::OwnedFd =
+            rustix::fs::memfd_create("test-arena", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let journal = Arc::new(CacheJournal::create().unwrap());
+        let tmpfs = tmpfs.then(|| kernel_files::tmpfs(1 << 20).ok()).flatten();
+        let again = {
+            let (arena, journal) = (arena.try_clone().unwrap(), journal.clone());
+            let tmpfs = tmpfs.as_ref().map(|t| t.try_clone().unwrap());
+            move || CacheMemory {
+                arena: arena.try_clone().unwrap(),
+                journal: journal.clone(),
+                tmpfs: tmpfs.as_ref().map(|t| t.try_clone().unwrap()),
+            }
+        };
+        (
+            CacheMemory {
+                arena,
+                journal,
+                tmpfs,
+            },
+            again,
+        )
+    }
+
+    fn config(capacity: u64, ceiling: Option<u64>) -> CacheConfig {
+        CacheConfig {
+            policy: PolicyKind::MinIo,
+            capacity,
+            ceiling,
+            block_size: NonZeroU64::new(1000).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_kept_cache_is_taken_over_with_the_bytes_it_held_and_no_more() {
+        let (first, again) = memory(false);
+        let c = BlockCache::kept(config(8192, None), first).unwrap();
+        assert_eq!(c.restore().unwrap(), Restored::default());
+        let key = |ino, block| BlockKey {
+            version: version(ino, 2500),
+            block,
+        };
+        for (k, fill) in [(key(1, 0), 1u8), (key(1, 1), 2), (key(2, 0), 3)] {
+            assert!(c.insert(k, &vec![fill; 1000]));
+        }
+        c.remove(&key(1, 1));
+        let used = c.used();
+        drop(c);
+        let s = BlockCache::kept(config(8192, None), again()).unwrap();
+        let r = s.restore().unwrap();
+        assert_eq!((r.blocks, r.bytes, r.dropped), (2, 2000, 0));
+        assert_eq!(&*s.get(&key(1, 0)).unwrap(), &[1u8; 1000][..]);
+        assert_eq!(&*s.get(&key(2, 0)).unwrap(), &[3u8; 1000][..]);
+        assert!(s.get(&key(1, 1)).is_none());
+        assert_eq!(s.used(), used);
+        assert_eq!(s.cached_bytes(), 2000);
+        // New blocks go after what was taken over, and a third daemon finds them all.
+        assert!(s.insert(key(3, 0), &[4u8; 1000]));
+        assert_eq!(&*s.get(&key(1, 0)).unwrap(), &[1u8; 1000][..]);
+        drop(s);
+        let t = BlockCache::kept(config(8192, None), again()).unwrap();
+        assert_eq!(t.restore().unwrap().blocks, 3);
+        assert_eq!(&*t.get(&key(3, 0)).unwrap(), &[4u8; 1000][..]);
+        // A smaller fixed budget maps a smaller arena: it takes the blocks that lie in it.
+        drop(t);
+        let small = BlockCache::kept(config(2100, None), again()).unwrap();
+        let r = small.restore().unwrap();
+        assert_eq!((r.blocks, r.dropped), (1, 2));
+        assert_eq!(&*small.get(&key(1, 0)).unwrap(), &[1u8; 1000][..]);
+        assert!(small.get(&key(2, 0)).is_none() && small.get(&key(3, 0)).is_none());
+        assert!(small.used() <= 2100);
+    }
+
+    #[test]
+    fn an_elastic_cache_takes_over_at_least_what_it_held() {
+        let (first, again) = memory(true);
+        let c = BlockCache::kept(config(4096, Some(1 << 20)), first).unwrap();
+        c.keep_files_for_kernel().ok();
+        c.restore().unwrap();
+        // A small file (in the arena) and a big one (a tmpfs file where one could be made).
+        let small = BlockKey {
+            version: version(1, 500),
+            block: 0,
+        };
+        let big = |block| BlockKey {
+            version: version(2, 70_000),
+            block,
+        };
+        assert!(c.insert(small, &[7u8; 500]));
+        c.resize(1 << 20);
+        for b in 0..70 {
+            assert!(c.insert(big(b), &[b as u8; 1000]));
+        }
+        let held = c.used();
+        drop(c);
+        // The successor's budget starts below what was held (the memory it holds counts as
+        // in use): it keeps it all.
+        let s = BlockCache::kept(config(4096, Some(1 << 20)), again()).unwrap();
+        s.keep_files_for_kernel().ok();
+        let r = s.restore().unwrap();
+        assert_eq!((r.blocks, r.dropped), (71, 0));
+        assert!(s.capacity() >= held);
+        assert_eq!(&*s.get(&big(69)).unwrap(), &[69u8; 1000][..]);
+        assert_eq!(&*s.get(&small).unwrap(), &[7u8; 500][..]);
     }
 
     #[test]

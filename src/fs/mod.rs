@@ -238,6 +238,18 @@ impl DatasetFs {
         stats: Arc<Stats>,
         disk: Option<Arc<crate::tier::disk::DiskTier>>,
     ) -> io::Result<Self> {
+        Self::with_tiers(source, config, stats, disk, None)
+    }
+
+    /// [`DatasetFs::with_disk`], with the cache in `memory` a keeper holds (see
+    /// [`BlockCache::kept`]): what a previous daemon's cache held there is taken over.
+    pub fn with_tiers(
+        source: Arc<dyn DatasetSource>,
+        config: &MountConfig,
+        stats: Arc<Stats>,
+        disk: Option<Arc<crate::tier::disk::DiskTier>>,
+        memory: Option<crate::cache::CacheMemory>,
+    ) -> io::Result<Self> {
         let root = source.metadata(Path::new(""), &Creds::DAEMON)?;
         if root.attr.kind != Kind::Dir {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
@@ -250,7 +262,10 @@ impl DatasetFs {
             .enable_io()
             .enable_time()
             .build()?;
-        let cache = BlockCache::new(config.cache)?;
+        let cache = match memory {
+            Some(memory) => BlockCache::kept(config.cache, memory)?,
+            None => BlockCache::new(config.cache)?,
+        };
         // --read-delay delays the daemon's reads of the source: the kernel must not read it.
         let passthrough_wanted =
             config.passthrough && !config.fast_open && config.read_delay.is_zero();
@@ -260,6 +275,16 @@ impl DatasetFs {
             if let Err(e) = cache.keep_files_for_kernel() {
                 tracing::debug!("no private tmpfs for cached files: {e}");
             }
+        }
+        match cache.restore() {
+            Ok(r) if r.blocks + r.dropped > 0 => tracing::info!(
+                "cache taken over: {} blocks, {} ({} blocks not kept)",
+                r.blocks,
+                crate::units::format_size(r.bytes),
+                r.dropped
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("the previous daemon's cache is not taken over: {e}"),
         }
         // Object stores are read in parts; a directory block by block.
         let object_store = crate::source::object::ObjectUrl::is_url(&config.source);

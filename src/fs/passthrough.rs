@@ -380,7 +380,8 @@ impl Passthrough {
     /// Takes over the opens a previous daemon of the mount granted, `handles` (those the kernel
     /// still holds): each inode's mode as it was, so that its new opens are granted as the
     /// kernel allows and its last release gives its registration back. Registrations it kept
-    /// for cached files are given back now (its cache went with it); returns how many.
+    /// for cached files are given back now (a file's next open registers it again); returns
+    /// how many.
     pub fn adopt(&self, handles: &[OpenHandle]) -> usize {
         let mut modes = self.modes.lock();
         let mut dropped = Vec::new();

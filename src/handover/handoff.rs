@@ -70,17 +70,23 @@ pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     )?)
 }
 
-/// What the keeper hands a daemon: the mount's connection and the state regions, and for the
-/// first daemon, where the waiting `coorfs mount` hears that the mount is ready.
+/// What the keeper hands a daemon: the mount's connection, the state regions, the memory the
+/// cache lives in (its arena's memory file, the journal of its index, the tmpfs of the files
+/// the kernel reads, if one could be made), and for the first daemon, where the waiting
+/// `coorfs mount` hears that the mount is ready.
 #[derive(Debug)]
 pub struct Handoff {
     pub fuse: OwnedFd,
     pub meta: OwnedFd,
     pub nodes: OwnedFd,
     pub handles: OwnedFd,
+    pub arena: OwnedFd,
+    pub cache_index: OwnedFd,
+    pub tmpfs: Option<OwnedFd>,
     pub ready: Option<OwnedFd>,
 }
 
+/// The text of a handoff: this, then " tmpfs" and " ready" for the optional descriptors sent.
 const HANDOFF: &str = "coorfs-handoff 1";
 
 impl Handoff {
@@ -90,23 +96,41 @@ impl Handoff {
             self.meta.as_fd(),
             self.nodes.as_fd(),
             self.handles.as_fd(),
+            self.arena.as_fd(),
+            self.cache_index.as_fd(),
         ];
+        let mut text = HANDOFF.to_string();
+        if let Some(tmpfs) = &self.tmpfs {
+            fds.push(tmpfs.as_fd());
+            text.push_str(" tmpfs");
+        }
         if let Some(ready) = &self.ready {
             fds.push(ready.as_fd());
+            text.push_str(" ready");
         }
-        send(socket, HANDOFF, &fds)
+        send(socket, &text, &fds)
     }
 
     pub fn recv(socket: BorrowedFd<'_>) -> io::Result<Handoff> {
         let (text, fds) = recv(socket)?;
-        if text != HANDOFF || !(4..=5).contains(&fds.len()) {
-            return Err(io::Error::new(
+        let refuse = || {
+            io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
                     "not a handoff from a coorfs keeper: {text:?}, {} descriptors",
                     fds.len()
                 ),
-            ));
+            )
+        };
+        let optional: Vec<&str> = match text.strip_prefix(HANDOFF) {
+            Some(rest) => rest.split_whitespace().collect(),
+            None => return Err(refuse()),
+        };
+        let (tmpfs, ready) = (optional.contains(&"tmpfs"), optional.contains(&"ready"));
+        if optional.iter().any(|o| !["tmpfs", "ready"].contains(o))
+            || fds.len() != 6 + usize::from(tmpfs) + usize::from(ready)
+        {
+            return Err(refuse());
         }
         let mut fds = fds.into_iter();
         let mut next = || fds.next().unwrap();
@@ -115,7 +139,10 @@ impl Handoff {
             meta: next(),
             nodes: next(),
             handles: next(),
-            ready: fds.next(),
+            arena: next(),
+            cache_index: next(),
+            tmpfs: tmpfs.then(&mut next),
+            ready: ready.then(next),
         })
     }
 }
@@ -151,11 +178,17 @@ mod tests {
     #[test]
     fn a_message_that_is_not_a_handoff_is_refused() {
         let (a, b) = pair().unwrap();
-        send(a.as_fd(), "coorfs-handoff 2", &[a.as_fd(); 4]).unwrap();
+        send(a.as_fd(), "coorfs-handoff 2", &[a.as_fd(); 6]).unwrap();
         let e = Handoff::recv(b.as_fd()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "not a handoff from a coorfs keeper: \"coorfs-handoff 2\", 4 descriptors"
+            "not a handoff from a coorfs keeper: \"coorfs-handoff 2\", 6 descriptors"
         );
+        // One descriptor short of what the text says.
+        send(a.as_fd(), "coorfs-handoff 1 tmpfs", &[a.as_fd(); 6]).unwrap();
+        assert!(Handoff::recv(b.as_fd()).is_err());
+        send(a.as_fd(), "coorfs-handoff 1 ready", &[a.as_fd(); 7]).unwrap();
+        let h = Handoff::recv(b.as_fd()).unwrap();
+        assert!(h.ready.is_some() && h.tmpfs.is_none());
     }
 }

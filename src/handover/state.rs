@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 use parking_lot::Mutex;
 
-use crate::namespace::{Kind, NodeId};
+use crate::namespace::{FileVersion, Kind, NodeId};
 
 /// Address space reserved for each region's mapping: the file grows into it (`ftruncate`),
 /// the mapping never moves, so that nothing holding a pointer into it must be told.
@@ -501,6 +501,190 @@ fn kind_of(code: u8) -> Option<Kind> {
     })
 }
 
+/// Where a cached block is: a slot of the arena, or a range of a file on the cache's tmpfs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachedAt {
+    Arena {
+        offset: u64,
+        len: u64,
+    },
+    /// In the tmpfs file named `file` (a number), at `offset`.
+    File {
+        file: u64,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// One change to the memory cache's index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheRecord {
+    Added {
+        version: FileVersion,
+        block: u64,
+        at: CachedAt,
+    },
+    Removed {
+        version: FileVersion,
+        block: u64,
+    },
+}
+
+/// Record layout (80 bytes): tag u64 (1 arena, 2 file, 3 removed), version (dev, ino, size,
+/// mtime, ctime), block, then offset, len, file.
+const CACHE_RECORD: usize = 80;
+const CACHE_MAGIC: u64 = u64::from_le_bytes(*b"COORFSca");
+const CACHE_VERSION: u64 = 1;
+const CACHE_RESERVE: usize = 1 << 38;
+
+/// Every change to the memory cache's index, in order: a successor replays it to find the
+/// blocks the arena and the tmpfs it takes over hold. A record is written only once its block
+/// is (the cache publishes after it copies), so a replayed block is whole.
+#[derive(Debug)]
+pub struct CacheJournal {
+    region: Region,
+    append: Mutex<()>,
+    broken: AtomicU32,
+}
+
+impl CacheJournal {
+    pub fn create() -> io::Result<CacheJournal> {
+        let region = Region::create("coorfs-cache-index", 1 << 16, CACHE_RESERVE)?;
+        region
+            .word(16)
+            .store(JOURNAL_START as u64, Ordering::Release);
+        write_header(&region, CACHE_MAGIC, CACHE_VERSION);
+        Ok(CacheJournal {
+            region,
+            append: Mutex::new(()),
+            broken: AtomicU32::new(0),
+        })
+    }
+
+    pub fn open(fd: OwnedFd) -> io::Result<CacheJournal> {
+        let region = Region::open(fd, CACHE_RESERVE)?;
+        check_header(&region, CACHE_MAGIC, CACHE_VERSION, "cache index")?;
+        Ok(CacheJournal {
+            region,
+            append: Mutex::new(()),
+            broken: AtomicU32::new(0),
+        })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.region.fd.as_fd()
+    }
+
+    /// False once an append failed: a successor must not trust the journal.
+    pub fn whole(&self) -> bool {
+        self.broken.load(Ordering::Relaxed) == 0
+    }
+
+    pub fn append(&self, r: &CacheRecord) {
+        let mut words = [0u64; CACHE_RECORD / 8];
+        let (tag, version, block, rest) = match *r {
+            CacheRecord::Added {
+                version,
+                block,
+                at: CachedAt::Arena { offset, len },
+            } => (1, version, block, [offset, len, 0]),
+            CacheRecord::Added {
+                version,
+                block,
+                at: CachedAt::File { file, offset, len },
+            } => (2, version, block, [offset, len, file]),
+            CacheRecord::Removed { version, block } => (3, version, block, [0; 3]),
+        };
+        words[0] = tag;
+        words[1] = version.dev;
+        words[2] = version.ino;
+        words[3] = version.size;
+        words[4] = version.mtime_ns as u64;
+        words[5] = version.ctime_ns as u64;
+        words[6] = block;
+        words[7..10].copy_from_slice(&rest);
+        let _g = self.append.lock();
+        if !self.whole() {
+            return;
+        }
+        let at = self.region.word(16).load(Ordering::Acquire);
+        let end = at + CACHE_RECORD as u64;
+        if let Err(e) = self.region.ensure(end) {
+            self.broken.store(1, Ordering::Relaxed);
+            tracing::warn!("cache index journal: {e}; a successor daemon starts with a cold cache");
+            return;
+        }
+        for (i, w) in words.iter().enumerate() {
+            // Past the committed length: nobody reads these words until the length moves.
+            self.region
+                .word(at as usize + i * 8)
+                .store(*w, Ordering::Relaxed);
+        }
+        self.region.word(16).store(end, Ordering::Release);
+    }
+
+    /// Every committed record, in order.
+    pub fn records(&self) -> io::Result<Vec<CacheRecord>> {
+        let end = self.region.word(16).load(Ordering::Acquire) as usize;
+        if end < JOURNAL_START
+            || end as u64 > self.region.refresh_len()
+            || !(end - JOURNAL_START).is_multiple_of(CACHE_RECORD)
+        {
+            return Err(bad(format!("cache index: length {end} out of range")));
+        }
+        let mut out = Vec::with_capacity((end - JOURNAL_START) / CACHE_RECORD);
+        let mut at = JOURNAL_START;
+        while at < end {
+            let w = |i: usize| self.region.word(at + i * 8).load(Ordering::Relaxed);
+            let version = FileVersion {
+                dev: w(1),
+                ino: w(2),
+                size: w(3),
+                mtime_ns: w(4) as i64,
+                ctime_ns: w(5) as i64,
+            };
+            let block = w(6);
+            out.push(match w(0) {
+                1 => CacheRecord::Added {
+                    version,
+                    block,
+                    at: CachedAt::Arena {
+                        offset: w(7),
+                        len: w(8),
+                    },
+                },
+                2 => CacheRecord::Added {
+                    version,
+                    block,
+                    at: CachedAt::File {
+                        offset: w(7),
+                        len: w(8),
+                        file: w(9),
+                    },
+                },
+                3 => CacheRecord::Removed { version, block },
+                t => return Err(bad(format!("cache index: record kind {t}"))),
+            });
+            at += CACHE_RECORD;
+        }
+        Ok(out)
+    }
+
+    /// Starts the journal again with `records` (what a successor kept of it), so that it does
+    /// not grow with every daemon.
+    pub fn rewrite(&self, records: &[CacheRecord]) {
+        {
+            let _g = self.append.lock();
+            self.region
+                .word(16)
+                .store(JOURNAL_START as u64, Ordering::Release);
+        }
+        for r in records {
+            self.append(r);
+        }
+    }
+}
+
 /// What an open handle is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandleKind {
@@ -782,6 +966,42 @@ mod tests {
         });
         assert_eq!(again.index.lock().used, 5);
         assert_eq!(again.get(6).unwrap().kind, HandleKind::Control);
+    }
+
+    #[test]
+    fn the_cache_journal_replays_adds_and_removes_in_order() {
+        let j = CacheJournal::create().unwrap();
+        let v = FileVersion::of_test(9, 3 << 20);
+        let a = CacheRecord::Added {
+            version: v,
+            block: 0,
+            at: CachedAt::Arena {
+                offset: 64,
+                len: 1 << 20,
+            },
+        };
+        let f = CacheRecord::Added {
+            version: v,
+            block: 2,
+            at: CachedAt::File {
+                file: 17,
+                offset: 2 << 20,
+                len: 1 << 20,
+            },
+        };
+        let r = CacheRecord::Removed {
+            version: v,
+            block: 0,
+        };
+        for x in [a, f, r] {
+            j.append(&x);
+        }
+        let again = CacheJournal::open(reopen_fd(j.fd())).unwrap();
+        assert_eq!(again.records().unwrap(), vec![a, f, r]);
+        again.rewrite(&[f]);
+        assert_eq!(j.records().unwrap(), vec![f]);
+        let e = CacheJournal::open(reopen_fd(NodeJournal::create().unwrap().fd())).unwrap_err();
+        assert_eq!(e.to_string(), "cache index: not a coorfs state region");
     }
 
     #[test]
