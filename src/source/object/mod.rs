@@ -129,10 +129,9 @@ impl ObjectUrl {
         p
     }
 
-    /// The key of file `rel`.
-    fn key(&self, rel: &Path) -> Key {
-        let dir = self.dir_prefix(rel);
-        Key::from(dir.trim_end_matches('/'))
+    /// The key of file `rel` (or of the prefix of directory `rel`, without its `/`).
+    fn key(&self, rel: &Path) -> io::Result<Key> {
+        key_of(self.dir_prefix(rel).trim_end_matches('/'))
     }
 
     /// The path of `key` relative to the dataset's root, if it is beneath the prefix and a
@@ -149,6 +148,14 @@ impl ObjectUrl {
             .all(|c| !c.is_empty() && *c != "." && *c != ".." && !c.contains('\0'));
         safe.then(|| parts.iter().collect())
     }
+}
+
+/// The store's key `text`, as written. `Key::from` percent-encodes `?`, `#`, `%`, `\` and
+/// non-ASCII characters into the key itself, and the request's URL then encodes them again: a
+/// GET of `q?x.bin` asked for `q%253Fx.bin` and found nothing. The listing's keys are parsed
+/// the same way (`Key::parse`), so every path of the tree is one; any other names no object.
+fn key_of(text: &str) -> io::Result<Key> {
+    Key::parse(text).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))
 }
 
 /// The store's counters, shared with the HTTP layer that counts every request.
@@ -577,7 +584,7 @@ impl ObjectSource {
 
     /// Asks the store about object `rel` again (HEAD) and keeps the answer.
     fn head(&self, rel: &Path) -> io::Result<SourceMeta> {
-        let (store, key) = (self.store.clone(), self.url.key(rel));
+        let (store, key) = (self.store.clone(), self.url.key(rel)?);
         let answer = self.wait(async move { store.head(&key).await })?;
         let now = Instant::now();
         match answer {
@@ -597,11 +604,13 @@ impl ObjectSource {
     /// Lists directory `rel` again (one level) and keeps what it finds.
     fn relist(&self, rel: &Path) -> io::Result<()> {
         let prefix = self.url.dir_prefix(rel);
+        let prefix = if prefix.is_empty() {
+            None
+        } else {
+            Some(key_of(prefix.trim_end_matches('/'))?)
+        };
         let store = self.store.clone();
-        let answer = self.wait(async move {
-            let prefix = (!prefix.is_empty()).then(|| Key::from(prefix.trim_end_matches('/')));
-            store.list_with_delimiter(prefix.as_ref()).await
-        })?;
+        let answer = self.wait(async move { store.list_with_delimiter(prefix.as_ref()).await })?;
         let listed = match answer {
             Ok(l) => l,
             Err(object_store::Error::NotFound { .. }) if !rel.as_os_str().is_empty() => {
@@ -755,7 +764,12 @@ async fn list_all(
         })
     };
     let mut objects = Vec::new();
-    let mut frontier = vec![(!prefix.is_empty()).then(|| Key::from(prefix))];
+    let root = if prefix.is_empty() {
+        None
+    } else {
+        Some(Key::parse(prefix).map_err(|e| fail(e.into()))?)
+    };
+    let mut frontier = vec![root];
     for _ in 0..3 {
         if frontier.len() >= LIST_PARALLEL {
             break;
@@ -934,7 +948,7 @@ impl DatasetSource for ObjectSource {
         };
         // The body is copied into `bufs` as it arrives, a MiB at a time: a part's GET holds no
         // copy of the part beside the blocks it fills.
-        let (store, key) = (self.store.clone(), self.url.key(rel));
+        let (store, key) = (self.store.clone(), self.url.key(rel)?);
         let opened = self.wait(async move {
             let r = store.get_opts(&key, options).await?;
             Ok::<_, object_store::Error>(r.into_stream())
@@ -1111,7 +1125,17 @@ mod tests {
         assert_eq!(u.rel_of("data/a/../etc"), None);
         assert_eq!(u.rel_of("data/a//b"), None);
         assert_eq!(u.rel_of("data/dir/"), None);
-        assert_eq!(u.key(Path::new("a/b.jpg")).as_ref(), "data/a/b.jpg");
+        assert_eq!(
+            u.key(Path::new("a/b.jpg")).unwrap().as_ref(),
+            "data/a/b.jpg"
+        );
+        // As listed: not percent-encoded (the request's URL encodes it, once).
+        let odd = "data/d?#%/\\\u{fc}ber 100%.bin";
+        assert_eq!(
+            u.rel_of(odd),
+            Some(PathBuf::from("d?#%/\\\u{fc}ber 100%.bin"))
+        );
+        assert_eq!(u.key(&u.rel_of(odd).unwrap()).unwrap().as_ref(), odd);
         assert_eq!(u.dir_prefix(Path::new("a")), "data/a/");
         assert_eq!(u.dir_prefix(Path::new("")), "data/");
         let root = url("s3://bkt").unwrap();
