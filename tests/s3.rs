@@ -442,6 +442,73 @@ fn keys_with_characters_urls_escape_read_as_the_bytes_stored() {
     m.unmount();
 }
 
+#[test]
+fn an_object_beside_a_folder_marker_of_its_name_is_the_file_with_its_bytes() {
+    // `a.bin` and the console's folder marker `a.bin/` (zero bytes) both list as `a.bin`:
+    // the marker, listed second, made the file empty. The object is the file, and the log
+    // says the marker was left out; with something beneath the marker the directory wins
+    // (as for any key that is also a directory), and the log says that too. The same after
+    // the TTL, when the directories are listed again.
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "markers");
+    let a = bytes(70, 300_000);
+    let b = bytes(71, 5000);
+    let c = bytes(72, 40);
+    bucket.put("ds/a.bin", &a);
+    bucket.put_raw(&server, "ds/a.bin/", b"");
+    bucket.put("ds/sub/b.bin", &b);
+    bucket.put_raw(&server, "ds/sub/b.bin/", b"");
+    bucket.put("ds/c", b"shadowed");
+    bucket.put_raw(&server, "ds/c/", b"");
+    bucket.put("ds/c/inside", &c);
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let m = mount(
+        &server.endpoint(),
+        "s3://markers/ds",
+        &[
+            "--no-prefetch",
+            "--metadata-ttl",
+            "1s",
+            "--log-file",
+            log.path().to_str().unwrap(),
+        ],
+    );
+    let check = |when: &str| {
+        assert_eq!(
+            files_under(&m.mnt),
+            ["a.bin", "c/inside", "sub/b.bin"].map(PathBuf::from),
+            "{when}"
+        );
+        assert!(std::fs::read(m.path("a.bin")).unwrap() == a, "{when}");
+        assert!(std::fs::read(m.path("sub/b.bin")).unwrap() == b, "{when}");
+        assert!(std::fs::read(m.path("c/inside")).unwrap() == c, "{when}");
+        assert_eq!(
+            std::fs::metadata(m.path("a.bin")).unwrap().len(),
+            a.len() as u64
+        );
+    };
+    check("at mount");
+    std::thread::sleep(Duration::from_millis(1200));
+    check("after the TTL");
+    m.unmount();
+    let logged = std::fs::read_to_string(log.path()).unwrap();
+    let warned = |what: &str| {
+        logged
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains(what))
+    };
+    assert!(
+        warned(
+            "left out the folder marker a.bin/ (an empty key ending in '/') beside the object a.bin, which is the file (and 1 more)"
+        ),
+        "{logged}"
+    );
+    assert!(
+        warned("left out the object c whose name is also a directory's (the directory wins)"),
+        "{logged}"
+    );
+}
+
 /// What the proxy does to a request.
 #[derive(Clone, Copy, Debug)]
 enum Fault {

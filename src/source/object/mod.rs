@@ -13,9 +13,14 @@
 //! the prefix, `/` separating directories. A key that is no safe path (an empty, `.` or `..`
 //! component) fails the listing (`object_store` refuses the page that holds it) with a
 //! message that says so: the mount is refused rather than shown without it. A key that is
-//! also a directory (`a` and `a/b`) is left out, counted in the log: the directory wins. A
+//! also a directory (`a` and `a/b`) is left out, named in the log: the directory wins. A
 //! "directory marker" (a key ending in `/`, as consoles make for folders) shows as an empty
-//! file unless something lies beneath it: the store's client drops the trailing `/`.
+//! file unless something lies beneath it: the store's client drops the trailing `/`. A marker
+//! beside an object of the same name (`a.bin` and `a.bin/`, nothing else beneath) is left
+//! out, named in the log, and the object is the file with its bytes ([`drop_markers`]): the
+//! two list as one name, and the marker, listed second, replaced the object with its zero
+//! bytes. (mountpoint-s3 shows the directory and hides the object; a dataset's file is worth
+//! more than a console's folder.)
 //! Objects are files of mode 0444, directories 0555, owned by root.
 //!
 //! An object's version is its ETag, size and last-modified time ([`object_meta`]): the
@@ -292,8 +297,36 @@ fn dir_meta(rel: &Path, at: SystemTime) -> SourceMeta {
 pub struct Skipped {
     /// Keys that are no safe path.
     pub unsafe_keys: u64,
-    /// Keys that are also a directory's prefix.
-    pub shadowed: u64,
+    /// Objects whose path is also a directory's.
+    pub shadowed: Vec<PathBuf>,
+    /// Folder markers (`a.bin/`) left out beside the object of the same name (`a.bin`).
+    pub markers: Vec<PathBuf>,
+}
+
+/// Keeps one object of each path. Keys `k` and `k/` both list as `k` (the store's client
+/// drops a key's trailing `/`): one of the two is a folder marker beside an object of the
+/// same name. The object is the file: of the two, the one with bytes (a marker has none, by
+/// the convention of the consoles that make them), else the first listed (S3 lists `k`
+/// before `k/`). Returns the objects kept and the paths whose marker was left out.
+fn drop_markers(objects: Vec<(PathBuf, ObjectMeta)>) -> (Vec<(PathBuf, ObjectMeta)>, Vec<PathBuf>) {
+    let mut at: HashMap<PathBuf, usize> = HashMap::with_capacity(objects.len());
+    let mut kept: Vec<(PathBuf, ObjectMeta)> = Vec::with_capacity(objects.len());
+    let mut markers = Vec::new();
+    for (rel, o) in objects {
+        match at.get(&rel) {
+            Some(&i) => {
+                if kept[i].1.size == 0 && o.size > 0 {
+                    kept[i].1 = o;
+                }
+                markers.push(rel);
+            }
+            None => {
+                at.insert(rel.clone(), kept.len());
+                kept.push((rel, o));
+            }
+        }
+    }
+    (kept, markers)
 }
 
 impl Tree {
@@ -315,7 +348,7 @@ impl Tree {
         }
         for (rel, o) in objects {
             if tree.dirs.contains_key(&rel) {
-                skipped.shadowed += 1;
+                skipped.shadowed.push(rel);
                 continue;
             }
             tree.insert_object(rel, &o, now);
@@ -509,16 +542,14 @@ impl ObjectSource {
                 None => unsafe_keys += 1,
             }
         }
+        let (kept, markers) = drop_markers(kept);
         let (tree, mut skipped) = Tree::build(kept, started, SystemTime::now());
         skipped.unsafe_keys = unsafe_keys;
-        if skipped != Skipped::default() {
-            tracing::warn!(
-                "{}: left out {} key(s) that are no safe path (an empty, '.' or '..' component) and {} that are also a directory",
-                name.display(),
-                skipped.unsafe_keys,
-                skipped.shadowed
-            );
-        }
+        // A marker with something beneath it is a directory's, which took the object's name.
+        skipped.markers = (markers.into_iter())
+            .filter(|m| tree.objects.contains_key(m))
+            .collect();
+        warn_skipped(&name, &skipped);
         tracing::info!(
             "{}: {} objects, {} directories",
             name.display(),
@@ -623,17 +654,34 @@ impl ObjectSource {
             let r = self.url.rel_of(key)?;
             (r.parent() == Some(rel)).then(|| r.file_name().map(|n| n.to_os_string()))?
         };
-        let files = (listed.objects.into_iter())
+        let files: Vec<(OsString, ObjectMeta)> = (listed.objects.into_iter())
             .filter_map(|o| Some((name_of(o.location.as_ref())?, o)))
             .collect();
-        let subdirs = (listed.common_prefixes.iter())
+        let mut subdirs: Vec<OsString> = (listed.common_prefixes.iter())
             .filter_map(|p| name_of(p.as_ref()))
             .collect();
+        // A name that is an object and a prefix whose one key is its folder marker: the
+        // object is the file, as at mount (`drop_markers`); else the directory wins.
+        subdirs
+            .retain(|d| !(files.iter().any(|(f, _)| f == d) && self.only_a_marker(&rel.join(d))));
         let mut tree = self.tree.write();
         if rel.as_os_str().is_empty() || tree.dirs.contains_key(rel) {
             tree.relisted(rel, files, subdirs, Instant::now(), SystemTime::now());
         }
         Ok(())
+    }
+
+    /// True if the one key beneath directory `rel` is its folder marker (`rel/`).
+    fn only_a_marker(&self, rel: &Path) -> bool {
+        let Ok(key) = self.url.key(rel) else {
+            return false;
+        };
+        let store = self.store.clone();
+        let marker = key.clone();
+        let answer = self.wait(async move { store.list_with_delimiter(Some(&key)).await });
+        matches!(answer, Ok(Ok(l)) if l.common_prefixes.is_empty()
+            && l.objects.len() == 1
+            && l.objects[0].location == marker)
     }
 
     /// True if directory `d`'s names are older than the TTL, or were never read.
@@ -672,6 +720,36 @@ impl ObjectSource {
             }
         }
         Err(io::Error::from_raw_os_error(libc::ENOENT))
+    }
+}
+
+/// The log's warnings of what a listing of `name` left out, one line for each kind, naming
+/// the first key of it.
+fn warn_skipped(name: &Path, skipped: &Skipped) {
+    let name = name.display();
+    let more = |n: usize| match n {
+        0 | 1 => String::new(),
+        n => format!(" (and {} more)", n - 1),
+    };
+    if skipped.unsafe_keys > 0 {
+        tracing::warn!(
+            "{name}: left out {} key(s) that are no safe path (an empty, '.' or '..' component)",
+            skipped.unsafe_keys
+        );
+    }
+    if let Some(first) = skipped.shadowed.first() {
+        tracing::warn!(
+            "{name}: left out the object {} whose name is also a directory's (the directory wins){}",
+            first.display(),
+            more(skipped.shadowed.len())
+        );
+    }
+    if let Some(first) = skipped.markers.first() {
+        tracing::warn!(
+            "{name}: left out the folder marker {0}/ (an empty key ending in '/') beside the object {0}, which is the file{1}",
+            first.display(),
+            more(skipped.markers.len())
+        );
     }
 }
 
@@ -1162,7 +1240,7 @@ mod tests {
             (PathBuf::from("z"), object("z", 7, "\"4\"")),
         ];
         let (tree, skipped) = Tree::build(objects, Instant::now(), SystemTime::now());
-        assert_eq!(skipped.shadowed, 1);
+        assert_eq!(skipped.shadowed, [PathBuf::from("a")]);
         assert_eq!(tree.objects.len(), 3);
         assert_eq!(tree.bytes, 15);
         let root: Vec<_> = tree.dirs[Path::new("")].children.iter().collect();
@@ -1175,6 +1253,26 @@ mod tests {
         );
         assert_eq!(tree.dirs[Path::new("a")].children.len(), 2);
         assert_eq!(tree.objects[Path::new("a/b/y")].meta.attr.perm, 0o444);
+    }
+
+    #[test]
+    fn a_folder_marker_beside_an_object_leaves_the_object_the_file() {
+        // `a.bin` then `a.bin/` (S3's order), the marker first, and two empty keys.
+        let listed = vec![
+            (PathBuf::from("a.bin"), object("a.bin", 9, "\"1\"")),
+            (PathBuf::from("a.bin"), object("a.bin", 0, "\"m\"")),
+            (PathBuf::from("b.bin"), object("b.bin", 0, "\"m\"")),
+            (PathBuf::from("b.bin"), object("b.bin", 5, "\"2\"")),
+            (PathBuf::from("e"), object("e", 0, "\"3\"")),
+            (PathBuf::from("e"), object("e", 0, "\"m\"")),
+            (PathBuf::from("z"), object("z", 7, "\"4\"")),
+        ];
+        let (kept, markers) = drop_markers(listed);
+        let sizes: Vec<(PathBuf, u64)> = kept.into_iter().map(|(p, o)| (p, o.size)).collect();
+        let want = [("a.bin", 9), ("b.bin", 5), ("e", 0), ("z", 7)];
+        let want: Vec<(PathBuf, u64)> = want.iter().map(|(p, n)| (PathBuf::from(p), *n)).collect();
+        assert_eq!(sizes, want);
+        assert_eq!(markers, ["a.bin", "b.bin", "e"].map(PathBuf::from));
     }
 
     #[test]
