@@ -521,14 +521,18 @@ enum Fault {
 }
 
 /// Faults to inject: a request whose first line contains `matching` gets `fault`, `times`
-/// times (u32::MAX: always).
+/// times (u32::MAX: always); and until `down_until`, every connection is reset before its
+/// request is read (a store that is down).
 #[derive(Default)]
-struct Faults(Vec<(String, Fault, u32)>);
+struct Faults {
+    rules: Vec<(String, Fault, u32)>,
+    down_until: Option<std::time::Instant>,
+}
 
 impl Faults {
     fn take(&mut self, line: &str) -> Option<Fault> {
         let rule = self
-            .0
+            .rules
             .iter_mut()
             .find(|(m, _, n)| *n > 0 && line.contains(m.as_str()))?;
         if rule.2 != u32::MAX {
@@ -608,12 +612,17 @@ impl FaultProxy {
         self.faults
             .lock()
             .unwrap()
-            .0
+            .rules
             .push((matching.into(), fault, times));
     }
 
+    /// Resets every connection for the next `outage`, before its request is read.
+    fn down_for(&self, outage: Duration) {
+        self.faults.lock().unwrap().down_until = Some(std::time::Instant::now() + outage);
+    }
+
     fn clear(&self) {
-        self.faults.lock().unwrap().0.clear();
+        self.faults.lock().unwrap().rules.clear();
     }
 }
 
@@ -641,6 +650,25 @@ fn read_request(client: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
+/// Closes `client` with a reset (SO_LINGER 0), answering nothing.
+fn reset(client: TcpStream) {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a linger struct of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as u32,
+        );
+    }
+}
+
 fn serve(
     mut client: TcpStream,
     upstream: u16,
@@ -648,6 +676,10 @@ fn serve(
     log: &Mutex<Vec<Served>>,
     delay: Duration,
 ) {
+    let down = faults.lock().unwrap().down_until;
+    if down.is_some_and(|until| std::time::Instant::now() < until) {
+        return reset(client);
+    }
     let Some((head, body)) = read_request(&mut client) else {
         return;
     };
@@ -666,25 +698,7 @@ fn serve(
             let _ = client.write_all(answer.as_bytes());
             return;
         }
-        Some(Fault::Reset) => {
-            // SO_LINGER 0: the close sends a reset.
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
-            let linger = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            // SAFETY: a valid socket and a linger struct of the size passed.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    &linger as *const libc::linger as *const libc::c_void,
-                    std::mem::size_of::<libc::linger>() as u32,
-                );
-            }
-            return;
-        }
+        Some(Fault::Reset) => return reset(client),
         Some(Fault::Stall(hold)) => {
             std::thread::sleep(hold);
             return;
@@ -849,6 +863,47 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
     // Two failed reads, each asked for twice by the kernel (its read-ahead, then the read).
     let s = stats(&m.mnt);
     assert!((2..=4).contains(&num(&s, "source_errors")), "{s}");
+    m.unmount();
+}
+
+#[test]
+fn a_read_outlasts_a_store_down_for_8_seconds_and_a_403_still_fails_at_once() {
+    // Every connection reset for 8 s: the read's retries, backing off with jitter for up to
+    // 45 s, reach the store once it is back (10 retries took 2.9 s, and the reader got EIO).
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "outage");
+    let data = bytes(80, 200_000);
+    bucket.put("p/a.bin", &data);
+    bucket.put("p/denied.bin", b"no");
+    let proxy = FaultProxy::start(server.port);
+    let m = mount(&proxy.endpoint(), "s3://outage/p", &["--no-prefetch"]);
+    let outage = Duration::from_secs(8);
+    proxy.down_for(outage);
+    let started = std::time::Instant::now();
+    let got = std::fs::read(m.path("a.bin"));
+    let took = started.elapsed();
+    let got = got.unwrap_or_else(|e| panic!("the read failed after {took:?}: {e}"));
+    assert!(got == data, "the bytes differ");
+    assert!(took >= outage, "read in {took:?}, during the outage");
+    // The last try before the store came back waited at most 8 s more.
+    assert!(took < outage + Duration::from_secs(10), "{took:?}");
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "source_errors"), 0, "{s}");
+    assert!(num(&s, "source_retried") >= 3, "{s}");
+    // What retrying cannot change fails at once.
+    proxy.inject(
+        "GET /outage/p/denied.bin",
+        Fault::Status(403, "AccessDenied"),
+        u32::MAX,
+    );
+    let started = std::time::Instant::now();
+    let e = std::fs::read(m.path("denied.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     m.unmount();
 }
 
