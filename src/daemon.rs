@@ -480,6 +480,9 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
             drop(write_end);
             let mut report = String::new();
             let _ = File::from(read_end).read_to_string(&mut report);
+            let (warnings, said): (Vec<&str>, Vec<&str>) =
+                report.lines().partition(|l| l.starts_with(WARNING));
+            let report = said.join("\n");
             let report = report.trim();
             if report != "ready" {
                 let mut status = 0;
@@ -497,6 +500,10 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
                     config.mountpoint,
                     "the mount does not answer".into(),
                 ));
+            }
+            // Said once the mount is up: a failed mount is its one line of error.
+            for w in warnings {
+                eprintln!("coorfs: {w}");
             }
             Ok(())
         }
@@ -603,7 +610,14 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
     let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
-    let fs = open_core(&config)?;
+    let (fs, warnings) = open_core(&config)?;
+    // The user's too: `coorfs mount` says each on its stderr once the mount is up.
+    for w in &warnings {
+        warn!("{w}");
+        if let Some(file) = ready.as_mut() {
+            let _ = writeln!(file, "{WARNING}{w}");
+        }
+    }
     start_services(&fs, &config)?;
     if let Some(rules) = config.elastic {
         start_watcher(&fs, rules).map_err(mount_err)?;
@@ -658,27 +672,42 @@ fn serve(config: MountConfig, ready: &mut Option<File>, lock: SetupLock) -> Resu
     served
 }
 
+/// How the daemon's report to `coorfs mount` marks a warning for the user: lines before
+/// `ready` (or the reason the mount failed).
+const WARNING: &str = "warning: ";
+
 /// The core of the mount of `config`: its source (delayed with `--read-delay`), its disk
-/// tier if it has one, and the filesystem over them.
-fn open_core(config: &MountConfig) -> Result<Arc<DatasetFs>, MountError> {
+/// tier if it has one, and the filesystem over them; and what the user is to be warned of.
+fn open_core(config: &MountConfig) -> Result<(Arc<DatasetFs>, Vec<String>), MountError> {
     let unreadable = |e| MountError::SourceUnreadable(config.source.clone(), e);
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
     let drop_pages = config.cache.policy.caches();
     let stats = Arc::new(crate::stats::Stats::default());
-    let source: Arc<dyn crate::source::DatasetSource> =
-        if crate::source::object::ObjectUrl::is_url(&config.source) {
-            let url = crate::source::object::ObjectUrl::parse(&config.source)
-                .map_err(MountError::BadUrl)?;
-            let store = crate::source::object::ObjectSource::open(
-                url,
-                config.metadata_ttl,
-                stats.store.clone(),
-            );
-            delayed(store.map_err(unreadable)?, config.read_delay)
-        } else {
-            let local = LocalSource::new(config.source.clone(), drop_pages);
-            delayed(local.map_err(unreadable)?, config.read_delay)
-        };
+    let mut warnings = Vec::new();
+    let source: Arc<dyn crate::source::DatasetSource> = if crate::source::object::ObjectUrl::is_url(
+        &config.source,
+    ) {
+        let url =
+            crate::source::object::ObjectUrl::parse(&config.source).map_err(MountError::BadUrl)?;
+        let store = crate::source::object::ObjectSource::open(
+            url,
+            config.metadata_ttl,
+            stats.store.clone(),
+        )
+        .map_err(unreadable)?;
+        // Mounted all the same (the prefix may be filled later), but most often a typo.
+        if store.objects() == 0 {
+            warnings.push(format!(
+                    "source {}: no object has this prefix (keys are case-sensitive): mounted empty; objects put there show once --metadata-ttl ({}) has passed",
+                    config.source.display(),
+                    crate::units::format_duration(config.metadata_ttl)
+                ));
+        }
+        delayed(store, config.read_delay)
+    } else {
+        let local = LocalSource::new(config.source.clone(), drop_pages);
+        delayed(local.map_err(unreadable)?, config.read_delay)
+    };
     let disk = match &config.disk {
         Some(d) => {
             let blocks = crate::block::BlockSize::new(config.cache.block_size);
@@ -692,7 +721,7 @@ fn open_core(config: &MountConfig) -> Result<Arc<DatasetFs>, MountError> {
         None => None,
     };
     let fs = DatasetFs::with_disk(source, config, stats, disk).map_err(unreadable)?;
-    Ok(Arc::new(fs))
+    Ok((Arc::new(fs), warnings))
 }
 
 /// `source`, with `delay` added to every read (`--read-delay`) if it is not zero.

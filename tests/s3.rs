@@ -984,6 +984,55 @@ fn bad_urls_and_unreachable_or_unlistable_stores_get_one_clear_line() {
 }
 
 #[test]
+fn a_key_with_a_control_character_is_refused_saying_so_and_an_empty_prefix_mounts_with_a_warning() {
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "names");
+    bucket.put("fine/a.bin", b"1");
+    bucket.put_raw(&server, "tabbed/ok.bin", b"2");
+    bucket.put_raw(&server, "tabbed/sub/a\tb.bin", b"3");
+    bucket.put("other/x", b"4");
+    let env = aws_env(&server.endpoint());
+    let dir = common::open_tempdir();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let run = |url: &str| {
+        let mut cmd = Command::new(common::bin());
+        cmd.args([OsStr::new("mount"), OsStr::new(url), mnt.as_os_str()]);
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        common::output_within(&mut cmd, Duration::from_secs(120))
+    };
+    // The store's client refuses a listing that holds a key with a control character: the
+    // mount is refused, and the line names the key and the character (it blamed an empty,
+    // '.' or '..' component).
+    let out = run("s3://names/tabbed");
+    common::fails_with_line(
+        &out,
+        1,
+        "listing s3://names/tabbed: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
+        "a key with a tab",
+    );
+    assert!(!common::is_mounted(&mnt));
+
+    // A prefix with no object beneath it (a typo, most often: keys are case-sensitive) is
+    // mounted, empty, with one warning line.
+    let out = run("s3://names/Fine");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(
+        common::stderr(&out),
+        "coorfs: warning: source s3://names/Fine: no object has this prefix (keys are case-sensitive): mounted empty; objects put there show once --metadata-ttl (24h) has passed"
+    );
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
+    let out = common::coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Not for a prefix that has objects.
+    let out = run("s3://names/fine");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(common::stderr(&out), "");
+    let out = common::coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+}
+
+#[test]
 fn an_fstab_line_mounts_a_bucket_with_credentials_from_roots_profile_files() {
     let _helper = common::MountHelper::install();
     let server = S3Server::start();

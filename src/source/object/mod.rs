@@ -590,6 +590,11 @@ impl ObjectSource {
         })
     }
 
+    /// Objects the listing holds.
+    pub fn objects(&self) -> usize {
+        self.tree.read().objects.len()
+    }
+
     /// Runs `f` on the source's runtime and waits for it.
     fn wait<T: Send + 'static>(
         &self,
@@ -937,15 +942,48 @@ fn one_line(e: &object_store::Error) -> String {
 /// What a failed listing says, on one line, with what to do where the store's message does
 /// not say it.
 fn listing_error(name: &Path, e: &object_store::Error) -> String {
+    if let object_store::Error::InvalidPath { source } = e
+        && let Some(why) = unlistable_key(source)
+    {
+        return format!(
+            "listing {}: {why}, which no path may hold: mount a prefix beside that key",
+            name.display()
+        );
+    }
     let text = one_line(e);
-    let hint = if matches!(e, object_store::Error::InvalidPath { .. }) {
-        "; a prefix holding a key with an empty, '.' or '..' component cannot be listed: mount a prefix beside that key"
-    } else if text.contains("169.254.169.254") {
+    let hint = if text.contains("169.254.169.254") {
         "; no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
     } else {
         ""
     };
     format!("listing {}: {text}{hint}", name.display())
+}
+
+/// Why the store's client refused a key of a listing (`object_store` refuses the page that
+/// holds it), in words: the key (escaped, so that the line stays one line) and what it holds
+/// that no path may: a control character, named (a tab was blamed on an empty, `.` or `..`
+/// component), an empty component, or a `.` or `..` one.
+fn unlistable_key(e: &object_store::path::Error) -> Option<String> {
+    use object_store::path::Error as P;
+    let key = match e {
+        P::EmptySegment { path } | P::BadSegment { path, .. } => path,
+        _ => return None,
+    };
+    let why = if let Some(c) = key.chars().find(|c| c.is_control()) {
+        let name = match c {
+            '\t' => ", a tab",
+            '\n' => ", a newline",
+            '\r' => ", a carriage return",
+            '\0' => ", a NUL",
+            _ => "",
+        };
+        format!("holds a control character (U+{:04X}{name})", c as u32)
+    } else if key.trim_matches('/').split('/').any(|c| c.is_empty()) {
+        "has an empty component ('//')".to_string()
+    } else {
+        "has a '.' or '..' component".to_string()
+    };
+    Some(format!("the key {key:?} {why}"))
 }
 
 impl DatasetSource for ObjectSource {
@@ -1298,6 +1336,35 @@ mod tests {
         let want: Vec<(PathBuf, u64)> = want.iter().map(|(p, n)| (PathBuf::from(p), *n)).collect();
         assert_eq!(sizes, want);
         assert_eq!(markers, ["a.bin", "b.bin", "e"].map(PathBuf::from));
+    }
+
+    #[test]
+    fn a_listing_refused_for_a_key_says_what_the_key_holds() {
+        let refused = |key: &str| {
+            let e = object_store::Error::from(Key::parse(key).unwrap_err());
+            listing_error(Path::new("s3://b/p"), &e)
+        };
+        let beside = ", which no path may hold: mount a prefix beside that key";
+        assert_eq!(
+            refused("p/a\tb"),
+            format!(
+                "listing s3://b/p: the key \"p/a\\tb\" holds a control character (U+0009, a tab){beside}"
+            )
+        );
+        assert_eq!(
+            refused("p/\u{1b}x"),
+            format!(
+                "listing s3://b/p: the key \"p/\\u{{1b}}x\" holds a control character (U+001B){beside}"
+            )
+        );
+        assert_eq!(
+            refused("p//x"),
+            format!("listing s3://b/p: the key \"p//x\" has an empty component ('//'){beside}")
+        );
+        assert_eq!(
+            refused("p/../x"),
+            format!("listing s3://b/p: the key \"p/../x\" has a '.' or '..' component{beside}")
+        );
     }
 
     #[test]
