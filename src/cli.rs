@@ -237,7 +237,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "DIR", help_heading = "Cache")]
     pub cache_dir: Option<PathBuf>,
     /// The disk tier's budget (K/M/G/T suffixes) [default: half of the space free on DIR's
-    /// filesystem at mount].
+    /// filesystem at mount]. A directory filled under a larger budget drops the blocks past
+    /// this one at mount (a warning in the log).
     #[arg(long, value_name = "SIZE", requires = "cache_dir", value_parser = parse_nonzero_size, help_heading = "Cache")]
     pub disk_cache_size: Option<u64>,
 
