@@ -1,7 +1,8 @@
 //! The disk tier (`--cache-dir`, `--disk-cache-size`) on real mounts: it keeps what memory
 //! does not, the hit rate survives a restart, a `kill -9` and flipped bytes never serve anything corrupt, a changed source file
-//! is a miss, a full disk turns the tier off without a failed read, and the directory is one
-//! daemon's and root's alone.
+//! is a miss, a full disk turns the tier off without a failed read (counted in `tier_errors`),
+//! a smaller size at a remount is enforced, and the directory is one daemon's and root's
+//! alone.
 
 mod common;
 
@@ -444,8 +445,11 @@ fn a_full_disk_turns_the_tier_off_and_reads_go_on() {
     let st = stats(&m.mnt);
     assert_eq!(num(&st, "source_errors"), 0);
     assert_eq!(num(&st, "bytes_from_source"), (FILES * SIZE) as u64);
+    // The write that failed is the tier's fault, counted once (it stayed 0).
+    assert_eq!(num(&st, "tier_errors"), 1, "{st}");
     // A second epoch is read from the source alone, right.
     s.read_all(&m);
+    assert_eq!(num(&stats(&m.mnt), "tier_errors"), 1);
     m.unmount();
     let log = std::fs::read_to_string(&log).unwrap();
     let off: Vec<&str> = log

@@ -651,6 +651,15 @@ impl DiskTier {
         q.bytes = 0;
     }
 
+    /// A write of the tier failed with `e` (a full disk: ENOSPC): counted as the tier's fault
+    /// (`tier_errors`, as a failed read of it is by the fetch that asked), and the tier is
+    /// turned off. No reader asked for the write, so no one else counts it: the tier went off
+    /// with `tier_errors` still 0.
+    fn write_failed(&self, what: &str, e: &io::Error) {
+        Counters::add(&self.stats.counters.tier_errors, 1);
+        self.disable(what, e);
+    }
+
     /// Drops block `key` (its bytes are wrong, or its file changed): from the index now, and
     /// from the log with a tombstone, so that a restart does not load it again.
     fn drop_block(&self, key: Key, why: &str, rel: &Path) {
@@ -664,7 +673,7 @@ impl DiskTier {
             rel.display()
         );
         if let Err(e) = append(&self.index_log.lock(), &[Record::tombstone(key).encode()]) {
-            self.disable("writing the index", &e);
+            self.write_failed("writing the index", &e);
         }
     }
 
@@ -797,12 +806,12 @@ impl DiskTier {
             self.write_data(tail, &whole[..size])
         });
         if let Err(e) = written {
-            self.disable("writing blocks", &e);
+            self.write_failed("writing blocks", &e);
             return &[];
         }
         let encoded: Vec<[u8; RECORD]> = records.iter().map(Record::encode).collect();
         if let Err(e) = append(&self.index_log.lock(), &encoded) {
-            self.disable("writing the index", &e);
+            self.write_failed("writing the index", &e);
             return &[];
         }
         let mut index = self.index.write();
