@@ -414,7 +414,8 @@ pub struct HintArgs {
 pub struct UmountArgs {
     /// The mount point of a coorfs mount.
     pub mountpoint: PathBuf,
-    /// Detach a busy mount now; it goes away when its last user leaves.
+    /// Detach a busy mount now; it goes away when its last user leaves (success: a line on
+    /// stderr says the daemon stays until then).
     #[arg(long)]
     pub lazy: bool,
     /// How long to wait for the daemon to exit.

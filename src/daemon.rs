@@ -986,7 +986,8 @@ pub fn alive(pid: u32) -> bool {
 }
 
 /// Unmounts a coorfs mount and waits up to `timeout` for its daemon to exit. `lazy` detaches
-/// a busy mount instead of failing.
+/// a busy mount instead of failing: done, whose daemon stays while a file is open in it (one
+/// line on stderr says so).
 pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), MountError> {
     let mountpoint = std::path::absolute(mountpoint)
         .map_err(|e| MountError::Unmount(mountpoint.to_path_buf(), e))?;
@@ -996,18 +997,22 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
     let pid = daemon_pid(&mountpoint);
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| MountError::NotMounted(mountpoint.clone()))?;
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // Closing a file returns before the kernel has sent its RELEASE to the daemon, and
     // until that is answered the mount may still count as busy: a job that just finished
-    // must not see "busy", so EBUSY is retried for a moment.
+    // must not see "busy", so EBUSY is retried for a moment. With --lazy a busy mount is
+    // detached instead (MNT_DETACH): it is gone from the mount table, and the daemon serves
+    // the files still open in it until the last is closed.
     let busy_until = Instant::now() + Duration::from_secs(1);
+    let mut detached = false;
     loop {
+        let flags = if detached { libc::MNT_DETACH } else { 0 };
         // SAFETY: `c` is a NUL-terminated path.
         if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
             break;
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
+            Some(libc::EBUSY) if lazy && !detached => detached = true,
             Some(libc::EBUSY) if Instant::now() < busy_until => {
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -1016,9 +1021,24 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
         }
     }
     let Some(pid) = pid else { return Ok(()) };
+    // A detached mount's daemon stays while a file is open in it, as --lazy asked: that is
+    // no failure (it was one, "still running", once the timeout had passed). It is waited for
+    // a moment only, for the RELEASE of a file closed just before.
+    let wait = if detached {
+        timeout.min(Duration::from_secs(1))
+    } else {
+        timeout
+    };
     let start = Instant::now();
     while alive(pid) {
-        if start.elapsed() >= timeout {
+        if start.elapsed() >= wait {
+            if detached {
+                eprintln!(
+                    "coorfs: {} is detached; its daemon (pid {pid}) serves the files still open in it and exits when the last is closed",
+                    mountpoint.display()
+                );
+                return Ok(());
+            }
             return Err(MountError::DaemonLingers {
                 mountpoint,
                 pid,
