@@ -60,8 +60,10 @@ separating directories; objects are files of mode 0444 owned by root. An object'
 its ETag: the listing is trusted for --metadata-ttl, then an open asks the store again, and \
 every read is a ranged GET on the version the open saw (If-Match), so bytes of two versions \
 are never mixed: a read of an object replaced since its open fails with ESTALE. Throttling, \
-server errors, timeouts (a request unanswered for 30 s, or COORFS_S3_TIMEOUT) and resets are \
-retried with backoff (source_retried, source_throttled); 403 gives EACCES, 404 ENOENT.",
+server errors, timeouts (a request unanswered for 30 s, or COORFS_S3_TIMEOUT) and resets or \
+refused connections are retried with backoff and jitter for up to 45 s (source_retried, \
+source_throttled); 403 gives EACCES, 404 ENOENT, at once. A prefix no object has is \
+mounted empty, with a warning on stderr.",
         after_help = "Examples:\n  coorfs mount /data/imagenet /mnt/train\n  coorfs mount \
 --foreground --log-level debug /data/imagenet /mnt/train\n  AWS_PROFILE=training coorfs mount \
 --cache-dir /var/cache/coorfs --disk-cache-size 500G s3://datasets/imagenet/train /mnt/train"
@@ -260,7 +262,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "DIR", help_heading = "Cache")]
     pub cache_dir: Option<PathBuf>,
     /// The disk tier's budget (K/M/G/T suffixes) [default: half of the space free on DIR's
-    /// filesystem at mount].
+    /// filesystem at mount]. A directory filled under a larger budget drops the blocks past
+    /// this one at mount (a warning in the log).
     #[arg(long, value_name = "SIZE", requires = "cache_dir", value_parser = parse_nonzero_size, help_heading = "Cache")]
     pub disk_cache_size: Option<u64>,
 
@@ -436,7 +439,8 @@ pub struct HintArgs {
 pub struct UmountArgs {
     /// The mount point of a coorfs mount.
     pub mountpoint: PathBuf,
-    /// Detach a busy mount now; it goes away when its last user leaves.
+    /// Detach a busy mount now; it goes away when its last user leaves (success: a line on
+    /// stderr says the daemon stays until then).
     #[arg(long)]
     pub lazy: bool,
     /// How long to wait for the daemon to exit.

@@ -537,6 +537,9 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
             drop(write_end);
             let mut report = String::new();
             let _ = File::from(read_end).read_to_string(&mut report);
+            let (warnings, said): (Vec<&str>, Vec<&str>) =
+                report.lines().partition(|l| l.starts_with(WARNING));
+            let report = said.join("\n");
             let report = report.trim();
             if report != "ready" {
                 let mut status = 0;
@@ -554,6 +557,10 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
                     config.mountpoint,
                     "the mount does not answer".into(),
                 ));
+            }
+            // Said once the mount is up: a failed mount is its one line of error.
+            for w in warnings {
+                eprintln!("coorfs: {w}");
             }
             Ok(())
         }
@@ -840,7 +847,14 @@ fn serve(
         Some(h) => Some(h.cache_memory().map_err(mount_err)?),
         None => None,
     };
-    let fs = open_core(&config, memory)?;
+    let (fs, warnings) = open_core(&config, memory)?;
+    // The user's too: `coorfs mount` says each on its stderr once the mount is up.
+    for w in &warnings {
+        warn!("{w}");
+        if let Some(file) = ready.as_mut() {
+            let _ = writeln!(file, "{WARNING}{w}");
+        }
+    }
     // Under a keeper: what an earlier daemon's INIT negotiated (None for the first daemon),
     // and the node ids the kernel holds, before anything reads the node table.
     let successor = handed.as_ref().and_then(|h| h.meta.negotiated());
@@ -948,30 +962,46 @@ fn serve(
     served
 }
 
+/// How the daemon's report to `coorfs mount` marks a warning for the user: lines before
+/// `ready` (or the reason the mount failed).
+const WARNING: &str = "warning: ";
+
 /// The core of the mount of `config`: its source (delayed with `--read-delay`), its disk
-/// tier if it has one, and the filesystem over them.
+/// tier if it has one, and the filesystem over them (in `memory`, a keeper's, if given); and
+/// what the user is to be warned of.
 fn open_core(
     config: &MountConfig,
     memory: Option<crate::cache::CacheMemory>,
-) -> Result<Arc<DatasetFs>, MountError> {
+) -> Result<(Arc<DatasetFs>, Vec<String>), MountError> {
     let unreadable = |e| MountError::SourceUnreadable(config.source.clone(), e);
     // With a cache of its own, coorfs keeps read bytes out of the source's page cache.
     let drop_pages = config.cache.policy.caches();
     let stats = Arc::new(crate::stats::Stats::default());
-    let source: Arc<dyn crate::source::DatasetSource> =
-        if crate::source::object::ObjectUrl::is_url(&config.source) {
-            let url = crate::source::object::ObjectUrl::parse(&config.source)
-                .map_err(MountError::BadUrl)?;
-            let store = crate::source::object::ObjectSource::open(
-                url,
-                config.metadata_ttl,
-                stats.store.clone(),
-            );
-            delayed(store.map_err(unreadable)?, config.read_delay)
-        } else {
-            let local = LocalSource::new(config.source.clone(), drop_pages);
-            delayed(local.map_err(unreadable)?, config.read_delay)
-        };
+    let mut warnings = Vec::new();
+    let source: Arc<dyn crate::source::DatasetSource> = if crate::source::object::ObjectUrl::is_url(
+        &config.source,
+    ) {
+        let url =
+            crate::source::object::ObjectUrl::parse(&config.source).map_err(MountError::BadUrl)?;
+        let store = crate::source::object::ObjectSource::open(
+            url,
+            config.metadata_ttl,
+            stats.store.clone(),
+        )
+        .map_err(unreadable)?;
+        // Mounted all the same (the prefix may be filled later), but most often a typo.
+        if store.objects() == 0 {
+            warnings.push(format!(
+                    "source {}: no object has this prefix (keys are case-sensitive): mounted empty; objects put there show once --metadata-ttl ({}) has passed",
+                    config.source.display(),
+                    crate::units::format_duration(config.metadata_ttl)
+                ));
+        }
+        delayed(store, config.read_delay)
+    } else {
+        let local = LocalSource::new(config.source.clone(), drop_pages);
+        delayed(local.map_err(unreadable)?, config.read_delay)
+    };
     let disk = match &config.disk {
         Some(d) => {
             let blocks = crate::block::BlockSize::new(config.cache.block_size);
@@ -985,7 +1015,7 @@ fn open_core(
         None => None,
     };
     let fs = DatasetFs::with_tiers(source, config, stats, disk, memory).map_err(unreadable)?;
-    Ok(Arc::new(fs))
+    Ok((Arc::new(fs), warnings))
 }
 
 /// `source`, with `delay` added to every read (`--read-delay`) if it is not zero.
@@ -1152,7 +1182,8 @@ pub fn alive(pid: u32) -> bool {
 }
 
 /// Unmounts a coorfs mount and waits up to `timeout` for its daemon to exit. `lazy` detaches
-/// a busy mount instead of failing.
+/// a busy mount instead of failing: done, whose daemon stays while a file is open in it (one
+/// line on stderr says so).
 pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), MountError> {
     let mountpoint = std::path::absolute(mountpoint)
         .map_err(|e| MountError::Unmount(mountpoint.to_path_buf(), e))?;
@@ -1163,18 +1194,22 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
     let keeper = keeper_pid(&mountpoint);
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| MountError::NotMounted(mountpoint.clone()))?;
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // Closing a file returns before the kernel has sent its RELEASE to the daemon, and
     // until that is answered the mount may still count as busy: a job that just finished
-    // must not see "busy", so EBUSY is retried for a moment.
+    // must not see "busy", so EBUSY is retried for a moment. With --lazy a busy mount is
+    // detached instead (MNT_DETACH): it is gone from the mount table, and the daemon serves
+    // the files still open in it until the last is closed.
     let busy_until = Instant::now() + Duration::from_secs(1);
+    let mut detached = false;
     loop {
+        let flags = if detached { libc::MNT_DETACH } else { 0 };
         // SAFETY: `c` is a NUL-terminated path.
         if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
             break;
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
+            Some(libc::EBUSY) if lazy && !detached => detached = true,
             Some(libc::EBUSY) if Instant::now() < busy_until => {
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -1182,14 +1217,30 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
             _ => return Err(MountError::Unmount(mountpoint, e)),
         }
     }
+    let Some(pid) = pid else { return Ok(()) };
+    // A detached mount's daemon stays while a file is open in it, as --lazy asked: that is
+    // no failure (it was one, "still running", once the timeout had passed). It is waited for
+    // a moment only, for the RELEASE of a file closed just before.
+    let wait = if detached {
+        timeout.min(Duration::from_secs(1))
+    } else {
+        timeout
+    };
     // The daemon exits once the connection ends, and its keeper right after.
     let start = Instant::now();
-    for pid in [pid, keeper].into_iter().flatten() {
-        while alive(pid) {
-            if start.elapsed() >= timeout {
+    for p in [Some(pid), keeper].into_iter().flatten() {
+        while alive(p) {
+            if start.elapsed() >= wait {
+                if detached {
+                    eprintln!(
+                        "coorfs: {} is detached; its daemon (pid {pid}) serves the files still open in it and exits when the last is closed",
+                        mountpoint.display()
+                    );
+                    return Ok(());
+                }
                 return Err(MountError::DaemonLingers {
                     mountpoint,
-                    pid,
+                    pid: p,
                     waited: timeout,
                 });
             }

@@ -56,6 +56,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A duration as `parse_duration` reads it, in its largest whole unit: `24h`, `90s`,
+/// `1500ms`.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".to_string(),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
 /// A byte count for people: `1.5 GiB`, `640 KiB`, `12 B`.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -130,5 +143,9 @@ mod tests {
         assert_eq!(format_size(1536), "1.5 KiB");
         assert_eq!(format_size(3 << 30), "3.0 GiB");
         assert_eq!(format_size(200 << 20), "200 MiB");
+        for (d, text) in [(86400, "24h"), (90, "90s"), (300, "5m"), (0, "0s")] {
+            assert_eq!(format_duration(Duration::from_secs(d)), text);
+        }
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
     }
 }

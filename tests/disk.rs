@@ -1,7 +1,8 @@
 //! The disk tier (`--cache-dir`, `--disk-cache-size`) on real mounts: it keeps what memory
 //! does not, the hit rate survives a restart, a `kill -9` and flipped bytes never serve anything corrupt, a changed source file
-//! is a miss, a full disk turns the tier off without a failed read, and the directory is one
-//! daemon's and root's alone.
+//! is a miss, a full disk turns the tier off without a failed read (counted in `tier_errors`),
+//! a smaller size at a remount is enforced, and the directory is one daemon's and root's
+//! alone.
 
 mod common;
 
@@ -360,6 +361,59 @@ fn large_files_in_blocks_empty_files_and_random_reads_come_back_the_same() {
 }
 
 #[test]
+fn a_smaller_disk_cache_size_at_a_remount_is_enforced_and_said() {
+    // Filled to 40 files, remounted with room for 10: the blocks past the new size are
+    // dropped at mount (the first 10 written are kept, as MinIO keeps the first that fit),
+    // with a warning in the log; the data file shrinks to the new size and stays there.
+    let s = setup();
+    let m = s.mount(FILES, &[]);
+    s.read_all(&m);
+    wait_for_disk(&m, FILES as u64);
+    assert_eq!(num(&stats(&m.mnt), "disk_used"), (FILES * SIZE) as u64);
+    m.unmount();
+
+    let log = s._dir.path().join("log");
+    let small = FILES / 4;
+    let m = s.mount(small, &["--log-file", log.to_str().unwrap()]);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "disk_capacity"), (small * SIZE) as u64, "{st}");
+    assert_eq!(num(&st, "disk_used"), (small * SIZE) as u64, "{st}");
+    assert_eq!(num(&st, "disk_cached_blocks"), small as u64, "{st}");
+    assert_eq!(
+        std::fs::metadata(s.cache.join("data")).unwrap().len(),
+        (small * SIZE) as u64
+    );
+    s.read_all(&m);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "disk_hits"), small as u64, "{st}");
+    assert_eq!(
+        num(&st, "bytes_from_source"),
+        ((FILES - small) * SIZE) as u64,
+        "{st}"
+    );
+    assert!(num(&st, "disk_used") <= (small * SIZE) as u64, "{st}");
+    m.unmount();
+    let said = std::fs::read_to_string(&log).unwrap();
+    let warned: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("--disk-cache-size"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{said}");
+    assert!(
+        warned[0].contains("holds 2.5 MiB, more than --disk-cache-size 640 KiB: dropped the 30 blocks (1.9 MiB) past it"),
+        "{said}"
+    );
+
+    // The same size again: nothing more to drop, the 10 blocks still served.
+    let m = s.mount(small, &[]);
+    let st = stats(&m.mnt);
+    assert_eq!(num(&st, "disk_cached_blocks"), small as u64, "{st}");
+    s.read_all(&m);
+    assert_eq!(num(&stats(&m.mnt), "disk_hits"), small as u64);
+    m.unmount();
+}
+
+#[test]
 fn a_full_disk_turns_the_tier_off_and_reads_go_on() {
     let s = setup();
     // A 256 KiB filesystem for a disk tier told it may take 100 MiB.
@@ -387,8 +441,11 @@ fn a_full_disk_turns_the_tier_off_and_reads_go_on() {
     let st = stats(&m.mnt);
     assert_eq!(num(&st, "source_errors"), 0);
     assert_eq!(num(&st, "bytes_from_source"), (FILES * SIZE) as u64);
+    // The write that failed is the tier's fault, counted once (it stayed 0).
+    assert_eq!(num(&st, "tier_errors"), 1, "{st}");
     // A second epoch is read from the source alone, right.
     s.read_all(&m);
+    assert_eq!(num(&stats(&m.mnt), "tier_errors"), 1);
     m.unmount();
     let log = std::fs::read_to_string(&log).unwrap();
     let off: Vec<&str> = log

@@ -287,3 +287,94 @@ fn readers_opening_the_same_files_at_once_all_get_the_bytes() {
         m.unmount();
     }
 }
+
+#[test]
+fn without_passthrough_a_file_truncated_or_removed_while_open_reads_as_with_it() {
+    // As `a_file_changed_while_open_is_never_read_mixed`, through the daemon: a cached file
+    // reads as the version opened, whole (close-to-open, as from the cache's file by
+    // passthrough); with no cache (`--policy none`) as a local descriptor reads it, up to the
+    // new end. Never bytes that were not the source's (the kernel padded a short read of the
+    // truncated file with 128-256 KiB of zeros), and a read at the end is 0 bytes, not the
+    // ENOENT of the removed file's path (`cat` failed after reading every byte).
+    const BIG: usize = 3 << 20;
+    const KEEP: usize = 100_000;
+    for policy in ["minio", "none"] {
+        let dir = open_tempdir();
+        let src = dir.path().join("src");
+        let rels = make_dataset(&src, 2, BIG, 1);
+        let m = Mount::new(
+            &src,
+            &[
+                "--no-prefetch",
+                "--no-passthrough",
+                "--policy",
+                policy,
+                // The kernel asks for the attributes again past a second.
+                "--metadata-ttl",
+                "1s",
+            ],
+        );
+        wait_for_scan(&m.mnt);
+        read_all(&m, &rels, BIG);
+        let s = stats(&m.mnt);
+        if policy == "minio" {
+            assert_eq!(num(&s, "cached_files"), 2, "{s}");
+        }
+
+        // Truncated while open, after a first read.
+        let whole = content(&rels[0], BIG);
+        let mut f = std::fs::File::open(m.path(&rels[0])).unwrap();
+        let mut got = vec![0u8; 64 << 10];
+        f.read_exact(&mut got).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(src.join(&rels[0]))
+            .unwrap()
+            .set_len(KEEP as u64)
+            .unwrap();
+        f.read_to_end(&mut got).unwrap();
+        if policy == "minio" {
+            assert!(
+                got == whole,
+                "{policy}: truncated, read {} bytes",
+                got.len()
+            );
+        } else {
+            // The kernel's page cache may still hold pages of the version opened: each byte
+            // is the opened file's, to its new end at least.
+            assert!(
+                got.len() >= KEEP,
+                "{policy}: truncated, read {} bytes",
+                got.len()
+            );
+            assert!(
+                got == whole[..got.len()],
+                "{policy}: truncated, {} bytes, not the source's",
+                got.len()
+            );
+        }
+        drop(f);
+        assert!(
+            std::fs::read(m.path(&rels[0])).unwrap() == whole[..KEEP],
+            "{policy}: the next open"
+        );
+
+        // Removed while open: every byte, then the end, as `cat` reads it.
+        let whole = content(&rels[1], BIG);
+        let mut f = std::fs::File::open(m.path(&rels[1])).unwrap();
+        let mut got = vec![0u8; 64 << 10];
+        f.read_exact(&mut got).unwrap();
+        std::fs::remove_file(src.join(&rels[1])).unwrap();
+        // Past the kernel's attribute timeout, so that the read at the end asks again.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        f.read_to_end(&mut got)
+            .unwrap_or_else(|e| panic!("{policy}: removed, after {} bytes: {e}", got.len()));
+        assert!(got == whole, "{policy}: removed, read {} bytes", got.len());
+        let mut more = [0u8; 16];
+        assert_eq!(f.read(&mut more).unwrap(), 0, "{policy}: past the end");
+        drop(f);
+        let gone = std::fs::File::open(m.path(&rels[1])).unwrap_err();
+        assert_eq!(gone.raw_os_error(), Some(libc::ENOENT), "{policy}");
+        m.unmount();
+    }
+}

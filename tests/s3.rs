@@ -119,6 +119,7 @@ fn mount_with_env(endpoint: &str, url: &str, extra: &[&str], more: &[(&str, &str
 
 /// A bucket of the test server, written with object_store.
 struct Bucket {
+    name: String,
     store: object_store::aws::AmazonS3,
     rt: tokio::runtime::Runtime,
 }
@@ -152,17 +153,50 @@ impl Bucket {
             .enable_all()
             .build()
             .unwrap();
-        Bucket { store, rt }
+        Bucket {
+            name: name.to_string(),
+            store,
+            rt,
+        }
     }
 
+    /// Puts `data` as object `key`, the key as written (`Path::from` would percent-encode
+    /// `?`, `#`, `%`, `\` and non-ASCII characters into the key itself).
     fn put(&self, key: &str, data: &[u8]) {
-        let path = object_store::path::Path::from(key);
+        let path = object_store::path::Path::parse(key).unwrap();
         let payload = object_store::PutPayload::from(data.to_vec());
         self.rt.block_on(self.store.put(&path, payload)).unwrap();
     }
 
+    /// Puts `data` as object `key` with a plain PUT of the store's URL (moto checks no
+    /// signature): for keys object_store refuses to write, such as a folder marker (`a/`)
+    /// or one with a control character.
+    fn put_raw(&self, server: &S3Server, key: &str, data: &[u8]) {
+        let script = "import sys, urllib.parse as p, urllib.request as u; \
+            u.urlopen(u.Request(sys.argv[1] + '/' + p.quote(sys.argv[2], safe='/'), \
+            data=sys.stdin.buffer.read(), method='PUT'))";
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                script,
+                &format!("{}/{}", server.endpoint(), self.name),
+            ])
+            .arg(key)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(data).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     fn delete(&self, key: &str) {
-        let path = object_store::path::Path::from(key);
+        let path = object_store::path::Path::parse(key).unwrap();
         self.rt.block_on(self.store.delete(&path)).unwrap();
     }
 }
@@ -355,6 +389,126 @@ fn a_changed_object_is_never_mixed_and_is_seen_after_the_ttl() {
     m.unmount();
 }
 
+#[test]
+fn keys_with_characters_urls_escape_read_as_the_bytes_stored() {
+    // `?`, `#`, `%`, `\`, spaces and non-ASCII characters in keys, of files and of a
+    // directory: listed, read (each GET names the key once encoded: it asked for
+    // `q%253Fx.bin`, encoded twice, and the reader got ENOENT), and listed again once the
+    // listing is older than --metadata-ttl.
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "odd-keys");
+    let names = [
+        "q?x.bin",
+        "h#x.bin",
+        "p%41x.bin",
+        "p%x.bin",
+        "b\\x.bin",
+        "s p a c e.bin",
+        "plus+amp&eq=.bin",
+        "\u{e9}t\u{e9}.bin",
+        "\u{65e5}\u{672c}\u{8a9e}.bin",
+        "d?i#r%/in \u{fc}ber.bin",
+    ];
+    let want: Vec<(&str, Vec<u8>)> = (names.iter().enumerate())
+        .map(|(i, n)| (*n, bytes(60 + i as u64, 1000 + i * 70_001)))
+        .collect();
+    for (name, data) in &want {
+        bucket.put(&format!("ds/{name}"), data);
+    }
+    let m = mount(
+        &server.endpoint(),
+        "s3://odd-keys/ds",
+        &["--no-prefetch", "--metadata-ttl", "1s"],
+    );
+    let mut listed: Vec<PathBuf> = files_under(&m.mnt);
+    let mut expected: Vec<PathBuf> = names.iter().map(PathBuf::from).collect();
+    expected.sort();
+    listed.sort();
+    assert_eq!(listed, expected);
+    for (name, data) in &want {
+        let got = std::fs::read(m.path(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(got == *data, "{name}: the bytes differ");
+    }
+    // Past the TTL: the directories are listed again by their own prefixes, and each object
+    // is asked for again (HEAD) at its open.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(files_under(&m.mnt), expected);
+    for (name, data) in &want {
+        let got = std::fs::read(m.path(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(got == *data, "{name}: the bytes differ after the TTL");
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "source_errors"), 0, "{s}");
+    m.unmount();
+}
+
+#[test]
+fn an_object_beside_a_folder_marker_of_its_name_is_the_file_with_its_bytes() {
+    // `a.bin` and the console's folder marker `a.bin/` (zero bytes) both list as `a.bin`:
+    // the marker, listed second, made the file empty. The object is the file, and the log
+    // says the marker was left out; with something beneath the marker the directory wins
+    // (as for any key that is also a directory), and the log says that too. The same after
+    // the TTL, when the directories are listed again.
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "markers");
+    let a = bytes(70, 300_000);
+    let b = bytes(71, 5000);
+    let c = bytes(72, 40);
+    bucket.put("ds/a.bin", &a);
+    bucket.put_raw(&server, "ds/a.bin/", b"");
+    bucket.put("ds/sub/b.bin", &b);
+    bucket.put_raw(&server, "ds/sub/b.bin/", b"");
+    bucket.put("ds/c", b"shadowed");
+    bucket.put_raw(&server, "ds/c/", b"");
+    bucket.put("ds/c/inside", &c);
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let m = mount(
+        &server.endpoint(),
+        "s3://markers/ds",
+        &[
+            "--no-prefetch",
+            "--metadata-ttl",
+            "1s",
+            "--log-file",
+            log.path().to_str().unwrap(),
+        ],
+    );
+    let check = |when: &str| {
+        assert_eq!(
+            files_under(&m.mnt),
+            ["a.bin", "c/inside", "sub/b.bin"].map(PathBuf::from),
+            "{when}"
+        );
+        assert!(std::fs::read(m.path("a.bin")).unwrap() == a, "{when}");
+        assert!(std::fs::read(m.path("sub/b.bin")).unwrap() == b, "{when}");
+        assert!(std::fs::read(m.path("c/inside")).unwrap() == c, "{when}");
+        assert_eq!(
+            std::fs::metadata(m.path("a.bin")).unwrap().len(),
+            a.len() as u64
+        );
+    };
+    check("at mount");
+    std::thread::sleep(Duration::from_millis(1200));
+    check("after the TTL");
+    m.unmount();
+    let logged = std::fs::read_to_string(log.path()).unwrap();
+    let warned = |what: &str| {
+        logged
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains(what))
+    };
+    assert!(
+        warned(
+            "left out the folder marker a.bin/ (an empty key ending in '/') beside the object a.bin, which is the file (and 1 more)"
+        ),
+        "{logged}"
+    );
+    assert!(
+        warned("left out the object c whose name is also a directory's (the directory wins)"),
+        "{logged}"
+    );
+}
+
 /// What the proxy does to a request.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -367,14 +521,18 @@ enum Fault {
 }
 
 /// Faults to inject: a request whose first line contains `matching` gets `fault`, `times`
-/// times (u32::MAX: always).
+/// times (u32::MAX: always); and until `down_until`, every connection is reset before its
+/// request is read (a store that is down).
 #[derive(Default)]
-struct Faults(Vec<(String, Fault, u32)>);
+struct Faults {
+    rules: Vec<(String, Fault, u32)>,
+    down_until: Option<std::time::Instant>,
+}
 
 impl Faults {
     fn take(&mut self, line: &str) -> Option<Fault> {
         let rule = self
-            .0
+            .rules
             .iter_mut()
             .find(|(m, _, n)| *n > 0 && line.contains(m.as_str()))?;
         if rule.2 != u32::MAX {
@@ -454,12 +612,17 @@ impl FaultProxy {
         self.faults
             .lock()
             .unwrap()
-            .0
+            .rules
             .push((matching.into(), fault, times));
     }
 
+    /// Resets every connection for the next `outage`, before its request is read.
+    fn down_for(&self, outage: Duration) {
+        self.faults.lock().unwrap().down_until = Some(std::time::Instant::now() + outage);
+    }
+
     fn clear(&self) {
-        self.faults.lock().unwrap().0.clear();
+        self.faults.lock().unwrap().rules.clear();
     }
 }
 
@@ -487,6 +650,25 @@ fn read_request(client: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
+/// Closes `client` with a reset (SO_LINGER 0), answering nothing.
+fn reset(client: TcpStream) {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a linger struct of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as u32,
+        );
+    }
+}
+
 fn serve(
     mut client: TcpStream,
     upstream: u16,
@@ -494,6 +676,10 @@ fn serve(
     log: &Mutex<Vec<Served>>,
     delay: Duration,
 ) {
+    let down = faults.lock().unwrap().down_until;
+    if down.is_some_and(|until| std::time::Instant::now() < until) {
+        return reset(client);
+    }
     let Some((head, body)) = read_request(&mut client) else {
         return;
     };
@@ -512,25 +698,7 @@ fn serve(
             let _ = client.write_all(answer.as_bytes());
             return;
         }
-        Some(Fault::Reset) => {
-            // SO_LINGER 0: the close sends a reset.
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
-            let linger = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            // SAFETY: a valid socket and a linger struct of the size passed.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    &linger as *const libc::linger as *const libc::c_void,
-                    std::mem::size_of::<libc::linger>() as u32,
-                );
-            }
-            return;
-        }
+        Some(Fault::Reset) => return reset(client),
         Some(Fault::Stall(hold)) => {
             std::thread::sleep(hold);
             return;
@@ -705,6 +873,47 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
 }
 
 #[test]
+fn a_read_outlasts_a_store_down_for_8_seconds_and_a_403_still_fails_at_once() {
+    // Every connection reset for 8 s: the read's retries, backing off with jitter for up to
+    // 45 s, reach the store once it is back (10 retries took 2.9 s, and the reader got EIO).
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "outage");
+    let data = bytes(80, 200_000);
+    bucket.put("p/a.bin", &data);
+    bucket.put("p/denied.bin", b"no");
+    let proxy = FaultProxy::start(server.port);
+    let m = mount(&proxy.endpoint(), "s3://outage/p", &["--no-prefetch"]);
+    let outage = Duration::from_secs(8);
+    proxy.down_for(outage);
+    let started = std::time::Instant::now();
+    let got = std::fs::read(m.path("a.bin"));
+    let took = started.elapsed();
+    let got = got.unwrap_or_else(|e| panic!("the read failed after {took:?}: {e}"));
+    assert!(got == data, "the bytes differ");
+    assert!(took >= outage, "read in {took:?}, during the outage");
+    // The last try before the store came back waited at most 8 s more.
+    assert!(took < outage + Duration::from_secs(10), "{took:?}");
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "source_errors"), 0, "{s}");
+    assert!(num(&s, "source_retried") >= 3, "{s}");
+    // What retrying cannot change fails at once.
+    proxy.inject(
+        "GET /outage/p/denied.bin",
+        Fault::Status(403, "AccessDenied"),
+        u32::MAX,
+    );
+    let started = std::time::Instant::now();
+    let e = std::fs::read(m.path("denied.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    m.unmount();
+}
+
+#[test]
 fn the_disk_tier_serves_a_restarted_mount_without_reading_the_store_again() {
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "restart");
@@ -778,6 +987,55 @@ fn bad_urls_and_unreachable_or_unlistable_stores_get_one_clear_line() {
         "a bad request timeout",
     );
     assert!(!common::is_mounted(mnt.path()));
+}
+
+#[test]
+fn a_key_with_a_control_character_is_refused_saying_so_and_an_empty_prefix_mounts_with_a_warning() {
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "names");
+    bucket.put("fine/a.bin", b"1");
+    bucket.put_raw(&server, "tabbed/ok.bin", b"2");
+    bucket.put_raw(&server, "tabbed/sub/a\tb.bin", b"3");
+    bucket.put("other/x", b"4");
+    let env = aws_env(&server.endpoint());
+    let dir = common::open_tempdir();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let run = |url: &str| {
+        let mut cmd = Command::new(common::bin());
+        cmd.args([OsStr::new("mount"), OsStr::new(url), mnt.as_os_str()]);
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        common::output_within(&mut cmd, Duration::from_secs(120))
+    };
+    // The store's client refuses a listing that holds a key with a control character: the
+    // mount is refused, and the line names the key and the character (it blamed an empty,
+    // '.' or '..' component).
+    let out = run("s3://names/tabbed");
+    common::fails_with_line(
+        &out,
+        1,
+        "listing s3://names/tabbed: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
+        "a key with a tab",
+    );
+    assert!(!common::is_mounted(&mnt));
+
+    // A prefix with no object beneath it (a typo, most often: keys are case-sensitive) is
+    // mounted, empty, with one warning line.
+    let out = run("s3://names/Fine");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(
+        common::stderr(&out),
+        "coorfs: warning: source s3://names/Fine: no object has this prefix (keys are case-sensitive): mounted empty; objects put there show once --metadata-ttl (24h) has passed"
+    );
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
+    let out = common::coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Not for a prefix that has objects.
+    let out = run("s3://names/fine");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(common::stderr(&out), "");
+    let out = common::coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
 }
 
 #[test]

@@ -80,6 +80,23 @@ impl DatasetFs {
         self.attr(ino)
     }
 
+    /// [`DatasetFs::getattr`] for the kernel's GETATTR of a file open as `fh` (it asks through
+    /// the open file, at its end, whether the file grew). A path that names no file any more
+    /// (removed while open) is answered from the open file, as `fstat` of a local descriptor
+    /// would be: the read at its end then ends it with 0 bytes, where the path's ENOENT failed
+    /// the read (`cat` of a file removed while it was read failed after its last byte).
+    pub fn getattr_open(&self, ino: NodeId, fh: u64) -> Result<Attr, FsError> {
+        match self.getattr(ino) {
+            Err(FsError::NotFound | FsError::Stale) => {}
+            other => return other,
+        }
+        let h = (self.handles.file(fh))
+            .filter(|h| h.ino == ino)
+            .ok_or(FsError::NotFound)?;
+        let meta = h.file.stat().map_err(source_error)?;
+        Ok(Attr { ino, ..meta.attr })
+    }
+
     /// The attributes the node table holds for node `ino`.
     fn attr(&self, ino: NodeId) -> Result<Attr, FsError> {
         if ino == order::ORDER_INO {

@@ -102,6 +102,9 @@ pub(super) struct FileHandle {
     pub file_id: Option<FileId>,
     /// A read found the source file changed since the open.
     pub changed_while_open: AtomicBool,
+    /// Every byte of the version opened was in the memory cache at the open: if the source
+    /// file changes while it is open, its reads go on serving that version (`read.rs`).
+    pub cached_at_open: bool,
     /// Opened for one read under `--fast-open` that is not the file's access (see
     /// [`super::Access::Silent`]): it counts the bytes it moves, never a hit or a miss.
     pub silent: bool,

@@ -203,7 +203,8 @@ impl DatasetFs {
             .is_some_and(|b| matches!(b, Backing::Source(_)));
         // A re-read within the epoch is the same access: the source's page cache serves it.
         let reread = counted.step == Some(Step::Repeat);
-        let handle = file_handle(ino, caller, opened, counted, hit, access, reading);
+        let mut handle = file_handle(ino, caller, opened, counted, hit, access, reading);
+        handle.cached_at_open = in_memory;
         if passthrough.is_some() {
             self.count_passthrough(&handle, from_source, reread);
         }
@@ -596,6 +597,7 @@ fn file_handle(
         pid: caller.pid,
         file_id: opened.file_id,
         changed_while_open: AtomicBool::new(false),
+        cached_at_open: false,
         silent: access == Access::Silent,
         adopted: false,
     }

@@ -10,12 +10,23 @@
 //! # A file that changes while it is open
 //! Every read first asks the open source file (`fstat` of the descriptor the open made, as
 //! the caller) whether it is still the version the open saw. If it is not (truncated,
-//! rewritten in place), the cache's bytes are of another version: the read is served from
-//! that descriptor directly, up to the file's current end, and the kernel is told to forget
-//! its pages and attributes, as a local file read through an open descriptor would behave.
+//! rewritten in place):
+//! - an open of a file the cache held whole reads on the version it opened, from the cache,
+//!   whole: close-to-open, as passthrough reads it from the cache's own file of it
+//!   (`passthrough.rs`), so that `--no-passthrough` behaves the same;
+//! - any other open (the cache holds none or part of the version opened, or lost a block of
+//!   it since) is served from that descriptor directly, up to the file's current end, as a
+//!   local file read through an open descriptor would behave; the kernel is told to forget
+//!   its pages and attributes, after the reply: the reply's short read is what tells the
+//!   kernel where the file ends now. Told before, the kernel's page-cache read ignores the
+//!   short read's end (the attributes changed since it asked) and pads the pages it asked
+//!   for with zeros up to the old size, which the reader then read as the file's bytes.
+//!
 //! If the path now names another file (renamed over, removed) while the open file is
 //! unchanged, a fetch by path fails its version check and the block is read from the open
-//! descriptor instead: the reader keeps reading what it opened.
+//! descriptor instead: the reader keeps reading what it opened. The kernel's GETATTR of an
+//! open file whose path is gone is answered from the open file (`attrs.rs`), so that the
+//! read at its end ends it (0 bytes) instead of failing with the path's ENOENT.
 //!
 //! Wholly cached files are opened with `keep_cache`, and the kernel serves their reads from
 //! its page cache without asking: bytes it already holds can still be read through a
@@ -132,9 +143,40 @@ impl DatasetFs {
         }
         match h.file.stat() {
             Ok(now) if now.version == h.version => self.read_current(&h, offset, size, done),
-            Ok(_) => self.read_changed(&h, offset, size, done),
+            Ok(_) => match self.opened_version(&h, offset, size) {
+                Some(bytes) => done(Ok(&bytes)),
+                None => self.read_changed(&h, offset, size, done),
+            },
             Err(e) => done(Err(FsError::Source(e))),
         }
+    }
+
+    /// The bytes at `offset` of the version the handle opened, if the open found it whole in
+    /// the cache and the tiers on this thread still hold every block of the read: a file
+    /// that changed while open is then read as it was opened (see the module header).
+    fn opened_version(&self, h: &FileHandle, offset: u64, size: u32) -> Option<Vec<u8>> {
+        if !h.cached_at_open {
+            return None;
+        }
+        let file_size = h.version.size;
+        if offset >= file_size || size == 0 {
+            return Some(Vec::new());
+        }
+        let end = (offset + size as u64).min(file_size);
+        let bs = self.tiers.memory.blocks().get();
+        let whole = file_size <= bs;
+        let (block_of, block_start) = (
+            |pos: u64| if whole { 0 } else { pos / bs },
+            |b: u64| if whole { 0 } else { b * bs },
+        );
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for block in block_of(offset)..=block_of(end - 1) {
+            let start = block_start(block);
+            let (lo, hi) = (offset.max(start), end.min(start + bs));
+            let bytes = self.local_block(h, block, hi - lo)?;
+            out.extend_from_slice(&bytes[(lo - start) as usize..(hi - start) as usize]);
+        }
+        Some(out)
     }
 
     /// [`DatasetFs::read`] of a handle whose file is still the version it opened.
@@ -204,12 +246,6 @@ impl DatasetFs {
     /// Serves a read of a file that changed since it was opened: straight from the open
     /// descriptor, nothing cached, nothing past the current end.
     fn read_changed(&self, h: &FileHandle, offset: u64, size: u32, done: ReadDone) {
-        if !h.changed_while_open.swap(true, Ordering::Relaxed) {
-            tracing::debug!("{}: changed while open", h.rel.display());
-            if let Some(invalidate) = self.invalidator.get() {
-                invalidate(h.ino);
-            }
-        }
         let mut buf = vec![0; size as usize];
         match h.file.read_at(offset, &mut buf) {
             Ok(n) => {
@@ -217,6 +253,13 @@ impl DatasetFs {
                 done(Ok(&buf[..n]))
             }
             Err(e) => done(Err(FsError::Source(e))),
+        }
+        // After the reply (see the module header): its short read ends the kernel's file.
+        if !h.changed_while_open.swap(true, Ordering::Relaxed) {
+            tracing::debug!("{}: changed while open", h.rel.display());
+            if let Some(invalidate) = self.invalidator.get() {
+                invalidate(h.ino);
+            }
         }
     }
 

@@ -10,11 +10,13 @@ use super::{DatasetFs, FsError, order, source_error};
 use crate::namespace::{Kind, NodeId, ROOT};
 use crate::stats::{self, Counters, Snapshot, Stat, Value};
 
-/// Counters read once for a whole snapshot (see [`DatasetFs::stat_value`]).
+/// Counters read once for a whole snapshot (see [`DatasetFs::stat_value`]); `reads`, `hits`
+/// and `misses` under the epochs lock, under which opens count them, so that they add up.
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     reads: u64,
     hits: u64,
+    misses: u64,
     /// Rounds of files read from the source (for `source_reads_per_file`).
     from_source: u64,
     epoch: u64,
@@ -35,6 +37,7 @@ impl DatasetFs {
         let sample = Sample {
             reads: Counters::get(&c.reads),
             hits: Counters::get(&c.hits),
+            misses: Counters::get(&c.misses),
             from_source,
             epoch: epochs.tracker().epoch(),
         };
@@ -73,13 +76,14 @@ impl DatasetFs {
         let Sample {
             reads,
             hits,
+            misses,
             from_source,
             epoch,
         } = *sample;
         match stat {
             Stat::Reads => Value::Count(reads),
             Stat::Hits => Value::Count(hits),
-            Stat::Misses => Value::Count(Counters::get(&c.misses)),
+            Stat::Misses => Value::Count(misses),
             Stat::HitRate => Value::Ratio(if reads == 0 {
                 0.0
             } else {

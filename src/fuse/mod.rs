@@ -382,9 +382,13 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let _op = op("getattr", ino.0);
-        match self.fs.getattr(ino.0) {
+        let attr = match fh {
+            Some(fh) => self.fs.getattr_open(ino.0, fh.0),
+            None => self.fs.getattr(ino.0),
+        };
+        match attr {
             Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
             Err(e) => fail("getattr", e, reply),
         }

@@ -99,9 +99,9 @@ stats! {
     Evictions => "evictions", Count, "Blocks evicted to make room (LRU only; MinIO never evicts).";
     SourceErrors => "source_errors", Count, "Reads of the source that failed (the reader got the error).";
     SourceRequests => "source_requests", Count, "HTTP requests sent to an object store source (s3://): listings, HEADs and ranged GETs, retries included; 0 for a directory.";
-    SourceRetried => "source_retried", Count, "Of those, requests answered with throttling, a server error or a timeout, or whose connection failed: each was retried with backoff (10 times, 3 minutes at most) before the read failed.";
+    SourceRetried => "source_retried", Count, "Of those, requests answered with throttling, a server error or a timeout, or whose connection failed: each was retried with backoff and jitter (for up to 45 s) before the read failed.";
     SourceThrottled => "source_throttled", Count, "Of those, answers that asked to slow down (503 SlowDown, 429).";
-    TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory); each read was served by the next tier.";
+    TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory): each read was served by the next tier; a failed write of the disk tier (a full disk) counts too, and turns it off.";
     DiskHits => "disk_hits", Count, "Blocks read from the disk tier (--cache-dir) instead of from peers or the source.";
     BytesFromDisk => "bytes_from_disk", Bytes, "Bytes of those blocks.";
     DiskCachedBytes => "disk_cached_bytes", Bytes, "Bytes of file data in the disk tier.";

@@ -56,7 +56,8 @@
 //!
 //! Space of dropped blocks is not reused while mounted (the log only grows); a directory
 //! found at mount with more than half its budget in dropped blocks (a dataset that changed)
-//! starts afresh. A directory written with another block size is started
+//! starts afresh. One found holding more than its budget (a smaller `--disk-cache-size` at a
+//! remount) drops the blocks past the budget, keeping the first written ([`shrink`]). A directory written with another block size is started
 //! afresh (its blocks would not line up).
 //!
 //! # Memory
@@ -189,6 +190,18 @@ struct Record {
 }
 
 impl Record {
+    /// The record that drops block `key`: a restart does not load it again.
+    fn tombstone(key: Key) -> Record {
+        Record {
+            key,
+            version: Version::default(),
+            extent: Extent {
+                len: TOMBSTONE,
+                ..Extent::default()
+            },
+        }
+    }
+
     fn encode(&self) -> [u8; RECORD] {
         let mut r = [0u8; RECORD];
         let fields: [u64; 8] = [
@@ -424,6 +437,7 @@ impl DiskTier {
         let data = open_rw(&dir, "data").map_err(io_err)?;
         let log = open_rw(&dir, "index").map_err(io_err)?;
         let mut index = load(&dir, &log, &data, blocks).map_err(io_err)?;
+        shrink(&dir, &log, &data, &mut index, config.size).map_err(io_err)?;
         // Dropped blocks' space is not reused while mounted; once it is most of the budget
         // (a dataset that changed), the directory starts afresh rather than stay full of it.
         let dead = index.tail.saturating_sub(index.bytes);
@@ -637,6 +651,15 @@ impl DiskTier {
         q.bytes = 0;
     }
 
+    /// A write of the tier failed with `e` (a full disk: ENOSPC): counted as the tier's fault
+    /// (`tier_errors`, as a failed read of it is by the fetch that asked), and the tier is
+    /// turned off. No reader asked for the write, so no one else counts it: the tier went off
+    /// with `tier_errors` still 0.
+    fn write_failed(&self, what: &str, e: &io::Error) {
+        Counters::add(&self.stats.counters.tier_errors, 1);
+        self.disable(what, e);
+    }
+
     /// Drops block `key` (its bytes are wrong, or its file changed): from the index now, and
     /// from the log with a tombstone, so that a restart does not load it again.
     fn drop_block(&self, key: Key, why: &str, rel: &Path) {
@@ -649,16 +672,8 @@ impl DiskTier {
             key.1,
             rel.display()
         );
-        let tomb = Record {
-            key,
-            version: Version::default(),
-            extent: Extent {
-                len: TOMBSTONE,
-                ..Extent::default()
-            },
-        };
-        if let Err(e) = append(&self.index_log.lock(), &[tomb.encode()]) {
-            self.disable("writing the index", &e);
+        if let Err(e) = append(&self.index_log.lock(), &[Record::tombstone(key).encode()]) {
+            self.write_failed("writing the index", &e);
         }
     }
 
@@ -791,12 +806,12 @@ impl DiskTier {
             self.write_data(tail, &whole[..size])
         });
         if let Err(e) = written {
-            self.disable("writing blocks", &e);
+            self.write_failed("writing blocks", &e);
             return &[];
         }
         let encoded: Vec<[u8; RECORD]> = records.iter().map(Record::encode).collect();
         if let Err(e) = append(&self.index_log.lock(), &encoded) {
-            self.disable("writing the index", &e);
+            self.write_failed("writing the index", &e);
             return &[];
         }
         let mut index = self.index.write();
@@ -853,6 +868,45 @@ fn header(blocks: BlockSize) -> [u8; HEADER as usize] {
     header[..8].copy_from_slice(MAGIC);
     header[8..].copy_from_slice(&blocks.get().to_le_bytes());
     header
+}
+
+/// Fits a directory filled under a larger `--disk-cache-size` into `size`: the blocks that end
+/// past it are dropped (tombstones in the log, synced first, then the data file cut), with
+/// one warning. The blocks kept are those written first, as a MinIO cache keeps the first
+/// that fit. Without this a smaller size at a remount was neither enforced nor said: the
+/// directory kept every byte it held, over its budget, and the tier took no more.
+fn shrink(dir: &Path, log: &File, data: &File, index: &mut Index, size: u64) -> io::Result<()> {
+    if index.tail <= size {
+        return Ok(());
+    }
+    // Batches are written from a page boundary: the data file is cut at one.
+    let cut = size / ALIGN as u64 * ALIGN as u64;
+    let past: Vec<(Key, u32)> = (index.entries.iter())
+        .filter(|(_, e)| e.extent.offset + u64::from(e.extent.len) > cut)
+        .map(|(k, e)| (*k, e.extent.len))
+        .collect();
+    let dropped: u64 = past.iter().map(|(_, len)| u64::from(*len)).sum();
+    tracing::warn!(
+        "disk cache {}: holds {}, more than --disk-cache-size {}: dropped the {} blocks ({}) past it",
+        dir.display(),
+        crate::units::format_size(index.tail),
+        crate::units::format_size(size),
+        past.len(),
+        crate::units::format_size(dropped)
+    );
+    let tombs: Vec<[u8; RECORD]> = (past.iter())
+        .map(|(key, _)| Record::tombstone(*key).encode())
+        .collect();
+    if !tombs.is_empty() {
+        append(log, &tombs)?;
+    }
+    for (key, _) in &past {
+        index.remove(key);
+    }
+    data.set_len(cut)?;
+    data.sync_data()?;
+    index.tail = cut;
+    Ok(())
 }
 
 /// Empties the data file and the index log (its header alone).

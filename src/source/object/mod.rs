@@ -13,9 +13,14 @@
 //! the prefix, `/` separating directories. A key that is no safe path (an empty, `.` or `..`
 //! component) fails the listing (`object_store` refuses the page that holds it) with a
 //! message that says so: the mount is refused rather than shown without it. A key that is
-//! also a directory (`a` and `a/b`) is left out, counted in the log: the directory wins. A
+//! also a directory (`a` and `a/b`) is left out, named in the log: the directory wins. A
 //! "directory marker" (a key ending in `/`, as consoles make for folders) shows as an empty
-//! file unless something lies beneath it: the store's client drops the trailing `/`.
+//! file unless something lies beneath it: the store's client drops the trailing `/`. A marker
+//! beside an object of the same name (`a.bin` and `a.bin/`, nothing else beneath) is left
+//! out, named in the log, and the object is the file with its bytes ([`drop_markers`]): the
+//! two list as one name, and the marker, listed second, replaced the object with its zero
+//! bytes. (mountpoint-s3 shows the directory and hides the object; a dataset's file is worth
+//! more than a console's folder.)
 //! Objects are files of mode 0444, directories 0555, owned by root.
 //!
 //! An object's version is its ETag, size and last-modified time ([`object_meta`]): the
@@ -28,7 +33,7 @@
 //! mixing bytes of two versions; nothing of a failed read is cached.
 //!
 //! Faults: throttling (503 SlowDown, 429), 5xx answers, timeouts and broken connections are
-//! retried with exponential backoff by `object_store` (10 times, 3 minutes at most); every
+//! retried with backoff and jitter by `object_store` for up to 45 s ([`retries`]); every
 //! request and every fault is counted here on the way ([`Counting`]) and shown in the stats
 //! (`source_requests`, `source_retried`, `source_throttled`). What still fails reaches the
 //! caller as an errno (403: EACCES, 404: ENOENT, the rest: EIO) with one log line; a failed
@@ -129,10 +134,9 @@ impl ObjectUrl {
         p
     }
 
-    /// The key of file `rel`.
-    fn key(&self, rel: &Path) -> Key {
-        let dir = self.dir_prefix(rel);
-        Key::from(dir.trim_end_matches('/'))
+    /// The key of file `rel` (or of the prefix of directory `rel`, without its `/`).
+    fn key(&self, rel: &Path) -> io::Result<Key> {
+        key_of(self.dir_prefix(rel).trim_end_matches('/'))
     }
 
     /// The path of `key` relative to the dataset's root, if it is beneath the prefix and a
@@ -149,6 +153,14 @@ impl ObjectUrl {
             .all(|c| !c.is_empty() && *c != "." && *c != ".." && !c.contains('\0'));
         safe.then(|| parts.iter().collect())
     }
+}
+
+/// The store's key `text`, as written. `Key::from` percent-encodes `?`, `#`, `%`, `\` and
+/// non-ASCII characters into the key itself, and the request's URL then encodes them again: a
+/// GET of `q?x.bin` asked for `q%253Fx.bin` and found nothing. The listing's keys are parsed
+/// the same way (`Key::parse`), so every path of the tree is one; any other names no object.
+fn key_of(text: &str) -> io::Result<Key> {
+    Key::parse(text).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))
 }
 
 /// The store's counters, shared with the HTTP layer that counts every request.
@@ -285,8 +297,36 @@ fn dir_meta(rel: &Path, at: SystemTime) -> SourceMeta {
 pub struct Skipped {
     /// Keys that are no safe path.
     pub unsafe_keys: u64,
-    /// Keys that are also a directory's prefix.
-    pub shadowed: u64,
+    /// Objects whose path is also a directory's.
+    pub shadowed: Vec<PathBuf>,
+    /// Folder markers (`a.bin/`) left out beside the object of the same name (`a.bin`).
+    pub markers: Vec<PathBuf>,
+}
+
+/// Keeps one object of each path. Keys `k` and `k/` both list as `k` (the store's client
+/// drops a key's trailing `/`): one of the two is a folder marker beside an object of the
+/// same name. The object is the file: of the two, the one with bytes (a marker has none, by
+/// the convention of the consoles that make them), else the first listed (S3 lists `k`
+/// before `k/`). Returns the objects kept and the paths whose marker was left out.
+fn drop_markers(objects: Vec<(PathBuf, ObjectMeta)>) -> (Vec<(PathBuf, ObjectMeta)>, Vec<PathBuf>) {
+    let mut at: HashMap<PathBuf, usize> = HashMap::with_capacity(objects.len());
+    let mut kept: Vec<(PathBuf, ObjectMeta)> = Vec::with_capacity(objects.len());
+    let mut markers = Vec::new();
+    for (rel, o) in objects {
+        match at.get(&rel) {
+            Some(&i) => {
+                if kept[i].1.size == 0 && o.size > 0 {
+                    kept[i].1 = o;
+                }
+                markers.push(rel);
+            }
+            None => {
+                at.insert(rel.clone(), kept.len());
+                kept.push((rel, o));
+            }
+        }
+    }
+    (kept, markers)
 }
 
 impl Tree {
@@ -308,7 +348,7 @@ impl Tree {
         }
         for (rel, o) in objects {
             if tree.dirs.contains_key(&rel) {
-                skipped.shadowed += 1;
+                skipped.shadowed.push(rel);
                 continue;
             }
             tree.insert_object(rel, &o, now);
@@ -471,6 +511,30 @@ fn request_timeout() -> io::Result<Duration> {
         },
     }
 }
+/// How long a request is retried: long enough to outlast a store down for a few seconds (a
+/// restart, a failover, a network blip), not so long that a store that is gone keeps the
+/// reader waiting for minutes.
+const RETRY_FOR: Duration = Duration::from_secs(45);
+
+/// The retries of a request that failed with a 5xx answer, 429 or 408, a timeout or a broken
+/// or refused connection: until [`RETRY_FOR`] has passed since it was first sent, with backoff
+/// and jitter growing from 0.2 s to at most 8 s between tries (object_store's decorrelated
+/// jitter: each wait is drawn between 0.2 s and 3 times the last). object_store's default, 10
+/// tries from 0.1 s growing by 2 at most, gave up after 2-3 s: a store down for 8 s failed
+/// the read with EIO. Other answers (403, 404, 412) are not retried.
+fn retries() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(8),
+            base: 3.0,
+        },
+        // The time is the limit, not the count (about 11 tries in 45 s).
+        max_retries: 100,
+        retry_timeout: RETRY_FOR,
+    }
+}
+
 /// Directories listed at once at mount.
 const LIST_PARALLEL: usize = 16;
 
@@ -502,16 +566,14 @@ impl ObjectSource {
                 None => unsafe_keys += 1,
             }
         }
+        let (kept, markers) = drop_markers(kept);
         let (tree, mut skipped) = Tree::build(kept, started, SystemTime::now());
         skipped.unsafe_keys = unsafe_keys;
-        if skipped != Skipped::default() {
-            tracing::warn!(
-                "{}: left out {} key(s) that are no safe path (an empty, '.' or '..' component) and {} that are also a directory",
-                name.display(),
-                skipped.unsafe_keys,
-                skipped.shadowed
-            );
-        }
+        // A marker with something beneath it is a directory's, which took the object's name.
+        skipped.markers = (markers.into_iter())
+            .filter(|m| tree.objects.contains_key(m))
+            .collect();
+        warn_skipped(&name, &skipped);
         tracing::info!(
             "{}: {} objects, {} directories",
             name.display(),
@@ -526,6 +588,11 @@ impl ObjectSource {
             tree: RwLock::new(tree),
             ttl,
         })
+    }
+
+    /// Objects the listing holds.
+    pub fn objects(&self) -> usize {
+        self.tree.read().objects.len()
     }
 
     /// Runs `f` on the source's runtime and waits for it.
@@ -577,7 +644,7 @@ impl ObjectSource {
 
     /// Asks the store about object `rel` again (HEAD) and keeps the answer.
     fn head(&self, rel: &Path) -> io::Result<SourceMeta> {
-        let (store, key) = (self.store.clone(), self.url.key(rel));
+        let (store, key) = (self.store.clone(), self.url.key(rel)?);
         let answer = self.wait(async move { store.head(&key).await })?;
         let now = Instant::now();
         match answer {
@@ -597,11 +664,13 @@ impl ObjectSource {
     /// Lists directory `rel` again (one level) and keeps what it finds.
     fn relist(&self, rel: &Path) -> io::Result<()> {
         let prefix = self.url.dir_prefix(rel);
+        let prefix = if prefix.is_empty() {
+            None
+        } else {
+            Some(key_of(prefix.trim_end_matches('/'))?)
+        };
         let store = self.store.clone();
-        let answer = self.wait(async move {
-            let prefix = (!prefix.is_empty()).then(|| Key::from(prefix.trim_end_matches('/')));
-            store.list_with_delimiter(prefix.as_ref()).await
-        })?;
+        let answer = self.wait(async move { store.list_with_delimiter(prefix.as_ref()).await })?;
         let listed = match answer {
             Ok(l) => l,
             Err(object_store::Error::NotFound { .. }) if !rel.as_os_str().is_empty() => {
@@ -614,17 +683,34 @@ impl ObjectSource {
             let r = self.url.rel_of(key)?;
             (r.parent() == Some(rel)).then(|| r.file_name().map(|n| n.to_os_string()))?
         };
-        let files = (listed.objects.into_iter())
+        let files: Vec<(OsString, ObjectMeta)> = (listed.objects.into_iter())
             .filter_map(|o| Some((name_of(o.location.as_ref())?, o)))
             .collect();
-        let subdirs = (listed.common_prefixes.iter())
+        let mut subdirs: Vec<OsString> = (listed.common_prefixes.iter())
             .filter_map(|p| name_of(p.as_ref()))
             .collect();
+        // A name that is an object and a prefix whose one key is its folder marker: the
+        // object is the file, as at mount (`drop_markers`); else the directory wins.
+        subdirs
+            .retain(|d| !(files.iter().any(|(f, _)| f == d) && self.only_a_marker(&rel.join(d))));
         let mut tree = self.tree.write();
         if rel.as_os_str().is_empty() || tree.dirs.contains_key(rel) {
             tree.relisted(rel, files, subdirs, Instant::now(), SystemTime::now());
         }
         Ok(())
+    }
+
+    /// True if the one key beneath directory `rel` is its folder marker (`rel/`).
+    fn only_a_marker(&self, rel: &Path) -> bool {
+        let Ok(key) = self.url.key(rel) else {
+            return false;
+        };
+        let store = self.store.clone();
+        let marker = key.clone();
+        let answer = self.wait(async move { store.list_with_delimiter(Some(&key)).await });
+        matches!(answer, Ok(Ok(l)) if l.common_prefixes.is_empty()
+            && l.objects.len() == 1
+            && l.objects[0].location == marker)
     }
 
     /// True if directory `d`'s names are older than the TTL, or were never read.
@@ -663,6 +749,36 @@ impl ObjectSource {
             }
         }
         Err(io::Error::from_raw_os_error(libc::ENOENT))
+    }
+}
+
+/// The log's warnings of what a listing of `name` left out, one line for each kind, naming
+/// the first key of it.
+fn warn_skipped(name: &Path, skipped: &Skipped) {
+    let name = name.display();
+    let more = |n: usize| match n {
+        0 | 1 => String::new(),
+        n => format!(" (and {} more)", n - 1),
+    };
+    if skipped.unsafe_keys > 0 {
+        tracing::warn!(
+            "{name}: left out {} key(s) that are no safe path (an empty, '.' or '..' component)",
+            skipped.unsafe_keys
+        );
+    }
+    if let Some(first) = skipped.shadowed.first() {
+        tracing::warn!(
+            "{name}: left out the object {} whose name is also a directory's (the directory wins){}",
+            first.display(),
+            more(skipped.shadowed.len())
+        );
+    }
+    if let Some(first) = skipped.markers.first() {
+        tracing::warn!(
+            "{name}: left out the folder marker {0}/ (an empty key ending in '/') beside the object {0}, which is the file{1}",
+            first.display(),
+            more(skipped.markers.len())
+        );
     }
 }
 
@@ -727,6 +843,7 @@ fn build_store(url: &ObjectUrl, counters: Arc<Counters>) -> io::Result<Arc<dyn O
     let timeout = format!("{}ms", request_timeout()?.as_millis());
     builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), timeout);
     let store = builder
+        .with_retry(retries())
         .with_http_connector(CountingConnector(counters))
         .build()
         .map_err(|e| io::Error::other(e.to_string()))?;
@@ -755,7 +872,12 @@ async fn list_all(
         })
     };
     let mut objects = Vec::new();
-    let mut frontier = vec![(!prefix.is_empty()).then(|| Key::from(prefix))];
+    let root = if prefix.is_empty() {
+        None
+    } else {
+        Some(Key::parse(prefix).map_err(|e| fail(e.into()))?)
+    };
+    let mut frontier = vec![root];
     for _ in 0..3 {
         if frontier.len() >= LIST_PARALLEL {
             break;
@@ -820,15 +942,48 @@ fn one_line(e: &object_store::Error) -> String {
 /// What a failed listing says, on one line, with what to do where the store's message does
 /// not say it.
 fn listing_error(name: &Path, e: &object_store::Error) -> String {
+    if let object_store::Error::InvalidPath { source } = e
+        && let Some(why) = unlistable_key(source)
+    {
+        return format!(
+            "listing {}: {why}, which no path may hold: mount a prefix beside that key",
+            name.display()
+        );
+    }
     let text = one_line(e);
-    let hint = if matches!(e, object_store::Error::InvalidPath { .. }) {
-        "; a prefix holding a key with an empty, '.' or '..' component cannot be listed: mount a prefix beside that key"
-    } else if text.contains("169.254.169.254") {
+    let hint = if text.contains("169.254.169.254") {
         "; no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
     } else {
         ""
     };
     format!("listing {}: {text}{hint}", name.display())
+}
+
+/// Why the store's client refused a key of a listing (`object_store` refuses the page that
+/// holds it), in words: the key (escaped, so that the line stays one line) and what it holds
+/// that no path may: a control character, named (a tab was blamed on an empty, `.` or `..`
+/// component), an empty component, or a `.` or `..` one.
+fn unlistable_key(e: &object_store::path::Error) -> Option<String> {
+    use object_store::path::Error as P;
+    let key = match e {
+        P::EmptySegment { path } | P::BadSegment { path, .. } => path,
+        _ => return None,
+    };
+    let why = if let Some(c) = key.chars().find(|c| c.is_control()) {
+        let name = match c {
+            '\t' => ", a tab",
+            '\n' => ", a newline",
+            '\r' => ", a carriage return",
+            '\0' => ", a NUL",
+            _ => "",
+        };
+        format!("holds a control character (U+{:04X}{name})", c as u32)
+    } else if key.trim_matches('/').split('/').any(|c| c.is_empty()) {
+        "has an empty component ('//')".to_string()
+    } else {
+        "has a '.' or '..' component".to_string()
+    };
+    Some(format!("the key {key:?} {why}"))
 }
 
 impl DatasetSource for ObjectSource {
@@ -934,7 +1089,7 @@ impl DatasetSource for ObjectSource {
         };
         // The body is copied into `bufs` as it arrives, a MiB at a time: a part's GET holds no
         // copy of the part beside the blocks it fills.
-        let (store, key) = (self.store.clone(), self.url.key(rel));
+        let (store, key) = (self.store.clone(), self.url.key(rel)?);
         let opened = self.wait(async move {
             let r = store.get_opts(&key, options).await?;
             Ok::<_, object_store::Error>(r.into_stream())
@@ -1111,7 +1266,17 @@ mod tests {
         assert_eq!(u.rel_of("data/a/../etc"), None);
         assert_eq!(u.rel_of("data/a//b"), None);
         assert_eq!(u.rel_of("data/dir/"), None);
-        assert_eq!(u.key(Path::new("a/b.jpg")).as_ref(), "data/a/b.jpg");
+        assert_eq!(
+            u.key(Path::new("a/b.jpg")).unwrap().as_ref(),
+            "data/a/b.jpg"
+        );
+        // As listed: not percent-encoded (the request's URL encodes it, once).
+        let odd = "data/d?#%/\\\u{fc}ber 100%.bin";
+        assert_eq!(
+            u.rel_of(odd),
+            Some(PathBuf::from("d?#%/\\\u{fc}ber 100%.bin"))
+        );
+        assert_eq!(u.key(&u.rel_of(odd).unwrap()).unwrap().as_ref(), odd);
         assert_eq!(u.dir_prefix(Path::new("a")), "data/a/");
         assert_eq!(u.dir_prefix(Path::new("")), "data/");
         let root = url("s3://bkt").unwrap();
@@ -1138,7 +1303,7 @@ mod tests {
             (PathBuf::from("z"), object("z", 7, "\"4\"")),
         ];
         let (tree, skipped) = Tree::build(objects, Instant::now(), SystemTime::now());
-        assert_eq!(skipped.shadowed, 1);
+        assert_eq!(skipped.shadowed, [PathBuf::from("a")]);
         assert_eq!(tree.objects.len(), 3);
         assert_eq!(tree.bytes, 15);
         let root: Vec<_> = tree.dirs[Path::new("")].children.iter().collect();
@@ -1151,6 +1316,55 @@ mod tests {
         );
         assert_eq!(tree.dirs[Path::new("a")].children.len(), 2);
         assert_eq!(tree.objects[Path::new("a/b/y")].meta.attr.perm, 0o444);
+    }
+
+    #[test]
+    fn a_folder_marker_beside_an_object_leaves_the_object_the_file() {
+        // `a.bin` then `a.bin/` (S3's order), the marker first, and two empty keys.
+        let listed = vec![
+            (PathBuf::from("a.bin"), object("a.bin", 9, "\"1\"")),
+            (PathBuf::from("a.bin"), object("a.bin", 0, "\"m\"")),
+            (PathBuf::from("b.bin"), object("b.bin", 0, "\"m\"")),
+            (PathBuf::from("b.bin"), object("b.bin", 5, "\"2\"")),
+            (PathBuf::from("e"), object("e", 0, "\"3\"")),
+            (PathBuf::from("e"), object("e", 0, "\"m\"")),
+            (PathBuf::from("z"), object("z", 7, "\"4\"")),
+        ];
+        let (kept, markers) = drop_markers(listed);
+        let sizes: Vec<(PathBuf, u64)> = kept.into_iter().map(|(p, o)| (p, o.size)).collect();
+        let want = [("a.bin", 9), ("b.bin", 5), ("e", 0), ("z", 7)];
+        let want: Vec<(PathBuf, u64)> = want.iter().map(|(p, n)| (PathBuf::from(p), *n)).collect();
+        assert_eq!(sizes, want);
+        assert_eq!(markers, ["a.bin", "b.bin", "e"].map(PathBuf::from));
+    }
+
+    #[test]
+    fn a_listing_refused_for_a_key_says_what_the_key_holds() {
+        let refused = |key: &str| {
+            let e = object_store::Error::from(Key::parse(key).unwrap_err());
+            listing_error(Path::new("s3://b/p"), &e)
+        };
+        let beside = ", which no path may hold: mount a prefix beside that key";
+        assert_eq!(
+            refused("p/a\tb"),
+            format!(
+                "listing s3://b/p: the key \"p/a\\tb\" holds a control character (U+0009, a tab){beside}"
+            )
+        );
+        assert_eq!(
+            refused("p/\u{1b}x"),
+            format!(
+                "listing s3://b/p: the key \"p/\\u{{1b}}x\" holds a control character (U+001B){beside}"
+            )
+        );
+        assert_eq!(
+            refused("p//x"),
+            format!("listing s3://b/p: the key \"p//x\" has an empty component ('//'){beside}")
+        );
+        assert_eq!(
+            refused("p/../x"),
+            format!("listing s3://b/p: the key \"p/../x\" has a '.' or '..' component{beside}")
+        );
     }
 
     #[test]
