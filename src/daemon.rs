@@ -885,6 +885,16 @@ fn serve(
                 if let Some(n) = session.negotiated() {
                     h.meta.set_negotiated(n);
                 }
+                // Nothing has been read and left unanswered yet (INIT was answered, and no
+                // thread reads): a resend now changes nothing, and says if the kernel can.
+                let resends = session.resend().is_ok();
+                h.meta.set_resends(resends);
+                if !resends {
+                    warn!(
+                        "this kernel does not resend requests (FUSE_NOTIFY_RESEND, Linux 6.9): \
+                         a daemon that dies leaves the reads it was answering waiting"
+                    );
+                }
                 fs.keep_for_successor(h.journal.clone(), h.slots.clone());
             }
             Some(_) => {
@@ -1056,6 +1066,9 @@ fn start_watcher(fs: &Arc<DatasetFs>, rules: crate::elastic::Rules) -> io::Resul
         watched: crate::elastic::Watched::probe(),
         state: fs.budget_state(),
     };
+    // One look now: a cache taken over from a daemon the OOM killer took may hold more than
+    // the pod can spare, and gives it back before the mount is served.
+    watcher.look(&**fs, false, &mut None);
     let target: std::sync::Weak<dyn crate::elastic::Elastic> =
         Arc::downgrade(&(fs.clone() as Arc<dyn crate::elastic::Elastic>));
     std::thread::Builder::new()

@@ -326,57 +326,70 @@ impl Watcher {
             let Some(target) = target.upgrade() else {
                 return;
             };
-            let Some(reading) = self.watched.read() else {
-                tick = TICK_FAR;
-                continue;
-            };
-            let pressure = fired && last_pressure.is_none_or(|t| t.elapsed() >= PRESSURE_GAP);
-            if fired {
-                self.state.pressure_events.fetch_add(1, Ordering::Relaxed);
-            }
-            if pressure {
-                last_pressure = Some(Instant::now());
-            }
-            self.state.free.store(reading.free, Ordering::Relaxed);
-            let spare = reading.free.saturating_sub(target.staging_unfilled());
-            tick = if spare < 2 * self.rules.reserve {
-                TICK_NEAR
-            } else {
-                TICK_FAR
-            };
-            let (capacity, used) = (target.capacity(), target.used());
-            let Some((to, how)) = self.rules.next(capacity, used, spare, pressure) else {
-                continue;
-            };
-            let freed = target.resize(to);
-            let counter = match how {
-                Move::Grow => &self.state.grows,
-                Move::Hold => &self.state.holds,
-                Move::Shrink => &self.state.shrinks,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            let why = format!(
-                "{} {} -> {}: {} has {} free of {} ({}{} reserved for the job){}",
-                how.name(),
-                format_size(capacity),
-                format_size(to),
-                reading.of,
-                format_size(reading.free),
-                format_size(reading.limit),
-                if pressure { "memory pressure; " } else { "" },
-                format_size(self.rules.reserve),
-                if freed > 0 {
-                    format!("; gave back {}", format_size(freed))
-                } else {
-                    String::new()
-                }
-            );
-            match how {
-                Move::Shrink => tracing::info!("cache budget {why}"),
-                Move::Grow | Move::Hold => tracing::debug!("cache budget {why}"),
-            }
-            *self.state.why.lock() = why;
+            tick = self.look(&*target, fired, &mut last_pressure);
         }
+    }
+
+    /// Reads the memory once and resizes the cache as the rules say: what the thread does at
+    /// each tick, and what a daemon that takes over a cache does once before it serves (a pod
+    /// just out of an OOM kill gets its memory back first). Returns how long to wait for the
+    /// next look. `fired`: a memory pressure event came.
+    pub fn look(
+        &self,
+        target: &dyn Elastic,
+        fired: bool,
+        last_pressure: &mut Option<Instant>,
+    ) -> Duration {
+        let Some(reading) = self.watched.read() else {
+            return TICK_FAR;
+        };
+        let pressure = fired && last_pressure.is_none_or(|t| t.elapsed() >= PRESSURE_GAP);
+        if fired {
+            self.state.pressure_events.fetch_add(1, Ordering::Relaxed);
+        }
+        if pressure {
+            *last_pressure = Some(Instant::now());
+        }
+        self.state.free.store(reading.free, Ordering::Relaxed);
+        let spare = reading.free.saturating_sub(target.staging_unfilled());
+        let tick = if spare < 2 * self.rules.reserve {
+            TICK_NEAR
+        } else {
+            TICK_FAR
+        };
+        let (capacity, used) = (target.capacity(), target.used());
+        let Some((to, how)) = self.rules.next(capacity, used, spare, pressure) else {
+            return tick;
+        };
+        let freed = target.resize(to);
+        let counter = match how {
+            Move::Grow => &self.state.grows,
+            Move::Hold => &self.state.holds,
+            Move::Shrink => &self.state.shrinks,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let why = format!(
+            "{} {} -> {}: {} has {} free of {} ({}{} reserved for the job){}",
+            how.name(),
+            format_size(capacity),
+            format_size(to),
+            reading.of,
+            format_size(reading.free),
+            format_size(reading.limit),
+            if pressure { "memory pressure; " } else { "" },
+            format_size(self.rules.reserve),
+            if freed > 0 {
+                format!("; gave back {}", format_size(freed))
+            } else {
+                String::new()
+            }
+        );
+        match how {
+            Move::Shrink => tracing::info!("cache budget {why}"),
+            Move::Grow | Move::Hold => tracing::debug!("cache budget {why}"),
+        }
+        *self.state.why.lock() = why;
+        tick
     }
 }
 

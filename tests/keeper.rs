@@ -159,6 +159,7 @@ fn a_daemon_killed_three_times_in_an_epoch_fails_no_read() {
     assert_eq!(num(&s, "daemon_restarts"), 4, "{s}");
     assert_eq!(s["daemon_last_end"], "killed by SIGKILL", "{s}");
     assert_eq!(num(&s, "keeper_pid"), keeper as u64, "{s}");
+    assert_eq!(num(&s, "resends"), 1, "this kernel (6.9+) resends: {s}");
     let pause = s["daemon_longest_pause_seconds"].as_f64().unwrap();
     assert!(pause > 0.0 && pause < 1.0, "longest pause {pause} s: {s}");
     assert_eq!(num(&s, "source_errors"), 0, "{s}");
@@ -248,6 +249,7 @@ fn only_root_and_the_owner_may_ask_for_a_handover() {
         "restart --no-keeper",
     );
     assert_eq!(num(&stats(&plain.mnt), "keeper_pid"), 0);
+    assert_eq!(num(&stats(&plain.mnt), "resends"), 0);
     plain.unmount();
     unmount_all(m);
 }

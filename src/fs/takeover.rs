@@ -32,6 +32,8 @@ pub struct TakenOver {
 pub struct Daemons {
     pub keeper: Option<u32>,
     pub restarts: Restarts,
+    /// The kernel resends a dead daemon's requests.
+    pub resends: bool,
 }
 
 impl DatasetFs {
@@ -41,6 +43,7 @@ impl DatasetFs {
             Some(meta) => Daemons {
                 keeper: meta.keeper(),
                 restarts: meta.restarts(),
+                resends: meta.resends() == Some(true),
             },
             None => Daemons::default(),
         }

@@ -177,6 +177,7 @@ impl DatasetFs {
             Stat::UptimeSeconds => Value::Count(stats.now() as u64),
             Stat::Pid => Value::Count(std::process::id() as u64),
             Stat::KeeperPid => Value::Count(self.daemons().keeper.unwrap_or(0).into()),
+            Stat::Resends => Value::Count(u64::from(self.daemons().resends)),
             Stat::DaemonRestarts => Value::Count(self.daemons().restarts.count),
             Stat::DaemonLongestPauseSeconds => Value::Ratio(self.daemons().restarts.longest_pause),
         }

@@ -174,7 +174,7 @@ pub struct Negotiated {
 }
 
 /// The meta page. Words (8 bytes each, after the 16-byte header):
-const M_INIT: usize = 16; // 0: INIT not done; else 1 | passthrough << 1
+const M_INIT: usize = 16; // 1: INIT done, 2: passthrough, 4: resend probed, 8: resends
 const M_ABI: usize = 24; // major << 32 | minor
 const M_DAEMONS: usize = 32; // daemons started, the first included
 const M_DIED_AT: usize = 40; // CLOCK_MONOTONIC ns of the last death (0: none yet)
@@ -289,7 +289,20 @@ impl Meta {
         let abi = (u64::from(n.abi.0) << 32) | u64::from(n.abi.1);
         self.region.word(M_ABI).store(abi, Ordering::Release);
         let init = 1 | (u64::from(n.passthrough) << 1);
-        self.region.word(M_INIT).store(init, Ordering::Release);
+        self.region.word(M_INIT).fetch_or(init, Ordering::AcqRel);
+    }
+
+    /// Whether the kernel resends the requests a dead daemon had read (FUSE_NOTIFY_RESEND,
+    /// Linux 6.9), as the first daemon found out; None before it did.
+    pub fn resends(&self) -> Option<bool> {
+        let init = self.region.word(M_INIT).load(Ordering::Acquire);
+        (init & 4 != 0).then_some(init & 8 != 0)
+    }
+
+    pub fn set_resends(&self, yes: bool) {
+        self.region
+            .word(M_INIT)
+            .fetch_or(4 | (u64::from(yes) << 3), Ordering::AcqRel);
     }
 
     /// A daemon starts; returns how many have, this one included.
@@ -1013,10 +1026,13 @@ mod tests {
             passthrough: true,
         };
         m.set_negotiated(n);
+        assert_eq!(m.resends(), None);
+        m.set_resends(true);
         assert_eq!(m.daemon_starts(), 1);
         m.daemon_ended(Cause::Signal(libc::SIGKILL), 1_000_000_000);
         let again = Meta::open(reopen_fd(m.fd())).unwrap();
         assert_eq!(again.negotiated(), Some(n));
+        assert_eq!(again.resends(), Some(true));
         assert_eq!(again.daemon_starts(), 2);
         assert_eq!(again.serving(1_250_000_000), Some(0.25));
         let r = again.restarts();

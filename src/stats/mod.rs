@@ -146,6 +146,7 @@ stats! {
     UptimeSeconds => "uptime_seconds", Seconds, "Seconds since the mount.";
     Pid => "pid", Count, "The daemon's process id.";
     KeeperPid => "keeper_pid", Count, "The keeper's process id: it holds the mount's FUSE connection and starts a new daemon when the daemon dies; 0 without a keeper (--no-keeper, or a mount by a user other than root).";
+    Resends => "resends", Count, "1 if the kernel sends a successor daemon the requests a dead one had read (FUSE_NOTIFY_RESEND, Linux 6.9 and later), so that no read waits for ever; 0 on an older kernel or without a keeper.";
     DaemonRestarts => "daemon_restarts", Count, "Daemons started after the first: after a crash, a kill or the OOM killer, or a handover (coorfs restart, or coorfs mount again over the mount); why the last one ended is daemon_last_end in the JSON document.";
     DaemonLongestPauseSeconds => "daemon_longest_pause_seconds", Seconds, "The longest time from a daemon's end to its successor serving: what a read waited at most for a restart.";
 }
