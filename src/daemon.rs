@@ -868,7 +868,7 @@ fn serve(
     }
     start_services(&fs, &config)?;
     if let Some(rules) = config.elastic {
-        start_watcher(&fs, rules).map_err(mount_err)?;
+        start_watcher(&fs, rules, successor.is_some()).map_err(mount_err)?;
     }
     let mut session = match &handed {
         None => FuseSession::mount(fs.clone(), &config).map_err(mount_err)?,
@@ -1060,15 +1060,21 @@ fn start_services(fs: &Arc<DatasetFs>, config: &MountConfig) -> Result<(), Mount
 
 /// Starts the thread that resizes an elastic cache budget as the memory it may use changes;
 /// it ends with the mount.
-fn start_watcher(fs: &Arc<DatasetFs>, rules: crate::elastic::Rules) -> io::Result<()> {
+fn start_watcher(
+    fs: &Arc<DatasetFs>,
+    rules: crate::elastic::Rules,
+    taken_over: bool,
+) -> io::Result<()> {
     let watcher = crate::elastic::Watcher {
         rules,
         watched: crate::elastic::Watched::probe(),
         state: fs.budget_state(),
     };
-    // One look now: a cache taken over from a daemon the OOM killer took may hold more than
-    // the pod can spare, and gives it back before the mount is served.
-    watcher.look(&**fs, false, &mut None);
+    // One look now for a cache taken over: one from a daemon the OOM killer took may hold
+    // more than the pod can spare, and gives it back before the mount is served.
+    if taken_over {
+        watcher.look(&**fs, false, &mut None);
+    }
     let target: std::sync::Weak<dyn crate::elastic::Elastic> =
         Arc::downgrade(&(fs.clone() as Arc<dyn crate::elastic::Elastic>));
     std::thread::Builder::new()
