@@ -20,7 +20,9 @@
 //! held across a system call.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
+// foldhash (hashbrown's default), not SipHash: every lookup hashes (parent, name), and a successor
+// daemon hashes every node again as it replays the journal.
+use hashbrown::DefaultHashBuilder as RandomState;
 use std::ffi::OsStr;
 use std::ffi::OsString;
 use std::hash::BuildHasher;
@@ -378,7 +380,7 @@ impl Namespace {
         table.set(ROOT as u32, &root);
         Namespace {
             table: RwLock::new(table),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             log: std::sync::OnceLock::new(),
         }
     }
