@@ -464,14 +464,29 @@ pub fn hints_as_nobody(order: &Path, hint: &str, times: usize) -> Vec<i32> {
         .collect()
 }
 
-/// Free TCP ports on the loopback interface.
+/// Free TCP ports on the loopback interface, below the kernel's ephemeral range
+/// (`ip_local_port_range`): a port the system hands out itself (bind to 0, or the source port
+/// of a connection, of which the etcd tests make many) could be taken again between this
+/// check and the test's bind, and was (`Address already in use`). Each test process draws
+/// from its own stretch of 20,000-32,000, by its pid, so tests running at once differ.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    let start = (std::process::id() % u32::from(SPAN)) as u16;
+    let mut ports = Vec::with_capacity(n);
+    let mut held = Vec::with_capacity(n);
+    while ports.len() < n {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(k < SPAN, "no free port left in {LOW}..{}", LOW + SPAN);
+        let port = LOW + (start + k) % SPAN;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+            ports.push(port);
+        }
+    }
+    ports
 }
 
 /// A scratch place for bad mount options: an empty source and mount point, and a cluster
