@@ -485,8 +485,8 @@ pub fn open_exe(path: &Path) -> io::Result<OwnedFd> {
     Ok(std::fs::File::open(path)?.into())
 }
 
-/// Listens on the abstract unix socket `name`.
-fn listen(name: &str) -> io::Result<OwnedFd> {
+/// A unix seqpacket socket (close-on-exec) and the abstract address `name`.
+fn seqpacket(name: &str) -> io::Result<(OwnedFd, rustix::net::SocketAddrUnix)> {
     use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
     let socket = rustix::net::socket_with(
         AddressFamily::UNIX,
@@ -494,10 +494,13 @@ fn listen(name: &str) -> io::Result<OwnedFd> {
         SocketFlags::CLOEXEC,
         None,
     )?;
-    rustix::net::bind(
-        &socket,
-        &SocketAddrUnix::new_abstract_name(name.as_bytes())?,
-    )?;
+    Ok((socket, SocketAddrUnix::new_abstract_name(name.as_bytes())?))
+}
+
+/// Listens on the abstract unix socket `name`.
+fn listen(name: &str) -> io::Result<OwnedFd> {
+    let (socket, addr) = seqpacket(name)?;
+    rustix::net::bind(&socket, &addr)?;
     rustix::net::listen(&socket, 8)?;
     Ok(socket)
 }
@@ -505,18 +508,8 @@ fn listen(name: &str) -> io::Result<OwnedFd> {
 /// Asks the keeper with pid `keeper` to hand its mount to a new daemon, running `exe` from now
 /// on if given (root only), and waits until that daemon serves. Returns its pid.
 pub fn request_handover(keeper: u32, exe: Option<&Path>) -> io::Result<u32> {
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let socket = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
-    let name = control_name(keeper);
-    rustix::net::connect(
-        &socket,
-        &SocketAddrUnix::new_abstract_name(name.as_bytes())?,
-    )?;
+    let (socket, addr) = seqpacket(&control_name(keeper))?;
+    rustix::net::connect(&socket, &addr)?;
     match exe {
         Some(exe) => {
             let exe = open_exe(exe)?;

@@ -372,90 +372,140 @@ const RECORD_HEAD: usize = 11;
 /// Where records start: after the header and the committed length (word 16).
 const JOURNAL_START: usize = 24;
 
+/// An append-only log in a region: a committed length (word 16) that records count once it
+/// says so, and a writer lock. An append that fails (the region is full, or memory ran out)
+/// breaks it: it stops there, and says so once in the log.
+#[derive(Debug)]
+struct Log {
+    region: Region,
+    append: Mutex<()>,
+    broken: AtomicU32,
+}
+
+impl Log {
+    fn create(name: &str, reserve: usize, magic: u64, version: u64) -> io::Result<Log> {
+        let region = Region::create(name, 1 << 16, reserve)?;
+        region
+            .word(16)
+            .store(JOURNAL_START as u64, Ordering::Release);
+        write_header(&region, magic, version);
+        Ok(Log::over(region))
+    }
+
+    fn open(fd: OwnedFd, reserve: usize, magic: u64, version: u64, what: &str) -> io::Result<Log> {
+        let region = Region::open(fd, reserve)?;
+        check_header(&region, magic, version, what)?;
+        Ok(Log::over(region))
+    }
+
+    fn over(region: Region) -> Log {
+        Log {
+            region,
+            append: Mutex::new(()),
+            broken: AtomicU32::new(0),
+        }
+    }
+
+    fn whole(&self) -> bool {
+        self.broken.load(Ordering::Relaxed) == 0
+    }
+
+    /// Room for `len` more bytes at the end, under the writer lock held by the caller: where
+    /// they go, or None once the log is broken.
+    fn room(&self, len: usize, what: &str) -> Option<u64> {
+        if !self.whole() {
+            return None;
+        }
+        let at = self.region.word(16).load(Ordering::Acquire);
+        if let Err(e) = self.region.ensure(at + len as u64) {
+            self.broken.store(1, Ordering::Relaxed);
+            tracing::warn!("{what}: {e}; a successor daemon cannot take it over");
+            return None;
+        }
+        Some(at)
+    }
+
+    /// The committed length, checked against the region.
+    fn committed(&self, what: &str) -> io::Result<usize> {
+        let end = self.region.word(16).load(Ordering::Acquire) as usize;
+        if end < JOURNAL_START || end as u64 > self.region.refresh_len() {
+            return Err(bad(format!("{what}: length {end} out of range")));
+        }
+        Ok(end)
+    }
+}
+
 /// Every node id given out, in order (see the module header).
 #[derive(Debug)]
 pub struct NodeJournal {
-    region: Region,
-    /// Appends are serialised by the node table's write lock; this one keeps the journal
-    /// sound on its own.
-    append: Mutex<()>,
-    /// An append failed (the region is full, or memory ran out): the journal stops there and
-    /// a successor cannot take over. Said once in the log.
-    broken: AtomicU32,
+    /// Appends are serialised by the node table's write lock too.
+    log: Log,
 }
 
 impl NodeJournal {
     pub fn create() -> io::Result<NodeJournal> {
-        let region = Region::create("coorfs-nodes", 1 << 16, JOURNAL_RESERVE)?;
-        region
-            .word(16)
-            .store(JOURNAL_START as u64, Ordering::Release);
-        write_header(&region, JOURNAL_MAGIC, JOURNAL_VERSION);
-        Ok(NodeJournal {
-            region,
-            append: Mutex::new(()),
-            broken: AtomicU32::new(0),
-        })
+        let log = Log::create(
+            "coorfs-nodes",
+            JOURNAL_RESERVE,
+            JOURNAL_MAGIC,
+            JOURNAL_VERSION,
+        )?;
+        Ok(NodeJournal { log })
     }
 
     pub fn open(fd: OwnedFd) -> io::Result<NodeJournal> {
-        let region = Region::open(fd, JOURNAL_RESERVE)?;
-        check_header(&region, JOURNAL_MAGIC, JOURNAL_VERSION, "node journal")?;
-        Ok(NodeJournal {
-            region,
-            append: Mutex::new(()),
-            broken: AtomicU32::new(0),
-        })
+        let log = Log::open(
+            fd,
+            JOURNAL_RESERVE,
+            JOURNAL_MAGIC,
+            JOURNAL_VERSION,
+            "node journal",
+        )?;
+        Ok(NodeJournal { log })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.region.fd.as_fd()
+        self.log.region.fd.as_fd()
     }
 
     /// False once an append failed: the journal no longer holds every node.
     pub fn whole(&self) -> bool {
-        self.broken.load(Ordering::Relaxed) == 0
+        self.log.whole()
     }
 
     /// Records node `id`, child `name` of `parent`, of kind `kind`.
     pub fn append(&self, id: NodeId, parent: NodeId, kind: Kind, name: &[u8]) {
-        let _g = self.append.lock();
-        if !self.whole() {
+        let _g = self.log.append.lock();
+        let len = RECORD_HEAD + name.len();
+        let Some(at) = self.log.room(len, "node journal") else {
             return;
-        }
-        let at = self.region.word(16).load(Ordering::Acquire);
-        let end = at + (RECORD_HEAD + name.len()) as u64;
-        if let Err(e) = self.region.ensure(end) {
-            self.broken.store(1, Ordering::Relaxed);
-            tracing::warn!("node journal: {e}; a successor daemon could not take this mount over");
-            return;
-        }
-        let mut rec = Vec::with_capacity(RECORD_HEAD + name.len());
+        };
+        let mut rec = Vec::with_capacity(len);
         rec.extend_from_slice(&(id as u32).to_le_bytes());
         rec.extend_from_slice(&(parent as u32).to_le_bytes());
         rec.push(kind_code(kind));
         rec.extend_from_slice(&(name.len() as u16).to_le_bytes());
         rec.extend_from_slice(name);
-        // SAFETY: [at, end) is inside the sized file (ensure above) and past the committed
+        // SAFETY: [at, at + len) is inside the sized file (`room`) and past the committed
         // length, which no reader reads beyond; only this writer (the append lock) writes it.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 rec.as_ptr(),
-                self.region.base().add(at as usize),
+                self.log.region.base().add(at as usize),
                 rec.len(),
             );
         }
-        self.region.word(16).store(end, Ordering::Release);
+        self.log
+            .region
+            .word(16)
+            .store(at + len as u64, Ordering::Release);
     }
 
     /// Every committed node, in the order given out.
     pub fn nodes(&self) -> io::Result<Vec<JournalNode>> {
-        let end = self.region.word(16).load(Ordering::Acquire) as usize;
-        if end < JOURNAL_START || end as u64 > self.region.refresh_len() {
-            return Err(bad(format!("node journal: length {end} out of range")));
-        }
+        let end = self.log.committed("node journal")?;
         // SAFETY: [0, end) is inside the sized file and committed: nobody writes it again.
-        let bytes = unsafe { std::slice::from_raw_parts(self.region.base(), end) };
+        let bytes = unsafe { std::slice::from_raw_parts(self.log.region.base(), end) };
         parse_journal(&bytes[JOURNAL_START..])
     }
 }
@@ -555,42 +605,32 @@ const CACHE_RESERVE: usize = 1 << 38;
 /// is (the cache publishes after it copies), so a replayed block is whole.
 #[derive(Debug)]
 pub struct CacheJournal {
-    region: Region,
-    append: Mutex<()>,
-    broken: AtomicU32,
+    log: Log,
 }
 
 impl CacheJournal {
     pub fn create() -> io::Result<CacheJournal> {
-        let region = Region::create("coorfs-cache-index", 1 << 16, CACHE_RESERVE)?;
-        region
-            .word(16)
-            .store(JOURNAL_START as u64, Ordering::Release);
-        write_header(&region, CACHE_MAGIC, CACHE_VERSION);
-        Ok(CacheJournal {
-            region,
-            append: Mutex::new(()),
-            broken: AtomicU32::new(0),
-        })
+        let log = Log::create(
+            "coorfs-cache-index",
+            CACHE_RESERVE,
+            CACHE_MAGIC,
+            CACHE_VERSION,
+        )?;
+        Ok(CacheJournal { log })
     }
 
     pub fn open(fd: OwnedFd) -> io::Result<CacheJournal> {
-        let region = Region::open(fd, CACHE_RESERVE)?;
-        check_header(&region, CACHE_MAGIC, CACHE_VERSION, "cache index")?;
-        Ok(CacheJournal {
-            region,
-            append: Mutex::new(()),
-            broken: AtomicU32::new(0),
-        })
+        let log = Log::open(fd, CACHE_RESERVE, CACHE_MAGIC, CACHE_VERSION, "cache index")?;
+        Ok(CacheJournal { log })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.region.fd.as_fd()
+        self.log.region.fd.as_fd()
     }
 
     /// False once an append failed: a successor must not trust the journal.
     pub fn whole(&self) -> bool {
-        self.broken.load(Ordering::Relaxed) == 0
+        self.log.whole()
     }
 
     pub fn append(&self, r: &CacheRecord) {
@@ -616,39 +656,32 @@ impl CacheJournal {
         words[5] = version.ctime_ns as u64;
         words[6] = block;
         words[7..10].copy_from_slice(&rest);
-        let _g = self.append.lock();
-        if !self.whole() {
+        let _g = self.log.append.lock();
+        let Some(at) = self.log.room(CACHE_RECORD, "cache index journal") else {
             return;
-        }
-        let at = self.region.word(16).load(Ordering::Acquire);
-        let end = at + CACHE_RECORD as u64;
-        if let Err(e) = self.region.ensure(end) {
-            self.broken.store(1, Ordering::Relaxed);
-            tracing::warn!("cache index journal: {e}; a successor daemon starts with a cold cache");
-            return;
-        }
+        };
+        let region = &self.log.region;
         for (i, w) in words.iter().enumerate() {
             // Past the committed length: nobody reads these words until the length moves.
-            self.region
+            region
                 .word(at as usize + i * 8)
                 .store(*w, Ordering::Relaxed);
         }
-        self.region.word(16).store(end, Ordering::Release);
+        region
+            .word(16)
+            .store(at + CACHE_RECORD as u64, Ordering::Release);
     }
 
     /// Every committed record, in order.
     pub fn records(&self) -> io::Result<Vec<CacheRecord>> {
-        let end = self.region.word(16).load(Ordering::Acquire) as usize;
-        if end < JOURNAL_START
-            || end as u64 > self.region.refresh_len()
-            || !(end - JOURNAL_START).is_multiple_of(CACHE_RECORD)
-        {
+        let end = self.log.committed("cache index")?;
+        if !(end - JOURNAL_START).is_multiple_of(CACHE_RECORD) {
             return Err(bad(format!("cache index: length {end} out of range")));
         }
         let mut out = Vec::with_capacity((end - JOURNAL_START) / CACHE_RECORD);
         let mut at = JOURNAL_START;
         while at < end {
-            let w = |i: usize| self.region.word(at + i * 8).load(Ordering::Relaxed);
+            let w = |i: usize| self.log.region.word(at + i * 8).load(Ordering::Relaxed);
             let version = FileVersion {
                 dev: w(1),
                 ino: w(2),
@@ -687,10 +720,8 @@ impl CacheJournal {
     /// not grow with every daemon.
     pub fn rewrite(&self, records: &[CacheRecord]) {
         {
-            let _g = self.append.lock();
-            self.region
-                .word(16)
-                .store(JOURNAL_START as u64, Ordering::Release);
+            let _g = self.log.append.lock();
+            (self.log.region.word(16)).store(JOURNAL_START as u64, Ordering::Release);
         }
         for r in records {
             self.append(r);
@@ -913,10 +944,10 @@ mod tests {
     fn a_record_written_but_not_committed_is_not_read() {
         let j = NodeJournal::create().unwrap();
         j.append(2, 1, Kind::File, b"whole");
-        let committed = j.region.word(16).load(Ordering::Acquire);
+        let committed = j.log.region.word(16).load(Ordering::Acquire);
         j.append(3, 1, Kind::File, b"torn");
         // As a daemon killed between the record and its length leaves it.
-        j.region.word(16).store(committed, Ordering::Release);
+        j.log.region.word(16).store(committed, Ordering::Release);
         let nodes = NodeJournal::open(reopen_fd(j.fd()))
             .unwrap()
             .nodes()
@@ -931,7 +962,7 @@ mod tests {
         let e = NodeJournal::open(reopen_fd(m.fd())).unwrap_err();
         assert_eq!(e.to_string(), "node journal: not a coorfs state region");
         let j = NodeJournal::create().unwrap();
-        j.region.word(8).store(9, Ordering::Release);
+        j.log.region.word(8).store(9, Ordering::Release);
         let e = NodeJournal::open(reopen_fd(j.fd())).unwrap_err();
         assert_eq!(
             e.to_string(),
