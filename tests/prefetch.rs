@@ -331,7 +331,12 @@ fn a_glance_at_a_file_prefetches_nothing() {
         num(&before, "prefetched_blocks"),
         "{s}"
     );
-    assert_eq!(num(&s, "staging_bytes"), 0, "{s}");
+    // What the prefetcher staged for epoch 2 as epoch 1 ended, before the glance, may still
+    // wait there (it did once); the glance staged nothing more.
+    assert!(
+        num(&s, "staging_bytes") <= num(&before, "staging_bytes"),
+        "{s} {before}"
+    );
     assert_eq!(
         num(&s, "bytes_from_source") - num(&before, "bytes_from_source"),
         SIZE as u64,
