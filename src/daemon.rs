@@ -1174,16 +1174,17 @@ pub fn restart(mountpoint: &Path) -> Result<u32, MountError> {
 /// The pid of the keeper of `mountpoint`, from its `user.coorfs.keeper_pid` attribute (None
 /// without a keeper).
 pub fn keeper_pid(mountpoint: &Path) -> Option<u32> {
-    let name = crate::stats::xattr_name(crate::stats::Stat::KeeperPid);
-    let value = xattr::get(mountpoint, name).ok()??;
-    let pid: u32 = String::from_utf8(value).ok()?.trim().parse().ok()?;
-    (pid != 0).then_some(pid)
+    pid_stat(mountpoint, crate::stats::Stat::KeeperPid).filter(|&pid| pid != 0)
 }
 
 /// The pid of the daemon serving `mountpoint`, from its `user.coorfs.pid` attribute.
 pub fn daemon_pid(mountpoint: &Path) -> Option<u32> {
-    let name = crate::stats::xattr_name(crate::stats::Stat::Pid);
-    let value = xattr::get(mountpoint, name).ok()??;
+    pid_stat(mountpoint, crate::stats::Stat::Pid)
+}
+
+/// A pid the mount's root says in the attribute of `stat`.
+fn pid_stat(mountpoint: &Path, stat: crate::stats::Stat) -> Option<u32> {
+    let value = xattr::get(mountpoint, crate::stats::xattr_name(stat)).ok()??;
     String::from_utf8(value).ok()?.trim().parse().ok()
 }
 

@@ -307,7 +307,7 @@ fn an_oom_killed_daemon_is_replaced_and_its_readers_read_on() {
         mnt.as_os_str(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let guard = Unmount(mnt.clone());
+    let guard = UnmountOnDrop(mnt.clone());
     wait_for_scan(&mnt);
     // Fill the cache.
     for rel in &rels {
@@ -337,17 +337,6 @@ fn an_oom_killed_daemon_is_replaced_and_its_readers_read_on() {
     let out = coorfs([OsStr::new("umount"), mnt.as_os_str()]);
     assert!(out.status.success(), "{}", stderr(&out));
     drop(guard);
-}
-
-/// Unmounts lazily when dropped, should a test fail with its mount up.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        if is_mounted(&self.0) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
 }
 
 #[test]

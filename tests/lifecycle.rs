@@ -423,20 +423,6 @@ fn a_missing_or_forbidden_fuse_device_is_reported() {
     assert!(!is_mounted(&mnt));
 }
 
-/// Unmounts (lazily) whatever is still mounted at a path when a test ends, passed or not.
-struct UnmountOnDrop(PathBuf);
-
-impl Drop for UnmountOnDrop {
-    fn drop(&mut self) {
-        for _ in 0..8 {
-            if !is_mounted(&self.0) {
-                break;
-            }
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-}
-
 /// How many mounts of any type /proc/mounts lists at `path`.
 fn mounts_at(path: &Path) -> usize {
     let text = std::fs::read_to_string("/proc/mounts").unwrap();

@@ -137,12 +137,7 @@ impl Mount {
     /// returns the daemon's pid: the keeper first, which would start another daemon.
     pub fn kill(&self) -> u32 {
         let pid = self.pid();
-        let name = coorfs::stats::xattr_name(coorfs::stats::Stat::KeeperPid);
-        let keeper: u32 = xattr::get(&self.mnt, name)
-            .ok()
-            .flatten()
-            .and_then(|v| String::from_utf8(v).ok()?.trim().parse().ok())
-            .unwrap_or(0);
+        let keeper = coorfs::daemon::keeper_pid(&self.mnt).unwrap_or(0);
         for p in [keeper, pid] {
             if p != 0 {
                 // SAFETY: kill has no memory-safety preconditions.
@@ -175,6 +170,20 @@ impl Drop for Mount {
     fn drop(&mut self) {
         if is_mounted(&self.mnt) {
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// Unmounts (lazily) whatever is still mounted at a path when a test ends, passed or not.
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        for _ in 0..8 {
+            if !is_mounted(&self.0) {
+                break;
+            }
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
         }
     }
 }
@@ -578,9 +587,7 @@ impl TestCgroup {
     /// Processes the kernel's OOM killer killed in it.
     pub fn oom_kills(&self) -> u64 {
         let text = std::fs::read_to_string(self.dir.join("memory.oom_control")).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-            .unwrap_or(0)
+        coorfs::budget::parse_oom_kills(&text).unwrap_or(0)
     }
 }
 
