@@ -455,6 +455,8 @@ fn spawn(launch: &Launch, socket: BorrowedFd<'_>) -> io::Result<rustix::process:
     // the memory; the parent only reads the returned pid.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
+        // SAFETY: as above: the child's copy of the arrays is valid and it calls only
+        // async-signal-safe functions before execveat or _exit.
         0 => unsafe {
             libc::fcntl(fd, libc::F_SETFD, 0);
             libc::fchdir(cwd);

@@ -52,6 +52,7 @@ fn sigterm_and_plain_umount_end_the_daemon() {
             ),
             // SAFETY: signals a process this test started.
             "SIGTERM" => assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0),
+            // SAFETY: as above.
             _ => assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0),
         }
         assert!(

@@ -98,6 +98,7 @@ fn writes_fail_with_erofs_and_leave_the_source_unchanged() {
         ),
         (
             "truncate",
+            // SAFETY: a NUL-terminated path that outlives the call; no memory is written.
             sys(unsafe { libc::truncate(c(&file).as_ptr(), 0) }),
         ),
         ("mkdir", std::fs::create_dir(m.path("newdir"))),
@@ -117,10 +118,12 @@ fn writes_fail_with_erofs_and_leave_the_source_unchanged() {
         ("chown", std::os::unix::fs::chown(&file, Some(1), Some(1))),
         (
             "utimes",
+            // SAFETY: a NUL-terminated path that outlives the call; no memory is written.
             sys(unsafe { libc::utimensat(libc::AT_FDCWD, c(&file).as_ptr(), std::ptr::null(), 0) }),
         ),
         (
             "mknod",
+            // SAFETY: a NUL-terminated path that outlives the call; no memory is written.
             sys(unsafe { libc::mknod(c(&m.path("fifo")).as_ptr(), libc::S_IFIFO | 0o644, 0) }),
         ),
         ("setxattr", xattr::set(&file, "user.test", b"x")),

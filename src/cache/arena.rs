@@ -159,16 +159,16 @@ impl Arena {
         let from = end.div_ceil(PAGE) * PAGE;
         let to = (old.div_ceil(PAGE) * PAGE).min(self.map.len());
         if from < to {
-            // SAFETY: [from, to) is inside the mapping and past every slot still in use, which
-            // nobody reads or writes (the caller's guarantee), so dropping its pages, which
-            // then read as zeros, changes no byte anyone sees. A shared memory file's pages
-            // are freed by removing them from the file (MADV_REMOVE); DONTNEED would only
-            // unmap them.
             let advice = if self.file.is_some() {
                 memmap2::UncheckedAdvice::Remove
             } else {
                 memmap2::UncheckedAdvice::DontNeed
             };
+            // SAFETY: [from, to) is inside the mapping and past every slot still in use, which
+            // nobody reads or writes (the caller's guarantee), so dropping its pages, which
+            // then read as zeros, changes no byte anyone sees. A shared memory file's pages
+            // are freed by removing them from the file (MADV_REMOVE); DONTNEED would only
+            // unmap them.
             let dropped = unsafe { self.map.unchecked_advise_range(advice, from, to - from) };
             if let Err(e) = dropped {
                 tracing::warn!("giving cache memory back to the kernel: {e}");

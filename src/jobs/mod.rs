@@ -113,6 +113,7 @@ pub fn job_of(kind: JobKeyKind, pid: u32, uid: u32) -> JobKey {
     // They answer -1 when the process is gone; 0 is a real answer (a process in the
     // kernel's own session or group, as under some container runtimes and CI runners).
     let pgid = || unsafe { libc::getpgid(pid as libc::pid_t) };
+    // SAFETY: as for getpgid.
     let sid = || unsafe { libc::getsid(pid as libc::pid_t) };
     match kind {
         JobKeyKind::Auto | JobKeyKind::Pgid => match pgid() {
