@@ -134,7 +134,8 @@ coorfs analyze /data/imagenet --sweep --rate 2500 --plot stalls.svg --json repor
 coorfs analyze /data/imagenet --mount /mnt/train --time 10s"
     )]
     Analyze(AnalyzeArgs),
-    /// Run a command whose PyTorch DataLoaders hand each epoch's order to the coorfs mount.
+    /// Run a command whose PyTorch DataLoaders (and WebDataset shards) hand each epoch's order
+    /// to the coorfs mount.
     #[command(
         override_usage = "coorfs run [--mount MOUNTPOINT] [--group NAME] [--] CMD [ARG]...",
         long_about = "Run CMD (a training job, unchanged) so that every PyTorch DataLoader whose \
@@ -146,7 +147,9 @@ epoch's order from the DataLoader's own sampler (RandomSampler, SequentialSample
 SubsetRandomSampler, WeightedRandomSampler, DistributedSampler, or a BatchSampler over one), with \
 the same indices, batches and random numbers as without coorfs run. The files of the samples come \
 from the dataset: ImageFolder's samples, a coorfs_paths list or method (for custom datasets), \
-Subset, ConcatDataset.\n\nAnything else (a command that is not Python, no torch, another sampler, \
+Subset, ConcatDataset. A WebDataset pipeline (the webdataset package) hands the shards each \
+process opens, in its shuffled order, before it opens the first: each DataLoader worker or rank \
+its own, and the mount joins them into the job's epoch.\n\nAnything else (a command that is not Python, no torch, another sampler, \
 a dataset without paths or not on a coorfs mount, a hint the mount refuses) runs exactly as \
 without coorfs run, with one line on standard error saying why no hint was given. Signals sent \
 to coorfs run (INT, TERM, HUP, QUIT, USR1, USR2) are passed to CMD, and coorfs run exits with \

@@ -2,6 +2,7 @@
 
     python shard_readers.py make DIR          # 6 WebDataset .tar shards and 3 TFRecord files
     python shard_readers.py read DIR [SEED]   # read them all: JSON of what was read
+    python shard_readers.py epochs DIR SEED EPOCHS PROCS  # WebDataset epochs, PROCS at once
 
 `make` writes, with fixed seeds, WebDataset shards (`shard-NNN.tar`: samples of a .jpg of
 20-200 KiB of random bytes and a .cls) with Python's tarfile, and TFRecord files
@@ -14,6 +15,7 @@ mount, or the mount served other bytes.
 """
 import hashlib
 import io
+import itertools
 import json
 import os
 import random
@@ -88,8 +90,60 @@ def read(root, seed):
     print(json.dumps(count))
 
 
+def epochs(root, seed, epochs, procs):
+    """`epochs` epochs of the .tar shards with `wds.WebDataset`, each split across `procs`
+    forked processes as DataLoader workers split them (every procs-th shard), shuffled afresh
+    each epoch. Prints one JSON line an epoch: the shards each process read, in its order, and
+    a digest of every (key, bytes) read."""
+    import webdataset as wds
+
+    urls = sorted(os.path.join(root, n) for n in os.listdir(root) if n.endswith(".tar"))
+    for epoch in range(epochs):
+        pipes = []
+        for proc in range(procs):
+            r, w = os.pipe()
+            if os.fork() == 0:
+                os.close(r)
+                digest = [0] * 32
+                order = []
+                dataset = wds.WebDataset(
+                    urls,
+                    shardshuffle=len(urls),
+                    seed=seed * 1000 + epoch * 10 + proc,
+                    nodesplitter=None,
+                    workersplitter=lambda src, proc=proc: itertools.islice(src, proc, None, procs),
+                    empty_check=False,
+                )
+                for sample in dataset:
+                    name = os.path.basename(sample["__url__"])
+                    if name not in order:
+                        order.append(name)
+                    for k, v in sample.items():
+                        if isinstance(v, bytes):
+                            h = hashlib.sha256((sample["__key__"] + "." + k).encode() + b"\0" + v)
+                            for i, b in enumerate(h.digest()):
+                                digest[i] ^= b
+                os.write(w, json.dumps({"order": order, "digest": digest}).encode())
+                os._exit(0)
+            os.close(w)
+            pipes.append(r)
+        report = {"epoch": epoch + 1, "orders": [], "digest": [0] * 32}
+        for r in pipes:
+            with os.fdopen(r) as f:
+                got = json.loads(f.read())
+            report["orders"].append(got["order"])
+            report["digest"] = [a ^ b for a, b in zip(report["digest"], got["digest"])]
+        for _ in pipes:
+            _, status = os.wait()
+            assert status == 0, status
+        report["digest"] = bytes(report["digest"]).hex()
+        print(json.dumps(report), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
+    elif sys.argv[1] == "epochs":
+        epochs(sys.argv[2], *map(int, sys.argv[3:6]))
     else:
         read(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)

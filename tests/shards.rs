@@ -191,3 +191,77 @@ fn webdataset_and_tfrecord_readers_read_a_mount_as_the_source_and_cost_no_round_
     }
     m.unmount();
 }
+
+/// `shard_readers.py epochs` over `dir` (seed 5, 3 epochs, 2 processes as DataLoader workers
+/// split the shards), under `coorfs run` if `run`: one JSON report an epoch, and stderr.
+fn webdataset_epochs(dir: &Path, run: bool) -> (Vec<serde_json::Value>, String) {
+    use std::os::unix::process::CommandExt;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shard_readers.py");
+    let program = if run { bin().into() } else { shard_python() };
+    let mut cmd = std::process::Command::new(program);
+    if run {
+        cmd.args(["run".as_ref(), "--".as_ref(), shard_python().as_os_str()]);
+    }
+    let out = cmd
+        .arg(script)
+        .args([
+            "epochs".as_ref(),
+            dir.as_os_str(),
+            "5".as_ref(),
+            "3".as_ref(),
+            "2".as_ref(),
+        ])
+        .process_group(0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let reports = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (reports, stderr)
+}
+
+#[test]
+fn webdataset_under_coorfs_run_hands_each_worker_s_shuffled_shards_to_the_mount() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    shard_readers(&["make".as_ref(), src.as_os_str()]);
+    let (want, _) = webdataset_epochs(&src, false);
+    let tars = std::fs::read_dir(&src)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "tar")
+        .count() as u64;
+    // Room for a shard or two: the rest is read from the source every epoch, the next shards
+    // staged ahead by the prefetcher as each worker's order says.
+    let m = Mount::new(&src, &["--cache-size", "8M"]);
+    wait_for_scan(&m.mnt);
+    let (got, stderr) = webdataset_epochs(&m.mnt, true);
+    // The same samples, and the shards in the same order: the hook changes no draw.
+    assert_eq!(got, want);
+    assert!(!stderr.contains("no order hint"), "{stderr}");
+    let s = stats(&m.mnt);
+    assert_eq!(
+        num(&s, "hints_accepted"),
+        3 * 2,
+        "a hint per worker and epoch: {s}"
+    );
+    // Each worker's order joined its partner's: the job's epochs are the script's, each of
+    // every shard (without the orders two workers' quick passes blur into one).
+    let job = &s["jobs"].as_array().unwrap()[0];
+    let epochs = job["epochs"].as_array().unwrap();
+    let complete: Vec<u64> = epochs
+        .iter()
+        .filter(|e| e["complete"] == true)
+        .map(|e| num(e, "files"))
+        .collect();
+    assert_eq!(complete, vec![tars; 3], "{job}");
+    // The next shards streamed in while the current ones were read, and all were used.
+    assert!(
+        num(&s, "prefetched_blocks") >= 3 * (tars - 2),
+        "a block at least of each worker's next shard: {s}"
+    );
+    assert_eq!(num(&s, "prefetched_unused"), 0, "{s}");
+    m.unmount();
+}

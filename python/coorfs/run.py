@@ -1,5 +1,6 @@
 """The start-up hook of `coorfs run`: every PyTorch DataLoader over files of a coorfs mount hands
-each epoch's order to the mount before the epoch's first batch, with no change to the job.
+each epoch's order to the mount before the epoch's first batch, and every WebDataset process its
+shards before it opens the first, with no change to the job.
 
 How it gets in. `coorfs run -- CMD` puts a private directory first on PYTHONPATH holding a
 `sitecustomize.py` (python/run-hook/) and this package under the name `_coorfs_run`, so that an
@@ -20,6 +21,15 @@ same indices, batches and seeds as without coorfs run. (One difference: a sample
 that generator at the epoch's start rather than along the epoch, which matters only to a program
 that draws from the same generator during the epoch.) The order is taken in the main process,
 where the sampler runs, whatever `num_workers`.
+
+WebDataset. When the `webdataset` package is imported, its shard openers (WebDataset's
+`StreamingOpen`, the pipelines' `url_opener`) are wrapped: at a process's first shard of an epoch
+the wrapper draws the rest of that process's shard stream (after its split by node and worker
+and its shuffle: a list of URLs, at most MAX_SHARDS), hands the local files among them to their
+mount, and yields the same shards. Each DataLoader worker (or rank) hints its own shards; the
+mount joins the orders of one job's processes, none of whose files overlap, into the job's
+epoch. A resampled shard list (which never ends), URLs that are not local files, or shards on no
+coorfs mount get no hint and one line.
 
 Which DataLoaders. Samplers whose `__iter__` is torch's RandomSampler, SequentialSampler,
 SubsetRandomSampler, WeightedRandomSampler or DistributedSampler (each process hints what its
@@ -49,6 +59,7 @@ program.
 import errno
 import hashlib
 import importlib.abc
+import itertools
 import os
 import sys
 import weakref
@@ -62,6 +73,7 @@ MOUNT_ENV = "COORFS_MOUNT"
 GROUP_ENV = "COORFS_GROUP"
 FS_TYPE = "fuse.coorfs"
 WATCHED = "torch.utils.data"
+WEBDATASET = "webdataset"
 # Samplers whose epochs are finite and drawn as described above, by class name in WATCHED.
 KNOWN_SAMPLERS = (
     "RandomSampler",
@@ -100,11 +112,15 @@ def install():
     _installed = True
     try:
         _mark("loaded")
-        module = sys.modules.get(WATCHED)
-        if module is not None:
-            _patch(module)
-        else:
-            sys.meta_path.insert(0, _TorchWatcher())
+        waiting = {}
+        for name, patch in ((WATCHED, _patch), (WEBDATASET, _patch_webdataset)):
+            module = sys.modules.get(name)
+            if module is not None:
+                patch(module)
+            else:
+                waiting[name] = patch
+        if waiting:
+            sys.meta_path.insert(0, _Watcher(waiting))
     except Exception as e:  # never fail the program
         say("the hook did not start: %r" % (e,))
 
@@ -141,36 +157,48 @@ def _mark(name, exclusive=False):
     return True
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch.utils.data is about to be imported, it takes the spec the
-    other finders give and has the module patched once it has run. Then it leaves."""
+class _Watcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when a module it waits for (torch.utils.data, webdataset) is about
+    to be imported, it takes the spec the other finders give and has the module patched once
+    it has run. It leaves once it has seen them all."""
+
+    def __init__(self, waiting):
+        self._waiting = waiting
+        self._busy = False
 
     def find_spec(self, name, path, target=None):
-        if name != WATCHED:
+        if self._busy or name not in self._waiting:
             return None
+        patch = self._waiting.pop(name)
+        if not self._waiting:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+        self._busy = True
         try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                spec = find(name, path, target) if find is not None and finder is not self else None
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._busy = False
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
-        spec.loader = _PatchingLoader(spec.loader)
+        spec.loader = _PatchingLoader(spec.loader, patch)
         return spec
 
 
 class _PatchingLoader:
-    """The loader of torch.utils.data, which patches the module after running it and then puts
+    """The loader of a watched module, which patches the module after running it and then puts
     the real loader back in the module's attributes."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, patch):
         self._loader = loader
+        self._patch = patch
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_loader"], name)
@@ -184,9 +212,9 @@ class _PatchingLoader:
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader
         try:
-            _patch(module)
+            self.__dict__["_patch"](module)
         except Exception as e:
-            say("the hook could not follow this torch: %r" % (e,))
+            say("the hook could not follow this %s: %r" % (module.__name__.split(".")[0], e))
 
 
 def _patch(data):
@@ -284,7 +312,8 @@ def _make_plan(loader, sampler, kinds):
     what = _describe(loader)
     dataset = loader.dataset
     if kinds.iterable is not None and isinstance(dataset, kinds.iterable):
-        say("%s: an IterableDataset has no sampler order to follow" % what)
+        if not type(dataset).__module__.startswith(WEBDATASET + "."):  # it hints its shards
+            say("%s: an IterableDataset has no sampler order to follow" % what)
         return None
     base, batches = sampler, kinds.is_batch(sampler)
     if batches:
@@ -437,3 +466,82 @@ class _Plan:
             say("%s: the hook failed: %r" % (self.what, e))
         else:
             _mark("hinted")
+
+
+# WebDataset: the shards a process opens, in its order, hinted before the first is opened.
+# At most this many shards an epoch are drawn ahead (a resampled shard list never ends).
+MAX_SHARDS = 1 << 16
+
+
+def _patch_webdataset(wds):
+    """Wraps webdataset's shard openers (WebDataset's `StreamingOpen`, the pipelines'
+    `url_opener`) so that each process's stream of shards is hinted first (`_hinted_shards`)."""
+    cache = sys.modules.get(WEBDATASET + ".cache")
+    opener = getattr(cache, "StreamingOpen", None)
+    call = getattr(opener, "__call__", None)
+    if call is not None and not getattr(call, "coorfs_run", False):
+
+        def __call__(self, urls):
+            return call(self, _hinted_shards(urls))
+
+        __call__.coorfs_run = True
+        opener.__call__ = __call__
+    tariterators = sys.modules.get(WEBDATASET + ".tariterators")
+    url_opener = getattr(tariterators, "url_opener", None)
+    if url_opener is not None and not getattr(url_opener, "coorfs_run", False):
+
+        def hinted_url_opener(data, *args, **kw):
+            return url_opener(_hinted_shards(data), *args, **kw)
+
+        hinted_url_opener.coorfs_run = True
+        tariterators.url_opener = hinted_url_opener
+        if getattr(wds, "url_opener", None) is url_opener:
+            wds.url_opener = hinted_url_opener
+    if call is None and url_opener is None:
+        say("webdataset %s: no shard opener to follow" % getattr(wds, "__version__", "?"))
+        return
+    _mark("webdataset")
+
+
+def _hinted_shards(urls):
+    """The shards of stream `urls` (dicts with a `url`, or URLs), drawn whole first and their
+    files hinted to the coorfs mount they are on; then yielded as they came. Every process
+    hints its own shards (a DataLoader worker, a rank): the mount joins the orders of one job's
+    processes into its epoch."""
+    it = iter(urls)
+    head = []
+    try:
+        head = list(itertools.islice(it, MAX_SHARDS + 1))
+        _hint_shards(head)
+    except Exception as e:
+        say("webdataset shards: the hook failed: %r" % (e,))
+    yield from head
+    yield from it
+
+
+def _hint_shards(shards):
+    what = "webdataset shards"
+    if not shards:
+        return
+    if len(shards) > MAX_SHARDS:
+        say("%s: more than %d an epoch (resampled?)" % (what, MAX_SHARDS))
+        return
+    paths = []
+    for shard in shards:
+        url = shard.get("url") if isinstance(shard, dict) else shard
+        url = os.fsdecode(url) if isinstance(url, (str, bytes, os.PathLike)) else None
+        if url is None:
+            say("%s: a shard that is no URL: %r" % (what, shard))
+            return
+        if url.startswith("file://"):
+            url = url[len("file://") :]
+        elif "://" in url or url.startswith("pipe:"):
+            say("%s: %s is not a local file" % (what, url))
+            return
+        paths.append(url)
+    located = _below_a_mount(paths)
+    if isinstance(located, str):
+        say("%s: %s" % (what, located))
+        return
+    mount, relative = located
+    _Plan(what, mount, relative, False).hint(list(range(len(relative))))

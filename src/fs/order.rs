@@ -391,13 +391,17 @@ impl DatasetFs {
         let mut j = job.lock();
         match result {
             Ok((order, charge)) => {
+                let files = order.len();
+                let (epoch, joined) = j.set_hint(order, charge, caller.pid);
+                let with = if joined {
+                    ", joining its other processes' orders"
+                } else {
+                    ""
+                };
                 tracing::info!(
-                    "{}: order hint of {} files for epoch {}",
-                    j.key,
-                    order.len(),
-                    j.epoch() + u64::from(j.log.tracker().files_in_epoch() > 0)
+                    "{}: order hint of {files} files for epoch {epoch}{with}",
+                    j.key
                 );
-                j.set_hint(order, charge);
                 j.last_access = now;
                 let joined = j.following().map(|d| (d, j.key));
                 drop(j);

@@ -133,6 +133,10 @@ pub fn job_of(kind: JobKeyKind, pid: u32, uid: u32) -> JobKey {
 }
 
 /// The order a job said it will read its files in.
+///
+/// One process's order, or the orders of several processes of the job joined into one: each
+/// DataLoader worker of a WebDataset job, or each rank under torchrun, hands the order of its
+/// own shards, and together they are the job's epoch ([`Job::set_hint`]).
 #[derive(Clone, Debug, Default)]
 pub struct Hint {
     /// File ids, in reading order.
@@ -142,8 +146,58 @@ pub struct Hint {
     pub files: Arc<FixedBitSet>,
     /// The job's epoch the order is for; None until the job starts it.
     pub epoch: Option<u64>,
-    /// The hint memory the order holds, given back when the hint goes.
-    pub charge: Option<Arc<HintCharge>>,
+    /// The hint memory the orders hold, given back when the hint goes.
+    pub charges: Vec<Arc<HintCharge>>,
+    /// The processes whose orders it holds.
+    pub givers: Vec<u32>,
+    /// [`order_digest`] of `order`.
+    pub digest: u64,
+}
+
+impl Hint {
+    fn new(order: Vec<FileId>, charge: HintCharge, pid: u32) -> Self {
+        Hint {
+            files: Arc::new(order_files(&order)),
+            digest: order_digest(&order),
+            order: Arc::new(order),
+            epoch: None,
+            charges: vec![Arc::new(charge)],
+            givers: vec![pid],
+        }
+    }
+
+    /// True if `order`, from process `pid`, is another part of this hint's epoch: another
+    /// process's order, of none of its files.
+    fn joins(&self, order: &[FileId], pid: u32) -> bool {
+        !self.givers.contains(&pid) && !order.iter().any(|&f| self.files.contains(f as usize))
+    }
+
+    /// Takes `part` in: its files interleaved with those of the order from position `from`
+    /// on (the prefetcher is past the ones before), as the processes read side by side.
+    fn join(&mut self, part: Hint, from: usize) {
+        let from = from.min(self.order.len());
+        let mut order = self.order[..from].to_vec();
+        order.extend(interleave(&self.order[from..], &part.order));
+        let mut files = (*self.files).clone();
+        files.union_with(&part.files);
+        self.digest = order_digest(&order);
+        self.order = Arc::new(order);
+        self.files = Arc::new(files);
+        self.charges.extend(part.charges);
+        self.givers.extend(part.givers);
+    }
+}
+
+/// `a` and `b` taken in turn, one from each, then the rest of the longer.
+fn interleave(a: &[FileId], b: &[FileId]) -> Vec<FileId> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.iter(), b.iter());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return out,
+            (x, y) => out.extend(x.into_iter().chain(y)),
+        }
+    }
 }
 
 /// The files of an order as a set ([`Hint::files`]).
@@ -285,8 +339,10 @@ pub struct Job {
     pub log: EpochLog,
     /// Seconds since the mount of the last access.
     pub last_access: f64,
-    /// The order hint, if the job gave one.
+    /// The order hint of the current epoch, if the job gave one.
     pub hint: Option<Hint>,
+    /// The order hint for the job's next epoch, handed while the current one is under way.
+    pub next: Option<Hint>,
     /// Where the prefetcher is in the job's hint or in the on-disk order, this epoch.
     pub prefetch_cursor: usize,
     /// The hash of the last order the job gave ([`order_digest`]).
@@ -300,6 +356,7 @@ impl Job {
             log: EpochLog::new(Boundary::Coverage),
             last_access: now,
             hint: None,
+            next: None,
             prefetch_cursor: 0,
             order_digest: None,
         }
@@ -317,31 +374,56 @@ impl Job {
 
     /// The digest of the order the job follows this epoch, if it gave one for it.
     pub fn following(&self) -> Option<u64> {
-        self.current_hint().and(self.order_digest)
+        self.current_hint().map(|h| h.digest)
     }
 
     fn current_hint(&self) -> Option<&Hint> {
         self.hint.as_ref().filter(|h| h.epoch == Some(self.epoch()))
     }
 
-    /// Takes a new order: it is for the current epoch if the job has read nothing in it
-    /// yet (and the epoch ends once its files were read), else for the next one.
-    pub fn set_hint(&mut self, order: Vec<FileId>, charge: HintCharge) {
-        let epoch = if self.log.tracker().files_in_epoch() == 0 {
-            Some(self.epoch())
-        } else {
-            None
-        };
-        self.order_digest = Some(order_digest(&order));
-        self.hint = Some(Hint {
-            files: Arc::new(order_files(&order)),
-            order: Arc::new(order),
-            epoch,
-            charge: Some(Arc::new(charge)),
-        });
-        if epoch.is_some() {
-            self.prefetch_cursor = 0;
-            self.log.plan(self.hint.as_ref().map(|h| h.files.clone()));
+    /// Takes a new order from process `pid` of the job: another process's part of the
+    /// current epoch's order (none of its files in it) joins it; else it is for the current
+    /// epoch if the job has read nothing in it yet (and the epoch ends once its files were
+    /// read), else for the next one, where parts from other processes join it likewise. The
+    /// current order stays while other processes may still read by it; the next order of the
+    /// one process that gave it ends it (a loop broken off: it reads the new order next).
+    /// Returns the epoch it is for and whether it joined the orders of other processes.
+    pub fn set_hint(&mut self, order: Vec<FileId>, charge: HintCharge, pid: u32) -> (u64, bool) {
+        let part = Hint::new(order, charge, pid);
+        let cursor = self.prefetch_cursor;
+        let epoch = self.epoch();
+        match (&mut self.hint, &mut self.next) {
+            (Some(h), _) if h.epoch == Some(epoch) && h.joins(&part.order, pid) => {
+                h.join(part, cursor);
+                self.order_digest = Some(h.digest);
+                let files = h.files.clone();
+                self.log.plan(Some(files));
+                (epoch, true)
+            }
+            _ if self.log.tracker().files_in_epoch() == 0 => {
+                self.order_digest = Some(part.digest);
+                self.log.plan(Some(part.files.clone()));
+                self.hint = Some(Hint {
+                    epoch: Some(epoch),
+                    ..part
+                });
+                self.next = None;
+                self.prefetch_cursor = 0;
+                (epoch, false)
+            }
+            (_, Some(n)) if n.joins(&part.order, pid) => {
+                n.join(part, 0);
+                self.order_digest = Some(n.digest);
+                (epoch + 1, true)
+            }
+            _ => {
+                if self.hint.as_ref().is_some_and(|h| h.givers == [pid]) {
+                    self.hint = None;
+                }
+                self.order_digest = Some(part.digest);
+                self.next = Some(part);
+                (epoch + 1, false)
+            }
         }
     }
 
@@ -367,13 +449,14 @@ impl Job {
     /// which files end it), and the prefetcher starts over.
     pub fn epoch_changed(&mut self) {
         let epoch = self.epoch();
-        if let Some(hint) = &mut self.hint {
-            match hint.epoch {
-                None => hint.epoch = Some(epoch),
-                // The order was for an epoch that is over.
-                Some(e) if e < epoch => self.hint = None,
-                Some(_) => {}
-            }
+        if let Some(next) = self.next.take() {
+            self.hint = Some(Hint {
+                epoch: Some(epoch),
+                ..next
+            });
+        } else if self.hint.as_ref().is_some_and(|h| h.epoch < Some(epoch)) {
+            // The order was for an epoch that is over.
+            self.hint = None;
         }
         // The new epoch reads the files of its order.
         let files = self.current_hint().map(|h| h.files.clone());
@@ -590,7 +673,7 @@ mod tests {
         };
         // A rank's shard: the even files, in its epoch 1; it read 0 and 2.
         let mut job = Job::new(JobKey::All, 0.0);
-        job.set_hint((0..100).step_by(2).collect(), budget.charge(0));
+        job.set_hint((0..100).step_by(2).collect(), budget.charge(0), 1);
         read(&mut job, &[0, 2]);
         assert!(will_read(&job, 4, 1, total));
         assert!(!will_read(&job, 2, 1, total), "read already");
@@ -601,7 +684,7 @@ mod tests {
         );
         // Its next order, handed over before the last one was read to its end (a loop broken
         // off): what it reads next.
-        job.set_hint(vec![3, 2, 1], budget.charge(0));
+        job.set_hint(vec![3, 2, 1], budget.charge(0), 1);
         assert!(will_read(&job, 1, 1, total) && !will_read(&job, 4, 1, total));
         assert!(
             !will_read(&job, 2, 1, total),
@@ -613,7 +696,7 @@ mod tests {
         );
         // An order of the whole dataset, a round behind: every file.
         let mut job = Job::new(JobKey::All, 0.0);
-        job.set_hint((0..100).rev().collect(), budget.charge(0));
+        job.set_hint((0..100).rev().collect(), budget.charge(0), 1);
         read(&mut job, &[99, 98]);
         assert!(will_read(&job, 98, 2, total) && !will_read(&job, 98, 1, total));
         // No order: a job well into an epoch, for the files it has not read.
@@ -633,7 +716,7 @@ mod tests {
         // Orders of the whole dataset, told apart by their first file.
         let order =
             |first: FileId| -> Vec<FileId> { (0..100).map(|f| (f + first) % 100).collect() };
-        job.set_hint(order(2), budget.charge(0));
+        job.set_hint(order(2), budget.charge(0), 1);
         assert_eq!(job.active_order().unwrap()[0], 2);
         // Epoch 1 read, then a new hint while epoch 2 has not begun.
         let total = Some(100);
@@ -644,20 +727,75 @@ mod tests {
         assert!(job.active_order().is_none(), "the epoch-1 order is over");
         // The second open of the last file belongs to epoch 1: epoch 2 has not begun.
         job.log.open(99, 1, false, 1, total, 0.0);
-        job.set_hint(order(1), budget.charge(0));
+        job.set_hint(order(1), budget.charge(0), 1);
         assert_eq!(job.active_order().unwrap()[0], 1);
         // A hint in the middle of an epoch applies to the next one.
         for f in 0..50 {
             job.log.open(f, 2, false, 1, total, 0.0);
         }
-        job.set_hint(order(0), budget.charge(0));
-        assert!(job.active_order().is_none());
+        assert_eq!(job.set_hint(order(0), budget.charge(0), 1), (3, false));
+        assert!(job.active_order().is_none(), "its one process moved on");
         for f in 50..100 {
             job.log.open(f, 2, false, 1, total, 0.0);
         }
         assert_eq!(job.epoch(), 3);
         job.epoch_changed();
         assert_eq!(job.active_order().unwrap()[0], 0);
+    }
+
+    #[test]
+    fn interleave_takes_turns_then_the_rest() {
+        assert_eq!(interleave(&[1, 3, 5, 7], &[2, 4]), vec![1, 2, 3, 4, 5, 7]);
+        assert_eq!(interleave(&[], &[2, 4]), vec![2, 4]);
+        assert_eq!(interleave(&[1], &[]), vec![1]);
+    }
+
+    #[test]
+    fn orders_of_several_processes_of_a_job_join_into_its_epoch() {
+        let budget = HintBudget::new(HintLimits::default());
+        let mut job = Job::new(JobKey::All, 0.0);
+        let total = Some(8);
+        // Two workers, each with its own shards: the even and the odd files.
+        assert_eq!(
+            job.set_hint(vec![6, 0, 4, 2], budget.charge(0), 10),
+            (1, false)
+        );
+        job.log.open(6, 10, false, 1, total, 0.0);
+        job.prefetch_cursor = 2;
+        // The second worker's order comes after the first read: it joins, after the cursor.
+        assert_eq!(
+            job.set_hint(vec![1, 7, 5, 3], budget.charge(0), 11),
+            (1, true)
+        );
+        assert_eq!(*job.active_order().unwrap(), vec![6, 0, 4, 1, 2, 7, 5, 3]);
+        assert_eq!(
+            job.following(),
+            Some(order_digest(&[6, 0, 4, 1, 2, 7, 5, 3]))
+        );
+        // A worker's next order is the next epoch's, and the current one stays; its partner's
+        // joins it there.
+        assert_eq!(
+            job.set_hint(vec![2, 4, 0, 6], budget.charge(0), 10),
+            (2, false)
+        );
+        assert_eq!(job.set_hint(vec![3, 5], budget.charge(0), 11), (2, true));
+        assert_eq!(job.active_order().unwrap().len(), 8);
+        // The epoch ends when both workers' files were read, not one's.
+        for f in [0, 4, 2] {
+            job.log.open(f, 10, false, 1, total, 0.0);
+        }
+        assert_eq!(job.epoch(), 1);
+        for f in [1, 7, 5, 3] {
+            job.log.open(f, 11, false, 1, total, 0.0);
+        }
+        assert_eq!(job.epoch(), 2);
+        job.epoch_changed();
+        assert_eq!(*job.active_order().unwrap(), vec![2, 3, 4, 5, 0, 6]);
+        // Another process's order that shares files with the current one is not a part of it:
+        // it waits for the next epoch.
+        job.log.open(4, 10, false, 1, total, 100.0);
+        assert_eq!(job.set_hint(vec![3, 2], budget.charge(0), 12), (3, false));
+        assert_eq!(job.active_order().unwrap().len(), 6);
     }
 
     #[test]

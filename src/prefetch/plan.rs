@@ -56,7 +56,7 @@ pub fn epoch_under_way(read: usize, total: usize) -> bool {
 /// read is kept for ([`crate::prefetch::Prefetcher::needing`]). A job that follows an order
 /// reads the files in it: of this epoch's order, those it has not read yet (and, a round
 /// behind, all of its next epoch if the order is the whole dataset); of an order waiting for
-/// the next epoch (the job handed it before that epoch's first read), every file. A shard's
+/// the next epoch (the job handed it during this one), every file. A shard's
 /// order (a rank of DistributedSampler) names half the dataset, and the other half is not the
 /// job's to read. Without an order: a job whose epoch is under way and has not read `f` in it,
 /// or one a round behind that reads the whole dataset.
@@ -64,17 +64,23 @@ pub fn will_read(j: &Job, f: FileId, round: u64, total: usize) -> bool {
     let t = j.log.tracker();
     let behind = j.epoch() < round;
     let unread = !t.may_have_read(f);
-    match &j.hint {
-        Some(h) if h.epoch.is_none() => h.files.contains(f as usize) && (unread || behind),
+    let next = j
+        .next
+        .as_ref()
+        .is_some_and(|n| n.files.contains(f as usize) && (unread || behind));
+    let current = match j.hint.as_ref().filter(|h| h.epoch == Some(j.epoch())) {
         Some(h) => {
             (h.files.contains(f as usize) && unread)
                 || (behind && crate::epoch::covers(h.order.len(), total))
         }
+        // An order for the next epoch names what the job reads.
+        None if j.next.is_some() => false,
         None => {
             (unread && epoch_under_way(t.read_in_epoch(), total))
                 || (behind && reads_the_dataset(t.read_in_epoch(), total, t.covered_dataset()))
         }
-    }
+    };
+    next || current
 }
 
 /// Walks `order` from `cursor` and returns up to `want` files for which `eligible` holds,
