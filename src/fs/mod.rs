@@ -33,6 +33,7 @@ mod kernel_cache;
 mod open;
 pub mod order;
 mod passthrough;
+mod plan;
 mod read;
 mod scan;
 mod takeover;

@@ -53,6 +53,7 @@ use parking_lot::Mutex;
 
 use super::handles::{FileHandle, Held};
 use super::passthrough::{Backing, BackingFiles, Granted, KernelIo};
+use super::plan::{DaemonRead, KernelFile, OpenFacts, OpenPolicy, open_plan};
 use super::{Access, Caller, DatasetFs, FsError, Opened, kernel_cache, order, source_error};
 use crate::cache::BlockKey;
 use crate::epoch::Step;
@@ -147,8 +148,8 @@ impl DatasetFs {
         caller: Caller,
         access: Access,
     ) -> Result<Opened, FsError> {
-        if ino == order::ORDER_INO {
-            return self.open_order(flags, caller);
+        if let Some(order) = order::control(ino) {
+            return order.open(self, flags, caller);
         }
         if flags & libc::O_ACCMODE != libc::O_RDONLY
             || flags & (libc::O_TRUNC | libc::O_APPEND) != 0
@@ -212,9 +213,9 @@ impl DatasetFs {
     }
 
     /// How the kernel is to read an open of node `ino` (see `passthrough.rs` and the module
-    /// header): from a backing file by itself if the file has one and the inode's other opens
-    /// allow it (or if they are passthrough opens: then it must), else through its page cache
-    /// or the daemon as [`DatasetFs::kernel_caching`] says.
+    /// header): the plan of `plan.rs`, carried out. From a backing file by itself if the plan
+    /// names one and the inode's other opens allow it (or if they are passthrough opens: then
+    /// it must), else through its page cache or the daemon as the plan says.
     fn kernel_reading(
         &self,
         ino: NodeId,
@@ -224,10 +225,46 @@ impl DatasetFs {
         counted: &Counted,
     ) -> KernelReading {
         let version = opened.meta.version;
-        let backing = self.backing_for(opened, in_memory, hit, counted);
+        let memory = &self.tiers.memory;
+        let first = BlockKey { version, block: 0 };
+        let facts = OpenFacts {
+            size: version.size,
+            changed: opened.changed,
+            local: opened.file.local().is_some(),
+            known: opened.file_id.is_some(),
+            in_memory,
+            hit,
+            kernel_file: in_memory && memory.holds_for_kernel(&version),
+            partly_cached: !in_memory && memory.cached_bytes_of(&version) > 0,
+            prefetched: !counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first),
+            would_keep: memory.would_keep(version.size),
+            room: memory.has_room_for(version.size),
+        };
+        // The gauge's answer for a hit on the file, and its watch if the file is a sentinel.
+        let (keep_hit, watch) = match opened.file_id {
+            Some(file) if in_memory && !opened.changed => self.kernel.open(file),
+            Some(file) => (self.kernel.keeps(), self.kernel.open(file).1),
+            None => (false, None),
+        };
+        let disk_has_room =
+            (self.tiers.disk.as_ref()).is_some_and(|d| d.enabled() && d.used() < d.capacity());
+        let policy = OpenPolicy {
+            passthrough: self.passthrough.on(),
+            caches: memory.caches(),
+            feeds_below: disk_has_room || self.cluster.is_some(),
+            kernel_keeps: self.kernel.keeps(),
+            keep_hit,
+        };
+        let plan = open_plan(&facts, &policy, || {
+            self.others_need(opened.file_id, counted)
+        });
+        let backing = plan.backing.map(|file| match file {
+            KernelFile::Cached => Backing::Cached(version),
+            KernelFile::Source => Backing::Source(version),
+        });
         let register = |kernel: &dyn BackingFiles, backing| match backing {
             Backing::Cached(v) => {
-                let fd = (self.tiers.memory.open_for_kernel(&v)).ok_or(ErrorKind::NotFound)??;
+                let fd = (memory.open_for_kernel(&v)).ok_or(ErrorKind::NotFound)??;
                 kernel.register(fd.as_fd())
             }
             Backing::Source(_) => match opened.file.local() {
@@ -235,11 +272,7 @@ impl DatasetFs {
                 None => Err(ErrorKind::Unsupported.into()),
             },
         };
-        let daemon =
-            || self.kernel_caching(opened.file_id, version.size, in_memory, opened.changed);
-        let (granted, refused) = self
-            .passthrough
-            .open(ino, version, backing, register, daemon);
+        let (granted, refused) = (self.passthrough).open(ino, version, backing, register, || ());
         if let Some(e) = refused {
             self.passthrough_unavailable(&format!("the kernel refused a backing file: {e}"));
         }
@@ -247,65 +280,27 @@ impl DatasetFs {
             Granted::Passthrough { id, backing } => KernelReading {
                 io: KernelIo::Passthrough(id),
                 keep_cache: false,
+                drop_at_release: false,
                 watch: None,
                 backing: Some(backing),
             },
-            Granted::Daemon((keep_cache, direct_io, watch)) => KernelReading {
-                io: if direct_io {
-                    KernelIo::Direct
-                } else {
-                    KernelIo::PageCache
-                },
-                keep_cache,
-                watch,
-                backing: None,
-            },
+            Granted::Daemon(()) => {
+                let (io, keep_cache, drop_at_release) = match plan.read {
+                    DaemonRead::PageCache {
+                        keep,
+                        drop_at_release,
+                    } => (KernelIo::PageCache, keep, drop_at_release),
+                    DaemonRead::Direct => (KernelIo::Direct, false, false),
+                };
+                KernelReading {
+                    io,
+                    keep_cache,
+                    drop_at_release,
+                    watch: watch.filter(|_| plan.watch),
+                    backing: None,
+                }
+            }
         }
-    }
-
-    /// The backing file an open may be read from by the kernel itself, if any: the cache's
-    /// own file of a wholly cached file, or the source file of one the cache will not keep
-    /// and the prefetcher did not stage (see `passthrough.rs`).
-    fn backing_for(
-        &self,
-        opened: &SourceOpen,
-        in_memory: bool,
-        hit: bool,
-        counted: &Counted,
-    ) -> Option<Backing> {
-        if !self.passthrough.on() || opened.changed {
-            return None;
-        }
-        let version = opened.meta.version;
-        if in_memory {
-            return self
-                .tiers
-                .memory
-                .holds_for_kernel(&version)
-                .then_some(Backing::Cached(version));
-        }
-        // The daemon's own reads feed the disk tier, the cluster's members, and the other jobs
-        // that read the file this round; the prefetcher's are the job's.
-        let disk_has_room =
-            (self.tiers.disk.as_ref()).is_some_and(|d| d.enabled() && d.used() < d.capacity());
-        let read_below = hit || disk_has_room || self.cluster.is_some();
-        // What the prefetcher staged, or anyone is reading now, is read through the daemon:
-        // by passthrough it would be read twice. (Once opened, the file is read in the job's
-        // epoch, and the prefetcher fetches it no more.)
-        let first = BlockKey { version, block: 0 };
-        let prefetched = !counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first);
-        // A file the cache holds part of (a shard larger than the room that was left) is read
-        // through the daemon, which serves that part from the cache: by passthrough every byte
-        // of it came from the source again (measured: 307 MiB of 24 MiB shards cached saved
-        // 144 MiB an epoch).
-        let partly_cached = self.tiers.memory.cached_bytes_of(&version) > 0;
-        let source = opened.file.local().is_some()
-            && !read_below
-            && !partly_cached
-            && !prefetched
-            && !self.tiers.memory.would_keep(version.size)
-            && !self.others_need(opened.file_id, counted);
-        source.then_some(Backing::Source(version))
     }
 
     /// True if another job will read the file soon (the daemon keeps what it reads of the file
@@ -461,54 +456,6 @@ impl DatasetFs {
         }
     }
 
-    /// How the kernel may cache an open of `file`: `(keep_cache, direct_io, watch)` (see the
-    /// module header).
-    fn kernel_caching(
-        &self,
-        file: Option<FileId>,
-        size: u64,
-        hit: bool,
-        changed: bool,
-    ) -> (bool, bool, Option<kernel_cache::Watch>) {
-        // A file that changed since the kernel was told is read with direct I/O: the kernel's
-        // size may be the old one until the invalidation lands, and a page-cache read that
-        // came back short while it landed would be padded with zeros up to that old size.
-        if !self.tiers.memory.caches() {
-            return (!changed, changed, None);
-        }
-        let (keep, watch) = match file {
-            Some(file) if hit && !changed => self.kernel.open(file),
-            _ => (false, None),
-        };
-        // A large miss streams through the kernel's page cache (readahead, small reads served
-        // from its pages); its pages are dropped at release (`KernelReading::drop_at_release`).
-        if !keep && !changed && size >= STREAMED_MISS_MIN {
-            return (false, false, watch);
-        }
-        // A small miss the cache will keep whole may enter the kernel's page cache: it is
-        // about to be a file of the cache, and its pages are then right. Read through the
-        // page cache it costs one READ instead of two (the kernel knows the size, so the
-        // read at the end of the file needs no round trip), and the next epoch finds its
-        // pages already there.
-        // A sentinel read this way is watched: its pages are given to the kernel now.
-        if let Some(file) = file
-            && !keep
-            && !changed
-            && size <= BUFFERED_MISS_MAX
-            && self.kernel.keeps()
-            && self.tiers.memory.has_room_for(size)
-        {
-            return (false, false, self.kernel.open(file).1);
-        }
-        // Direct I/O costs a small hit more than the page cache it saves: two READs (the
-        // kernel asks again at the end of the file) and the reader's whole buffer pinned and
-        // dirtied for each. 128,000 hits of 200-600 B, reader buffers of 1 MiB, the kernel's
-        // pages dropped, `--fast-open` off: 15.0-15.7 s an epoch through direct I/O, 8.2-9.5 s
-        // through the page cache.
-        let small_hit = hit && !changed && size <= BUFFERED_MISS_MAX;
-        (keep, !keep && !small_hit, watch)
-    }
-
     /// Closes open file `fh`.
     pub fn release(&self, fh: u64) {
         let Some(handle) = self.handles.remove_file(fh) else {
@@ -541,6 +488,8 @@ struct KernelReading {
     io: KernelIo,
     /// It may keep the pages it cached of the file (`KernelIo::PageCache` only).
     keep_cache: bool,
+    /// Its pages are dropped when the open is released (a streamed miss).
+    drop_at_release: bool,
     /// A sentinel's open, watched ([`kernel_cache`]).
     watch: Option<kernel_cache::Watch>,
     /// The backing file it reads from by itself.
@@ -552,6 +501,7 @@ impl KernelReading {
     const UNOPENED: KernelReading = KernelReading {
         io: KernelIo::PageCache,
         keep_cache: true,
+        drop_at_release: false,
         watch: None,
         backing: None,
     };
@@ -588,9 +538,7 @@ fn file_handle(
             claimed: counted.claimed,
             last: Default::default(),
         }),
-        drop_pages_at_release: reading.io == KernelIo::PageCache
-            && !reading.keep_cache
-            && opened.meta.version.size >= STREAMED_MISS_MIN,
+        drop_pages_at_release: reading.drop_at_release,
         watch: reading.watch,
         kernel_io: reading.io,
         ino,
