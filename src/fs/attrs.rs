@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use super::handles::DirHandle;
 use super::{Caller, DatasetFs, DirEntryOut, Entry, FsError, order, source_error};
-use crate::namespace::{Attr, Kind, NodeId, ROOT};
+use crate::namespace::{Attr, Kind, NodeId};
 use crate::source::Creds;
 
 /// Entries (with `.` and `..`) in the first READDIRPLUS reply of a listing at most. The kernel
@@ -41,9 +41,9 @@ impl DatasetFs {
     /// Finds `name` in directory `parent` for `caller`: a fresh `lstat` of the source,
     /// reached with the caller's search permission on every directory on the way.
     pub fn lookup(&self, parent: NodeId, name: &OsStr, caller: Caller) -> Result<Entry, FsError> {
-        if parent == ROOT && name == order::ORDER_FILE {
+        if let Some(order) = order::control_named(parent, name) {
             return Ok(Entry {
-                attr: self.control_attr(),
+                attr: order.attr(self),
             });
         }
         let dir = self.ns.info(parent).ok_or(FsError::NotFound)?;
@@ -68,8 +68,8 @@ impl DatasetFs {
     /// The attributes of node `ino`, from a fresh `lstat` of the source: the kernel asks
     /// when those it cached are older than `--metadata-ttl`.
     pub fn getattr(&self, ino: NodeId) -> Result<Attr, FsError> {
-        if ino == order::ORDER_INO {
-            return Ok(self.control_attr());
+        if let Some(order) = order::control(ino) {
+            return Ok(order.attr(self));
         }
         let rel = self.rel_path(ino)?;
         let meta = self
@@ -99,8 +99,8 @@ impl DatasetFs {
 
     /// The attributes the node table holds for node `ino`.
     fn attr(&self, ino: NodeId) -> Result<Attr, FsError> {
-        if ino == order::ORDER_INO {
-            return Ok(self.control_attr());
+        if let Some(order) = order::control(ino) {
+            return Ok(order.attr(self));
         }
         self.ns.info(ino).map(|i| i.attr).ok_or(FsError::NotFound)
     }

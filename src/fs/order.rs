@@ -349,22 +349,61 @@ pub fn parse_order(buf: &[u8]) -> Result<Vec<OrderLine<'_>>, HintError> {
     Ok(lines)
 }
 
-impl DatasetFs {
-    /// The order file's attributes.
-    pub(super) fn control_attr(&self) -> Attr {
-        let root = self.ns.info(ROOT).map(|i| i.attr);
+/// The order file as every operation sees it: a control node of the mount, no file of the
+/// dataset. [`control`] and [`control_named`] are the one check of a node id or a name against
+/// it, and each operation on it is answered here: it has attributes, opens for reading, reads
+/// as empty, has no extended attributes, and takes hints by ioctl.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OrderNode;
+
+/// The order file, if `ino` names it.
+pub(super) fn control(ino: NodeId) -> Option<OrderNode> {
+    (ino == ORDER_INO).then_some(OrderNode)
+}
+
+/// The order file, if `name` in directory `parent` names it.
+pub(super) fn control_named(parent: NodeId, name: &std::ffi::OsStr) -> Option<OrderNode> {
+    (parent == ROOT && name == ORDER_FILE).then_some(OrderNode)
+}
+
+impl OrderNode {
+    /// Its attributes: a read-only file of the mount root's time.
+    pub(super) fn attr(self, fs: &DatasetFs) -> Attr {
+        let root = fs.ns.info(ROOT).map(|i| i.attr);
         OrderFiles::attr(root.map_or(SystemTime::UNIX_EPOCH, |a| a.mtime))
     }
 
-    /// Opens the order file; only for reading.
-    pub(super) fn open_order(&self, flags: i32, caller: Caller) -> Result<Opened, FsError> {
-        self.orders.open(self.handles.next_fh(), flags, caller)
+    /// Opens it; only for reading.
+    pub(super) fn open(
+        self,
+        fs: &DatasetFs,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<Opened, FsError> {
+        fs.orders.open(fs.handles.next_fh(), flags, caller)
     }
 
+    /// What a read of it gets: nothing.
+    pub(super) fn read(self) -> &'static [u8] {
+        &[]
+    }
+
+    /// Its extended attributes: none.
+    pub(super) fn getxattr(self) -> Result<Vec<u8>, FsError> {
+        Err(FsError::NoAttr)
+    }
+
+    /// The names of its extended attributes: none.
+    pub(super) fn listxattr(self) -> Vec<u8> {
+        Vec::new()
+    }
+}
+
+impl DatasetFs {
     /// An ioctl on node `ino`, open as `fh`, with `data` from the caller: the order file's
     /// [`HINT_CHUNK`] and [`HINT_COMMIT`]; `ENOTTY` for everything else (`isatty` included).
     pub fn ioctl(&self, ino: NodeId, fh: u64, cmd: u32, data: &[u8]) -> Result<(), FsError> {
-        if ino != ORDER_INO || (cmd != HINT_CHUNK && cmd != HINT_COMMIT) {
+        if control(ino).is_none() || (cmd != HINT_CHUNK && cmd != HINT_COMMIT) {
             return Err(FsError::NotTty);
         }
         // Without opens no handle holds a hint.

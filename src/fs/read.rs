@@ -95,22 +95,34 @@ impl DatasetFs {
         crate::stats::Counters::add(&self.ledger.stats().counters.read_requests, 1);
     }
 
-    /// A read under `--fast-open`, where the kernel sends no OPEN: the file is opened for
-    /// this read alone, as the caller (the source still checks its permissions), and the read
-    /// at offset 0 is the job's access of the file (see [`Access`]). The order file takes no
-    /// hints without opens.
-    pub fn read_unopened(
+    /// A READ of node `ino`, open as `fh`: the order file reads as empty; under
+    /// `--fast-open` (no OPEN, so no handle) the file is opened for this read alone; a handle
+    /// an earlier daemon of the mount gave out is opened again at its first read
+    /// (`takeover.rs`).
+    pub fn read_node(
         &self,
         ino: NodeId,
+        fh: u64,
         offset: u64,
         size: u32,
         caller: Caller,
         done: ReadDone,
     ) {
-        self.count_read_request();
-        if ino == order::ORDER_INO {
-            return done(Err(FsError::NotSupported));
+        if let Some(order) = order::control(ino) {
+            return done(Ok(order.read()));
         }
+        if self.fast_open {
+            return self.read_unopened(ino, offset, size, caller, done);
+        }
+        self.adopt_file(fh, ino, caller);
+        self.read(fh, offset, size, done);
+    }
+
+    /// A read under `--fast-open`, where the kernel sends no OPEN: the file is opened for
+    /// this read alone, as the caller (the source still checks its permissions), and the read
+    /// at offset 0 is the job's access of the file (see [`Access`]).
+    fn read_unopened(&self, ino: NodeId, offset: u64, size: u32, caller: Caller, done: ReadDone) {
+        self.count_read_request();
         let access = if offset == 0 {
             Access::Counted
         } else {

@@ -96,7 +96,7 @@ impl DatasetFs {
     /// Opens a predecessor's handle `fh` of file `ino` again for `caller`, at its first read
     /// here. False if `fh` is no file handle the predecessor left open on `ino`, or the file
     /// cannot be opened now (the read then fails as a read of an unknown handle does).
-    pub fn adopt_file(&self, fh: u64, ino: NodeId, caller: Caller) -> bool {
+    pub(super) fn adopt_file(&self, fh: u64, ino: NodeId, caller: Caller) -> bool {
         let Some(h) = self.handles.predecessors(fh) else {
             return false;
         };

@@ -185,8 +185,8 @@ impl DatasetFs {
 
     /// The value of extended attribute `name` of node `ino`.
     pub fn getxattr(&self, ino: NodeId, name: &OsStr) -> Result<Vec<u8>, FsError> {
-        if ino == order::ORDER_INO {
-            return Err(FsError::NoAttr);
+        if let Some(order) = order::control(ino) {
+            return order.getxattr();
         }
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         let name = name.to_str().ok_or(FsError::NoAttr)?;
@@ -220,8 +220,8 @@ impl DatasetFs {
 
     /// The names of the extended attributes of node `ino`, each followed by a NUL.
     pub fn listxattr(&self, ino: NodeId) -> Result<Vec<u8>, FsError> {
-        if ino == order::ORDER_INO {
-            return Ok(Vec::new());
+        if let Some(order) = order::control(ino) {
+            return Ok(order.listxattr());
         }
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         let mut names: Vec<String> = Vec::new();

@@ -447,23 +447,11 @@ impl Filesystem for FuseAdapter {
     ) {
         let _op = tracing::debug_span!("fuse", op = "read", ino = ino.0, fh = fh.0, offset, size)
             .entered();
-        // The order file takes hints by ioctl and reads as empty.
-        if ino.0 == crate::fs::order::ORDER_INO {
-            return reply.data(&[]);
-        }
         let done = Box::new(move |result: Result<&[u8], FsError>| match result {
             Ok(bytes) => reply.data(bytes),
             Err(e) => fail("read", e, reply),
         });
-        if self.fs.fast_open() {
-            self.fs
-                .read_unopened(ino.0, offset, size, caller(req), done);
-        } else {
-            // A handle a previous daemon of the mount gave out is opened again at its first
-            // read here (`fs/takeover.rs`).
-            self.fs.adopt_file(fh.0, ino.0, caller(req));
-            self.fs.read(fh.0, offset, size, done);
-        }
+        (self.fs).read_node(ino.0, fh.0, offset, size, caller(req), done);
     }
 
     fn release(
