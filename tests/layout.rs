@@ -4,8 +4,10 @@
 //! read (and changed) together. This test fails on any circle between the crate's top-level
 //! modules (a folder of src/ or a file of it), and names the `use` that closes it.
 //!
-//! What counts is a `crate::NAME` path in code outside `#[cfg(test)]` and comments (doc links
-//! included in neither): tests may reach anywhere, and a doc link is no dependency.
+//! What counts is a `crate::NAME` path in code: not in comments (doc links included) or
+//! literals, nor in an item under `#[cfg(test)]` (the `mod tests` block, a test-only field,
+//! fn or statement), whose end is found by brackets. Tests may reach anywhere, and a doc
+//! link is no dependency; the code after a test item is read like the code before it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -38,15 +40,131 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// The top-level modules that `text` names as `crate::NAME`, outside comments and before
-/// its `#[cfg(test)]` module, each with the first line that names it.
-fn named_modules(text: &str) -> Vec<(String, usize)> {
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("#[cfg(test)]") {
-            break;
+/// Blanks `chars[from..to]`: each char but a newline becomes a space, so that lines keep their
+/// numbers.
+fn blank(chars: &mut [char], from: usize, to: usize) {
+    let to = to.min(chars.len());
+    for c in &mut chars[from.min(to)..to] {
+        if *c != '\n' {
+            *c = ' ';
         }
-        let code = line.split("//").next().unwrap();
+    }
+}
+
+/// `text` with its comments and the insides of its string and char literals blanked: what is
+/// left is code.
+fn code_only(text: &str) -> Vec<char> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = chars.clone();
+    let at = |i: usize| chars.get(i).copied().unwrap_or('\0');
+    let word_starts = |i: usize| i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        // A raw string, r"..." or br#"..."#: no escapes, ended by a quote and as many #.
+        let hashes = (i + 1..chars.len())
+            .take_while(|&j| chars[j] == '#')
+            .count();
+        let raw = c == 'r'
+            && at(i + 1 + hashes) == '"'
+            && (word_starts(i) || (at(i.wrapping_sub(1)) == 'b' && word_starts(i - 1)));
+        if c == '/' && at(i + 1) == '/' {
+            let end = (i..chars.len())
+                .find(|&j| chars[j] == '\n')
+                .unwrap_or(chars.len());
+            blank(&mut out, i, end);
+            i = end;
+        } else if c == '/' && at(i + 1) == '*' {
+            // Block comments nest.
+            let (mut j, mut depth) = (i + 2, 1);
+            while j < chars.len() && depth > 0 {
+                if chars[j] == '/' && at(j + 1) == '*' {
+                    (depth, j) = (depth + 1, j + 1);
+                } else if chars[j] == '*' && at(j + 1) == '/' {
+                    (depth, j) = (depth - 1, j + 1);
+                }
+                j += 1;
+            }
+            blank(&mut out, i, j);
+            i = j;
+        } else if raw {
+            let open = i + 1 + hashes;
+            let mut j = open + 1;
+            while j < chars.len() && !(chars[j] == '"' && (1..=hashes).all(|k| at(j + k) == '#')) {
+                j += 1;
+            }
+            blank(&mut out, open + 1, j);
+            i = j + 1 + hashes;
+        } else if c == '"' {
+            let mut j = i + 1;
+            while j < chars.len() && chars[j] != '"' {
+                j += if chars[j] == '\\' { 2 } else { 1 };
+            }
+            blank(&mut out, i + 1, j);
+            i = j + 1;
+        } else if c == '\'' && (at(i + 1) == '\\' || at(i + 2) == '\'') {
+            // A char literal ('{', '\'', '\u{7b}'); a lifetime ('a) has no closing quote.
+            let mut j = if at(i + 1) == '\\' { i + 3 } else { i + 2 };
+            while j < chars.len() && chars[j] != '\'' {
+                j += 1;
+            }
+            blank(&mut out, i + 1, j);
+            i = j + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// `code` (from [`code_only`]) with each item under `#[cfg(test)]` blanked: the attribute and
+/// what follows it up to a `;` or `,` outside brackets (a `use`, a field, a statement), or to
+/// the `}` that closes its body (a `mod tests`, a fn, an impl, a block), or to the bracket
+/// that closes around it. What this misreads ends too early, so that test code counts as
+/// code: a false circle, never a use missed.
+fn without_test_items(mut code: Vec<char>) -> Vec<char> {
+    let attr: Vec<char> = "#[cfg(test)]".chars().collect();
+    let mut i = 0;
+    while i + attr.len() <= code.len() {
+        if code[i..i + attr.len()] != attr[..] {
+            i += 1;
+            continue;
+        }
+        let mut depth = 0usize;
+        let mut end = code.len();
+        for (j, &c) in code.iter().enumerate().skip(i + attr.len()) {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' if depth == 0 => {
+                    end = j;
+                    break;
+                }
+                ')' | ']' | '}' => {
+                    depth -= 1;
+                    if depth == 0 && c == '}' {
+                        end = j + 1;
+                        break;
+                    }
+                }
+                ';' | ',' if depth == 0 => {
+                    end = j + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        blank(&mut code, i, end);
+        i = end;
+    }
+    code
+}
+
+/// The top-level modules that `text` names as `crate::NAME` in its code (not in comments,
+/// literals or items under `#[cfg(test)]`), each with the first line that names it.
+fn named_modules(text: &str) -> Vec<(String, usize)> {
+    let code: String = without_test_items(code_only(text)).into_iter().collect();
+    let mut out = Vec::new();
+    for (i, code) in code.lines().enumerate() {
         for (at, _) in code.match_indices("crate::") {
             let name: String = code[at + "crate::".len()..]
                 .chars()
@@ -150,4 +268,47 @@ fn comments_and_tests_are_no_uses() {
     let text = "use crate::fs::X;\n//! see [`crate::daemon`]\nlet y = crate::tier::get(); // crate::jobs\n#[cfg(test)]\nuse crate::cli;\n";
     let names: Vec<String> = named_modules(text).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["fs", "tier"]);
+}
+
+/// Only the item under `#[cfg(test)]` is skipped, however its braces are written, and the
+/// code after it counts, with its own line numbers.
+#[test]
+fn only_the_test_item_is_skipped() {
+    let text = r##"struct S {
+    #[cfg(test)]
+    fail: crate::a::Flag,
+    ok: u8,
+}
+fn f() {
+    #[cfg(test)]
+    if crate::b::fails() {
+        return;
+    }
+    crate::c::go();
+}
+#[cfg(test)]
+impl S {
+    fn g() -> u8 { let s = "}}{"; let c = '}'; /* } */ crate::d::x(s, c) }
+}
+#[cfg(test)]
+mod tests {
+    use crate::e;
+    // a brace in a comment: }
+    const CLOSE: char = '}';
+    const ESCAPED: char = '\'';
+    const TEXT: &str = "} \" }";
+    const RAW: &str = r"}\";
+    fn h<'a>(x: &'a str) -> &'a str { x }
+    #[cfg(test)]
+    fn nested() { crate::f::x() }
+}
+use crate::g::Y;
+const NOT_A_TEST: &str = "#[cfg(test)] {";
+/* a /* nested */ block comment naming crate::h */
+fn last() { crate::i::z() }
+"##;
+    let names: Vec<(String, usize)> = named_modules(text);
+    let want = [("c", 11), ("g", 29), ("i", 32)];
+    let want: Vec<(String, usize)> = want.iter().map(|&(n, l)| (n.to_string(), l)).collect();
+    assert_eq!(names, want);
 }
