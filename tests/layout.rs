@@ -8,6 +8,10 @@
 //! literals, nor in an item under `#[cfg(test)]` (the `mod tests` block, a test-only field,
 //! fn or statement), whose end is found by brackets. Tests may reach anywhere, and a doc
 //! link is no dependency; the code after a test item is read like the code before it.
+//!
+//! docs/LAYOUT.md is the tree's map: one line for each file of src/, scripts/ and tests/
+//! (a list item: the path in backquotes, a colon, what it owns). This fails when it misses
+//! a file or names one that is not there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -311,4 +315,108 @@ fn last() { crate::i::z() }
     let want = [("c", 11), ("g", 29), ("i", 32)];
     let want: Vec<(String, usize)> = want.iter().map(|&(n, l)| (n.to_string(), l)).collect();
     assert_eq!(names, want);
+}
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The files docs/LAYOUT.md must name: every `.rs` file of `src/`, every file of `scripts/`,
+/// and the files of `tests/` and of its folders (`common/`, `python/`), as paths from the
+/// repository root. Caches (`__pycache__`) and hidden files are none of them.
+fn files_to_name() -> BTreeSet<String> {
+    fn walk(dir: &Path, depth: usize, keep: &dyn Fn(&Path) -> bool, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name.starts_with('.') || name == "__pycache__" || name.ends_with(".pyc") {
+                continue;
+            }
+            if path.is_dir() {
+                if depth > 0 {
+                    walk(&path, depth - 1, keep, out);
+                }
+            } else if keep(&path) {
+                let rel = path.strip_prefix(ROOT).unwrap();
+                out.insert(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    let root = Path::new(ROOT);
+    let mut out = BTreeSet::new();
+    let rust = |p: &Path| p.extension().is_some_and(|e| e == "rs");
+    walk(&root.join("src"), usize::MAX, &rust, &mut out);
+    walk(&root.join("scripts"), 0, &|_| true, &mut out);
+    walk(&root.join("tests"), 1, &|_| true, &mut out);
+    out
+}
+
+/// What a layout page says is wrong: files it does not name, names of files that are not
+/// there, files named twice, and entries that are not one line of `path`: what it owns.
+fn layout_faults(page: &str, files: &BTreeSet<String>) -> Vec<String> {
+    let mut faults = Vec::new();
+    let mut named = BTreeMap::<String, usize>::new();
+    let lines: Vec<&str> = page.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.strip_prefix("- `") else {
+            continue;
+        };
+        let Some((path, what)) = rest.split_once('`') else {
+            continue;
+        };
+        *named.entry(path.to_string()).or_default() += 1;
+        let what = what.split_once(':').map_or("", |(_, w)| w.trim());
+        let wrapped = lines.get(i + 1).is_some_and(|next| next.starts_with(' '));
+        if what.is_empty() || wrapped {
+            faults.push(format!(
+                "not one line of `{path}`: what it owns (line {})",
+                i + 1
+            ));
+        }
+    }
+    for file in files {
+        if !named.contains_key(file) {
+            faults.push(format!("missing: {file}"));
+        }
+    }
+    for (path, times) in &named {
+        if !files.contains(path) {
+            faults.push(format!("no such file: {path}"));
+        } else if *times > 1 {
+            faults.push(format!("named {times} times: {path}"));
+        }
+    }
+    faults
+}
+
+#[test]
+fn the_layout_names_every_file() {
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/LAYOUT.md")).unwrap();
+    let files = files_to_name();
+    assert!(files.contains("src/lib.rs") && files.contains("scripts/test.sh"));
+    let faults = layout_faults(&page, &files);
+    assert!(
+        faults.is_empty(),
+        "docs/LAYOUT.md: one line for each file of src/, scripts/ and tests/:\n{}",
+        faults.join("\n")
+    );
+}
+
+#[test]
+fn layout_faults_are_named() {
+    let files: BTreeSet<String> = ["src/a.rs", "src/b.rs", "src/c.rs"]
+        .map(String::from)
+        .into();
+    let page = "Intro naming `src/gone.rs` in prose.\n\
+        - `src/a.rs`: the a.\n\
+        - `src/a.rs`: the a again.\n\
+        - `src/b.rs`: the b, wrapped\n  onto a second line.\n\
+        - `src/gone.rs`: a file that left.\n";
+    assert_eq!(
+        layout_faults(page, &files),
+        [
+            "not one line of `src/b.rs`: what it owns (line 4)",
+            "missing: src/c.rs",
+            "named 2 times: src/a.rs",
+            "no such file: src/gone.rs",
+        ]
+    );
 }
