@@ -249,8 +249,8 @@ pub struct MountArgs {
     /// What the cache keeps: minio admits files while there is room and never evicts (the
     /// best possible under random per-epoch order); lru evicts the least recently used (what
     /// the page cache does); none caches nothing and leaves caching to the kernel.
-    #[arg(long, value_enum, default_value_t = Policy::Minio, help_heading = "Cache")]
-    pub policy: Policy,
+    #[arg(long, value_enum, default_value_t = PolicyKind::MinIo, help_heading = "Cache")]
+    pub policy: PolicyKind,
     /// Files up to this size are cached whole; larger ones in blocks of this size, so that
     /// random access into big files caches only what is read.
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size, help_heading = "Cache")]
@@ -644,12 +644,16 @@ impl AnalyzeArgs {
     }
 }
 
-/// `--policy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Policy {
-    Minio,
-    Lru,
-    None,
+/// `--policy` takes the cache's own kinds, by [`PolicyKind::name`]; the impl is here so that
+/// clap stays in this module.
+impl clap::ValueEnum for PolicyKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        &PolicyKind::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
 }
 
 fn parse_block_size(text: &str) -> Result<std::num::NonZeroU64, String> {
@@ -753,11 +757,7 @@ impl MountArgs {
             config.cache.capacity = size;
             config.cache_size_given = true;
         }
-        config.cache.policy = match self.policy {
-            Policy::Minio => PolicyKind::MinIo,
-            Policy::Lru => PolicyKind::Lru,
-            Policy::None => PolicyKind::None,
-        };
+        config.cache.policy = self.policy;
         config.cache.block_size = self.block_size;
         config.readahead = self.readahead;
         config.part_size = self.part_size;

@@ -3,12 +3,16 @@
 //! `coorfs mount` checks everything it can before touching the kernel, so that bad input is
 //! one clear line and a non-zero exit. It then forks: the child mounts and serves; the parent
 //! waits on a pipe until the child reports that the mount is up (or why it is not), checks
-//! that the mount answers, and exits. `--foreground` skips the fork.
+//! that the mount answers, and exits. `--foreground` skips the fork. As root (unless
+//! `--no-keeper`) the process that stays is a keeper (`keeper.rs`), which mounts and starts
+//! the daemon as this binary again; that daemon comes back here and serves the keeper's
+//! connection.
 //!
 //! SIGINT, SIGTERM and SIGHUP are blocked in every thread and taken by one thread with
 //! `sigwait`, which unmounts; the FUSE threads then see the device close and return.
-//! `coorfs umount` finds the daemon's pid through the `user.coorfs.pid` attribute of the
-//! mount root, unmounts, and waits for that pid to exit.
+//! `coorfs umount` finds the daemon's pid (and its keeper's) through the mount root's
+//! `user.coorfs.pid` (and `user.coorfs.keeper_pid`) attribute, unmounts, and waits for them
+//! to exit.
 
 use std::ffi::CString;
 use std::fs::File;

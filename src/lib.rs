@@ -3,24 +3,29 @@
 //! Layers, from the kernel down (each uses only those below it):
 //! - `fuse`: the only module that knows fuser; turns requests into calls on the core.
 //! - `fs`: the filesystem core ([`fs::DatasetFs`]), a coordinator drivable by tests without
-//!   a mount: the handle table, the read path, the order file.
+//!   a mount: the handle table, the read path, the order file, the mount as a cluster member.
 //! - `prefetch`: the [`prefetch::Prefetcher`]: what each job reads next, how deep (the pacer).
 //! - `tier`: where a block comes from, nearest first, behind one trait ([`tier::Tier`]):
-//!   memory (the cache), staging, recent blocks, then one fetch per block from the source.
+//!   memory (the cache), staging, recent blocks, then one fetch per block from the local
+//!   disk, a peer or the source.
+//! - `cluster`: many servers, one cache: who owns a file, who the members are, the peer server.
 //! - `cache`: the block cache: pure policies (MinIO, LRU) and the stores they need.
 //! - `jobs`: who reads, and the ledger where every access and byte is counted.
-//! - `source`: the dataset directory behind a trait, with a fault-injecting wrapper.
-//! - `block`, `namespace`, `epoch`, `stats`: block buffers, node ids for the source tree,
-//!   epoch tracking (pure), and the statistics every view renders.
+//! - `stats`: the statistics every view renders (`coorfs stats`, the Prometheus metrics).
+//! - `source`: the dataset behind a trait (a directory, or an S3 prefix), with a
+//!   fault-injecting wrapper.
+//! - `block`, `namespace`, `epoch`: block buffers, node ids for the source tree, epoch
+//!   tracking (pure).
 //!
 //! Around them: `cli` (clap, at the edge), `helper` (mount(8)'s command line as `coorfs
 //! mount`'s), `config` (plain structs), `budget` (how much memory the cache may take: the
-//! memory cgroup), `daemon` (mount life cycle), `keeper` (the process that holds a mount's
-//! connection and replaces a daemon that dies) and `handover` (what a successor daemon takes
-//! over), `manpage` (generated from the CLI),
+//! memory cgroup) and `elastic` (the budget that follows it), `daemon` (mount life cycle),
+//! `mountinfo` (what `/proc/self/mountinfo` says of a path), `keeper` (the process that holds
+//! a mount's connection and replaces a daemon that dies) and `handover` (what a successor
+//! daemon takes over), `manpage` (generated from the CLI), `reader` (`coorfs read`),
 //! `analyze` (`coorfs analyze`: measure the storage, simulate the cache, predict data stalls),
 //! `run` (`coorfs run`: a training command whose DataLoaders hand the mount their order,
-//! through the Python hook of `python/coorfs/run.py`).
+//! through the Python hook of `python/coorfs/run.py`), `units` (sizes and durations).
 
 pub mod analyze;
 pub mod block;

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value as Json;
 
+use crate::cache::PolicyKind;
 use crate::stats::view::StatsError;
 use crate::units::format_size;
 use measure::{DEPTHS, ReadPath};
@@ -630,10 +631,10 @@ fn live_check(mnt: &Path, doc: &Json, work: &Workload, r: &Report, rates: &Rates
         .get("cache_capacity")
         .and_then(Json::as_u64)
         .unwrap_or(0);
-    let sim_policy = match policy {
-        "minio" => Some(Policy::MinIo),
-        "lru" => Some(Policy::Lru),
-        _ => None,
+    let sim_policy = match PolicyKind::from_name(policy) {
+        Some(PolicyKind::MinIo) => Some(Policy::MinIo),
+        Some(PolicyKind::Lru) => Some(Policy::Lru),
+        Some(PolicyKind::None) | None => None,
     };
     let predicted = sim_policy
         .map(|p| {

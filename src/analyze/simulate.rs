@@ -36,7 +36,10 @@ use crate::reader::epoch_order;
 /// standard error of at most 0.0016 (at p = 0.5).
 pub const SIM_FILES: usize = 100_000;
 
-/// What the cache does.
+/// What the simulated cache does. Not the mount's [`crate::cache::PolicyKind`]: this is a
+/// model, with one case the mount has no policy for (MinIO with an ideal prefetcher and its
+/// staging buffer) and none for `--policy none` (nothing to simulate); both run the cache's
+/// own [`crate::cache::policy`] types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Policy {
     Lru,

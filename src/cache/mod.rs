@@ -61,7 +61,10 @@ use arena::{Arena, Slot};
 use kernel_files::KernelFiles;
 use policy::{Admission, CachePolicy, LruPolicy, MinIoPolicy, NoCachePolicy};
 
-/// Which policy a cache follows.
+/// Which policy a cache follows: the one name of a mount's policy. `--policy` takes these by
+/// [`PolicyKind::name`] (`crate::cli` hands clap the names), and the stats report it so.
+/// `coorfs analyze` models its own set ([`crate::analyze::simulate::Policy`]): LRU and MinIO,
+/// no `none`, and MinIO with a prefetcher.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PolicyKind {
     /// Admit while there is room, never evict.
@@ -74,6 +77,14 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
+    /// Every kind, in the order `--help` lists them.
+    pub const ALL: [PolicyKind; 3] = [PolicyKind::MinIo, PolicyKind::Lru, PolicyKind::None];
+
+    /// The kind of this [`name`](PolicyKind::name), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
     /// A policy of this kind over `capacity` bytes.
     fn policy(self, capacity: u64) -> Box<dyn CachePolicy<BlockKey>> {
         match self {
@@ -1108,6 +1119,15 @@ mod tests {
             ceiling,
             block_size: NonZeroU64::new(1000).unwrap(),
         }
+    }
+
+    #[test]
+    fn a_policy_is_found_by_its_name() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(PolicyKind::from_name(kind.name()), Some(kind));
+        }
+        assert_eq!(PolicyKind::from_name("MinIO"), None);
+        assert_eq!(PolicyKind::ALL[0], PolicyKind::default());
     }
 
     #[test]

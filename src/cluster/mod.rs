@@ -5,6 +5,12 @@
 //! - [`auth`]: how members know each other (every request signed with the cluster's secret).
 //! - [`wire`]: the one request (a block of a file, at a version) and its reply.
 //! - [`server`]: the peer server, which serves the blocks of the files this member owns.
+//! - [`members`]: who the members are now, fixed (`--peers`) or followed in [`etcd`]
+//!   (`--cluster`, `--etcd`).
+//! - [`tls`]: TLS between members, if asked for.
+//!
+//! This module turns the cluster options into a member's place in its cluster
+//! ([`ClusterConfig`]).
 //!
 //! The asking side is a tier of the read path, in front of the source
 //! ([`crate::tier::peer`]).

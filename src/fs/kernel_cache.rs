@@ -9,7 +9,7 @@
 //! the bytes twice, for nothing. Direct I/O is cheaper then: the daemon copies from its arena
 //! into the reader's buffer. In the setup of `scripts/bench-frameworks.sh`, direct I/O for
 //! hits took an epoch of the PyTorch pipeline from 6.8 s to 6.4 s (A/B, 2 rounds); with the
-//! source hot and memory to spare, `keep_cache` is 3.5 times as fast (`fuse.rs`).
+//! source hot and memory to spare, `keep_cache` is 3.5 times as fast (`fuse/mod.rs`).
 //!
 //! The gauge decides from what the kernel does. One file in [`SENTINEL_EVERY`] (by file id) is
 //! a sentinel, always opened with `keep_cache`. A sentinel whose bytes the kernel was given

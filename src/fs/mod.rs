@@ -1,8 +1,9 @@
 //! The filesystem core: a read-only mirror of a dataset directory with a training-aware
 //! cache, independent of FUSE.
 //!
-//! `fuse.rs` turns kernel requests into calls on [`DatasetFs`] and its plain results
-//! ([`Entry`], [`Attr`], [`Opened`]) back into replies; tests drive the core directly.
+//! The FUSE adapter (`fuse/mod.rs`) turns kernel requests into calls on [`DatasetFs`] and its
+//! plain results ([`Entry`], [`Attr`], [`Opened`]) back into replies; tests drive the core
+//! directly.
 //!
 //! [`DatasetFs`] coordinates; the decisions live in the types it holds:
 //! - the node table ([`Namespace`]) and the handle table (`handles.rs`);
@@ -23,7 +24,9 @@
 //! - `cluster.rs`: the mount as a member of a cluster (its peer server, etcd);
 //! - `order.rs`, `handles.rs`, `kernel_cache.rs`, `callers.rs`: the order files, the handle
 //!   table, the kernel-cache gauge, the callers' credentials;
-//! - `passthrough.rs`: which opens the kernel reads from a backing file by itself.
+//! - `passthrough.rs`: which opens the kernel reads from a backing file by itself;
+//! - `takeover.rs`: what the core records for a successor daemon, and a mount taken over
+//!   from an earlier one.
 
 mod attrs;
 mod callers;

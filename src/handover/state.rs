@@ -1,9 +1,9 @@
-//! What a daemon leaves its successor: three memory files (memfd) that the keeper holds.
+//! What a daemon leaves its successor: four memory files (memfd) that the keeper holds.
 //!
 //! The kernel keeps a FUSE connection's node ids and file handles across a daemon's death
 //! (the keeper holds the `/dev/fuse` descriptor); the successor must know what they stand
-//! for. Three regions, each a memfd mapped shared by the daemon, written as things happen and
-//! read once by a successor:
+//! for, and which blocks the cache it takes over holds. Four regions, each a memfd mapped
+//! shared by the daemon, written as things happen and read once by a successor:
 //!
 //! - [`Meta`] (one page): what INIT negotiated, the daemons so far, why the last one ended,
 //!   when, and the longest pause a takeover caused.
@@ -12,6 +12,9 @@
 //!   successor replays it into a node table with the same ids; the attributes come from the
 //!   source again (every lookup, getattr and open reads them anyway). About 11 bytes plus
 //!   the name a node: 31 MiB for ImageNet's 1.28 M files of 20-byte names.
+//! - [`CacheJournal`]: every change to the memory cache's index (a block added, in the arena
+//!   or a file of the cache's tmpfs, or removed), 80 bytes each; a successor replays it over
+//!   the arena and the tmpfs it takes over (`cache/mod.rs`).
 //! - [`HandleSlots`]: the open file and directory handles the kernel holds, with the node
 //!   each opened and its passthrough backing id, 32 bytes each, slots reused at release.
 //!
@@ -20,7 +23,7 @@
 //! middle of one leaves nothing half-read: a journal record counts once the journal's length
 //! says so (stored after the record), a slot once its handle number is set (stored last).
 //! The memory is the daemon's to count: it is shared memory charged to the cgroup that
-//! touches it first, and it is small next to the node table it mirrors.
+//! touches it first, and it is small next to the node table and the cache it mirrors.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -1,5 +1,5 @@
 //! One fetch per block: how a block that no tier on the FUSE thread holds is read from the
-//! tiers behind it (today the source; peers and a local disk later, in front of it).
+//! tiers behind it: the local disk (`--cache-dir`), the cluster's peers, then the source.
 //!
 //! A fetch runs on the I/O pool, so a slow tier cannot hold up hits; a small block a reader
 //! waits for runs on the asking thread instead while the storage answers fast
