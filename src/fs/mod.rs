@@ -18,12 +18,15 @@
 //! Each request's work has its own file:
 //! - `scan.rs`: the walk of the source at mount that fills the node table;
 //! - `attrs.rs`: lookups, attributes, `access` and directory listings;
-//! - `open.rs`: an open, in its steps, and how the kernel may cache the file it opens;
-//! - `read.rs`: the read path;
+//! - `open.rs`: an open, in its steps; `plan.rs`: how the open is read (by the kernel from a
+//!   backing file, through its page cache, or by the daemon), decided by a pure function;
+//! - `read.rs`: the read path, and the dispatch of a READ (`DatasetFs::read_node`);
 //! - `views.rs`: the statistics, as a snapshot and as extended attributes;
 //! - `cluster.rs`: the mount as a member of a cluster (its peer server, etcd);
-//! - `order.rs`, `handles.rs`, `kernel_cache.rs`, `callers.rs`: the order files, the handle
-//!   table, the kernel-cache gauge, the callers' credentials;
+//! - `order.rs`: the order file, a control node that each operation checks for in one way
+//!   (`order::control`) and that answers for itself;
+//! - `handles.rs`, `kernel_cache.rs`, `callers.rs`: the handle table, the kernel-cache
+//!   gauge, the callers' credentials;
 //! - `passthrough.rs`: which opens the kernel reads from a backing file by itself;
 //! - `takeover.rs`: what the core records for a successor daemon, and a mount taken over
 //!   from an earlier one.

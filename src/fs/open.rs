@@ -3,12 +3,13 @@
 //! An open reads as its steps ([`DatasetFs::open`]): refuse writes, open the source file as
 //! the caller, count the access (taking the file's staged blocks), tell the prefetcher,
 //! choose how the kernel reads the file (by itself from a backing file, `passthrough.rs`, or
-//! through its page cache, or asking the daemon), enter the handle.
+//! through its page cache, or asking the daemon: the plan of `plan.rs`, a pure function of
+//! facts this file gathers), enter the handle.
 //!
 //! # The kernel's page cache and ours
 //! The kernel's page cache of the FUSE files is LRU: if it held files coorfs does not cache,
 //! they would push out the ones it does, and MinIO would degrade to LRU. So with a cache
-//! policy, an open decides:
+//! policy, an open decides (`plan.rs` decides it, and its tests show each case):
 //! - every byte of the file is in coorfs's cache: `keep_cache`. The kernel may keep (and
 //!   serve from) its pages of the file, a first level over the cache: when it reclaims
 //!   them, the cache still holds every byte. A hot small file then costs one round trip.
