@@ -227,6 +227,7 @@ pub fn errno(err: &FsError) -> Errno {
         FsError::NotTty => Errno::ENOTTY,
         FsError::Stale => Errno::ESTALE,
         FsError::Source(e) => e.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO),
+        FsError::Read(failed) => Errno::from_i32(failed.error.errno()),
     }
 }
 
@@ -864,5 +865,32 @@ impl Filesystem for FuseAdapter {
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         fail("removexattr", FsError::ReadOnly, reply);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::DataError;
+    use crate::tier::error::ReadFailed;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_failed_read_gets_the_errno_of_its_cause() {
+        let failed = |error: DataError| {
+            FsError::Read(ReadFailed {
+                rel: Arc::from(std::path::Path::new("a")),
+                block: 0,
+                error,
+            })
+        };
+        let refused = crate::source::Refusal::error(libc::EACCES, "GET: 403".into());
+        for (e, want) in [
+            (DataError::of_source(refused), Errno::EACCES),
+            (DataError::Changed, Errno::ESTALE),
+            (DataError::Panicked, Errno::EIO),
+        ] {
+            assert_eq!(errno(&failed(e)), want);
+        }
     }
 }
