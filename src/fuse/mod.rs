@@ -260,9 +260,16 @@ error_reply!(
 );
 
 /// Logs a failed request once, at a level that fits how ordinary the failure is, and
-/// replies with its errno.
+/// replies with its errno. A block that could not be read is logged with its cause, at most
+/// so many a minute ([`crate::tier::error::FAILED_READS`]).
 fn fail(op: &str, err: FsError, reply: impl ErrorReply) {
     match &err {
+        FsError::Read(_) => {
+            let now = std::time::Instant::now();
+            if let Some(line) = crate::tier::error::FAILED_READS.line(now, &err) {
+                warn!("{line}")
+            }
+        }
         // Probes for missing names and attributes are part of normal operation.
         FsError::NotFound | FsError::NoAttr | FsError::Range => debug!("{op}: {err}"),
         FsError::ReadOnly | FsError::Access | FsError::NotDir | FsError::IsDir | FsError::Stale => {

@@ -10,13 +10,16 @@
 //! chain on one line (no `source()` to print it twice).
 //!
 //! A read that fails reaches the FUSE adapter as a [`ReadFailed`] (the file, the block, the
-//! error), which replies with its errno. A tier in front of the source that fails is logged
+//! error), which logs it once with its cause, at most [`FAILED_READS_PER_MINUTE`] lines a
+//! minute ([`LogLimit`]; the next line says how many were left out), and replies with its
+//! errno. Nothing else logs the failure: a tier in front of the source that fails is logged
 //! where the chain passes over it ([`super::look_up`]).
 
+use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::source::Refusal;
 
@@ -135,7 +138,8 @@ impl DataError {
     }
 }
 
-/// A read of block `block` of the file at `rel` that failed with `error`.
+/// A read of block `block` of the file at `rel` that failed with `error`: what the reader's
+/// one log line says ([`LogLimit`]).
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("reading {} block {block}: {error}", rel.display())]
 pub struct ReadFailed {
@@ -143,6 +147,53 @@ pub struct ReadFailed {
     pub block: u64,
     pub error: DataError,
 }
+
+/// Lines a minute at most that failed reads log (a store that refuses every read fails
+/// thousands a second).
+pub const FAILED_READS_PER_MINUTE: u32 = 20;
+
+/// A log that writes at most `most` lines in each `window`, and counts the lines it leaves
+/// out: the first line it writes after them says how many.
+#[derive(Debug)]
+pub struct LogLimit {
+    most: u32,
+    window: Duration,
+    /// The current window's start, the lines written in it, the lines left out since the
+    /// last one written.
+    state: parking_lot::Mutex<(Option<Instant>, u32, u64)>,
+}
+
+impl LogLimit {
+    pub const fn new(most: u32, window: Duration) -> Self {
+        LogLimit {
+            most,
+            window,
+            state: parking_lot::const_mutex((None, 0, 0)),
+        }
+    }
+
+    /// The line to write at `now` for `what`, or None if it is left out.
+    pub fn line(&self, now: Instant, what: impl fmt::Display) -> Option<String> {
+        let mut state = self.state.lock();
+        let (start, written, left_out) = &mut *state;
+        if start.is_none_or(|s| now.saturating_duration_since(s) >= self.window) {
+            *start = Some(now);
+            *written = 0;
+        }
+        if *written >= self.most {
+            *left_out += 1;
+            return None;
+        }
+        *written += 1;
+        Some(match std::mem::take(left_out) {
+            0 => what.to_string(),
+            n => format!("{what} ({n} more not logged before it)"),
+        })
+    }
+}
+
+/// The log of failed reads: [`FAILED_READS_PER_MINUTE`] lines a minute.
+pub static FAILED_READS: LogLimit = LogLimit::new(FAILED_READS_PER_MINUTE, Duration::from_secs(60));
 
 #[cfg(test)]
 mod tests {
@@ -217,7 +268,8 @@ mod tests {
             block: 3,
             error,
         };
-        let line = |e| failed(e).to_string();
+        let limit = LogLimit::new(10, Duration::from_secs(60));
+        let line = |e| limit.line(Instant::now(), failed(e)).unwrap();
         let store = Refusal::error(libc::EACCES, "GET: Client error with status 403".into());
         assert_eq!(
             line(DataError::of_source(store)),
@@ -253,6 +305,29 @@ mod tests {
             }),
             "reading dir/a.bin block 3: source: 10 bytes of 4096: \
              the file changed since it was opened"
+        );
+    }
+
+    #[test]
+    fn a_log_limit_writes_so_many_lines_a_window_and_counts_the_rest() {
+        let limit = LogLimit::new(2, Duration::from_secs(60));
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(limit.line(at(0), "a").as_deref(), Some("a"));
+        assert_eq!(limit.line(at(1), "b").as_deref(), Some("b"));
+        for s in 2..7 {
+            assert_eq!(limit.line(at(s), "c"), None, "{s}");
+        }
+        // A minute after the window began: a new one, whose first line counts the others.
+        assert_eq!(
+            limit.line(at(60), "d").as_deref(),
+            Some("d (5 more not logged before it)")
+        );
+        assert_eq!(limit.line(at(61), "e").as_deref(), Some("e"));
+        assert_eq!(limit.line(at(62), "f"), None);
+        assert_eq!(
+            limit.line(at(200), "g").as_deref(),
+            Some("g (1 more not logged before it)")
         );
     }
 }

@@ -15,7 +15,8 @@
 //! it went ([`Fetched`]): the bytes to account, the latency for the prefetcher's pacer. A
 //! fetch whose read panics still ends: its waiters get EIO ([`DataError::Panicked`]) and the
 //! block is no longer in flight. A failed fetch hands every waiter the same [`DataError`],
-//! cause and all.
+//! cause and all; the fetch logs it only at debug level: the reader's one log line is the
+//! FUSE adapter's ([`super::error`]).
 //!
 //! # Parts of big objects
 //! On an object store a request costs tens of milliseconds before its first byte, so a big

@@ -91,7 +91,7 @@ impl SourceTier {
         let n = (self
             .source
             .read_blocks(rel, &key.version, offset, &mut bufs))
-        .map_err(|e| self.failed(rel, e))?;
+        .map_err(|e| self.failed(e))?;
         let counters = &self.stats.counters;
         Counters::add(&counters.bytes_from_source, n.min(len) as u64);
         if n < len {
@@ -111,13 +111,13 @@ impl SourceTier {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize, DataError> {
-        (self.source.read_block(rel, &key.version, offset, buf)).map_err(|e| self.failed(rel, e))
+        (self.source.read_block(rel, &key.version, offset, buf)).map_err(|e| self.failed(e))
     }
 
-    /// Counts and logs a failed read of `rel`; its fault for the reader.
-    fn failed(&self, rel: &Path, e: std::io::Error) -> DataError {
+    /// Counts a failed read; its fault for the reader, whose one log line says it
+    /// ([`super::error`]).
+    fn failed(&self, e: std::io::Error) -> DataError {
         Counters::add(&self.stats.counters.source_errors, 1);
-        tracing::warn!("reading {}: {e}", rel.display());
         DataError::of_source(e)
     }
 
