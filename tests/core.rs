@@ -238,9 +238,10 @@ fn source_errors_reach_the_reader() {
     *source.fail_paths_containing.lock() = Some("bad".into());
     let ino = lookup_path(&fs, "bad");
     let fh = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap().fh;
+    // EIO, with its cause for the log (the errno map: tier::error's tests).
     assert_eq!(
         read(&fs, fh, 0, 10),
-        Err("source: Input/output error (os error 5)".into())
+        Err("reading bad block 0: source: Input/output error (os error 5)".into())
     );
 }
 
@@ -252,9 +253,10 @@ fn a_fetch_that_panics_answers_eio_and_releases_its_block() {
     *source.panic_paths_containing.lock() = Some("boom".into());
     let ino = lookup_path(&fs, "boom");
     let fh = fs.open(ino, libc::O_RDONLY, Caller::default()).unwrap().fh;
+    // EIO (the errno map: tier::error's tests).
     assert_eq!(
         read(&fs, fh, 0, 10),
-        Err("source: Input/output error (os error 5)".into())
+        Err("reading boom block 0: the fetch panicked".into())
     );
     // The block leaves flight once its waiters have run (a read that comes meanwhile gets
     // their EIO too): then a read fetches it again, and gets it.
@@ -264,7 +266,7 @@ fn a_fetch_that_panics_answers_eio_and_releases_its_block() {
         match read(&fs, fh, 0, 5000) {
             Ok(got) => break got,
             Err(e) if started.elapsed() < ANSWER_WITHIN => {
-                assert_eq!(e, "source: Input/output error (os error 5)");
+                assert_eq!(e, "reading boom block 0: the fetch panicked");
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(e) => panic!("the block is still in flight after {ANSWER_WITHIN:?}: {e}"),

@@ -843,7 +843,7 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
     let logged = std::fs::read_to_string(log.path()).unwrap();
     assert!(
         logged.lines().any(|l| l.contains("WARN")
-            && l.contains("reading secret.bin: GET:")
+            && l.contains("reading secret.bin block 0: source: GET:")
             && l.contains("AccessDenied")),
         "{logged}"
     );

@@ -46,7 +46,11 @@ impl ServedBlocks for TierBlocks {
         );
         match rx.recv() {
             Ok(Ok(block)) => Ok(block),
-            Ok(Err(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
+            // The asker logs the cause with the refusal (its body).
+            Ok(Err(e)) => Err(std::io::Error::new(
+                std::io::Error::from_raw_os_error(e.errno()).kind(),
+                e,
+            )),
             Err(_) => Err(std::io::Error::other("the fetch ended")),
         }
     }

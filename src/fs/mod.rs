@@ -105,6 +105,9 @@ pub enum FsError {
     Stale,
     #[error("source: {0}")]
     Source(#[from] io::Error),
+    /// A block of a read could not be had: which, and why ([`crate::tier::error`]).
+    #[error("{0}")]
+    Read(crate::tier::error::ReadFailed),
 }
 
 impl FsError {

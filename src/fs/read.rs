@@ -46,8 +46,9 @@ use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, order};
 use crate::block::Block;
 use crate::cache::CachedBytes;
 use crate::namespace::NodeId;
+use crate::tier::error::ReadFailed;
 use crate::tier::fetch::{FetchResult, Origin, Report};
-use crate::tier::{Found, Tier, look_up};
+use crate::tier::{DataError, Found, Tier, look_up};
 
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
 enum Local<'a> {
@@ -70,7 +71,9 @@ struct Assembly {
     buf: Vec<u8>,
     /// Blocks still to arrive, plus one while the read is still being set up.
     pending: usize,
-    error: Option<i32>,
+    /// The first block that failed, and why.
+    error: Option<(u64, DataError)>,
+    rel: Arc<std::path::Path>,
     done: Option<ReadDone>,
 }
 
@@ -81,8 +84,8 @@ impl Assembly {
             return;
         }
         if let Some(done) = this.done.take() {
-            match this.error {
-                Some(errno) => done(Err(FsError::from_errno(errno))),
+            match this.error.take() {
+                Some((block, error)) => done(Err(failed(&this.rel, block, error))),
                 None => done(Ok(&this.buf)),
             }
         }
@@ -210,12 +213,13 @@ impl DatasetFs {
             if let Some(bytes) = self.local_block(h, first, (b - a) as u64) {
                 return done(Ok(&bytes[a..b]));
             }
+            let rel = h.rel.clone();
             return self.fetch_for(
                 h,
                 first,
                 Box::new(move |r| match r {
                     Ok(buf) => done(Ok(&buf[a..b])),
-                    Err(errno) => done(Err(FsError::from_errno(errno))),
+                    Err(e) => done(Err(failed(&rel, first, e))),
                 }),
             );
         }
@@ -224,6 +228,7 @@ impl DatasetFs {
             buf: vec![0; (end - offset) as usize],
             pending: 1,
             error: None,
+            rel: h.rel.clone(),
             done: Some(done),
         }));
         for block in first..=last {
@@ -244,8 +249,8 @@ impl DatasetFs {
                     let mut asm = part.lock();
                     match r {
                         Ok(buf) => asm.buf[at..at + (b - a)].copy_from_slice(&buf[a..b]),
-                        Err(errno) => {
-                            asm.error.get_or_insert(errno);
+                        Err(e) => {
+                            asm.error.get_or_insert((block, e));
                         }
                     }
                     Assembly::finish_one(asm);
@@ -391,7 +396,10 @@ impl DatasetFs {
                 // The path names another file now (or none); the open one is unchanged. (An
                 // object has no open file to read: its reader gets the store's answer.)
                 let r = match r {
-                    Err(libc::ESTALE) | Err(libc::ENOENT) if handle.file.local().is_some() => {
+                    Err(e)
+                        if matches!(e.errno(), libc::ESTALE | libc::ENOENT)
+                            && handle.file.local().is_some() =>
+                    {
                         read_from_open_file(&handle, blocks.offset(block), block_len as usize)
                     }
                     other => other,
@@ -427,13 +435,22 @@ impl DatasetFs {
 fn read_from_open_file(h: &FileHandle, offset: u64, len: usize) -> FetchResult {
     match h.file.stat() {
         Ok(now) if now.version == h.version => {}
-        Ok(_) => return Err(libc::ESTALE),
-        Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        Ok(_) => return Err(DataError::Changed),
+        Err(e) => return Err(DataError::OpenFile(Arc::new(e))),
     }
-    let mut block = Block::zeroed(len).map_err(|_| libc::ENOMEM)?;
+    let mut block = Block::zeroed(len).map_err(|e| DataError::no_memory(len, e))?;
     match h.file.read_at(offset, &mut block.whole_mut()[..len]) {
         Ok(n) if n == len => Ok(Arc::new(block)),
-        Ok(_) => Err(libc::ESTALE),
-        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        Ok(_) => Err(DataError::Changed),
+        Err(e) => Err(DataError::OpenFile(Arc::new(e))),
     }
+}
+
+/// The error a reader gets for block `block` of the file at `rel`, which failed with `error`.
+fn failed(rel: &Arc<std::path::Path>, block: u64, error: DataError) -> FsError {
+    FsError::Read(ReadFailed {
+        rel: rel.clone(),
+        block,
+        error,
+    })
 }

@@ -227,6 +227,7 @@ pub fn errno(err: &FsError) -> Errno {
         FsError::NotTty => Errno::ENOTTY,
         FsError::Stale => Errno::ESTALE,
         FsError::Source(e) => e.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO),
+        FsError::Read(failed) => Errno::from_i32(failed.error.errno()),
     }
 }
 
@@ -259,9 +260,16 @@ error_reply!(
 );
 
 /// Logs a failed request once, at a level that fits how ordinary the failure is, and
-/// replies with its errno.
+/// replies with its errno. A block that could not be read is logged with its cause, at most
+/// so many a minute ([`crate::tier::error::FAILED_READS`]).
 fn fail(op: &str, err: FsError, reply: impl ErrorReply) {
     match &err {
+        FsError::Read(_) => {
+            let now = std::time::Instant::now();
+            if let Some(line) = crate::tier::error::FAILED_READS.line(now, &err) {
+                warn!("{line}")
+            }
+        }
         // Probes for missing names and attributes are part of normal operation.
         FsError::NotFound | FsError::NoAttr | FsError::Range => debug!("{op}: {err}"),
         FsError::ReadOnly | FsError::Access | FsError::NotDir | FsError::IsDir | FsError::Stale => {
@@ -852,5 +860,32 @@ impl Filesystem for FuseAdapter {
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         fail("removexattr", FsError::ReadOnly, reply);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::DataError;
+    use crate::tier::error::ReadFailed;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_failed_read_gets_the_errno_of_its_cause() {
+        let failed = |error: DataError| {
+            FsError::Read(ReadFailed {
+                rel: Arc::from(std::path::Path::new("a")),
+                block: 0,
+                error,
+            })
+        };
+        let refused = crate::source::Refusal::error(libc::EACCES, "GET: 403".into());
+        for (e, want) in [
+            (DataError::of_source(refused), Errno::EACCES),
+            (DataError::Changed, Errno::ESTALE),
+            (DataError::Panicked, Errno::EIO),
+        ] {
+            assert_eq!(errno(&failed(e)), want);
+        }
     }
 }

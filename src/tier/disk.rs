@@ -81,7 +81,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::{Found, Tier, TierError, Want};
+use super::{DataError, Found, Tier, Want};
 use crate::block::{ALIGN, Block, BlockSize, MAP_FROM};
 use crate::namespace::FileVersion;
 use crate::source::read_at_most;
@@ -978,7 +978,7 @@ impl Tier for DiskTier {
         super::fetch::Origin::Disk
     }
 
-    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
         if !self.enabled() {
             return Ok(None);
         }
@@ -1000,7 +1000,10 @@ impl Tier for DiskTier {
             }
             Err(e) => {
                 self.disable("reading", &e);
-                return Err(TierError::of(&e));
+                return Err(DataError::Disk {
+                    path: self.dir.join("data"),
+                    error: Arc::new(e),
+                });
             }
         };
         let n = self.reads.fetch_add(1, Ordering::Relaxed);

@@ -13,8 +13,10 @@
 //! ([`super::recent`]) before the waiters run, so that a second open of the file right after
 //! finds it; then it is handed to every waiter. The caller that started the fetch hears how
 //! it went ([`Fetched`]): the bytes to account, the latency for the prefetcher's pacer. A
-//! fetch whose read panics still ends: its waiters get EIO and the block is no longer in
-//! flight.
+//! fetch whose read panics still ends: its waiters get EIO ([`DataError::Panicked`]) and the
+//! block is no longer in flight. A failed fetch hands every waiter the same [`DataError`],
+//! cause and all; the fetch logs it only at debug level: the reader's one log line is the
+//! FUSE adapter's ([`super::error`]).
 //!
 //! # Parts of big objects
 //! On an object store a request costs tens of milliseconds before its first byte, so a big
@@ -39,13 +41,13 @@ use std::time::{Duration, Instant};
 use super::ahead::Ahead;
 use super::inflight::{Inflight, Waiter};
 use super::recent::RecentBlocks;
-use super::{Found, Tier, TierError, Want, look_up};
+use super::{DataError, Found, Tier, Want, look_up};
 use crate::block::{Block, BlockSize};
 use crate::cache::{BlockCache, BlockKey};
 use crate::stats::{Counters, Stats};
 
-/// The bytes of a fetched block, or the errno of the failure.
-pub type FetchResult = Result<Arc<Block>, i32>;
+/// The bytes of a fetched block, or why the fetch failed.
+pub type FetchResult = Result<Arc<Block>, DataError>;
 
 /// How a fetch went, told to the caller that started it.
 #[derive(Clone, Copy, Debug)]
@@ -317,8 +319,8 @@ impl Fetcher {
         };
         span.record("tier", tracing::field::debug(origin));
         span.record("bytes", read_bytes);
-        if let Err(errno) = &result {
-            tracing::debug!(errno, "fetch failed");
+        if let Err(e) = &result {
+            tracing::debug!(errno = e.errno(), "fetch failed: {e}");
         }
         drop(span);
         let took = issued.elapsed();
@@ -393,25 +395,22 @@ impl Fetcher {
                         Some((Found::Block(mine), rest))
                     })
                 };
-                let read = match read {
-                    Ok(Some(run)) => Ok(run),
-                    Ok(None) => Err(libc::EIO),
-                    Err(TierError(errno)) => Err(errno),
-                };
-                match read {
+                match read.and_then(|run| run.ok_or(DataError::Missing(source.name()))) {
                     Ok((found, rest)) => (found, None, rest),
-                    Err(errno) => {
+                    Err(e) => {
                         for other in (lo..hi).filter(|&x| x != b) {
-                            self.inflight.complete(&want.block(other).key, Err(errno));
+                            self.inflight
+                                .complete(&want.block(other).key, Err(e.clone()));
                         }
-                        return Some((Err(errno), Origin::Source, fallback, 0, false));
+                        return Some((Err(e), Origin::Source, fallback, 0, false));
                     }
                 }
             }
         };
         let origin = finder.map_or(Origin::Source, |tier| tier.origin());
         let Some(block) = owned(found, want.key.block) else {
-            return Some((Err(libc::EIO), origin, fallback, 0, false));
+            let name = finder.map_or(source.name(), |tier| tier.name());
+            return Some((Err(DataError::Missing(name)), origin, fallback, 0, false));
         };
         let first_block = want.key.block == 0 || rest.first().is_some_and(|(b, _)| *b == 0);
         let mut bytes = block.len() as u64;
@@ -571,7 +570,9 @@ impl Drop for Running<'_> {
                 self.key.block,
                 self.key.version.ino
             );
-            self.fetcher.inflight.complete(&self.key, Err(libc::EIO));
+            self.fetcher
+                .inflight
+                .complete(&self.key, Err(DataError::Panicked));
         }
     }
 }
@@ -739,7 +740,8 @@ mod tests {
 
     #[test]
     fn a_faulty_tier_in_front_of_the_source_falls_through_to_it() {
-        let broken: Arc<dyn Tier> = Arc::new(crate::tier::tests::Told(Err(TierError(libc::EIO))));
+        let broken = crate::tier::tests::Told(Err(DataError::Missing("told")));
+        let broken: Arc<dyn Tier> = Arc::new(broken);
         let (_dir, f, source, want, _io) = fetcher(vec![broken], Duration::ZERO);
         let got = fetch_all(&f, &want, 1);
         assert!(got[0].as_ref().is_ok_and(|b| b[..] == [7; 100_000]));
@@ -763,7 +765,9 @@ mod tests {
             );
         }
         for _ in 0..3 {
-            assert_eq!(rx.recv().unwrap().unwrap_err(), libc::EIO);
+            let e = rx.recv().unwrap().unwrap_err();
+            assert!(matches!(e, DataError::Source(_)), "{e:?}");
+            assert_eq!(e.errno(), libc::EIO);
         }
         assert_eq!(source.reads(), 1);
         assert!(!f.memory.contains(&want.key));

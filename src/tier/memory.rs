@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::{Found, Tier, TierError, Want, Why};
+use super::{DataError, Found, Tier, Want, Why};
 use crate::block::Block;
 use crate::cache::BlockCache;
 
@@ -18,7 +18,7 @@ impl Tier for BlockCache {
         "memory"
     }
 
-    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
         Ok(BlockCache::get(self, &want.key).map(Found::Lent))
     }
 

@@ -23,13 +23,15 @@
 //!
 //! Tiers fail open ([`look_up`]): a fault of any tier but the last (the source) is a
 //! warning, a count (`tier_errors`) and a miss, and the next tier is asked. Only the source's
-//! faults reach the reader.
+//! faults reach the reader. A fault is a [`DataError`] ([`error`]), which keeps its cause (an
+//! I/O error, a store's answer, a peer's) for the log and maps to the reader's errno.
 //!
 //! Lookups cost what they cost before the chain: a call through `&dyn Tier` per tier asked,
 //! no allocation, and the memory tier lends its bytes without a copy or a reference count.
 
 pub mod ahead;
 pub mod disk;
+pub mod error;
 pub mod fetch;
 pub mod inflight;
 pub mod memory;
@@ -46,6 +48,7 @@ use crate::cache::{BlockCache, BlockKey, CachedBytes};
 use crate::jobs::JobKey;
 use crate::source::DatasetSource;
 use crate::stats::{Counters, Stats};
+pub use error::DataError;
 use fetch::Fetcher;
 use recent::RecentBlocks;
 use source::SourceTier;
@@ -119,19 +122,6 @@ pub enum Found<'a> {
     File(Vec<(u64, Arc<Block>)>),
 }
 
-/// A tier's fault, as an errno. Below the source it is passed over ([`look_up`]); the
-/// source's is the reader's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}", std::io::Error::from_raw_os_error(*.0))]
-pub struct TierError(pub i32);
-
-impl TierError {
-    /// The fault of an I/O error (EIO if it carries no errno).
-    pub fn of(e: &std::io::Error) -> Self {
-        TierError(crate::source::Refusal::errno_of(e).unwrap_or(libc::EIO))
-    }
-}
-
 /// A place blocks can come from.
 pub trait Tier: Send + Sync {
     /// The tier's name, for the log.
@@ -144,13 +134,13 @@ pub trait Tier: Send + Sync {
 
     /// Block `want.key`, if this tier holds it for `want`. `Err` is a fault of the tier, not
     /// a miss: the caller counts it and asks the next tier.
-    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError>;
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError>;
 
     /// Block `want.key` and the `more` blocks after it, read at once (one request to an
     /// object store, see [`fetch`]'s parts). Only the source is asked for runs; a tier that
-    /// cannot read one says EOPNOTSUPP.
-    fn get_run(&self, _want: &Want<'_>, _more: u64) -> Result<Vec<Arc<Block>>, TierError> {
-        Err(TierError(libc::EOPNOTSUPP))
+    /// cannot read one says so (EOPNOTSUPP).
+    fn get_run(&self, _want: &Want<'_>, _more: u64) -> Result<Vec<Arc<Block>>, DataError> {
+        Err(DataError::NoRuns(self.name()))
     }
 
     /// Offers `data`, found below this tier, as block `want.key`; the tier keeps it if it
@@ -283,7 +273,8 @@ impl Tiers {
 }
 
 /// Asks `tiers` for `want`, nearest first, and returns the first hit. A tier's fault is
-/// logged and counted in `errors`, and the next tier is asked: the tiers fail open.
+/// logged with its cause (the one line it gets) and counted in `errors`, and the next tier is
+/// asked: the tiers fail open.
 pub fn look_up<'t>(
     tiers: impl IntoIterator<Item = &'t dyn Tier>,
     want: &Want<'_>,
@@ -296,10 +287,9 @@ pub fn look_up<'t>(
             Err(e) => {
                 Counters::add(errors, 1);
                 tracing::warn!(
-                    "{} tier: block {} of inode {}: {e}; asking the next tier",
-                    tier.name(),
+                    "reading {} block {}: {e}; asking the next tier",
+                    want.rel.display(),
                     want.key.block,
-                    want.key.version.ino
                 );
             }
         }
@@ -339,14 +329,14 @@ pub(crate) mod tests {
     }
 
     /// A tier that fails, misses or hits, as it is told.
-    pub struct Told(pub Result<Option<u8>, TierError>);
+    pub struct Told(pub Result<Option<u8>, DataError>);
 
     impl Tier for Told {
         fn name(&self) -> &'static str {
             "told"
         }
-        fn get(&self, _want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
-            self.0.map(|hit| {
+        fn get(&self, _want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
+            self.0.clone().map(|hit| {
                 hit.map(|fill| Found::Block(Arc::new(Block::copy_of(&[fill; 10]).unwrap())))
             })
         }
@@ -366,7 +356,7 @@ pub(crate) mod tests {
     #[test]
     fn the_first_tier_that_holds_the_block_answers_and_a_fault_is_a_counted_miss() {
         let (miss, one, two) = (Told(Ok(None)), Told(Ok(Some(1))), Told(Ok(Some(2))));
-        let broken = Told(Err(TierError(libc::EIO)));
+        let broken = Told(Err(DataError::Missing("told")));
         // (the chain, the bytes found, the faults counted)
         let table: [(&[&dyn Tier], Option<u8>, u64); 6] = [
             (&[&miss, &one, &two], Some(1), 0),
@@ -383,10 +373,6 @@ pub(crate) mod tests {
             assert_eq!(got, *found, "row {i}");
             assert_eq!(errors.load(Ordering::Relaxed), *faults, "row {i}");
         }
-        assert_eq!(
-            TierError(libc::EIO).to_string(),
-            "Input/output error (os error 5)"
-        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! the version the reader opened ([`crate::cluster::wire`]); the reply must carry that version,
 //! exactly the block's length in bytes and their CRC32C. A reply that does not (another
 //! version, a short body, a wrong checksum, a refusal), a timeout or a connection error is a
-//! fault of this tier: the read goes on to the source ([`super::look_up`]), and the member is
+//! fault of this tier ([`PeerFault`], logged with the member's name where the chain passes
+//! over it): the read goes on to the source ([`super::look_up`]), and the member is
 //! *suspect*: not asked for a second, doubling with each fault in a row up to
 //! [`MAX_BACKOFF`]. A read never fails because a peer did.
 
@@ -20,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Found, Tier, TierError, Want, Why};
+use super::error::PeerFault;
+use super::{DataError, Found, Tier, Want, Why};
 use crate::block::{Block, BlockSize};
 use crate::cluster::auth::Secret;
 use crate::cluster::members::Membership;
@@ -33,6 +35,8 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest a suspect member goes unasked.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The bytes of a refusal's body that a fault keeps (the member's words: short).
+const STATUS_BODY_MAX: u64 = 256;
 
 /// A member of the cluster, as the tier knows it.
 #[derive(Debug)]
@@ -136,7 +140,7 @@ impl PeerTier {
     }
 
     /// Block `want.key` from member `m`.
-    fn ask(&self, m: &Member, digest: u64, want: &Want<'_>) -> Result<Block, String> {
+    fn ask(&self, m: &Member, digest: u64, want: &Want<'_>) -> Result<Block, PeerFault> {
         let v = want.key.version;
         let request = BlockRequest {
             path: want.rel.as_os_str().as_bytes().to_vec(),
@@ -152,26 +156,30 @@ impl PeerTier {
             .get(format!("{}://{}{target}", self.scheme, m.name))
             .header("authorization", self.secret.sign("GET", &target))
             .call()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| PeerFault::Transport(Arc::new(e)))?;
         if reply.status() != 200 {
-            return Err(format!("HTTP {}", reply.status()));
+            // The member's words, if short (its refusal, or why its read failed).
+            let status = reply.status().as_u16();
+            let body = reply.body_mut().with_config().limit(STATUS_BODY_MAX);
+            let body = body.read_to_string().unwrap_or_default();
+            return Err(PeerFault::Status { status, body });
         }
         let version = reply
             .headers()
             .get(VERSION_HEADER)
             .and_then(|h| h.to_str().ok());
         if version != Some(&version_value(v.size, v.mtime_ns, v.ctime_ns)) {
-            return Err(format!("a reply for another version ({version:?})"));
+            return Err(PeerFault::OtherVersion(version.map(str::to_string)));
         }
         let crc: u32 = reply
             .headers()
             .get(CRC_HEADER)
             .and_then(|h| h.to_str().ok())
             .and_then(|h| h.parse().ok())
-            .ok_or("no checksum")?;
+            .ok_or(PeerFault::NoChecksum)?;
         let len = self.blocks.len(v.size, want.key.block) as usize;
         // Straight into the block: no buffer to grow and copy from.
-        let mut block = Block::zeroed(len).map_err(|e| e.to_string())?;
+        let mut block = Block::zeroed(len).map_err(|e| PeerFault::NoMemory(Arc::new(e)))?;
         let mut body = reply
             .body_mut()
             .with_config()
@@ -182,21 +190,23 @@ impl PeerTier {
             let room = &mut block.whole_mut()[got..];
             if room.is_empty() {
                 // A body longer than the block: one more byte says so.
-                got += body.read(&mut [0]).map_err(|e| e.to_string())?;
+                got += body
+                    .read(&mut [0])
+                    .map_err(|e| PeerFault::Body(Arc::new(e)))?;
                 break;
             }
-            let n = body.read(room).map_err(|e| e.to_string())?;
+            let n = body.read(room).map_err(|e| PeerFault::Body(Arc::new(e)))?;
             if n == 0 {
                 break;
             }
             got += n;
         }
         if got != len {
-            return Err(format!("{got} bytes of {len}"));
+            return Err(PeerFault::Length { got, len });
         }
         block.truncate(len);
         if crc32c::crc32c(&block) != crc {
-            return Err("a wrong checksum".into());
+            return Err(PeerFault::Checksum);
         }
         Ok(block)
     }
@@ -211,7 +221,7 @@ impl Tier for PeerTier {
         super::fetch::Origin::Peer
     }
 
-    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
         // A member serves what it owns from its source: it asks nobody (members whose lists
         // disagreed would otherwise ask each other in a ring).
         if want.why == Why::Peer {
@@ -235,17 +245,13 @@ impl Tier for PeerTier {
                 Counters::add(&counters.bytes_from_peers, block.len() as u64);
                 Ok(Some(Found::Block(Arc::new(block))))
             }
-            Err(why) => {
-                let backoff = m.failed();
+            Err(fault) => {
                 Counters::add(&counters.peer_errors, 1);
-                tracing::warn!(
-                    "peer {}: {why} for {} block {}; reading the source, not asking it for {:?}",
-                    m.name,
-                    want.rel.display(),
-                    want.key.block,
-                    backoff
-                );
-                Err(TierError(libc::EIO))
+                Err(DataError::Peer {
+                    peer: m.name.clone(),
+                    fault,
+                    backoff: m.failed(),
+                })
             }
         }
     }
@@ -320,23 +326,28 @@ mod tests {
         let crc = crc32c::crc32c(&body);
         let version = || Some(version_value(SIZE as u64, 0, 0));
         let other = vec![8u8; SIZE];
-        for (why, reply, ok) in [
-            ("the block", reply(200, Some(crc), version(), &body), true),
+        // (the reply, the start of the fault it is; None: the block)
+        for (why, reply, fault) in [
+            ("the block", reply(200, Some(crc), version(), &body), None),
             (
                 "a wrong checksum",
                 reply(200, Some(crc), version(), &other),
-                false,
+                Some("a wrong checksum"),
             ),
-            ("no checksum", reply(200, None, version(), &body), false),
+            (
+                "no checksum",
+                reply(200, None, version(), &body),
+                Some("no checksum"),
+            ),
             (
                 "a short body",
                 reply(200, Some(crc), version(), &body[1..]),
-                false,
+                Some("999 bytes of 1000"),
             ),
             (
                 "a long body",
                 reply(200, Some(crc), version(), &[&body[..], b"x"].concat()),
-                false,
+                Some("1001 bytes of 1000"),
             ),
             (
                 "another version",
@@ -346,28 +357,45 @@ mod tests {
                     Some(version_value(SIZE as u64, 1, 0)),
                     &body,
                 ),
-                false,
+                Some("a reply for another version (Some("),
             ),
-            ("no version", reply(200, Some(crc), None, &body), false),
+            (
+                "no version",
+                reply(200, Some(crc), None, &body),
+                Some("a reply for another version (None)"),
+            ),
             (
                 "a refusal",
                 reply(409, None, None, b"another version"),
-                false,
+                Some("HTTP 409: another version"),
             ),
             (
                 "a reply cut short",
                 b"HTTP/1.1 200 OK\r\ncontent-le".to_vec(),
-                false,
+                Some(""),
             ),
         ] {
             let peer = one_reply(reply);
             let (tier, stats) = tier_asking(&peer);
             let w = want(1, SIZE as u64, 0, Why::Read);
-            match tier.get(&w) {
-                Ok(Some(Found::Block(b))) if ok => assert_eq!(&b[..], &body[..], "{why}"),
-                Err(TierError(e)) if !ok => assert_eq!(e, libc::EIO, "{why}"),
-                other => panic!("{why}: {:?}", other.map(|f| f.is_some())),
+            match (tier.get(&w), fault) {
+                (Ok(Some(Found::Block(b))), None) => assert_eq!(&b[..], &body[..], "{why}"),
+                (Err(e), Some(fault)) => {
+                    let DataError::Peer {
+                        peer: name,
+                        fault: got,
+                        ..
+                    } = &e
+                    else {
+                        panic!("{why}: {e}")
+                    };
+                    assert_eq!(name, &peer, "{why}");
+                    assert!(got.to_string().starts_with(fault), "{why}: {e}");
+                    assert_eq!(e.errno(), libc::EIO, "{why}");
+                }
+                (other, _) => panic!("{why}: {:?}", other.map(|f| f.is_some())),
             }
+            let ok = fault.is_none();
             let c = &stats.counters;
             assert_eq!(Counters::get(&c.peer_errors), u64::from(!ok), "{why}");
             assert_eq!(Counters::get(&c.peer_hits), u64::from(ok), "{why}");

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{Found, Tier, TierError, Want, Why};
+use super::{DataError, Found, Tier, Want, Why};
 use crate::block::Block;
 use crate::cache::BlockKey;
 use crate::jobs::JobKey;
@@ -129,7 +129,7 @@ impl Tier for RecentBlocks {
         "recent"
     }
 
-    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
         let not_by = match want.why {
             Why::Reread => None,
             // A job's first read of a file in an epoch comes from below, unless another job

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{Found, Tier, TierError, Want};
+use super::{DataError, Found, Tier, Want};
 use crate::block::{Block, BlockSize, MAP_FROM};
 use crate::cache::BlockKey;
 use crate::source::DatasetSource;
@@ -44,7 +44,7 @@ impl SourceTier {
     }
 
     /// Reads block `key` of the file at `rel`.
-    fn read(&self, rel: &Path, key: BlockKey) -> Result<Block, TierError> {
+    fn read(&self, rel: &Path, key: BlockKey) -> Result<Block, DataError> {
         let len = self.blocks.len(key.version.size, key.block) as usize;
         let offset = self.blocks.offset(key.block);
         if len < MAP_FROM {
@@ -55,7 +55,7 @@ impl SourceTier {
                     Some(b) => b,
                     None => match Block::zeroed(MAP_FROM) {
                         Ok(b) => scratch.insert(b),
-                        Err(_) => return Err(TierError(libc::ENOMEM)),
+                        Err(e) => return Err(DataError::no_memory(MAP_FROM, e)),
                     },
                 };
                 let whole = &mut buf.whole_mut()[..Block::footprint_for(len) as usize];
@@ -63,13 +63,7 @@ impl SourceTier {
                 self.complete(Block::exact(&whole[..n.min(len)]), len)
             });
         }
-        let mut block = match Block::zeroed(len) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!("no memory for a block of {}: {e}", rel.display());
-                return Err(TierError(libc::ENOMEM));
-            }
-        };
+        let mut block = Block::zeroed(len).map_err(|e| DataError::no_memory(len, e))?;
         let n = self.read_into(rel, &key, offset, block.whole_mut())?;
         block.truncate(n.min(len));
         self.complete(block, len)
@@ -77,17 +71,12 @@ impl SourceTier {
 
     /// Reads block `key` and the `more` after it in one read of the source (one request to an
     /// object store), each into a block of its own.
-    fn read_run(&self, rel: &Path, key: BlockKey, more: u64) -> Result<Vec<Arc<Block>>, TierError> {
+    fn read_run(&self, rel: &Path, key: BlockKey, more: u64) -> Result<Vec<Arc<Block>>, DataError> {
         let size = key.version.size;
         let mut blocks = Vec::with_capacity(more as usize + 1);
         for b in key.block..=key.block + more {
-            match Block::zeroed(self.blocks.len(size, b) as usize) {
-                Ok(block) => blocks.push(block),
-                Err(e) => {
-                    tracing::warn!("no memory for a part of {}: {e}", rel.display());
-                    return Err(TierError(libc::ENOMEM));
-                }
-            }
+            let len = self.blocks.len(size, b) as usize;
+            blocks.push(Block::zeroed(len).map_err(|e| DataError::no_memory(len, e))?);
         }
         let len: usize = blocks.iter().map(|b| b.len()).sum();
         let offset = self.blocks.offset(key.block);
@@ -102,12 +91,12 @@ impl SourceTier {
         let n = (self
             .source
             .read_blocks(rel, &key.version, offset, &mut bufs))
-        .map_err(|e| self.failed(rel, &e))?;
+        .map_err(|e| self.failed(e))?;
         let counters = &self.stats.counters;
         Counters::add(&counters.bytes_from_source, n.min(len) as u64);
         if n < len {
             Counters::add(&counters.source_errors, 1);
-            return Err(TierError(libc::ESTALE));
+            return Err(DataError::Short { got: n, want: len });
         }
         Ok(blocks.into_iter().map(Arc::new).collect())
     }
@@ -121,24 +110,25 @@ impl SourceTier {
         key: &BlockKey,
         offset: u64,
         buf: &mut [u8],
-    ) -> Result<usize, TierError> {
-        (self.source.read_block(rel, &key.version, offset, buf)).map_err(|e| self.failed(rel, &e))
+    ) -> Result<usize, DataError> {
+        (self.source.read_block(rel, &key.version, offset, buf)).map_err(|e| self.failed(e))
     }
 
-    /// Counts and logs a failed read of `rel`; its fault for the reader.
-    fn failed(&self, rel: &Path, e: &std::io::Error) -> TierError {
+    /// Counts a failed read; its fault for the reader, whose one log line says it
+    /// ([`super::error`]).
+    fn failed(&self, e: std::io::Error) -> DataError {
         Counters::add(&self.stats.counters.source_errors, 1);
-        tracing::warn!("reading {}: {e}", rel.display());
-        TierError::of(e)
+        DataError::of_source(e)
     }
 
     /// Counts a block read from the source; one shorter than `len` is an error.
-    fn complete(&self, block: Block, len: usize) -> Result<Block, TierError> {
+    fn complete(&self, block: Block, len: usize) -> Result<Block, DataError> {
         let counters = &self.stats.counters;
         Counters::add(&counters.bytes_from_source, block.len() as u64);
         if block.len() < len {
             Counters::add(&counters.source_errors, 1);
-            return Err(TierError(libc::ESTALE));
+            let got = block.len();
+            return Err(DataError::Short { got, want: len });
         }
         Ok(block)
     }
@@ -149,7 +139,7 @@ impl Tier for SourceTier {
         "source"
     }
 
-    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
         tracing::debug!(
             "fetch {} block {} for {} epoch {} ({:?})",
             want.rel.display(),
@@ -162,7 +152,7 @@ impl Tier for SourceTier {
         Ok(Some(Found::Block(Arc::new(block))))
     }
 
-    fn get_run(&self, want: &Want<'_>, more: u64) -> Result<Vec<Arc<Block>>, TierError> {
+    fn get_run(&self, want: &Want<'_>, more: u64) -> Result<Vec<Arc<Block>>, DataError> {
         tracing::debug!(
             "fetch {} blocks {}..={} for {} epoch {} ({:?})",
             want.rel.display(),
@@ -219,7 +209,7 @@ mod tests {
         )
     }
 
-    fn read(t: &SourceTier, w: &Want<'_>) -> Result<Vec<u8>, TierError> {
+    fn read(t: &SourceTier, w: &Want<'_>) -> Result<Vec<u8>, DataError> {
         match t.get(w)? {
             Some(Found::Block(b)) => Ok(b.to_vec()),
             other => panic!("{other:?}"),
@@ -246,7 +236,9 @@ mod tests {
         let (_dir, source, w) = source(1000);
         *source.fail_paths_containing.lock() = Some("f".into());
         let (t, stats) = tier(source, 1 << 20);
-        assert_eq!(read(&t, &w), Err(TierError(libc::EIO)));
+        let e = read(&t, &w).unwrap_err();
+        assert!(matches!(e, DataError::Source(_)), "{e:?}");
+        assert_eq!(e.errno(), libc::EIO);
         assert_eq!(Counters::get(&stats.counters.source_errors), 1);
     }
 }

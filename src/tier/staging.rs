@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{Found, Tier, TierError, Want, Why};
+use super::{DataError, Found, Tier, Want, Why};
 use crate::block::{Block, BlockSize};
 use crate::cache::BlockKey;
 use crate::jobs::JobKey;
@@ -628,7 +628,7 @@ impl Tier for Staging {
         "staging"
     }
 
-    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, TierError> {
+    fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
         let mut inner = self.inner.lock();
         if !inner.blocks.contains_key(&want.key) {
             return Ok(None);
