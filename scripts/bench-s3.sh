@@ -29,9 +29,10 @@
 #   hint   - the same mount, and `coorfs read --hint` hands each epoch's order to it first;
 #   memory - coorfs with its memory cache only (no --cache-dir; not in the default SYSTEMS).
 # The mounts are read with `coorfs read --procs PROCS`. Per epoch: seconds; for coorfs the hit
-# rate. The summary gives each system's median epoch times, and coorfs's ratio over the best
-# of boto3, s3fs and rclone per epoch (the issue's targets: epoch 1 >= 2x, epochs 2+ >= 3x,
-# with hints >= 5x).
+# rate. Every reader reports the bytes it read; an epoch that did not read the whole dataset is
+# named in the summary. The summary gives each system's median epoch times, and coorfs's ratio
+# over the best of boto3, s3fs and rclone per epoch (the issue's targets: epoch 1 >= 2x,
+# epochs 2+ >= 3x, with hints >= 5x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -159,6 +160,11 @@ for rep in $(seq 1 "$REPS"); do
                 out=$(cg_run "$cg" "$coorfs" read --json "${hint[@]}" --procs "$PROCS" --seed "$seed" "$mnt")
             fi
             secs=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+            bytes=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes"])')
+            if [ "$bytes" != "$dataset_bytes" ]; then
+                echo "bench-s3.sh: $sys rep $rep epoch $epoch read $bytes bytes, not the dataset's $dataset_bytes" >&2
+                echo "$sys $rep $epoch $bytes" >> "$work/short.txt"
+            fi
             hit=-
             if [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
                 hit=$(coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$epoch - 1]['hit_rate'])")
@@ -180,10 +186,17 @@ for rep in $(seq 1 "$REPS"); do
 done
 
 echo
-echo "scripts/bench-s3.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): $FILES files," \
+echo "scripts/bench-s3.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD): $FILES files," \
     "$((dataset_bytes >> 20)) MiB in s3://bench/ds (moto, $LATENCY per request, answers paced at $PACE/s (0: unpaced));" \
     "a $((POD >> 20)) MiB memory cgroup for each system, $((DISK >> 20)) MiB of local disk for rclone's and coorfs's caches;" \
     "$PROCS reader processes"
+echo
+if [ -s "$work/short.txt" ]; then
+    echo "Epochs that did not read the dataset's $dataset_bytes bytes (system, rep, epoch, bytes):"
+    cat "$work/short.txt"
+else
+    echo "Every epoch of every system read the dataset's $dataset_bytes bytes."
+fi
 echo
 python3 - "$samples" <<'PY'
 import collections, statistics, sys
