@@ -3,7 +3,7 @@
 # and readers users run today, each in a memory cgroup of the same limit (POD), in one run.
 #
 #   scripts/bench-s3.sh                              # REPS=2, about 30 minutes
-#   DISK=$((128 << 20)) SYSTEMS="boto3 rclone coorfs hint" scripts/bench-s3.sh
+#   DISK=$((128 << 20)) SYSTEMS="boto3 s3torch rclone coorfs hint" scripts/bench-s3.sh
 #   FILES=200 REPS=1 EPOCHS=2 scripts/bench-s3.sh    # a dry run, in a minute
 #   SHARDS=32 SHARD_SIZE=24M POD=$((384 << 20)) DISK=$((256 << 20)) PACE=100M scripts/bench-s3.sh
 #
@@ -21,6 +21,16 @@
 # Systems (SYSTEMS), each epoch a fresh random order read whole by PROCS processes:
 #   boto3  - scripts/s3-read.py: each process reads its share with boto3 get_object, one
 #            object after another (a DataLoader's workers reading S3 directly);
+#   s3torch - scripts/s3torch-read.py: the same with s3torchconnector 1.5.0 (PyPI), whose
+#            S3Client is the CRT client of mountpoint-s3 (an object split into 8 MiB parts
+#            fetched at once), each object read whole with its default (sequential) S3Reader,
+#            as S3MapDataset's workers read. Its process imports torch first (about 290 MiB
+#            of memory with the CUDA wheel: in the 384 MiB pod the readers are OOM-killed)
+#            and then joins the cgroup, which is charged with the reading alone, as for the
+#            others. Its venv, target/s3torch, is made on first use (torch 2.15.0 and
+#            s3torchconnector from PyPI, about 5 GiB with torch's CUDA libraries;
+#            TORCH_INDEX=URL takes torch from that index instead, e.g. a CPU-only one); if
+#            the install fails, s3torch is skipped with a line saying so;
 #   s3fs   - s3fs-fuse 1.90 (Debian), read-only, its defaults (no disk cache);
 #   rclone - rclone 1.60 mount (Debian), --vfs-cache-mode full: its cache is on local disk,
 #            capped at DISK (--vfs-cache-max-size, enforced every 5 s);
@@ -29,9 +39,10 @@
 #   hint   - the same mount, and `coorfs read --hint` hands each epoch's order to it first;
 #   memory - coorfs with its memory cache only (no --cache-dir; not in the default SYSTEMS).
 # The mounts are read with `coorfs read --procs PROCS`. Per epoch: seconds; for coorfs the hit
-# rate. The summary gives each system's median epoch times, and coorfs's ratio over the best
-# of boto3, s3fs and rclone per epoch (the issue's targets: epoch 1 >= 2x, epochs 2+ >= 3x,
-# with hints >= 5x).
+# rate. Every reader reports the bytes it read; an epoch that did not read the whole dataset is
+# named in the summary. The summary gives each system's median epoch times, and coorfs's ratio
+# over the best of boto3, s3torch, s3fs and rclone per epoch (the issue's targets: epoch 1 >=
+# 2x, epochs 2+ >= 3x, with hints >= 5x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -43,7 +54,7 @@ POD=${POD:-$((192 << 20))}
 DISK=${DISK:-$POD}
 PROCS=${PROCS:-2}
 LATENCY=${LATENCY:-20ms}
-SYSTEMS=${SYSTEMS:-"boto3 s3fs rclone coorfs hint"}
+SYSTEMS=${SYSTEMS:-"boto3 s3torch s3fs rclone coorfs hint"}
 SHARDS=${SHARDS:-}
 SHARD_SIZE=${SHARD_SIZE:-24M}
 PACE=${PACE:-0}
@@ -64,6 +75,21 @@ venv=target/moto
 if [ ! -x "$venv/bin/moto_server" ]; then
     echo "bench-s3.sh: needs moto's server in $venv: scripts/test.sh installs it" >&2
     exit 2
+fi
+# s3torchconnector's venv, made on first use; s3torch is skipped if it cannot be made.
+s3torch=target/s3torch
+if [[ " $SYSTEMS " == *" s3torch "* ]] && ! "$s3torch/bin/python" -c 'import s3torchconnector' 2>/dev/null; then
+    echo "== bench-s3.sh: installing torch 2.15.0 and s3torchconnector 1.5.0 into $s3torch (PyPI)" >&2
+    rm -rf "$s3torch"
+    mkdir -p target
+    if ! { python3 -m venv "$s3torch" &&
+        "$s3torch/bin/pip" install --quiet --disable-pip-version-check ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==2.15.0" &&
+        "$s3torch/bin/pip" install --quiet --disable-pip-version-check "s3torchconnector==1.5.0" "numpy==2.4.6"; } \
+        > target/s3torch-install.log 2>&1; then
+        echo "bench-s3.sh: s3torch skipped: installing s3torchconnector into $s3torch failed (target/s3torch-install.log)" >&2
+        rm -rf "$s3torch"
+        SYSTEMS=$(echo " $SYSTEMS " | sed 's/ s3torch / /; s/^ *//; s/ *$//')
+    fi
 fi
 cargo build --release --quiet
 coorfs=$PWD/target/release/coorfs
@@ -147,18 +173,29 @@ mount_side() {
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
         cg_create "$cg" "$POD" 0 0
-        [ "$sys" = boto3 ] || mount_side "$sys"
+        [ "$sys" = boto3 ] || [ "$sys" = s3torch ] || mount_side "$sys"
         for epoch in $(seq 1 "$EPOCHS"); do
             seed=$((rep * 100 + epoch))
             if [ "$sys" = boto3 ]; then
                 out=$(cg_run "$cg" "$venv/bin/python" scripts/s3-read.py --endpoint "$endpoint" \
                     --procs "$PROCS" --seed "$seed" bench ds)
+            elif [ "$sys" = s3torch ]; then
+                # It joins the cgroup itself, after importing torch (scripts/s3torch-read.py).
+                join=()
+                for procs in $(cg_procs "$cg"); do join+=(--join "$procs"); done
+                out=$("$s3torch/bin/python" scripts/s3torch-read.py --endpoint "$endpoint" \
+                    --procs "$PROCS" --seed "$seed" "${join[@]}" bench ds)
             else
                 hint=()
                 [ "$sys" = hint ] && hint=(--hint)
                 out=$(cg_run "$cg" "$coorfs" read --json "${hint[@]}" --procs "$PROCS" --seed "$seed" "$mnt")
             fi
             secs=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+            bytes=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes"])')
+            if [ "$bytes" != "$dataset_bytes" ]; then
+                echo "bench-s3.sh: $sys rep $rep epoch $epoch read $bytes bytes, not the dataset's $dataset_bytes" >&2
+                echo "$sys $rep $epoch $bytes" >> "$work/short.txt"
+            fi
             hit=-
             if [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
                 hit=$(coorfs_stat "$mnt" stats | python3 -c "import json,sys; print(json.load(sys.stdin)['epochs'][$epoch - 1]['hit_rate'])")
@@ -180,10 +217,17 @@ for rep in $(seq 1 "$REPS"); do
 done
 
 echo
-echo "scripts/bench-s3.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d): $FILES files," \
+echo "scripts/bench-s3.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD): $FILES files," \
     "$((dataset_bytes >> 20)) MiB in s3://bench/ds (moto, $LATENCY per request, answers paced at $PACE/s (0: unpaced));" \
     "a $((POD >> 20)) MiB memory cgroup for each system, $((DISK >> 20)) MiB of local disk for rclone's and coorfs's caches;" \
     "$PROCS reader processes"
+echo
+if [ -s "$work/short.txt" ]; then
+    echo "Epochs that did not read the dataset's $dataset_bytes bytes (system, rep, epoch, bytes):"
+    cat "$work/short.txt"
+else
+    echo "Every epoch of every system read the dataset's $dataset_bytes bytes."
+fi
 echo
 python3 - "$samples" <<'PY'
 import collections, statistics, sys
@@ -207,7 +251,7 @@ for s in systems:
             cell += f" (hit {med(hits[s][e]):.2f})"
         cells.append(cell)
     print(f"| {s} | " + " | ".join(cells) + " |")
-others = [s for s in systems if s in ("boto3", "s3fs", "rclone")]
+others = [s for s in systems if s in ("boto3", "s3torch", "s3fs", "rclone")]
 if others:
     print()
     print("Speed-up over the best of " + ", ".join(others) + " in each epoch (its median / ours):")

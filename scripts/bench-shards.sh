@@ -4,7 +4,7 @@
 #
 #   scripts/bench-shards.sh local          # a directory: native beside coorfs, about 10 minutes
 #   READER=wds scripts/bench-shards.sh local   # the same, read by the webdataset package
-#   scripts/bench-shards.sh s3             # an S3 store: boto3, rclone, coorfs (bench-s3.sh)
+#   scripts/bench-shards.sh s3             # an S3 store: boto3, s3torch, rclone, coorfs (bench-s3.sh)
 #   SHARDS=8 REPS=1 EPOCHS=2 scripts/bench-shards.sh local   # a dry run
 #
 # local: SHARDS shards of SHARD_SIZE (32 x 24 MiB) in a directory on the local disk, read by
@@ -18,8 +18,9 @@
 # ratio native / coorfs, and coorfs against its floor.
 #
 # s3: scripts/bench-s3.sh with the same shards (SHARDS, SHARD_SIZE), POD (384 MiB), DISK (256
-# MiB of local disk for rclone's and coorfs's caches) and SYSTEMS (boto3 rclone coorfs hint),
-# once unpaced and once with every answer paced at 100 MiB/s (PACES="0 100M").
+# MiB of local disk for rclone's and coorfs's caches) and SYSTEMS (boto3 s3torch rclone coorfs
+# hint; s3torch is s3torchconnector's CRT reader), once unpaced and once with every answer paced
+# at 100 MiB/s (PACES="0 100M").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
@@ -36,7 +37,7 @@ if [ "$SIDE" = s3 ]; then
     for pace in ${PACES:-0 100M}; do
         echo "== bench-shards.sh s3: answers paced at $pace/s (0: unpaced)"
         SHARDS=$SHARDS SHARD_SIZE=$SHARD_SIZE POD=$POD DISK=${DISK:-$((256 << 20))} PACE=$pace \
-            REPS=$REPS EPOCHS=$EPOCHS PROCS=$PROCS SYSTEMS=${SYSTEMS:-"boto3 rclone coorfs hint"} \
+            REPS=$REPS EPOCHS=$EPOCHS PROCS=$PROCS SYSTEMS=${SYSTEMS:-"boto3 s3torch rclone coorfs hint"} \
             scripts/bench-s3.sh
     done
     exit 0

@@ -45,16 +45,22 @@ cg_create() {
     esac
 }
 
+# cg_procs NAME: the cgroup.procs files a process writes its id into to join the cgroup (v1:
+# the memory and the blkio one), one a line.
+cg_procs() {
+    if [ "$CG_VERSION" = 1 ]; then
+        echo "$CG_MEM/$1/cgroup.procs"
+        echo "$CG_BLKIO/$1/cgroup.procs"
+    else
+        echo "$CG_V2/$1/cgroup.procs"
+    fi
+}
+
 # cg_run NAME CMD...: runs CMD inside the cgroup (its children stay in it).
 cg_run() {
-    local name=$1; shift
+    local name=$1 procs; shift
     (
-        if [ "$CG_VERSION" = 1 ]; then
-            echo "$BASHPID" > "$CG_MEM/$name/cgroup.procs"
-            echo "$BASHPID" > "$CG_BLKIO/$name/cgroup.procs"
-        else
-            echo "$BASHPID" > "$CG_V2/$name/cgroup.procs"
-        fi
+        for procs in $(cg_procs "$name"); do echo "$BASHPID" > "$procs"; done
         exec "$@"
     )
 }
