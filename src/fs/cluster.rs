@@ -5,6 +5,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use super::DatasetFs;
 use crate::block::Block;
 use crate::cache::BlockKey;
@@ -56,9 +58,27 @@ impl ServedBlocks for TierBlocks {
     }
 }
 
+/// The mount's part in a cluster: the cluster it is a member of (none outside one), its
+/// registration in etcd while it lasts, and the members' shares for the stats.
+#[derive(Default)]
+pub(super) struct Membership {
+    pub(super) config: Option<crate::cluster::ClusterConfig>,
+    registration: Mutex<Option<etcd::Registration>>,
+    shares: Mutex<Shares>,
+}
+
+impl Membership {
+    pub(super) fn new(config: Option<crate::cluster::ClusterConfig>) -> Self {
+        Membership {
+            config,
+            ..Default::default()
+        }
+    }
+}
+
 /// The members' shares of the files seen so far, as last counted.
 #[derive(Debug, Default)]
-pub(super) struct Shares {
+struct Shares {
     /// The membership change and file count they were counted at.
     at: Option<(u64, usize)>,
     /// Per member, in the view's order: files and bytes owned.
@@ -86,7 +106,7 @@ impl DatasetFs {
     /// Starts serving the files this member of a cluster owns to the others (see
     /// [`crate::cluster::server`]) and, with etcd, registers it; nothing outside a cluster.
     pub fn start_cluster(&self) -> Result<(), ClusterError> {
-        let Some(c) = &self.cluster else {
+        let Some(c) = &self.membership.config else {
             return Ok(());
         };
         let fail = |e| ClusterError::Listen(c.listen, e);
@@ -131,14 +151,14 @@ impl DatasetFs {
                 view.names.len(),
                 view.names.join(" ")
             );
-            *self.registration.lock() = Some(registration);
+            *self.membership.registration.lock() = Some(registration);
         }
         Ok(())
     }
 
     /// Leaves the cluster in etcd at once (at unmount), rather than when the lease runs out.
     pub fn leave_cluster(&self) {
-        if let Some(r) = self.registration.lock().take() {
+        if let Some(r) = self.membership.registration.lock().take() {
             r.leave();
         }
     }
@@ -146,13 +166,13 @@ impl DatasetFs {
     /// What the stats say of the cluster: this member's place, and every member's share of
     /// the files seen so far (and its cache budget, where etcd tells it).
     pub(super) fn cluster_info(&self) -> Vec<(&'static str, String)> {
-        let Some(c) = &self.cluster else {
+        let Some(c) = &self.membership.config else {
             return Vec::new();
         };
         let view = c.membership.view();
         let at = (c.membership.changes(), self.ns.file_count());
         let owned = {
-            let mut shares = self.shares.lock();
+            let mut shares = self.membership.shares.lock();
             if shares.at != Some(at) {
                 shares.owned = count_shares(&self.ns, &view);
                 shares.at = Some(at);
@@ -160,7 +180,7 @@ impl DatasetFs {
             shares.owned.clone()
         };
         let total_bytes: u64 = owned.iter().map(|o| o.1).sum();
-        let registration = self.registration.lock();
+        let registration = self.membership.registration.lock();
         let members: Vec<String> = view
             .names
             .iter()

@@ -205,19 +205,10 @@ pub struct DatasetFs {
     passthrough_wanted: bool,
     /// `--read-delay` was given.
     read_delay: bool,
-    /// The cluster this mount is a member of, if any.
-    cluster: Option<crate::cluster::ClusterConfig>,
-    /// Its registration in etcd, while it lasts.
-    registration: Mutex<Option<crate::cluster::etcd::Registration>>,
-    /// The members' shares, for the stats.
-    shares: Mutex<cluster::Shares>,
-    /// The cache budget's moves, if it is elastic (`crate::elastic`).
-    budget: Arc<crate::elastic::BudgetState>,
-    /// The most the staging area has held, as the elastic budget saw it.
-    staging_peak: std::sync::atomic::AtomicU64,
-    /// The staging area's budget as set at mount (an elastic budget lowers it beside a small
-    /// cache, `crate::elastic::staging_beside`).
-    staging_budget: u64,
+    /// The mount as a member of a cluster (`cluster.rs`).
+    membership: cluster::Membership,
+    /// What the elastic budget keeps and sees of this mount.
+    elastic: ElasticShare,
     /// The keeper's meta page, under a keeper: the daemons of the mount so far.
     handover: std::sync::OnceLock<Arc<crate::handover::state::Meta>>,
     // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
@@ -354,15 +345,15 @@ impl DatasetFs {
             passthrough: Default::default(),
             passthrough_wanted,
             read_delay: !config.read_delay.is_zero(),
-            cluster: config.cluster.clone(),
-            registration: Default::default(),
-            shares: Default::default(),
-            budget: Arc::new(crate::elastic::BudgetState {
-                why: Mutex::new(config.cache_size_why.clone()),
-                ..Default::default()
-            }),
-            staging_peak: Default::default(),
-            staging_budget: config.prefetch.staging_bytes(),
+            membership: cluster::Membership::new(config.cluster.clone()),
+            elastic: ElasticShare {
+                state: Arc::new(crate::elastic::BudgetState {
+                    why: Mutex::new(config.cache_size_why.clone()),
+                    ..Default::default()
+                }),
+                staging_peak: Default::default(),
+                staging_budget: config.prefetch.staging_bytes(),
+            },
             handover: std::sync::OnceLock::new(),
             _io: io,
         })
@@ -454,7 +445,7 @@ impl DatasetFs {
 
     /// The elastic budget's state, for its watcher to keep and the stats to show.
     pub fn budget_state(&self) -> Arc<crate::elastic::BudgetState> {
-        self.budget.clone()
+        self.elastic.state.clone()
     }
 
     /// Capacity of the filesystem holding the source.
@@ -496,6 +487,18 @@ fn budget_mode(config: &MountConfig) -> &'static str {
     }
 }
 
+/// What the elastic budget (`crate::elastic`) keeps and sees of a mount.
+#[derive(Debug)]
+struct ElasticShare {
+    /// The cache budget's moves, if it is elastic, for the stats.
+    state: Arc<crate::elastic::BudgetState>,
+    /// The most the staging area has held, as the elastic budget saw it.
+    staging_peak: std::sync::atomic::AtomicU64,
+    /// The staging area's budget as set at mount (an elastic budget lowers it beside a small
+    /// cache, `crate::elastic::staging_beside`).
+    staging_budget: u64,
+}
+
 impl crate::elastic::Elastic for DatasetFs {
     fn capacity(&self) -> u64 {
         self.tiers.memory.capacity()
@@ -511,7 +514,7 @@ impl crate::elastic::Elastic for DatasetFs {
     fn staging_unfilled(&self) -> u64 {
         let staging = &self.tiers.staging;
         let now = staging.bytes();
-        let peak = (self.staging_peak)
+        let peak = (self.elastic.staging_peak)
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed)
             .max(now);
         peak.min(staging.capacity()).saturating_sub(now)
@@ -522,7 +525,7 @@ impl crate::elastic::Elastic for DatasetFs {
     fn resize(&self, capacity: u64) -> u64 {
         let done = self.tiers.memory.resize(capacity);
         self.passthrough.forget(&done.dropped);
-        let staging = crate::elastic::staging_beside(capacity, self.staging_budget);
+        let staging = crate::elastic::staging_beside(capacity, self.elastic.staging_budget);
         let shed = self.tiers.staging.resize(staging);
         done.freed + shed
     }

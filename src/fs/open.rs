@@ -252,7 +252,7 @@ impl DatasetFs {
         let policy = OpenPolicy {
             passthrough: self.passthrough.on(),
             caches: memory.caches(),
-            feeds_below: disk_has_room || self.cluster.is_some(),
+            feeds_below: disk_has_room || self.membership.config.is_some(),
             kernel_keeps: self.kernel.keeps(),
             keep_hit,
         };

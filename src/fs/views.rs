@@ -53,7 +53,7 @@ impl DatasetFs {
                 .info
                 .iter()
                 .cloned()
-                .chain([("cache_budget_why", self.budget.why.lock().clone())])
+                .chain([("cache_budget_why", self.elastic.state.why.lock().clone())])
                 .chain(
                     (self.daemons().restarts.last_cause)
                         .map(|c| ("daemon_last_end", c.to_string())),
@@ -101,16 +101,22 @@ impl DatasetFs {
             Stat::CachedBlocks => Value::Count(cache.cached_blocks()),
             Stat::CacheUsed => Value::Count(cache.used()),
             Stat::CacheCapacity => Value::Count(cache.capacity()),
-            Stat::CacheBudgetGrows => Value::Count(self.budget.grows.load(Ordering::Relaxed)),
-            Stat::CacheBudgetHolds => Value::Count(self.budget.holds.load(Ordering::Relaxed)),
-            Stat::CacheBudgetShrinks => Value::Count(self.budget.shrinks.load(Ordering::Relaxed)),
+            Stat::CacheBudgetGrows => {
+                Value::Count(self.elastic.state.grows.load(Ordering::Relaxed))
+            }
+            Stat::CacheBudgetHolds => {
+                Value::Count(self.elastic.state.holds.load(Ordering::Relaxed))
+            }
+            Stat::CacheBudgetShrinks => {
+                Value::Count(self.elastic.state.shrinks.load(Ordering::Relaxed))
+            }
             Stat::CacheDroppedFiles => {
                 Value::Count(cc.shrink_dropped_files.load(Ordering::Relaxed))
             }
             Stat::CacheFreedBytes => Value::Count(cc.shrink_freed.load(Ordering::Relaxed)),
-            Stat::MemoryFree => Value::Count(self.budget.free.load(Ordering::Relaxed)),
+            Stat::MemoryFree => Value::Count(self.elastic.state.free.load(Ordering::Relaxed)),
             Stat::MemoryPressureEvents => {
-                Value::Count(self.budget.pressure_events.load(Ordering::Relaxed))
+                Value::Count(self.elastic.state.pressure_events.load(Ordering::Relaxed))
             }
             Stat::MetadataBytes => Value::Count(self.ns.memory() as u64 + self.source.memory()),
             Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
