@@ -5,6 +5,7 @@
 #   scripts/bench-s3.sh                              # REPS=2, about 30 minutes
 #   DISK=$((128 << 20)) SYSTEMS="boto3 s3torch rclone coorfs hint" scripts/bench-s3.sh
 #   FILES=200 REPS=1 EPOCHS=2 scripts/bench-s3.sh    # a dry run, in a minute
+#   COORFS_OPTS="--readahead 32M" SYSTEMS=coorfs scripts/bench-s3.sh   # options for the mounts
 #   SHARDS=32 SHARD_SIZE=24M POD=$((384 << 20)) DISK=$((256 << 20)) PACE=100M scripts/bench-s3.sh
 #
 # With SHARDS, the dataset is SHARDS WebDataset .tar shards of SHARD_SIZE
@@ -152,7 +153,7 @@ mount_side() {
     coorfs | hint)
         rm -rf "$work/coorfs-cache"
         cg_run "$cg" "$coorfs" mount --job-key pgid --cache-dir "$work/coorfs-cache" \
-            --disk-cache-size "$DISK" s3://bench/ds "$mnt"
+            --disk-cache-size "$DISK" ${COORFS_OPTS:-} s3://bench/ds "$mnt"
         wait_scan "$mnt"
         ;;
     memory)

@@ -11,6 +11,7 @@
 //!
 //! ```text
 //! spare    = free - (what the staging area held at its fullest - what it holds)
+//!                 - (what the parts in flight held at their most - what they hold)
 //! capacity = used + spare - reserve                      (whole MiB, at most the ceiling)
 //! ```
 //!
@@ -210,7 +211,8 @@ pub trait Elastic: Send + Sync {
     /// Bytes it holds.
     fn used(&self) -> u64;
     /// Bytes the staging area may take back: what it held at its fullest less what it holds
-    /// (on bandwidth-bound storage the prefetcher uses a block or two of it).
+    /// (on bandwidth-bound storage the prefetcher uses a block or two of it), and likewise
+    /// the memory of an object store's parts in flight.
     fn staging_unfilled(&self) -> u64;
     /// Sets the cache's capacity (dropping files if it holds more) and the staging area's
     /// ([`staging_beside`]); returns the bytes given back.

@@ -510,14 +510,16 @@ impl crate::elastic::Elastic for DatasetFs {
 
     /// What the staging area held at its fullest, less what it holds: on bandwidth-bound
     /// storage the prefetcher keeps a block or two in flight and its budget stays unused, so
-    /// the cache may have it; on latency-bound storage it fills at once, and keeps it.
+    /// the cache may have it; on latency-bound storage it fills at once, and keeps it. And
+    /// likewise the object store's parts in flight: the memory they took at their most.
     fn staging_unfilled(&self) -> u64 {
         let staging = &self.tiers.staging;
         let now = staging.bytes();
         let peak = (self.elastic.staging_peak)
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed)
             .max(now);
-        peak.min(staging.capacity()).saturating_sub(now)
+        let parts = self.tiers.fetcher.parts_unfilled();
+        peak.min(staging.capacity()).saturating_sub(now) + parts
     }
 
     /// Resizes the cache; the kernel's registrations of the files it dropped go too, so that

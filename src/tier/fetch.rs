@@ -83,15 +83,17 @@ pub enum Origin {
 pub const PARTS_IN_FLIGHT: usize = 4;
 
 /// Parts read at once `(by readers, by the prefetcher)` beside a `--prefetch-memory` budget
-/// of `budget` bytes, with parts of `part` bytes: readers get 2 to [`PARTS_IN_FLIGHT`], a
-/// part for each 1.5 parts of the budget (24 MiB in a pod of 384 MiB: 2); the prefetcher
-/// half of that, and none beside a budget under 8 parts. Without a bound, the prefetcher's 16
-/// fetches in flight following an order hint each read a part, and a daemon with 300 MiB of
-/// cache was OOM-killed in a pod of 384 MiB; with readers limited to one part at a time, an
-/// epoch of shards from S3 took twice as long.
+/// of `budget` bytes, with parts of `part` bytes: readers get [`PARTS_IN_FLIGHT`], whose
+/// memory the elastic budget leaves room for ([`Fetcher::parts_unfilled`]); the prefetcher,
+/// whose parts land in the staging area, half of that, and none beside a budget under 8
+/// parts. Without a bound, the prefetcher's 16 fetches in flight following an order hint each
+/// read a part, and a daemon with 300 MiB of cache was OOM-killed in a pod of 384 MiB. Shards
+/// from S3 paced at 100 MiB/s a stream, 2 readers in a pod of 384 MiB: with 2 parts at once
+/// for the readers an epoch took 5.6 s, with 4 (and their memory counted) 5.0 s (a boto3
+/// loop: 4.5 s).
 pub fn parts_in_flight(budget: u64, part: u64) -> (usize, usize) {
     let part = part.max(1);
-    let readers = (budget * 2 / (3 * part)).clamp(2, PARTS_IN_FLIGHT as u64) as usize;
+    let readers = PARTS_IN_FLIGHT;
     let prefetcher = if budget >= 8 * part { readers / 2 } else { 0 };
     (readers, prefetcher)
 }
@@ -114,6 +116,8 @@ pub struct Fetcher {
     unread: parking_lot::Mutex<std::collections::HashSet<BlockKey>>,
     /// Runs of a part being read now (at most `parts_max`, see [`parts_in_flight`]).
     parts_in_flight: AtomicUsize,
+    /// The most runs of a part read at once so far.
+    parts_peak: AtomicUsize,
     /// At most, by readers and by the prefetcher ([`parts_in_flight`]).
     parts_max: (usize, usize),
     blocks: BlockSize,
@@ -180,6 +184,7 @@ impl Fetcher {
             part_blocks: part_blocks.max(1),
             unread: Default::default(),
             parts_in_flight: AtomicUsize::new(0),
+            parts_peak: AtomicUsize::new(0),
             parts_max,
             stats,
             inflight: Inflight::default(),
@@ -188,6 +193,19 @@ impl Fetcher {
             demand: AtomicUsize::new(0),
             demand_latency_us: AtomicU64::new(0),
         }
+    }
+
+    /// The memory the parts in flight held at their most, less what they hold now: what the
+    /// elastic budget leaves free for them (as for the staging area). A part holds its blocks
+    /// and a MiB of the GET's body until it is handed out.
+    pub fn parts_unfilled(&self) -> u64 {
+        if self.part_blocks <= 1 {
+            return 0;
+        }
+        let now = self.parts_in_flight.load(Ordering::Relaxed);
+        let peak = self.parts_peak.load(Ordering::Relaxed);
+        let part = self.part_blocks * self.blocks.get() + (1 << 20);
+        peak.saturating_sub(now) as u64 * part
     }
 
     /// Reads in flight that readers wait for.
@@ -463,9 +481,10 @@ impl Fetcher {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < most).then_some(n + 1)
             });
-        if taken.is_err() {
-            return (b, b + 1);
-        }
+        match taken {
+            Ok(before) => self.parts_peak.fetch_max(before + 1, Ordering::Relaxed),
+            Err(_) => return (b, b + 1),
+        };
         let count = self.blocks.count(key.version.size);
         let start = b / self.part_blocks * self.part_blocks;
         let end = (start + self.part_blocks).min(count);
@@ -618,6 +637,21 @@ mod tests {
         Want<'static>,
         tokio::runtime::Runtime,
     ) {
+        fetcher_with(nearer, delay, (1, (1, 0)))
+    }
+
+    /// [`fetcher`], reading parts of `part_blocks` blocks, `parts_max` at once.
+    fn fetcher_with(
+        nearer: Vec<Arc<dyn Tier>>,
+        delay: Duration,
+        (part_blocks, parts_max): (u64, (usize, usize)),
+    ) -> (
+        tempfile::TempDir,
+        Arc<Fetcher>,
+        Arc<crate::source::FaultySource<crate::source::LocalSource>>,
+        Want<'static>,
+        tokio::runtime::Runtime,
+    ) {
         use crate::source::{Creds, DatasetSource, FaultySource, LocalSource};
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), [7u8; 100_000]).unwrap();
@@ -652,7 +686,7 @@ mod tests {
             below,
             memory,
             recent,
-            (ahead, 1, (1, 0)),
+            (ahead, part_blocks, parts_max),
             stats,
             io.handle().clone(),
         );
@@ -771,5 +805,23 @@ mod tests {
         }
         assert_eq!(source.reads(), 1);
         assert!(!f.memory.contains(&want.key));
+    }
+
+    #[test]
+    fn parts_in_flight_are_counted_at_their_most_for_the_elastic_budget() {
+        let (_dir, f, _source, want, _io) = fetcher_with(Vec::new(), Duration::ZERO, (8, (2, 0)));
+        let mut version = want.key.version;
+        version.size = 64 << 20;
+        let key = |block| BlockKey { version, block };
+        // Two readers each read a part (8 blocks); a third read, and the prefetcher's, read
+        // their block alone: no room for another part.
+        assert_eq!(f.claim_part(&key(0), true), (0, 8));
+        assert_eq!(f.claim_part(&key(8), true), (8, 16));
+        assert_eq!(f.claim_part(&key(16), true), (16, 17));
+        assert_eq!(f.claim_part(&key(24), false), (24, 25));
+        assert_eq!(f.parts_unfilled(), 0, "both parts are held now");
+        // Once read, their memory is what the elastic budget leaves free for the next ones.
+        f.parts_in_flight.fetch_sub(2, Ordering::AcqRel);
+        assert_eq!(f.parts_unfilled(), 2 * (8 + 1) << 20);
     }
 }
