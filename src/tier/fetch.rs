@@ -822,6 +822,6 @@ mod tests {
         assert_eq!(f.parts_unfilled(), 0, "both parts are held now");
         // Once read, their memory is what the elastic budget leaves free for the next ones.
         f.parts_in_flight.fetch_sub(2, Ordering::AcqRel);
-        assert_eq!(f.parts_unfilled(), 2 * (8 + 1) << 20);
+        assert_eq!(f.parts_unfilled(), (2 * (8 + 1)) << 20);
     }
 }
