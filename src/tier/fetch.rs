@@ -624,19 +624,20 @@ mod tests {
         assert!(!runs_inline(4096, avg));
     }
 
-    /// A fetcher over `nearer` tiers in front of a source holding file `f` of 100,000 bytes
-    /// of 7s (too large to be read inline) read with `delay`, with a MinIO cache, and the
-    /// want of its one block.
-    fn fetcher(
-        nearer: Vec<Arc<dyn Tier>>,
-        delay: Duration,
-    ) -> (
+    /// What [`fetcher`] makes: its directory, the fetcher, its source, the want of the file's
+    /// one block, and the I/O runtime.
+    type TestFetcher = (
         tempfile::TempDir,
         Arc<Fetcher>,
         Arc<crate::source::FaultySource<crate::source::LocalSource>>,
         Want<'static>,
         tokio::runtime::Runtime,
-    ) {
+    );
+
+    /// A fetcher over `nearer` tiers in front of a source holding file `f` of 100,000 bytes
+    /// of 7s (too large to be read inline) read with `delay`, with a MinIO cache, and the
+    /// want of its one block.
+    fn fetcher(nearer: Vec<Arc<dyn Tier>>, delay: Duration) -> TestFetcher {
         fetcher_with(nearer, delay, (1, (1, 0)))
     }
 
@@ -645,13 +646,7 @@ mod tests {
         nearer: Vec<Arc<dyn Tier>>,
         delay: Duration,
         (part_blocks, parts_max): (u64, (usize, usize)),
-    ) -> (
-        tempfile::TempDir,
-        Arc<Fetcher>,
-        Arc<crate::source::FaultySource<crate::source::LocalSource>>,
-        Want<'static>,
-        tokio::runtime::Runtime,
-    ) {
+    ) -> TestFetcher {
         use crate::source::{Creds, DatasetSource, FaultySource, LocalSource};
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), [7u8; 100_000]).unwrap();
