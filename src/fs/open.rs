@@ -236,10 +236,13 @@ impl DatasetFs {
             in_memory,
             hit,
             kernel_file: in_memory && memory.holds_for_kernel(&version),
+            // What only a miss is asked (the fetches in flight and the cache's policy are
+            // behind locks): a hit, the hot path, skips it, as the plan does.
             partly_cached: !in_memory && memory.cached_bytes_of(&version) > 0,
-            prefetched: !counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first),
-            would_keep: memory.would_keep(version.size),
-            room: memory.has_room_for(version.size),
+            prefetched: !in_memory
+                && (!counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first)),
+            would_keep: !in_memory && memory.would_keep(version.size),
+            room: !in_memory && memory.has_room_for(version.size),
         };
         // The gauge's answer for a hit on the file, and its watch if the file is a sentinel.
         let (keep_hit, watch) = match opened.file_id {

@@ -38,6 +38,8 @@ pub struct OpenFacts {
     pub would_keep: bool,
     /// The memory cache has room for it now.
     pub room: bool,
+    // (`partly_cached`, `prefetched`, `would_keep` and `room` decide only for a file not in
+    // memory: the plan asks none of them of a file that is, so an open of one need not look.)
 }
 
 /// The mount's choices and state that an open decides by.
@@ -299,6 +301,22 @@ mod tests {
         assert_eq!(plan(miss(MEDIUM), below).backing, None);
         assert_eq!(plan(miss(MEDIUM), no_passthrough()).backing, None);
         assert_eq!(open_plan(&miss(MEDIUM), &mount(), || true).backing, None);
+    }
+
+    #[test]
+    fn a_file_in_memory_is_planned_without_the_facts_of_a_miss() {
+        for size in [SMALL, MEDIUM, SHARD] {
+            for policy in [mount(), no_passthrough()] {
+                let asked = OpenFacts {
+                    partly_cached: true,
+                    prefetched: true,
+                    would_keep: true,
+                    room: true,
+                    ..cached(size)
+                };
+                assert_eq!(plan(asked, policy), plan(cached(size), policy), "{size}");
+            }
+        }
     }
 
     #[test]
