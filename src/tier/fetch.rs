@@ -481,9 +481,8 @@ impl Fetcher {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < most).then_some(n + 1)
             });
-        match taken {
-            Ok(before) => self.parts_peak.fetch_max(before + 1, Ordering::Relaxed),
-            Err(_) => return (b, b + 1),
+        let Ok(before) = taken else {
+            return (b, b + 1);
         };
         let count = self.blocks.count(key.version.size);
         let start = b / self.part_blocks * self.part_blocks;
@@ -507,8 +506,12 @@ impl Fetcher {
         while lo > start && claim(lo - 1) {
             lo -= 1;
         }
+        // A run of one block (a small file, a part read already) is no part: its slot goes
+        // back, and it counts for nothing in the memory parts take at their most.
         if hi - lo == 1 {
             self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            self.parts_peak.fetch_max(before + 1, Ordering::Relaxed);
         }
         (lo, hi)
     }
@@ -808,6 +811,17 @@ mod tests {
         let mut version = want.key.version;
         version.size = 64 << 20;
         let key = |block| BlockKey { version, block };
+        // A small file's one block takes a slot for a moment, and is no part.
+        let small = crate::namespace::FileVersion {
+            size: 4096,
+            ..version
+        };
+        let small = BlockKey {
+            version: small,
+            block: 0,
+        };
+        assert_eq!(f.claim_part(&small, true), (0, 1));
+        assert_eq!(f.parts_peak.load(Ordering::Relaxed), 0);
         // Two readers each read a part (8 blocks); a third read, and the prefetcher's, read
         // their block alone: no room for another part.
         assert_eq!(f.claim_part(&key(0), true), (0, 8));
