@@ -29,8 +29,8 @@
 //!   and an inode for a few hundred bytes, and costs its open's round trip, not its bytes;
 //!   such files are served from the kernel's page cache as before (`crate::fs`'s `open.rs`).
 //!
-//! The daemon's own reads of these blocks (opens that cannot use passthrough, peers) are a
-//! `pread` into a block of their own.
+//! The daemon's own reads of these blocks (opens that cannot use passthrough, peers) map the
+//! block's pages read-only ([`KernelFiles::view`]): no copy, no fault a page.
 
 use std::collections::HashMap;
 use std::io;
@@ -42,7 +42,6 @@ use parking_lot::Mutex;
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags};
 
-use crate::block::Block;
 use crate::namespace::FileVersion;
 
 /// Files of up to this size stay in the arena (see the module header). It is also the size up
@@ -254,24 +253,29 @@ impl KernelFiles {
         }
     }
 
-    /// `len` bytes of `version` at `offset`, read into a block of their own.
-    pub fn read(&self, version: &FileVersion, offset: u64, len: usize) -> io::Result<Block> {
+    /// `len` bytes of `version` at `offset` (a block's, so page-aligned), mapped read-only:
+    /// the file's own pages, neither copied nor faulted in one by one. The block was written
+    /// before it was published and is never rewritten or truncated, so the view holds its
+    /// bytes for as long as it lives, the file's removal included.
+    pub fn view(
+        &self,
+        version: &FileVersion,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<memmap2::Mmap> {
         let name = self.files.lock().get(version).map(|f| f.name.clone());
         let name = name.ok_or(io::ErrorKind::NotFound)?;
         let fd = self.open(&name, OFlags::RDONLY)?;
-        let mut block = Block::zeroed(len)?;
-        let buf = &mut block.whole_mut()[..len];
-        let mut done = 0;
-        while done < len {
-            match rustix::io::pread(&fd, &mut buf[done..], offset + done as u64) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => done += n,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
+        // SAFETY: the range was written before the block was published, and the file is never
+        // written to or truncated again (see the module header): the mapped bytes do not change
+        // under the view, and no access reaches past the file's end.
+        unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len.max(1))
+                .populate()
+                .map(&fd)
         }
-        block.truncate(len);
-        Ok(block)
     }
 
     /// Drops the file of `version`: no new open finds it, and its memory goes back to the
@@ -344,7 +348,12 @@ mod tests {
         assert_eq!(n, 100_000);
         assert_eq!(&whole[..65536], &first[..]);
         assert_eq!(&whole[65536..n], &second[..]);
-        assert_eq!(&*files.read(&v, 65530, 10).unwrap(), &whole[65530..65540]);
+        // A block's view: its bytes, the file's end included.
+        assert_eq!(
+            &files.view(&v, 65536, second.len()).unwrap()[..],
+            &second[..]
+        );
+        assert_eq!(&files.view(&v, 0, 65536).unwrap()[..], &first[..]);
         files.published(&v, -(second.len() as i64));
         assert!(
             files.open_whole(&v).is_none(),

@@ -229,8 +229,8 @@ pub enum CachedBytes<'a> {
     /// slice is lent (no shrink gives its pages back meanwhile).
     Arena(&'a [u8], Option<RwLockReadGuard<'a, ()>>),
     Mapped(Arc<MappedBlock>),
-    /// Read from a file the kernel can read ([`kernel_files`]) into a block of its own.
-    Copied(Arc<Block>),
+    /// A view of a file the kernel can read ([`kernel_files`]): its pages, mapped read-only.
+    File(memmap2::Mmap),
 }
 
 impl std::ops::Deref for CachedBytes<'_> {
@@ -239,7 +239,7 @@ impl std::ops::Deref for CachedBytes<'_> {
         match self {
             CachedBytes::Arena(b, _) => b,
             CachedBytes::Mapped(b) => &b.map[..b.len],
-            CachedBytes::Copied(b) => b,
+            CachedBytes::File(map) => map,
         }
     }
 }
@@ -879,8 +879,8 @@ impl BlockCache {
                     let (offset, len) = (*offset, *len as usize);
                     drop(index);
                     let files = self.kernel.get()?;
-                    match files.read(&key.version, offset, len) {
-                        Ok(block) => CachedBytes::Copied(Arc::new(block)),
+                    match files.view(&key.version, offset, len) {
+                        Ok(map) => CachedBytes::File(map),
                         Err(e) => {
                             tracing::warn!("reading a cached block back: {e}");
                             return None;

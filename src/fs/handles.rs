@@ -102,6 +102,9 @@ pub(super) struct FileHandle {
     pub file_id: Option<FileId>,
     /// A read found the source file changed since the open.
     pub changed_while_open: AtomicBool,
+    /// One past the furthest block a read of it asked for: a read that begins a part just
+    /// after it streams through the file (`read.rs`).
+    pub read_to: AtomicU64,
     /// Every byte of the version opened was in the memory cache at the open: if the source
     /// file changes while it is open, its reads go on serving that version (`read.rs`).
     pub cached_at_open: bool,

@@ -48,7 +48,7 @@ use std::io::ErrorKind;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use parking_lot::Mutex;
 
@@ -549,6 +549,7 @@ fn file_handle(
         pid: caller.pid,
         file_id: opened.file_id,
         changed_while_open: AtomicBool::new(false),
+        read_to: AtomicU64::new(0),
         cached_at_open: false,
         silent: access == Access::Silent,
         adopted: false,

@@ -206,6 +206,7 @@ impl DatasetFs {
         let block_of = |pos: u64| if whole { 0 } else { pos / bs };
         let block_start = |b: u64| if whole { 0 } else { b * bs };
         let (first, last) = (block_of(offset), block_of(end - 1));
+        let before = h.read_to.fetch_max(last + 1, Ordering::Relaxed);
 
         if first == last {
             let base = block_start(first);
@@ -217,6 +218,7 @@ impl DatasetFs {
             return self.fetch_for(
                 h,
                 first,
+                before,
                 Box::new(move |r| match r {
                     Ok(buf) => done(Ok(&buf[a..b])),
                     Err(e) => done(Err(failed(&rel, first, e))),
@@ -245,6 +247,7 @@ impl DatasetFs {
             self.fetch_for(
                 h,
                 block,
+                before,
                 Box::new(move |r| {
                     let mut asm = part.lock();
                     match r {
@@ -338,6 +341,7 @@ impl DatasetFs {
         &self,
         h: &Arc<FileHandle>,
         block: u64,
+        before: u64,
         waiter: Box<dyn FnOnce(FetchResult) + Send>,
     ) {
         // A block the disk tier holds keeps a hit a hit (it is a cached byte); any other
@@ -347,35 +351,7 @@ impl DatasetFs {
         if !on_disk {
             h.no_longer_a_hit(&self.ledger);
         }
-        let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
-        let accounted = h.clone();
-        let report: Report = Box::new(move |fetched| {
-            prefetcher.record(fetched);
-            // The disk tier held it and failed it (a corrupt block): read from below after all.
-            if fetched.origin != Origin::Disk {
-                accounted.no_longer_a_hit(&ledger);
-            }
-            match fetched.bytes {
-                // A block from the disk tier is a cached byte: a hit's were counted at open.
-                Some(_)
-                    if fetched.origin == Origin::Disk
-                        && accounted.counted_at_open.load(Ordering::Relaxed) => {}
-                Some(n) if fetched.origin == Origin::Disk => {
-                    ledger.served_from_cache(&accounted.att, n)
-                }
-                Some(n) if fetched.origin == Origin::Source => {
-                    ledger.fetched_for(&accounted.att, n);
-                    if fetched.fallback {
-                        ledger.peer_fell_back(&accounted.att);
-                    }
-                    if fetched.first_block {
-                        ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);
-                    }
-                }
-                Some(n) => ledger.fetched_from_peer(&accounted.att, n),
-                None => {}
-            }
-        });
+        let report = self.report_for(h);
         let (handle, tiers) = (h.clone(), self.tiers.clone());
         let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
         let started = Instant::now();
@@ -427,6 +403,64 @@ impl DatasetFs {
             }),
             report,
         );
+        self.read_next_part(h, block, before);
+    }
+
+    /// Reads the next part of an object ahead of a reader streaming through it: when a read
+    /// begins a part, the first of an open streamed through the page cache or one just after
+    /// blocks that earlier reads asked for (`before`: one past the furthest), the fetcher
+    /// starts the part after it ([`crate::tier::fetch::Fetcher::read_ahead`]). Its bytes count
+    /// as the reader's.
+    fn read_next_part(&self, h: &Arc<FileHandle>, block: u64, before: u64) {
+        let fetcher = &self.tiers.fetcher;
+        let part = fetcher.part_blocks();
+        let next = block + part;
+        let count = self.tiers.memory.blocks().count(h.version.size);
+        if part <= 1 || !block.is_multiple_of(part) || next >= count {
+            return;
+        }
+        let streaming = if block == 0 {
+            h.drop_pages_at_release
+        } else {
+            before > 0 && before + part > block
+        };
+        if streaming {
+            fetcher.read_ahead(h.rel.clone(), &h.want(next), self.report_for(h));
+        }
+    }
+
+    /// What a fetch for `h` tells when it ends: the bytes it read, counted as `h`'s (from the
+    /// source, a peer or the disk tier), and the prefetcher's pacer its latency.
+    fn report_for(&self, h: &Arc<FileHandle>) -> Report {
+        let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
+        let accounted = h.clone();
+        Box::new(move |fetched| {
+            prefetcher.record(fetched);
+            // The disk tier held it and failed it (a corrupt block): read from below after all.
+            if fetched.origin != Origin::Disk {
+                accounted.no_longer_a_hit(&ledger);
+            }
+            match fetched.bytes {
+                // A block from the disk tier is a cached byte: a hit's were counted at open.
+                Some(_)
+                    if fetched.origin == Origin::Disk
+                        && accounted.counted_at_open.load(Ordering::Relaxed) => {}
+                Some(n) if fetched.origin == Origin::Disk => {
+                    ledger.served_from_cache(&accounted.att, n)
+                }
+                Some(n) if fetched.origin == Origin::Source => {
+                    ledger.fetched_for(&accounted.att, n);
+                    if fetched.fallback {
+                        ledger.peer_fell_back(&accounted.att);
+                    }
+                    if fetched.first_block {
+                        ledger.file_from_source(accounted.file_id, accounted.att.job_epoch);
+                    }
+                }
+                Some(n) => ledger.fetched_from_peer(&accounted.att, n),
+                None => {}
+            }
+        })
     }
 }
 

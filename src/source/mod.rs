@@ -278,24 +278,33 @@ pub trait DatasetSource: Send + Sync + 'static {
         offset: u64,
         buf: &mut [u8],
     ) -> io::Result<usize>;
-    /// Reads from `offset` of file `version` into `bufs`, one after another, until all are
-    /// full or the file ends; returns the bytes read. An object store reads them in one
-    /// request (a part, see `tier/fetch.rs`); by default, one `read_block` each.
+    /// Reads from `offset` of file `version` into `blocks`, one after another, each to its
+    /// length, and hands each to `filled` once it is full, until all are, the file ends or a
+    /// read fails; returns the bytes read. An object store reads them in one request (a part,
+    /// see `tier/fetch.rs`) and hands a block over as soon as the body has filled it, before
+    /// the request ends; by default, one `read_block` each.
     fn read_blocks(
         &self,
         rel: &Path,
         version: &FileVersion,
         offset: u64,
-        bufs: &mut [&mut [u8]],
+        blocks: Vec<crate::block::Block>,
+        filled: &mut dyn FnMut(crate::block::Block),
     ) -> io::Result<usize> {
         let mut done = 0;
-        for buf in bufs.iter_mut() {
-            let want = buf.len();
-            let n = self.read_block(rel, version, offset + done as u64, buf)?;
+        for mut block in blocks {
+            let want = block.len();
+            let n = self.read_block(
+                rel,
+                version,
+                offset + done as u64,
+                &mut block.whole_mut()[..want],
+            )?;
             done += n;
             if n < want {
                 break;
             }
+            filled(block);
         }
         Ok(done)
     }
@@ -738,6 +747,8 @@ pub struct FaultySource<S> {
     pub panic_paths_containing: parking_lot::Mutex<Option<String>>,
     /// Added to every `read_block`.
     pub read_delay: parking_lot::Mutex<Duration>,
+    /// Between the first block of a run read at once and the next: a body that arrives slowly.
+    pub run_pause: parking_lot::Mutex<Duration>,
     reads: AtomicU64,
 }
 
@@ -749,6 +760,7 @@ impl<S: DatasetSource> FaultySource<S> {
             fail_paths_containing: parking_lot::Mutex::new(None),
             panic_paths_containing: parking_lot::Mutex::new(None),
             read_delay: parking_lot::Mutex::new(Duration::ZERO),
+            run_pause: parking_lot::Mutex::new(Duration::ZERO),
             reads: AtomicU64::new(0),
         }
     }
@@ -817,19 +829,35 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         rel: &Path,
         version: &FileVersion,
         offset: u64,
-        bufs: &mut [&mut [u8]],
+        mut blocks: Vec<crate::block::Block>,
+        filled: &mut dyn FnMut(crate::block::Block),
     ) -> io::Result<usize> {
-        let one = bufs.len() == 1;
-        if !one {
+        if blocks.len() != 1 {
             // One read however many blocks: as slow as one, and counted once.
             self.reads.fetch_add(1, Ordering::Relaxed);
             let delay = *self.read_delay.lock();
             if !delay.is_zero() {
                 std::thread::sleep(delay);
             }
-            return self.inner.read_blocks(rel, version, offset, bufs);
+            let pause = *self.run_pause.lock();
+            let mut first = true;
+            let mut filled = |block| {
+                filled(block);
+                if std::mem::take(&mut first) {
+                    std::thread::sleep(pause);
+                }
+            };
+            return self
+                .inner
+                .read_blocks(rel, version, offset, blocks, &mut filled);
         }
-        self.read_block(rel, version, offset, bufs[0])
+        let mut block = blocks.pop().expect("one block");
+        let want = block.len();
+        let n = self.read_block(rel, version, offset, &mut block.whole_mut()[..want])?;
+        if n == want {
+            filled(block);
+        }
+        Ok(n)
     }
     fn statfs(&self) -> io::Result<FsStats> {
         self.inner.statfs()

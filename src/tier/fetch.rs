@@ -22,12 +22,14 @@
 //! On an object store a request costs tens of milliseconds before its first byte, so a big
 //! object is read in parts (`--part-size`, a whole number of blocks): a fetch that reaches the
 //! source claims the blocks after its own to the end of its part (those no tier holds and no
-//! fetch is reading) and reads them all in one ranged GET. Each block of the run is offered to
-//! the cache and the disk tier as a block of its own; readers waiting for one get it (the
-//! kernel's readahead asks for the next blocks while the GET runs), and the rest wait in the
-//! readahead buffer ([`super::ahead`]) for the reader that streams through the file. So a big
-//! object read once costs one GET per part, and the kernel's readahead keeps several parts in
-//! flight. A directory source reads block by block.
+//! fetch is reading) and reads them all in one ranged GET. Each block of the run is handed
+//! over as soon as the body has filled it: offered to the cache and the disk tier as a block of
+//! its own, then to the readers waiting for it (the kernel's readahead asks for the next blocks
+//! while the GET runs); the rest wait in the readahead buffer ([`super::ahead`]) for the reader
+//! that streams through the file. The part's last block is handed over once the fetch has
+//! reported its bytes ([`ReadOut::last`]). A reader that begins a part has the next one read at
+//! once ([`Fetcher::read_ahead`]). So a big object read once costs one GET per part, about two
+//! in flight for each reader. A directory source reads block by block.
 //!
 //! Memory: a fetch holds one block-sized buffer until its waiters are done (a part's run: the
 //! part), so the bytes in flight are bounded by the I/O threads times the block size (64 x 1
@@ -229,7 +231,7 @@ impl Fetcher {
         waiter: Waiter<FetchResult>,
         report: Report,
     ) {
-        let (key, job, epoch, why) = (want.key, want.job, want.epoch, want.why);
+        let (key, why) = (want.key, want.why);
         if !self.inflight.join(&key, waiter) {
             return;
         }
@@ -238,8 +240,47 @@ impl Fetcher {
             self.hand_over_landed(key, block, demand);
             return;
         }
+        let inline = demand
+            && runs_inline(
+                self.blocks.len(key.version.size, key.block),
+                self.demand_latency_us.load(Ordering::Relaxed),
+            );
+        self.start(rel, want, false, inline, report);
+    }
+
+    /// Starts reading the part of a big object that begins at block `want.key`, ahead of the
+    /// reader streaming through the object, unless the cache or the readahead buffer holds
+    /// the block or a fetch reads it. Its blocks go where a part's go; the first, like the
+    /// rest, waits in the readahead buffer unless the cache kept it or a reader's READ joined
+    /// the fetch meanwhile. `report` hears how it went, as for a reader's fetch.
+    ///
+    /// Why: the kernel's readahead asks for a part's blocks only as its window reaches them,
+    /// so a reader streaming an object had one part in flight at a time, about one
+    /// connection's speed; with the next part read while this one is, two.
+    pub fn read_ahead(self: &Arc<Self>, rel: Arc<Path>, want: &Want<'_>, report: Report) {
+        if self.part_blocks <= 1
+            || self.memory.contains(&want.key)
+            || self.ahead.contains(&want.key)
+            || !self.inflight.claim(&want.key)
+        {
+            return;
+        }
+        self.start(rel, want, true, false, report);
+    }
+
+    /// Runs the fetch of `want` that this caller is to start, on the I/O pool or `inline`;
+    /// `ahead`: its block is read ahead of its reader ([`Fetcher::read_ahead`]).
+    fn start(
+        self: &Arc<Self>,
+        rel: Arc<Path>,
+        want: &Want<'_>,
+        ahead: bool,
+        inline: bool,
+        report: Report,
+    ) {
+        let (key, job, epoch, why) = (want.key, want.job, want.epoch, want.why);
         let crowd = self.reading.fetch_add(1, Ordering::Relaxed) + 1;
-        if demand {
+        if why.is_read() {
             self.demand.fetch_add(1, Ordering::Relaxed);
         }
         let started = Started {
@@ -248,14 +289,10 @@ impl Fetcher {
             job,
             epoch,
             why,
+            ahead,
             issued: Instant::now(),
             crowd,
         };
-        let inline = demand
-            && runs_inline(
-                self.blocks.len(key.version.size, key.block),
-                self.demand_latency_us.load(Ordering::Relaxed),
-            );
         if self.part_blocks > 1 {
             self.unread.lock().insert(key);
         }
@@ -299,6 +336,7 @@ impl Fetcher {
             job,
             epoch,
             why,
+            ahead,
             issued,
             crowd,
         } = started;
@@ -328,13 +366,22 @@ impl Fetcher {
             bytes = tracing::field::Empty,
         )
         .entered();
-        let Some((result, origin, fallback, read_bytes, first_block)) = self.read(&want) else {
+        let Some(out) = self.read(&want, ahead) else {
             // Another fetch took this block into its part's run: it hands it to the waiters,
             // and reports the bytes.
             running.uncount();
             running.done = true;
             return;
         };
+        let ReadOut {
+            result,
+            origin,
+            fallback,
+            bytes: read_bytes,
+            first_block,
+            handed,
+            last,
+        } = out;
         span.record("tier", tracing::field::debug(origin));
         span.record("bytes", read_bytes);
         if let Err(e) = &result {
@@ -360,11 +407,17 @@ impl Fetcher {
             crowd,
             first_block,
         });
-        if demand
-            && let Ok(bytes) = &result
-            && !self.memory.contains(&key)
-        {
-            self.recent.admit(&want, bytes);
+        if let Some((key, data, kept)) = last {
+            self.leave_for_reader(key, &data, kept);
+            self.inflight.complete(&key, Ok(data));
+        }
+        if handed {
+            // Its waiters had it as it arrived.
+            running.done = true;
+            return;
+        }
+        if let Ok(bytes) = &result {
+            self.keep_own(&want, bytes, ahead);
         }
         running.complete(result);
     }
@@ -381,7 +434,7 @@ impl Fetcher {
     /// because a tier in front of it failed, the bytes read (with the rest of a part), and if
     /// the read began at the file's first block. None if another fetch took the block into its
     /// part's run before this one began (see [`Fetcher::claim_part`]).
-    fn read(&self, want: &Want<'_>) -> Option<(FetchResult, Origin, bool, u64, bool)> {
+    fn read(&self, want: &Want<'_>, ahead: bool) -> Option<ReadOut> {
         if self.part_blocks > 1 && !self.unread.lock().remove(&want.key) {
             return None;
         }
@@ -397,41 +450,36 @@ impl Fetcher {
         let faults = faults.into_inner();
         Counters::add(&self.stats.counters.tier_errors, faults);
         let fallback = faults > 0;
-        let (found, finder, rest): (_, _, Vec<(u64, Arc<Block>)>) = match found {
-            Some((found, finder)) => (found, finder, Vec::new()),
+        let failed = |error, origin| ReadOut {
+            result: Err(error),
+            origin,
+            fallback,
+            bytes: 0,
+            first_block: false,
+            handed: false,
+            last: None,
+        };
+        let (found, finder) = match found {
+            Some((found, finder)) => (found, finder),
             None => {
                 let (lo, hi) = self.claim_part(&want.key, want.why.is_read());
-                let b = want.key.block;
-                let read = if hi - lo == 1 {
-                    source.get(want).map(|f| f.map(|f| (f, Vec::new())))
-                } else {
-                    let run = source.get_run(&want.block(lo), hi - lo - 1);
-                    self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
-                    run.map(|mut run| {
-                        let mine = run.remove((b - lo) as usize);
-                        let rest = (lo..hi).filter(|&x| x != b).zip(run).collect();
-                        Some((Found::Block(mine), rest))
-                    })
-                };
-                match read.and_then(|run| run.ok_or(DataError::Missing(source.name()))) {
-                    Ok((found, rest)) => (found, None, rest),
-                    Err(e) => {
-                        for other in (lo..hi).filter(|&x| x != b) {
-                            self.inflight
-                                .complete(&want.block(other).key, Err(e.clone()));
-                        }
-                        return Some((Err(e), Origin::Source, fallback, 0, false));
+                if hi - lo > 1 {
+                    return Some(self.read_part(want, (lo, hi), ahead, fallback));
+                }
+                match source.get(want) {
+                    Ok(Some(found)) => (found, None),
+                    Ok(None) => {
+                        return Some(failed(DataError::Missing(source.name()), Origin::Source));
                     }
+                    Err(e) => return Some(failed(e, Origin::Source)),
                 }
             }
         };
         let origin = finder.map_or(Origin::Source, |tier| tier.origin());
         let Some(block) = owned(found, want.key.block) else {
             let name = finder.map_or(source.name(), |tier| tier.name());
-            return Some((Err(DataError::Missing(name)), origin, fallback, 0, false));
+            return Some(failed(DataError::Missing(name), origin));
         };
-        let first_block = want.key.block == 0 || rest.first().is_some_and(|(b, _)| *b == 0);
-        let mut bytes = block.len() as u64;
         match finder {
             Some(tier) => {
                 tier.lift(want, &block, &self.memory);
@@ -443,20 +491,100 @@ impl Fetcher {
                 }
             }
         }
-        for (b, data) in rest {
-            let want = want.block(b);
+        Some(ReadOut {
+            bytes: block.len() as u64,
+            result: Ok(block),
+            origin,
+            fallback,
+            first_block: want.key.block == 0,
+            handed: false,
+            last: None,
+        })
+    }
+
+    /// Reads blocks `lo..hi` of a part from the source in one request, `want.key` among them,
+    /// and hands each block over as it arrives: offered to the cache and the tiers in front of
+    /// the source, then to its waiters (the fetch's own block too, kept first where its
+    /// reader's next read finds it), the rest of the part left in the readahead buffer unless
+    /// kept or awaited. The part's last block waits for the fetch's report ([`ReadOut::last`]),
+    /// so that a reader that has read the part has its bytes counted.
+    fn read_part(
+        &self,
+        want: &Want<'_>,
+        (lo, hi): (u64, u64),
+        ahead: bool,
+        fallback: bool,
+    ) -> ReadOut {
+        let (source, nearer) = self.below.split_last().expect("a tier to read from");
+        let b = want.key.block;
+        let (mut bytes, mut next, mut own, mut last) = (0, lo, None, None);
+        let run = source.get_run(&want.block(lo), hi - lo - 1, &mut |x, data| {
+            next = x + 1;
             bytes += data.len() as u64;
-            let kept = self.memory.admit(&want, &data);
+            let w = want.block(x);
+            let kept = self.memory.admit(&w, &data);
             for tier in nearer {
-                tier.admit_behind(&want, &data, &self.memory, kept);
+                tier.admit_behind(&w, &data, &self.memory, kept);
             }
-            // Put where the reader that streams on finds it before the key leaves flight.
-            if !kept && !self.inflight.awaited(&want.key) {
-                self.ahead.put(want.key, data.clone());
+            if x == b {
+                own = Some(data);
+            } else if x + 1 == hi {
+                last = Some((w.key, data, kept));
+            } else {
+                self.leave_for_reader(w.key, &data, kept);
+                self.inflight.complete(&w.key, Ok(data));
             }
-            self.inflight.complete(&want.key, Ok(data));
+            if x == b && x + 1 != hi {
+                let data = own.clone().expect("the own block");
+                self.keep_own(&w, &data, ahead);
+                self.inflight.complete(&w.key, Ok(data));
+            }
+        });
+        self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Err(e) = &run {
+            for other in (next..hi).filter(|&x| x != b) {
+                self.inflight
+                    .complete(&want.block(other).key, Err(e.clone()));
+            }
         }
-        Some((Ok(block), origin, fallback, bytes, first_block))
+        let handed = own.is_some() && b + 1 != hi;
+        let result = match (own, run) {
+            (Some(block), _) => Ok(block),
+            (None, Err(e)) => Err(e),
+            (None, Ok(())) => Err(DataError::Missing(source.name())),
+        };
+        ReadOut {
+            result,
+            origin: Origin::Source,
+            fallback,
+            bytes,
+            first_block: lo == 0,
+            handed,
+            last,
+        }
+    }
+
+    /// Leaves block `key` of a part, which a reader streaming through the file will read
+    /// next, in the readahead buffer, unless the cache `kept` it or a reader waits for it.
+    /// Put there before the key leaves flight, so that the reader finds it.
+    fn leave_for_reader(&self, key: BlockKey, data: &Arc<Block>, kept: bool) {
+        if !kept && !self.inflight.awaited(&key) {
+            self.ahead.put(key, data.clone());
+        }
+    }
+
+    /// Keeps the fetch's own block, read for `want`, where the next read finds it, unless the
+    /// cache did: read ahead of its reader and awaited by none, in the readahead buffer; read
+    /// for a reader, among the recent blocks (a re-open finds it).
+    fn keep_own(&self, want: &Want<'_>, data: &Arc<Block>, ahead: bool) {
+        if self.memory.contains(&want.key) {
+            return;
+        }
+        if ahead && !self.inflight.awaited(&want.key) {
+            self.ahead.put(want.key, data.clone());
+        } else if want.why.is_read() {
+            self.recent.admit(want, data);
+        }
     }
 
     /// Claims for this fetch, which reads block `key`, the blocks of its part around it that
@@ -516,6 +644,11 @@ impl Fetcher {
         (lo, hi)
     }
 
+    /// Blocks of a part (1 for a directory source).
+    pub fn part_blocks(&self) -> u64 {
+        self.part_blocks
+    }
+
     /// Block `key` if a part's read left it for its reader: it leaves the buffer.
     pub fn take_ahead(&self, key: &BlockKey) -> Option<Arc<Block>> {
         // A directory source reads block by block: nothing is ever left there, and a read
@@ -541,12 +674,32 @@ fn owned(found: Found<'_>, block: u64) -> Option<Arc<Block>> {
 
 /// A fetch that [`Fetcher::fetch`] started: what it reads, for whom, since when, and how
 /// many reads were in flight with it.
+/// What a fetch's read came to ([`Fetcher::read`]).
+struct ReadOut {
+    result: FetchResult,
+    /// The tier that read it.
+    origin: Origin,
+    /// A tier in front of the source failed, and the source read it.
+    fallback: bool,
+    /// Bytes read, a part's with its block.
+    bytes: u64,
+    /// The read began at the file's first block.
+    first_block: bool,
+    /// The fetch's waiters were handed its block as the part arrived.
+    handed: bool,
+    /// The last block of a part, not the fetch's own, kept from its waiters until the fetch
+    /// has reported (with the cache's answer: kept).
+    last: Option<(BlockKey, Arc<Block>, bool)>,
+}
+
 struct Started {
     rel: Arc<Path>,
     key: BlockKey,
     job: crate::jobs::JobKey,
     epoch: u64,
     why: super::Why,
+    /// Read ahead of its reader ([`Fetcher::read_ahead`]).
+    ahead: bool,
     issued: Instant,
     crowd: usize,
 }
@@ -648,11 +801,41 @@ mod tests {
     fn fetcher_with(
         nearer: Vec<Arc<dyn Tier>>,
         delay: Duration,
+        parts: (u64, (usize, usize)),
+    ) -> TestFetcher {
+        rig(nearer, delay, parts, &Rig::default())
+    }
+
+    /// The file, the cache and the readahead buffer of a test fetcher.
+    struct Rig {
+        bytes: Vec<u8>,
+        block: u64,
+        cache: u64,
+        ahead: u64,
+    }
+
+    impl Default for Rig {
+        /// 100,000 bytes of 7s, one block of a MiB, a cache of a MiB, no readahead buffer.
+        fn default() -> Self {
+            Rig {
+                bytes: vec![7; 100_000],
+                block: 1 << 20,
+                cache: 1 << 20,
+                ahead: 0,
+            }
+        }
+    }
+
+    /// [`fetcher_with`] over the file, cache and readahead buffer of `r`.
+    fn rig(
+        nearer: Vec<Arc<dyn Tier>>,
+        delay: Duration,
         (part_blocks, parts_max): (u64, (usize, usize)),
+        r: &Rig,
     ) -> TestFetcher {
         use crate::source::{Creds, DatasetSource, FaultySource, LocalSource};
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("f"), [7u8; 100_000]).unwrap();
+        std::fs::write(dir.path().join("f"), &r.bytes).unwrap();
         let local = LocalSource::new(dir.path().to_path_buf(), false).unwrap();
         let version = local
             .metadata(Path::new("f"), &Creds::DAEMON)
@@ -663,9 +846,9 @@ mod tests {
         let memory = Arc::new(
             BlockCache::new(crate::cache::CacheConfig {
                 policy: crate::cache::PolicyKind::MinIo,
-                capacity: 1 << 20,
+                capacity: r.cache,
                 ceiling: None,
-                block_size: std::num::NonZeroU64::new(1 << 20).unwrap(),
+                block_size: std::num::NonZeroU64::new(r.block).unwrap(),
             })
             .unwrap(),
         );
@@ -679,7 +862,7 @@ mod tests {
             .build()
             .unwrap();
         let recent = Arc::new(RecentBlocks::new(true));
-        let ahead = Arc::new(Ahead::new(0, stats.clone()));
+        let ahead = Arc::new(Ahead::new(r.ahead, stats.clone()));
         let f = Fetcher::new(
             below,
             memory,
@@ -832,5 +1015,89 @@ mod tests {
         // Once read, their memory is what the elastic budget leaves free for the next ones.
         f.parts_in_flight.fetch_sub(2, Ordering::AcqRel);
         assert_eq!(f.parts_unfilled(), (2 * (8 + 1)) << 20);
+    }
+
+    /// A rig of 8 blocks of 64 KiB of varied bytes, read in parts of 4 blocks, with a cache
+    /// of `cache` bytes and a readahead buffer of 8 blocks.
+    fn parts_rig(cache: u64) -> (TestFetcher, Vec<u8>) {
+        let bytes: Vec<u8> = (0..8 << 16).map(|i| (i % 251) as u8).collect();
+        let r = Rig {
+            bytes: bytes.clone(),
+            block: 1 << 16,
+            cache,
+            ahead: 8 << 16,
+        };
+        (rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r), bytes)
+    }
+
+    /// A report that sends the bytes it is told of.
+    fn reporting() -> (Report, std::sync::mpsc::Receiver<Option<u64>>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        (Box::new(move |f: &Fetched| tx.send(f.bytes).unwrap()), rx)
+    }
+
+    #[test]
+    fn a_part_hands_each_block_to_its_reader_as_it_arrives() {
+        let ((_dir, f, source, want, _io), bytes) = parts_rig(8 << 16);
+        // The body of the part stops for a second after its first block.
+        *source.run_pause.lock() = Duration::from_secs(1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (report, reported) = reporting();
+        let started = Instant::now();
+        let w: Waiter<FetchResult> = Box::new(move |r| tx.send((r, started.elapsed())).unwrap());
+        f.fetch(want.rel.into(), &want, &|| None, w, report);
+        let (got, after) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(&got.unwrap()[..], &bytes[..1 << 16]);
+        assert!(
+            after < Duration::from_millis(700),
+            "the first block came after {after:?}"
+        );
+        // The rest of the part, then the report of it all, one GET.
+        let told = reported.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        assert_eq!(told, Some(4 << 16));
+        assert_eq!(source.reads(), 1);
+        for b in 1..4 {
+            let key = want.block(b).key;
+            let got = f.memory.copy_of(&key).expect("kept by the cache");
+            assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
+        }
+    }
+
+    #[test]
+    fn the_next_part_is_read_ahead_once_into_the_readahead_buffer() {
+        // A cache with no room: the part waits for its reader in the readahead buffer.
+        let ((_dir, f, source, want, _io), bytes) = parts_rig(0);
+        let next = want.block(4);
+        let (report, reported) = reporting();
+        f.read_ahead(want.rel.into(), &next, report);
+        assert_eq!(
+            reported.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Some(4 << 16)
+        );
+        // Each block leaves flight once it is where the reader finds it (the own block as it
+        // arrived, the last after the report).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (4..8).any(|b| f.in_flight(&want.block(b).key)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Asked again while its blocks wait: nothing is read again.
+        let (report, again) = reporting();
+        f.read_ahead(want.rel.into(), &next, report);
+        assert!(again.recv_timeout(Duration::from_millis(200)).is_err());
+        assert_eq!(source.reads(), 1);
+        for b in 4..8 {
+            let got = f
+                .take_ahead(&want.block(b).key)
+                .expect("left for the reader");
+            assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
+        }
+        assert_eq!(Counters::get(&f.stats.counters.readahead_unused_bytes), 0);
+        // A directory source reads no parts, and nothing ahead.
+        let (_dir, f, source, want, _io) = fetcher(Vec::new(), Duration::ZERO);
+        let (report, none) = reporting();
+        f.read_ahead(want.rel.into(), &want, report);
+        assert!(none.recv_timeout(Duration::from_millis(200)).is_err());
+        assert_eq!(source.reads(), 0);
     }
 }

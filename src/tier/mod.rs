@@ -137,9 +137,15 @@ pub trait Tier: Send + Sync {
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError>;
 
     /// Block `want.key` and the `more` blocks after it, read at once (one request to an
-    /// object store, see [`fetch`]'s parts). Only the source is asked for runs; a tier that
-    /// cannot read one says so (EOPNOTSUPP).
-    fn get_run(&self, _want: &Want<'_>, _more: u64) -> Result<Vec<Arc<Block>>, DataError> {
+    /// object store, see [`fetch`]'s parts), each handed to `each` with its number as soon as
+    /// it is read, in order; a failure fails those not handed over. Only the source is asked
+    /// for runs; a tier that cannot read one says so (EOPNOTSUPP).
+    fn get_run(
+        &self,
+        _want: &Want<'_>,
+        _more: u64,
+        _each: &mut dyn FnMut(u64, Arc<Block>),
+    ) -> Result<(), DataError> {
         Err(DataError::NoRuns(self.name()))
     }
 

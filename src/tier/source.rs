@@ -70,8 +70,16 @@ impl SourceTier {
     }
 
     /// Reads block `key` and the `more` after it in one read of the source (one request to an
-    /// object store), each into a block of its own.
-    fn read_run(&self, rel: &Path, key: BlockKey, more: u64) -> Result<Vec<Arc<Block>>, DataError> {
+    /// object store), each into a block of its own, handed to `each` with its number as soon
+    /// as it is full, in order. A read that fails or comes back short fails the blocks not
+    /// handed over yet.
+    fn read_run(
+        &self,
+        rel: &Path,
+        key: BlockKey,
+        more: u64,
+        each: &mut dyn FnMut(u64, Arc<Block>),
+    ) -> Result<(), DataError> {
         let size = key.version.size;
         let mut blocks = Vec::with_capacity(more as usize + 1);
         for b in key.block..=key.block + more {
@@ -80,17 +88,13 @@ impl SourceTier {
         }
         let len: usize = blocks.iter().map(|b| b.len()).sum();
         let offset = self.blocks.offset(key.block);
-        // Each block's own length, not its pages: the run is one range of the file.
-        let mut bufs: Vec<&mut [u8]> = blocks
-            .iter_mut()
-            .map(|b| {
-                let len = b.len();
-                &mut b.whole_mut()[..len]
-            })
-            .collect();
+        let mut next = key.block;
         let n = (self
             .source
-            .read_blocks(rel, &key.version, offset, &mut bufs))
+            .read_blocks(rel, &key.version, offset, blocks, &mut |block| {
+                each(next, Arc::new(block));
+                next += 1;
+            }))
         .map_err(|e| self.failed(e))?;
         let counters = &self.stats.counters;
         Counters::add(&counters.bytes_from_source, n.min(len) as u64);
@@ -98,7 +102,7 @@ impl SourceTier {
             Counters::add(&counters.source_errors, 1);
             return Err(DataError::Short { got: n, want: len });
         }
-        Ok(blocks.into_iter().map(Arc::new).collect())
+        Ok(())
     }
 
     /// Reads block `key` (at `offset`) into `buf`, whole pages of it, so that an O_DIRECT
@@ -152,7 +156,12 @@ impl Tier for SourceTier {
         Ok(Some(Found::Block(Arc::new(block))))
     }
 
-    fn get_run(&self, want: &Want<'_>, more: u64) -> Result<Vec<Arc<Block>>, DataError> {
+    fn get_run(
+        &self,
+        want: &Want<'_>,
+        more: u64,
+        each: &mut dyn FnMut(u64, Arc<Block>),
+    ) -> Result<(), DataError> {
         tracing::debug!(
             "fetch {} blocks {}..={} for {} epoch {} ({:?})",
             want.rel.display(),
@@ -162,7 +171,7 @@ impl Tier for SourceTier {
             want.epoch,
             want.why
         );
-        self.read_run(want.rel, want.key, more)
+        self.read_run(want.rel, want.key, more, each)
     }
 
     fn admit(&self, _want: &Want<'_>, _data: &Arc<Block>) -> bool {

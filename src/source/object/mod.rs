@@ -62,6 +62,7 @@ use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt
 use parking_lot::RwLock;
 
 use super::{Creds, DatasetSource, FsStats, Listing, Refusal, SourceFile};
+use crate::block::Block;
 use crate::namespace::{Attr, FileVersion, Kind, NodeId, SourceMeta};
 
 /// The URL scheme of an S3 source.
@@ -539,6 +540,97 @@ fn retries() -> object_store::RetryConfig {
 const LIST_PARALLEL: usize = 16;
 
 impl ObjectSource {
+    /// GETs `len` bytes of `rel` from `offset`, or to the end of the object, if it is still
+    /// `version`, and hands the body to `sink` as it arrives, a MiB at a time: a part's GET
+    /// holds no copy of the part beside the blocks it fills. Returns the bytes read.
+    fn get_range(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        len: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<usize> {
+        let (etag, last_modified) = {
+            let tree = self.tree.read();
+            // Gone (a read found it so), or another version now.
+            let o = (tree.objects.get(rel))
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+            if o.meta.version != *version {
+                return Err(io::Error::from_raw_os_error(libc::ESTALE));
+            }
+            (o.etag.clone(), o.last_modified)
+        };
+        let end = (offset + len as u64).min(version.size);
+        if offset >= end {
+            return Ok(0);
+        }
+        let options = GetOptions {
+            // The version the open saw, or none: never bytes of two versions in one file.
+            if_unmodified_since: etag.is_none().then_some(last_modified),
+            if_match: etag,
+            range: Some(GetRange::Bounded(offset..end)),
+            ..Default::default()
+        };
+        let (store, key) = (self.store.clone(), self.url.key(rel)?);
+        let opened = self.wait(async move {
+            let r = store.get_opts(&key, options).await?;
+            Ok::<_, object_store::Error>(r.into_stream())
+        })?;
+        let mut stream = match opened {
+            Ok(stream) => stream,
+            Err(e) => return self.get_failed(rel, &e),
+        };
+        let want = (end - offset) as usize;
+        let mut got = 0usize;
+        loop {
+            let (back, chunks) = self.wait(async move {
+                let (mut chunks, mut n) = (Vec::new(), 0);
+                while n < (1 << 20) {
+                    match stream.next().await {
+                        Some(Ok(bytes)) => {
+                            n += bytes.len();
+                            chunks.push(Ok(bytes));
+                        }
+                        Some(Err(e)) => {
+                            chunks.push(Err(e));
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                (stream, chunks)
+            })?;
+            stream = back;
+            if chunks.is_empty() {
+                break;
+            }
+            for chunk in chunks {
+                let bytes = match chunk {
+                    Ok(bytes) => bytes,
+                    Err(e) => return self.get_failed(rel, &e),
+                };
+                got += bytes.len();
+                if got > want {
+                    break;
+                }
+                sink(&bytes);
+            }
+            if got > want {
+                break;
+            }
+        }
+        if got != want {
+            tracing::warn!(
+                "{}/{}: GET of bytes {offset}..{end} answered {got} bytes",
+                self.name.display(),
+                rel.display(),
+            );
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(got)
+    }
+
     /// Connects to the store of `url`, lists the dataset (logging progress) and returns the
     /// source. `ttl` is how long a listing is trusted.
     pub fn open(url: ObjectUrl, ttl: Duration, counters: Arc<Counters>) -> io::Result<Self> {
@@ -1054,110 +1146,39 @@ impl DatasetSource for ObjectSource {
         offset: u64,
         buf: &mut [u8],
     ) -> io::Result<usize> {
-        self.read_blocks(rel, version, offset, &mut [buf])
+        let mut at = 0;
+        self.get_range(rel, version, offset, buf.len(), &mut |from| {
+            buf[at..at + from.len()].copy_from_slice(from);
+            at += from.len();
+        })
     }
 
-    /// One ranged GET for all of `bufs`, its body copied into each in turn.
+    /// One ranged GET for all of `blocks`, its body copied into each in turn, each handed
+    /// over once full.
     fn read_blocks(
         &self,
         rel: &Path,
         version: &FileVersion,
         offset: u64,
-        bufs: &mut [&mut [u8]],
+        blocks: Vec<Block>,
+        filled: &mut dyn FnMut(Block),
     ) -> io::Result<usize> {
-        let (etag, last_modified) = {
-            let tree = self.tree.read();
-            // Gone (a read found it so), or another version now.
-            let o = (tree.objects.get(rel))
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-            if o.meta.version != *version {
-                return Err(io::Error::from_raw_os_error(libc::ESTALE));
-            }
-            (o.etag.clone(), o.last_modified)
-        };
-        let len: usize = bufs.iter().map(|b| b.len()).sum();
-        let end = (offset + len as u64).min(version.size);
-        if offset >= end {
-            return Ok(0);
-        }
-        let options = GetOptions {
-            // The version the open saw, or none: never bytes of two versions in one file.
-            if_unmodified_since: etag.is_none().then_some(last_modified),
-            if_match: etag,
-            range: Some(GetRange::Bounded(offset..end)),
-            ..Default::default()
-        };
-        // The body is copied into `bufs` as it arrives, a MiB at a time: a part's GET holds no
-        // copy of the part beside the blocks it fills.
-        let (store, key) = (self.store.clone(), self.url.key(rel)?);
-        let opened = self.wait(async move {
-            let r = store.get_opts(&key, options).await?;
-            Ok::<_, object_store::Error>(r.into_stream())
-        })?;
-        let mut stream = match opened {
-            Ok(stream) => stream,
-            Err(e) => return self.get_failed(rel, &e),
-        };
-        let want = (end - offset) as usize;
-        let (mut got, mut at) = (0usize, (0usize, 0usize));
-        loop {
-            let (back, chunks) = self.wait(async move {
-                let (mut chunks, mut n) = (Vec::new(), 0);
-                while n < (1 << 20) {
-                    match stream.next().await {
-                        Some(Ok(bytes)) => {
-                            n += bytes.len();
-                            chunks.push(Ok(bytes));
-                        }
-                        Some(Err(e)) => {
-                            chunks.push(Err(e));
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                (stream, chunks)
-            })?;
-            stream = back;
-            if chunks.is_empty() {
-                break;
-            }
-            for chunk in chunks {
-                let bytes = match chunk {
-                    Ok(bytes) => bytes,
-                    Err(e) => return self.get_failed(rel, &e),
-                };
-                got += bytes.len();
-                if got > want {
+        let len: usize = blocks.iter().map(|b| b.len()).sum();
+        let mut blocks = blocks.into_iter();
+        let (mut current, mut at) = (blocks.next(), 0);
+        self.get_range(rel, version, offset, len, &mut |mut from| {
+            while let Some(block) = current.as_mut() {
+                let n = (block.len() - at).min(from.len());
+                block.whole_mut()[at..at + n].copy_from_slice(&from[..n]);
+                (at, from) = (at + n, &from[n..]);
+                if at < block.len() {
                     break;
                 }
-                let mut from = &bytes[..];
-                while !from.is_empty() {
-                    let buf = &mut bufs[at.0][at.1..];
-                    let n = buf.len().min(from.len());
-                    buf[..n].copy_from_slice(&from[..n]);
-                    from = &from[n..];
-                    at.1 += n;
-                    if at.1 == bufs[at.0].len() {
-                        at = (at.0 + 1, 0);
-                    }
-                }
+                filled(current.take().expect("a block being filled"));
+                (current, at) = (blocks.next(), 0);
             }
-            if got > want {
-                break;
-            }
-        }
-        if got != want {
-            tracing::warn!(
-                "{}/{}: GET of bytes {offset}..{end} answered {got} bytes",
-                self.name.display(),
-                rel.display(),
-            );
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        Ok(got)
+        })
     }
-
     fn memory(&self) -> u64 {
         self.tree.read().memory
     }
