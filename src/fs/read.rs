@@ -206,7 +206,13 @@ impl DatasetFs {
         let block_of = |pos: u64| if whole { 0 } else { pos / bs };
         let block_start = |b: u64| if whole { 0 } else { b * bs };
         let (first, last) = (block_of(offset), block_of(end - 1));
-        let before = h.read_to.fetch_max(last + 1, Ordering::Relaxed);
+        // How far reads of the handle reached, for the reads ahead of parts (objects only: a
+        // directory's reads, hits above all, need not touch it).
+        let before = if self.tiers.fetcher.part_blocks() > 1 {
+            h.read_to.fetch_max(last + 1, Ordering::Relaxed)
+        } else {
+            0
+        };
 
         if first == last {
             let base = block_start(first);

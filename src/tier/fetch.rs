@@ -534,17 +534,19 @@ impl Fetcher {
             for tier in nearer {
                 tier.admit_behind(&w, &data, &self.memory, kept);
             }
-            if x == b {
+            if x + 1 == hi {
+                // Handed over once the fetch has reported, the fetch's own or not.
+                if x == b {
+                    own = Some(data);
+                } else {
+                    last = Some((w.key, data, kept));
+                }
+            } else if x == b {
+                self.keep_own(&w, &data, ahead);
+                self.inflight.complete(&w.key, Ok(data.clone()));
                 own = Some(data);
-            } else if x + 1 == hi {
-                last = Some((w.key, data, kept));
             } else {
                 self.leave_for_reader(w.key, &data, kept);
-                self.inflight.complete(&w.key, Ok(data));
-            }
-            if x == b && x + 1 != hi {
-                let data = own.clone().expect("the own block");
-                self.keep_own(&w, &data, ahead);
                 self.inflight.complete(&w.key, Ok(data));
             }
         });
