@@ -771,9 +771,11 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
     // A GET that timed out under load is sent again (and counted as retried).
     let s = stats(&m.mnt);
     let retried = num(&s, "source_retried") as usize;
-    assert_eq!(
-        gets.len(),
-        6 + retried,
+    // One GET per 8 MiB part, but for a part split when the readers' part slots were all
+    // taken (the next part read ahead holds one): a block then is read alone, and the rest
+    // of its part in a second GET. Every byte is read once either way (below).
+    assert!(
+        (6 + retried..=8 + retried).contains(&gets.len()),
         "one GET per 8 MiB part: {gets:#?} {s}"
     );
     assert!(most_at_once(&gets) >= 2, "parts one at a time: {gets:#?}");

@@ -265,8 +265,13 @@ impl Fetcher {
     /// Why: the kernel's readahead asks for a part's blocks only as its window reaches them,
     /// so a reader streaming an object had one part in flight at a time, about one
     /// connection's speed; with the next part read while this one is, two.
+    ///
+    /// It leaves the readers' last part slot to their own READs: with no slot a fetch reads its
+    /// block alone, and a part read ahead that way took two GETs, a reader's READ that way
+    /// too.
     pub fn read_ahead(self: &Arc<Self>, rel: Arc<Path>, want: &Want<'_>, report: Report) {
         if self.part_blocks <= 1
+            || self.parts_in_flight.load(Ordering::Acquire) + 1 >= self.parts_max.0
             || self.memory.contains(&want.key)
             || self.ahead.contains(&want.key)
             || !self.inflight.claim(&want.key)
