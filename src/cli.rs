@@ -240,8 +240,8 @@ pub struct MountArgs {
     /// The cache budget. auto (the default) is elastic, like the page cache: the cache grows
     /// while the memory cgroup (a container's limit; without one, the host) has more free than
     /// a reserve kept for the job (a sixteenth of the limit, 32 MiB to 1 GiB; of the host's
-    /// memory, 256 MiB to 4 GiB), and drops its newest files and gives their memory back when it has
-    /// less or the kernel reports memory pressure. A SIZE (K/M/G/T suffixes) is a fixed
+    /// memory, 256 MiB to 4 GiB) and had for 10 s, and drops its newest files and gives their
+    /// memory back when it has less or the kernel reports memory pressure. A SIZE (K/M/G/T suffixes) is a fixed
     /// budget, refused when it and --prefetch-memory do not fit in what the memory cgroup
     /// has left; 0 only with --policy none or a --cache-dir.
     #[arg(long, value_name = "SIZE|auto", value_parser = parse_size_or_auto, help_heading = "Cache")]

@@ -1073,6 +1073,7 @@ fn start_watcher(
         rules,
         watched: crate::elastic::Watched::probe(),
         state: fs.budget_state(),
+        beside: Default::default(),
     };
     // One look now for a cache taken over: one from a daemon the OOM killer took may hold
     // more than the pod can spare, and gives it back before the mount is served.
