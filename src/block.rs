@@ -115,6 +115,60 @@ impl Drop for Memory {
     }
 }
 
+/// The blocks a run fills one after another (`DatasetSource::read_blocks`): their lengths,
+/// each block allocated only when the read reaches it. A part's GET thus holds the block its
+/// body is filling, not the whole part from its first byte: 1 MiB instead of 8, which the
+/// elastic budget gives to the cache (a spare block is zeroed, and charged, when taken).
+#[derive(Debug)]
+pub struct RunBlocks {
+    lens: std::vec::IntoIter<usize>,
+    /// The length of the block that could not be allocated, if one could not.
+    short_of: Option<usize>,
+}
+
+impl RunBlocks {
+    pub fn new(lens: Vec<usize>) -> Self {
+        RunBlocks {
+            lens: lens.into_iter(),
+            short_of: None,
+        }
+    }
+
+    /// The length of a block that could not be allocated: the run failed for memory, not for
+    /// its read.
+    pub fn short_of(&self) -> Option<usize> {
+        self.short_of
+    }
+
+    /// Bytes of the blocks not taken yet.
+    pub fn bytes(&self) -> usize {
+        self.lens.as_slice().iter().sum()
+    }
+
+    /// Blocks not taken yet.
+    pub fn len(&self) -> usize {
+        self.lens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lens.len() == 0
+    }
+}
+
+impl Iterator for RunBlocks {
+    /// The next block, zeroed, or why it could not be allocated.
+    type Item = io::Result<Block>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let len = self.lens.next()?;
+        let block = Block::zeroed(len);
+        if block.is_err() {
+            self.short_of = Some(len);
+        }
+        Some(block)
+    }
+}
+
 impl Block {
     /// `len` zero bytes, in [`Block::footprint_for`]`(len)` bytes of memory.
     pub fn zeroed(len: usize) -> io::Result<Block> {

@@ -279,8 +279,9 @@ pub trait DatasetSource: Send + Sync + 'static {
         buf: &mut [u8],
     ) -> io::Result<usize>;
     /// Reads from `offset` of file `version` into `blocks`, one after another, each to its
-    /// length, and hands each to `filled` once it is full, until all are, the file ends or a
-    /// read fails; returns the bytes read. An object store reads them in one request (a part,
+    /// length (each allocated as the read reaches it), and hands each to `filled` once it is
+    /// full, until all are, the file ends or a read or an allocation fails; returns the bytes
+    /// read. An object store reads them in one request (a part,
     /// see `tier/fetch.rs`) and hands a block over as soon as the body has filled it, before
     /// the request ends; by default, one `read_block` each.
     fn read_blocks(
@@ -288,11 +289,12 @@ pub trait DatasetSource: Send + Sync + 'static {
         rel: &Path,
         version: &FileVersion,
         offset: u64,
-        blocks: Vec<crate::block::Block>,
+        blocks: &mut crate::block::RunBlocks,
         filled: &mut dyn FnMut(crate::block::Block),
     ) -> io::Result<usize> {
         let mut done = 0;
-        for mut block in blocks {
+        for block in blocks {
+            let mut block = block?;
             let want = block.len();
             let n = self.read_block(
                 rel,
@@ -829,7 +831,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         rel: &Path,
         version: &FileVersion,
         offset: u64,
-        mut blocks: Vec<crate::block::Block>,
+        blocks: &mut crate::block::RunBlocks,
         filled: &mut dyn FnMut(crate::block::Block),
     ) -> io::Result<usize> {
         if blocks.len() != 1 {
@@ -851,7 +853,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
                 .inner
                 .read_blocks(rel, version, offset, blocks, &mut filled);
         }
-        let mut block = blocks.pop().expect("one block");
+        let mut block = blocks.next().expect("one block")?;
         let want = block.len();
         let n = self.read_block(rel, version, offset, &mut block.whole_mut()[..want])?;
         if n == want {

@@ -80,8 +80,8 @@ pub enum Origin {
     Source,
 }
 
-/// Parts readers read at once at most: each holds its blocks (8 MiB) and a MiB of the GET's
-/// body until it is handed out. Two readers each streaming a shard want 3 or 4: the part they
+/// Parts readers read at once at most: each holds the block its GET's body is filling, its
+/// fetch's own block and a MiB of the body (3 MiB). Two readers each streaming a shard want 3 or 4: the part they
 /// read, the next one read ahead, and the kernel's window reaching into a third.
 pub const PARTS_IN_FLIGHT: usize = 8;
 
@@ -92,7 +92,7 @@ pub const PARTS_IN_FLIGHT_MIN: usize = 4;
 /// Parts read at once `(by readers, by the prefetcher)` beside a `--prefetch-memory` budget
 /// of `budget` bytes, with parts of `part` bytes: readers get three parts for each part of
 /// the budget, from [`PARTS_IN_FLIGHT_MIN`] to [`PARTS_IN_FLIGHT`] (in a memory cgroup the
-/// budget is a sixteenth of its limit: 8 parts in a pod of 384 MiB, 72 MiB at their most,
+/// budget is a sixteenth of its limit: 8 parts in a pod of 384 MiB, 24 MiB at their most,
 /// which the elastic budget leaves room for, see [`Fetcher::parts_unfilled`]); the
 /// prefetcher, whose parts land in the staging area, half of that, and none beside a budget
 /// under 8 parts. Without a bound, the prefetcher's 16 fetches in flight following an order
@@ -205,17 +205,20 @@ impl Fetcher {
         }
     }
 
-    /// The memory the parts in flight held at their most, less what they hold now: what the
-    /// elastic budget leaves free for them (as for the staging area). A part holds its blocks
-    /// and a MiB of the GET's body until it is handed out.
+    /// The memory the parts in flight held at their most, less what they hold now, and the
+    /// room left in the readahead buffer: what the elastic budget leaves free for them (as
+    /// for the staging area). A part's blocks are allocated as its GET's body reaches them and
+    /// handed out when full, so a part holds at most the block being filled, its fetch's own
+    /// block (until the fetch's waiters have it) and a MiB of the body.
     pub fn parts_unfilled(&self) -> u64 {
         if self.part_blocks <= 1 {
             return 0;
         }
         let now = self.parts_in_flight.load(Ordering::Relaxed);
         let peak = self.parts_peak.load(Ordering::Relaxed);
-        let part = self.part_blocks * self.blocks.get() + (1 << 20);
-        peak.saturating_sub(now) as u64 * part
+        let part = 2 * self.blocks.get() + (1 << 20);
+        let ahead = self.ahead.capacity().saturating_sub(self.ahead.bytes());
+        peak.saturating_sub(now) as u64 * part + ahead
     }
 
     /// Reads in flight that readers wait for.
@@ -1026,10 +1029,12 @@ mod tests {
         assert_eq!(f.claim_part(&key(8), true), (8, 16));
         assert_eq!(f.claim_part(&key(16), true), (16, 17));
         assert_eq!(f.claim_part(&key(24), false), (24, 25));
-        assert_eq!(f.parts_unfilled(), 0, "both parts are held now");
-        // Once read, their memory is what the elastic budget leaves free for the next ones.
+        let ahead = f.ahead.capacity();
+        assert_eq!(f.parts_unfilled(), ahead, "both parts are held now");
+        // Once read, their memory is what the elastic budget leaves free for the next ones:
+        // two blocks and a MiB of the body each, with the readahead buffer's room.
         f.parts_in_flight.fetch_sub(2, Ordering::AcqRel);
-        assert_eq!(f.parts_unfilled(), (2 * (8 + 1)) << 20);
+        assert_eq!(f.parts_unfilled(), 2 * (2 * (1 << 20) + (1 << 20)) + ahead);
     }
 
     /// A rig of 8 blocks of 64 KiB of varied bytes, read in parts of 4 blocks, with a cache

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{DataError, Found, Tier, Want};
-use crate::block::{Block, BlockSize, MAP_FROM};
+use crate::block::{Block, BlockSize, MAP_FROM, RunBlocks};
 use crate::cache::BlockKey;
 use crate::source::DatasetSource;
 use crate::stats::{Counters, Stats};
@@ -81,21 +81,23 @@ impl SourceTier {
         each: &mut dyn FnMut(u64, Arc<Block>),
     ) -> Result<(), DataError> {
         let size = key.version.size;
-        let mut blocks = Vec::with_capacity(more as usize + 1);
-        for b in key.block..=key.block + more {
-            let len = self.blocks.len(size, b) as usize;
-            blocks.push(Block::zeroed(len).map_err(|e| DataError::no_memory(len, e))?);
-        }
-        let len: usize = blocks.iter().map(|b| b.len()).sum();
+        let lens: Vec<usize> = (key.block..=key.block + more)
+            .map(|b| self.blocks.len(size, b) as usize)
+            .collect();
+        let mut blocks = RunBlocks::new(lens);
+        let len = blocks.bytes();
         let offset = self.blocks.offset(key.block);
         let mut next = key.block;
         let n = (self
             .source
-            .read_blocks(rel, &key.version, offset, blocks, &mut |block| {
+            .read_blocks(rel, &key.version, offset, &mut blocks, &mut |block| {
                 each(next, Arc::new(block));
                 next += 1;
             }))
-        .map_err(|e| self.failed(e))?;
+        .map_err(|e| match blocks.short_of() {
+            Some(len) => DataError::no_memory(len, e),
+            None => self.failed(e),
+        })?;
         let counters = &self.stats.counters;
         Counters::add(&counters.bytes_from_source, n.min(len) as u64);
         if n < len {

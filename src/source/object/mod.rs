@@ -62,7 +62,7 @@ use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt
 use parking_lot::RwLock;
 
 use super::{Creds, DatasetSource, FsStats, Listing, Refusal, SourceFile};
-use crate::block::Block;
+use crate::block::{Block, RunBlocks};
 use crate::namespace::{Attr, FileVersion, Kind, NodeId, SourceMeta};
 
 /// The URL scheme of an S3 source.
@@ -1153,31 +1153,43 @@ impl DatasetSource for ObjectSource {
         })
     }
 
-    /// One ranged GET for all of `blocks`, its body copied into each in turn, each handed
-    /// over once full.
+    /// One ranged GET for all of `blocks`, its body copied into each in turn, each
+    /// allocated when the body reaches it and handed over once full.
     fn read_blocks(
         &self,
         rel: &Path,
         version: &FileVersion,
         offset: u64,
-        blocks: Vec<Block>,
+        blocks: &mut RunBlocks,
         filled: &mut dyn FnMut(Block),
     ) -> io::Result<usize> {
-        let len: usize = blocks.iter().map(|b| b.len()).sum();
-        let mut blocks = blocks.into_iter();
-        let (mut current, mut at) = (blocks.next(), 0);
-        self.get_range(rel, version, offset, len, &mut |mut from| {
-            while let Some(block) = current.as_mut() {
+        let len = blocks.bytes();
+        let (mut current, mut at, mut failed) = (None, 0, None);
+        let got = self.get_range(rel, version, offset, len, &mut |mut from| {
+            while !from.is_empty() && failed.is_none() {
+                if current.is_none() {
+                    match blocks.next() {
+                        Some(Ok(block)) => current = Some(block),
+                        Some(Err(e)) => failed = Some(e),
+                        None => return,
+                    }
+                    at = 0;
+                    continue;
+                }
+                let block: &mut Block = current.as_mut().expect("a block being filled");
                 let n = (block.len() - at).min(from.len());
                 block.whole_mut()[at..at + n].copy_from_slice(&from[..n]);
                 (at, from) = (at + n, &from[n..]);
-                if at < block.len() {
-                    break;
+                if at == block.len() {
+                    filled(current.take().expect("a block being filled"));
                 }
-                filled(current.take().expect("a block being filled"));
-                (current, at) = (blocks.next(), 0);
             }
-        })
+        });
+        match failed {
+            // The blocks were not there to read into: the GET's answer is moot.
+            Some(e) => Err(e),
+            None => got,
+        }
     }
     fn memory(&self) -> u64 {
         self.tree.read().memory
