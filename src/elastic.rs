@@ -142,8 +142,12 @@ impl Rules {
         }
         // What the calm spare allows, never below what is held: a swing of the rest of the
         // memory stops admission, it does not drop what was admitted.
-        let to = whole_mib((used + calm.min(now)).saturating_sub(self.reserve).min(self.ceiling))
-            .max(held);
+        let to = whole_mib(
+            (used + calm.min(now))
+                .saturating_sub(self.reserve)
+                .min(self.ceiling),
+        )
+        .max(held);
         if to > capacity && to - capacity >= self.step() {
             return Some((to, Move::Grow));
         }
@@ -580,11 +584,20 @@ mod tests {
             Some((836 * MIB, Move::Grow))
         );
         // As it fills, free falls by what it takes: the capacity stays.
-        assert_eq!(r.next(836 * MIB, 500 * MIB, Spare::steady(400 * MIB), false), None);
+        assert_eq!(
+            r.next(836 * MIB, 500 * MIB, Spare::steady(400 * MIB), false),
+            None
+        );
         // Small moves are not made.
-        assert_eq!(r.next(836 * MIB, 500 * MIB, Spare::steady(405 * MIB), false), None);
+        assert_eq!(
+            r.next(836 * MIB, 500 * MIB, Spare::steady(405 * MIB), false),
+            None
+        );
         // Never past the ceiling.
-        assert_eq!(r.next(0, 0, Spare::steady(100 * GIB), false), Some((GIB, Move::Grow)));
+        assert_eq!(
+            r.next(0, 0, Spare::steady(100 * GIB), false),
+            Some((GIB, Move::Grow))
+        );
     }
 
     #[test]
@@ -595,7 +608,10 @@ mod tests {
             r.next(836 * MIB, 600 * MIB, Spare::steady(55 * MIB), false),
             Some((600 * MIB, Move::Hold))
         );
-        assert_eq!(r.next(600 * MIB, 600 * MIB, Spare::steady(55 * MIB), false), None);
+        assert_eq!(
+            r.next(600 * MIB, 600 * MIB, Spare::steady(55 * MIB), false),
+            None
+        );
         // The job took 300 MiB: 10 MiB spare. Drop files until the reserve is free again.
         assert_eq!(
             r.next(600 * MIB, 600 * MIB, Spare::steady(10 * MIB), false),
@@ -607,7 +623,10 @@ mod tests {
             Some((527 * MIB, Move::Shrink))
         );
         // Nothing held, nothing to drop: the capacity goes to zero.
-        assert_eq!(r.next(50 * MIB, 0, Spare::steady(0), false), Some((0, Move::Shrink)));
+        assert_eq!(
+            r.next(50 * MIB, 0, Spare::steady(0), false),
+            Some((0, Move::Shrink))
+        );
         assert_eq!(r.next(0, 0, Spare::steady(0), false), None);
         // The job gave its memory back: grow again.
         assert_eq!(
@@ -664,6 +683,9 @@ mod tests {
         assert_eq!(h.note(at(101 + settle), 35), 40);
         assert_eq!(h.note(at(300 + settle), 10), 40);
         assert_eq!(h.note(at(400 + 2 * settle), 5), 5);
-        assert!(h.seen.len() <= 2, "a lower value behind a higher one is kept, no more");
+        assert!(
+            h.seen.len() <= 2,
+            "a lower value behind a higher one is kept, no more"
+        );
     }
 }

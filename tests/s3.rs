@@ -778,7 +778,11 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
         (6 + retried..=8 + retried).contains(&gets.len()),
         "one GET per 8 MiB part: {gets:#?} {s}"
     );
-    assert!(most_at_once(&gets) >= 2, "parts one at a time: {gets:#?}");
+    // The part read and the two after it, read ahead.
+    assert!(
+        most_at_once(&gets) >= 3,
+        "fewer than 3 parts at once: {gets:#?}"
+    );
     assert_eq!(num(&s, "bytes_from_source"), shard.len() as u64, "{s}");
     assert!(num(&s, "source_requests_per_gib") <= 256, "{s}");
     m.unmount();

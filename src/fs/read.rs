@@ -50,6 +50,11 @@ use crate::tier::error::ReadFailed;
 use crate::tier::fetch::{FetchResult, Origin, Report};
 use crate::tier::{DataError, Found, Tier, look_up};
 
+/// Parts read ahead of a reader streaming through an object, beyond the one it reads: about
+/// one stream's speed each (an S3 GET gives about 100 MiB/s), so a reader of a shard has
+/// three GETs in flight, as many as a shard of 24 MiB has parts.
+const READ_AHEAD_PARTS: u64 = 2;
+
 /// Bytes of a block at hand: cached, or fetched earlier through the same handle.
 enum Local<'a> {
     Cached(CachedBytes<'a>),
@@ -169,7 +174,7 @@ impl DatasetFs {
     /// The bytes at `offset` of the version the handle opened, if the open found it whole in
     /// the cache and the tiers on this thread still hold every block of the read: a file
     /// that changed while open is then read as it was opened (see the module header).
-    fn opened_version(&self, h: &FileHandle, offset: u64, size: u32) -> Option<Vec<u8>> {
+    fn opened_version(&self, h: &Arc<FileHandle>, offset: u64, size: u32) -> Option<Vec<u8>> {
         if !h.cached_at_open {
             return None;
         }
@@ -295,7 +300,7 @@ impl DatasetFs {
     /// ago, the recent blocks (see [`crate::tier::recent`]) unless a fetch of the block is in
     /// flight. A cache hit through a handle whose open was a miss counts `served` bytes as
     /// coming from the cache.
-    fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
+    fn local_block(&self, h: &Arc<FileHandle>, block: u64, served: u64) -> Option<Local<'_>> {
         let want = h.want(block);
         let errors = &self.ledger.stats().counters.tier_errors;
         let tiers = &self.tiers;
@@ -314,6 +319,9 @@ impl DatasetFs {
         // The rest of a part read with an earlier block (its bytes counted with that read).
         if let Some(data) = tiers.fetcher.take_ahead(&want.key) {
             held.keep_last(block, data.clone());
+            drop(held);
+            // A part read ahead and reached: the reader streams on, and the window moves.
+            self.read_next_parts(h, block, true);
             return Some(Local::Fetched(data));
         }
         // A fetch of the block in flight (the job's prefetch, most often) is joined, not
@@ -412,25 +420,35 @@ impl DatasetFs {
         self.read_next_part(h, block, before);
     }
 
-    /// Reads the next part of an object ahead of a reader streaming through it: when a read
-    /// begins a part, the first of an open streamed through the page cache or one just after
-    /// blocks that earlier reads asked for (`before`: one past the furthest), the fetcher
-    /// starts the part after it ([`crate::tier::fetch::Fetcher::read_ahead`]). Its bytes count
+    /// Reads the next parts of an object ahead of a reader streaming through it: when a read
+    /// begins a part, the first of an open streamed through the page cache, one just after
+    /// blocks that earlier reads asked for (`before`: one past the furthest), or one that
+    /// found the part read ahead already, the fetcher starts the [`READ_AHEAD_PARTS`] parts
+    /// after it that nothing holds or reads ([`crate::tier::fetch::Fetcher::read_ahead`]:
+    /// while the readers' part slots and the readahead buffer have room). Their bytes count
     /// as the reader's.
     fn read_next_part(&self, h: &Arc<FileHandle>, block: u64, before: u64) {
-        let fetcher = &self.tiers.fetcher;
-        let part = fetcher.part_blocks();
-        let next = block + part;
-        let count = self.tiers.memory.blocks().count(h.version.size);
-        if part <= 1 || !block.is_multiple_of(part) || next >= count {
-            return;
-        }
         let streaming = if block == 0 {
             h.drop_pages_at_release
         } else {
-            before > 0 && before + part > block
+            before > 0 && before + self.tiers.fetcher.part_blocks() > block
         };
-        if streaming {
+        self.read_next_parts(h, block, streaming);
+    }
+
+    /// [`DatasetFs::read_next_part`] once it is known whether the reader of `h` streams.
+    fn read_next_parts(&self, h: &Arc<FileHandle>, block: u64, streaming: bool) {
+        let fetcher = &self.tiers.fetcher;
+        let part = fetcher.part_blocks();
+        if !streaming || part <= 1 || !block.is_multiple_of(part) {
+            return;
+        }
+        let count = self.tiers.memory.blocks().count(h.version.size);
+        for ahead in 1..=READ_AHEAD_PARTS {
+            let next = block + ahead * part;
+            if next >= count {
+                break;
+            }
             fetcher.read_ahead(h.rel.clone(), &h.want(next), self.report_for(h));
         }
     }

@@ -978,6 +978,10 @@ impl Tier for DiskTier {
         super::fetch::Origin::Disk
     }
 
+    fn holds(&self, want: &Want<'_>) -> bool {
+        self.takes_block(want.rel, &want.key)
+    }
+
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
         if !self.enabled() {
             return Ok(None);

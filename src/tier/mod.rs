@@ -149,6 +149,13 @@ pub trait Tier: Send + Sync {
         Err(DataError::NoRuns(self.name()))
     }
 
+    /// True if the tier holds block `want.key` (or will, as soon as a write queued now lands),
+    /// as far as it can tell without reading it: a part's run leaves such blocks out, to be
+    /// read from here. A tier that cannot tell cheaply (a peer) says false.
+    fn holds(&self, _want: &Want<'_>) -> bool {
+        false
+    }
+
     /// Offers `data`, found below this tier, as block `want.key`; the tier keeps it if it
     /// keeps blocks wanted for `want.why`. Returns true if it kept it.
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool;
@@ -235,13 +242,13 @@ impl Tiers {
             )));
         }
         below.push(Arc::new(SourceTier::new(source, blocks, stats.clone())));
-        // The rest of a part waits for its reader in a buffer of a few parts, at most half the
+        // The rest of a part waits for its reader in a buffer of a few parts, at most the
         // staging budget (a small pod's is a few MiB); as many parts are read at once as that
         // budget allows.
         let part_blocks = (part_size / blocks.get()).max(1);
         let ahead = Arc::new(ahead::Ahead::new(
             if part_blocks > 1 {
-                (AHEAD_PARTS * part_size).min(part_memory / 2)
+                (AHEAD_PARTS * part_size).min(part_memory)
             } else {
                 0
             },
