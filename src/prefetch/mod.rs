@@ -634,7 +634,12 @@ impl Prefetcher {
             version: info.version,
             block: 0,
         };
+        // A big object read block by block would cost a GET a block beside the readers' own
+        // parts, which read it ahead themselves: 32 shards from S3 in a 384 MiB pod with an
+        // order hint took 323-360 GETs an epoch against 175-241 without, and epochs 2-3 ran
+        // 1.6-1.7 s paced against 1.3-1.5 s.
         if info.version.size == 0
+            || self.tiers.fetcher.prefetch_block_by_block(info.version.size)
             || self.tiers.memory.holds_file(&info.version)
             || self.tiers.fetcher.in_flight(&key)
         {

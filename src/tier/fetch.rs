@@ -685,6 +685,15 @@ impl Fetcher {
         self.part_blocks
     }
 
+    /// True if a file of `size` bytes is an object the prefetcher would read block by block,
+    /// one GET each: bigger than a part, where the prefetcher gets no parts of its own (beside
+    /// a budget under 8 parts, see [`parts_in_flight`]).
+    pub fn prefetch_block_by_block(&self, size: u64) -> bool {
+        self.part_blocks > 1
+            && self.parts_max.1 == 0
+            && size > self.part_blocks * self.blocks.get()
+    }
+
     /// Block `key` if a part's read left it for its reader: it leaves the buffer.
     pub fn take_ahead(&self, key: &BlockKey) -> Option<Arc<Block>> {
         // A directory source reads block by block: nothing is ever left there, and a read
