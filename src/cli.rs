@@ -214,9 +214,10 @@ pub struct MountArgs {
     pub fast_open: bool,
     /// Serve every read through the daemon. By default, where the kernel offers FUSE
     /// passthrough (Linux 6.9+) and the daemon has CAP_SYS_ADMIN, the kernel reads cached
-    /// files over 64 KiB, and files the cache will not keep, by itself, with no round trip
-    /// per read; opens still go through the daemon (permissions, jobs, epochs, hits). Off as
-    /// well with --fast-open and --read-delay.
+    /// files over 64 KiB, files the cache will not keep, and files of 4 MiB or more that the
+    /// page cache holds whole, by itself, with no round trip per read; opens still go through
+    /// the daemon (permissions, jobs, epochs, hits). Off as well with --fast-open and
+    /// --read-delay.
     #[arg(long, help_heading = "Mount")]
     pub no_passthrough: bool,
     /// Serve the mount from the daemon alone. By default (as root) a small keeper process

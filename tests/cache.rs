@@ -218,6 +218,7 @@ fn large_files_are_cached_in_blocks_and_read_right_at_any_offset() {
     std::fs::create_dir(&src).unwrap();
     let data = bytes(9, (5 << 20) + 12345);
     std::fs::write(src.join("shard.tfrecord"), &data).unwrap();
+    evict_pages(&src);
     // Room for three 1 MiB blocks, each in the file the kernel may read by passthrough: whole
     // pages and the overhead of the file (src/cache/kernel_files.rs).
     let overhead = coorfs::cache::kernel_files::FILE_OVERHEAD;

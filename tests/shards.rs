@@ -37,6 +37,7 @@ fn read_epoch(mnt: &Path, seed: u64) {
     }
 }
 
+/// Writes the shards, on disk and not in the page cache (see [`evict_pages`]).
 fn make_shards(src: &Path) {
     std::fs::create_dir_all(src).unwrap();
     for i in 0..SHARDS {
@@ -46,6 +47,37 @@ fn make_shards(src: &Path) {
         )
         .unwrap();
     }
+    evict_pages(src);
+}
+
+#[test]
+fn shards_the_page_cache_holds_are_read_by_the_kernel_from_the_source_and_cached_once_evicted() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_shards(&src);
+    // Read natively: the page cache holds every shard.
+    for i in 0..SHARDS {
+        std::fs::read(src.join(format!("shard-{i:03}.tar"))).unwrap();
+    }
+    let m = Mount::new(&src, &["--no-prefetch", "--cache-size", "256M"]);
+    wait_for_scan(&m.mnt);
+    read_epoch(&m.mnt, 1);
+    let s = stats(&m.mnt);
+    // The kernel read every shard from the source's pages: no READ reached the daemon, and
+    // its cache, which had room for all, took none (the page cache holds them already).
+    assert_eq!(num(&s, "passthrough_source_opens"), SHARDS as u64, "{s}");
+    assert_eq!(num(&s, "read_requests"), 0, "{s}");
+    assert_eq!(num(&s, "cached_bytes"), 0, "{s}");
+    // Evicted, they are read through the daemon, which caches them; then they are hits.
+    evict_pages(&src);
+    read_epoch(&m.mnt, 2);
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "passthrough_source_opens"), SHARDS as u64, "{s}");
+    assert_eq!(num(&s, "cached_bytes"), (SHARDS * SHARD) as u64, "{s}");
+    read_epoch(&m.mnt, 3);
+    let s = stats(&m.mnt);
+    assert_eq!(s["epochs"][2]["hits"], SHARDS, "{s}");
+    m.unmount();
 }
 
 #[test]
@@ -154,6 +186,8 @@ fn webdataset_and_tfrecord_readers_read_a_mount_as_the_source_and_cost_no_round_
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().len())
         .sum();
+    // On disk, as a dataset nothing has read lately (the reads above brought it in).
+    evict_pages(&src);
     // A third of the dataset: the cache keeps some shards whole and one in part.
     let cache = (dataset / 3).to_string();
     let m = Mount::new(&src, &["--no-prefetch", "--cache-size", &cache]);

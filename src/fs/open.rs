@@ -243,6 +243,11 @@ impl DatasetFs {
                 && (!counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first)),
             would_keep: !in_memory && memory.would_keep(version.size),
             room: !in_memory && memory.has_room_for(version.size),
+            source_resident: !in_memory
+                && !hit
+                && version.size >= STREAMED_MISS_MIN
+                && (opened.file.local())
+                    .is_some_and(|f| crate::source::resident_open_file(f, version.size)),
         };
         // The gauge's answer for a hit on the file, and its watch if the file is a sentinel.
         let (keep_hit, watch) = match opened.file_id {

@@ -38,6 +38,9 @@ pub struct OpenFacts {
     pub would_keep: bool,
     /// The memory cache has room for it now.
     pub room: bool,
+    /// It is big ([`STREAMED_MISS_MIN`] or more), and the page cache holds every page of the
+    /// source file (a directory source): the kernel reads it from there as fast as natively.
+    pub source_resident: bool,
     // (`partly_cached`, `prefetched`, `would_keep` and `room` decide only for a file not in
     // memory: the plan asks none of them of a file that is, so an open of one need not look.)
 }
@@ -119,13 +122,16 @@ fn kernel_file(
     // The daemon's own reads feed the disk tier, the cluster's members, and the other jobs
     // that read the file this round; what the prefetcher staged, or anyone is reading now,
     // would be read twice; a file the cache holds part of is served that part from the cache
-    // (by passthrough every byte of it came from the source again).
+    // (by passthrough every byte of it came from the source again). A shard the source's page
+    // cache holds whole is read from there even if the cache would keep it: through the
+    // daemon it crossed it twice, at a fifth of native speed (8 WebDataset shards of 12 MiB:
+    // 0.19-0.26 s against 0.02-0.05 s); the cache takes it once the page cache lost it.
     let source = f.local
         && !f.hit
         && !policy.feeds_below
         && !f.partly_cached
         && !f.prefetched
-        && !f.would_keep
+        && (!f.would_keep || f.source_resident)
         && f.known
         && !others_need();
     source.then_some(KernelFile::Source)
@@ -301,6 +307,42 @@ mod tests {
         assert_eq!(plan(miss(MEDIUM), below).backing, None);
         assert_eq!(plan(miss(MEDIUM), no_passthrough()).backing, None);
         assert_eq!(open_plan(&miss(MEDIUM), &mount(), || true).backing, None);
+    }
+
+    #[test]
+    fn a_shard_the_source_s_page_cache_holds_is_read_from_there_even_if_the_cache_would_keep_it() {
+        let hot = OpenFacts {
+            would_keep: true,
+            source_resident: true,
+            ..miss(SHARD)
+        };
+        assert_eq!(plan(hot, mount()).backing, Some(KernelFile::Source));
+        // Cold, the cache takes it through the daemon.
+        let cold = OpenFacts {
+            source_resident: false,
+            ..hot
+        };
+        assert_eq!(plan(cold, mount()).backing, None);
+        // The other reasons for the daemon to read it still hold.
+        for f in [
+            OpenFacts {
+                partly_cached: true,
+                ..hot
+            },
+            OpenFacts {
+                prefetched: true,
+                ..hot
+            },
+            OpenFacts { hit: true, ..hot },
+        ] {
+            assert_eq!(plan(f, mount()).backing, None, "{f:?}");
+        }
+        let below = OpenPolicy {
+            feeds_below: true,
+            ..mount()
+        };
+        assert_eq!(plan(hot, below).backing, None);
+        assert_eq!(open_plan(&hot, &mount(), || true).backing, None);
     }
 
     #[test]

@@ -639,7 +639,10 @@ impl Prefetcher {
         // order hint took 323-360 GETs an epoch against 175-241 without, and epochs 2-3 ran
         // 1.6-1.7 s paced against 1.3-1.5 s.
         if info.version.size == 0
-            || self.tiers.fetcher.prefetch_block_by_block(info.version.size)
+            || self
+                .tiers
+                .fetcher
+                .prefetch_block_by_block(info.version.size)
             || self.tiers.memory.holds_file(&info.version)
             || self.tiers.fetcher.in_flight(&key)
         {

@@ -466,6 +466,21 @@ fn resident(file: &File, offset: u64, len: u64) -> bool {
     rc == 0 && stat.nr_cache >= pages
 }
 
+/// True if the page cache holds every page of the first `len` bytes of an open source file
+/// ([`SourceFile::local`]); an `O_PATH` descriptor, which `cachestat` does not take, is opened
+/// again for reading through its `/proc/self/fd` link. Asking brings nothing in.
+pub fn resident_open_file(file: &File, len: u64) -> bool {
+    if resident(file, 0, len) {
+        return true;
+    }
+    // SAFETY: F_GETFL reads the descriptor's flags and touches no memory.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    flags >= 0
+        && flags & libc::O_PATH != 0
+        && open_for_read(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
+            .is_ok_and(|again| resident(&again, 0, len))
+}
+
 /// Reads into `buf` at `offset` of a file from [`DatasetSource::open_file`], until `buf` is
 /// full or the file ends. An `O_PATH` descriptor is opened again for reading through its
 /// `/proc/self/fd` link, which names the very file it pins (even one since removed).

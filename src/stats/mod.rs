@@ -132,8 +132,8 @@ stats! {
     KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits of files over 64 KiB then use direct I/O, where passthrough does not read them).";
     KernelRefills => "kernel_refills", Count, "Reopened sentinel files whose pages the kernel had dropped and read again.";
     Passthrough => "passthrough", Count, "1 while the kernel may read files by itself (FUSE passthrough); 0 with --no-passthrough or --fast-open, on a kernel without it, or when the kernel refused the daemon a backing file (no CAP_SYS_ADMIN).";
-    PassthroughOpens => "passthrough_opens", Count, "Opens whose reads the kernel served from a backing file without the daemon: cached files over 64 KiB (from the cache's own files), and files the cache would not keep (from the source).";
-    PassthroughSourceOpens => "passthrough_source_opens", Count, "Of those, opens of files the cache would not keep, read from the source by the kernel: misses whose whole size counts in bytes_from_source at open.";
+    PassthroughOpens => "passthrough_opens", Count, "Opens whose reads the kernel served from a backing file without the daemon: cached files over 64 KiB (from the cache's own files), and files the cache would not keep or the page cache holds whole (from the source).";
+    PassthroughSourceOpens => "passthrough_source_opens", Count, "Of those, opens of files the cache would not keep, or of 4 MiB or more that the page cache holds whole, read from the source by the kernel: misses whose whole size counts in bytes_from_source at open.";
     ReadRequests => "read_requests", Count, "Read requests that reached the daemon (a passthrough open sends none).";
     HintsAccepted => "hints_accepted", Count, "Order hints accepted (commits to the .coorfs-order file).";
     HintsRejected => "hints_rejected", Count, "Order hints rejected (unknown paths, garbage, too large).";

@@ -689,9 +689,7 @@ impl Fetcher {
     /// one GET each: bigger than a part, where the prefetcher gets no parts of its own (beside
     /// a budget under 8 parts, see [`parts_in_flight`]).
     pub fn prefetch_block_by_block(&self, size: u64) -> bool {
-        self.part_blocks > 1
-            && self.parts_max.1 == 0
-            && size > self.part_blocks * self.blocks.get()
+        self.part_blocks > 1 && self.parts_max.1 == 0 && size > self.part_blocks * self.blocks.get()
     }
 
     /// Block `key` if a part's read left it for its reader: it leaves the buffer.

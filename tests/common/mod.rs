@@ -219,6 +219,34 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Drops the page cache's pages of every file under `root` (written to disk first), as a
+/// dataset on disk that nothing has read lately: a shard the page cache holds whole is read by
+/// the kernel from there, not through the daemon and its cache (`fs/plan.rs`).
+pub fn evict_pages(root: &Path) {
+    use std::os::fd::AsRawFd;
+    for entry in walk(root) {
+        let f = std::fs::File::open(&entry).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: a live descriptor; the call only advises the kernel about its pages.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0, "posix_fadvise {}", entry.display());
+    }
+}
+
+/// The regular files under `root`.
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else if path.is_file() {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// Writes `count` files of `size` bytes in `classes` subdirectories of `root`; returns their
 /// paths relative to `root`, sorted.
 pub fn make_dataset(root: &Path, count: usize, size: usize, classes: usize) -> Vec<PathBuf> {
