@@ -638,33 +638,26 @@ mod tests {
     #[test]
     fn grows_only_into_what_stayed_free_while_the_rest_of_the_memory_swung() {
         let r = Rules::for_cgroup(GIB); // reserve 64 MiB, step 8 MiB
-        // 300 MiB free now, but 100 MiB of it was taken moments ago: grow into 200.
-        let swung = Spare {
-            now: 300 * MIB,
-            calm: 200 * MIB,
+        let spare = |now, calm| Spare {
+            now: now * MIB,
+            calm: calm * MIB,
         };
+        // 300 MiB free now, but 100 MiB of it was taken moments ago: grow into 200.
         assert_eq!(
-            r.next(400 * MIB, 400 * MIB, swung, false),
+            r.next(400 * MIB, 400 * MIB, spare(300, 200), false),
             Some((536 * MIB, Move::Grow))
         );
         // A crest that leaves less calm than the reserve lowers the capacity to what is held
         // and drops nothing.
-        let crest = Spare {
-            now: 100 * MIB,
-            calm: 10 * MIB,
-        };
+        let crest = spare(100, 10);
         assert_eq!(
             r.next(600 * MIB, 500 * MIB, crest, false),
             Some((500 * MIB, Move::Hold))
         );
         assert_eq!(r.next(500 * MIB, 500 * MIB, crest, false), None);
         // Only `now` short of the reserve shrinks.
-        let short = Spare {
-            now: 20 * MIB,
-            calm: 20 * MIB,
-        };
         assert_eq!(
-            r.next(500 * MIB, 500 * MIB, short, false),
+            r.next(500 * MIB, 500 * MIB, spare(20, 20), false),
             Some((456 * MIB, Move::Shrink))
         );
     }
