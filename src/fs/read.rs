@@ -174,7 +174,7 @@ impl DatasetFs {
     /// The bytes at `offset` of the version the handle opened, if the open found it whole in
     /// the cache and the tiers on this thread still hold every block of the read: a file
     /// that changed while open is then read as it was opened (see the module header).
-    fn opened_version(&self, h: &Arc<FileHandle>, offset: u64, size: u32) -> Option<Vec<u8>> {
+    fn opened_version(&self, h: &FileHandle, offset: u64, size: u32) -> Option<Vec<u8>> {
         if !h.cached_at_open {
             return None;
         }
@@ -223,7 +223,9 @@ impl DatasetFs {
             let base = block_start(first);
             let (a, b) = ((offset - base) as usize, (end - base) as usize);
             if let Some(bytes) = self.local_block(h, first, (b - a) as u64) {
-                return done(Ok(&bytes[a..b]));
+                done(Ok(&bytes[a..b]));
+                // A part read ahead (or cached) and reached: the window moves on.
+                return self.read_next_part(h, first, before);
             }
             let rel = h.rel.clone();
             return self.fetch_for(
@@ -251,6 +253,7 @@ impl DatasetFs {
             let at = (lo - offset) as usize;
             if let Some(bytes) = self.local_block(h, block, (b - a) as u64) {
                 assembly.lock().buf[at..at + (b - a)].copy_from_slice(&bytes[a..b]);
+                self.read_next_part(h, block, before);
                 continue;
             }
             assembly.lock().pending += 1;
@@ -300,7 +303,7 @@ impl DatasetFs {
     /// ago, the recent blocks (see [`crate::tier::recent`]) unless a fetch of the block is in
     /// flight. A cache hit through a handle whose open was a miss counts `served` bytes as
     /// coming from the cache.
-    fn local_block(&self, h: &Arc<FileHandle>, block: u64, served: u64) -> Option<Local<'_>> {
+    fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
         let want = h.want(block);
         let errors = &self.ledger.stats().counters.tier_errors;
         let tiers = &self.tiers;
@@ -319,9 +322,6 @@ impl DatasetFs {
         // The rest of a part read with an earlier block (its bytes counted with that read).
         if let Some(data) = tiers.fetcher.take_ahead(&want.key) {
             held.keep_last(block, data.clone());
-            drop(held);
-            // A part read ahead and reached: the reader streams on, and the window moves.
-            self.read_next_parts(h, block, true);
             return Some(Local::Fetched(data));
         }
         // A fetch of the block in flight (the job's prefetch, most often) is joined, not
@@ -421,26 +421,24 @@ impl DatasetFs {
     }
 
     /// Reads the next parts of an object ahead of a reader streaming through it: when a read
-    /// begins a part, the first of an open streamed through the page cache, one just after
-    /// blocks that earlier reads asked for (`before`: one past the furthest), or one that
-    /// found the part read ahead already, the fetcher starts the [`READ_AHEAD_PARTS`] parts
-    /// after it that nothing holds or reads ([`crate::tier::fetch::Fetcher::read_ahead`]:
-    /// while the readers' part slots and the readahead buffer have room). Their bytes count
-    /// as the reader's.
+    /// begins a part, the first of an open streamed through the page cache or one just after
+    /// blocks that earlier reads asked for (`before`: one past the furthest), wherever its
+    /// bytes come from (the source, a part read ahead already, the cache), the fetcher starts
+    /// the [`READ_AHEAD_PARTS`] parts after it that nothing holds or reads
+    /// ([`crate::tier::fetch::Fetcher::read_ahead`]: while the readers' part slots and the
+    /// readahead buffer have room). Their bytes count as the reader's.
     fn read_next_part(&self, h: &Arc<FileHandle>, block: u64, before: u64) {
+        let fetcher = &self.tiers.fetcher;
+        let part = fetcher.part_blocks();
+        if part <= 1 || !block.is_multiple_of(part) {
+            return;
+        }
         let streaming = if block == 0 {
             h.drop_pages_at_release
         } else {
-            before > 0 && before + self.tiers.fetcher.part_blocks() > block
+            before > 0 && before + part > block
         };
-        self.read_next_parts(h, block, streaming);
-    }
-
-    /// [`DatasetFs::read_next_part`] once it is known whether the reader of `h` streams.
-    fn read_next_parts(&self, h: &Arc<FileHandle>, block: u64, streaming: bool) {
-        let fetcher = &self.tiers.fetcher;
-        let part = fetcher.part_blocks();
-        if !streaming || part <= 1 || !block.is_multiple_of(part) {
+        if !streaming {
             return;
         }
         let count = self.tiers.memory.blocks().count(h.version.size);
