@@ -475,10 +475,13 @@ pub fn resident_open_file(file: &File, len: u64) -> bool {
     }
     // SAFETY: F_GETFL reads the descriptor's flags and touches no memory.
     let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-    flags >= 0
-        && flags & libc::O_PATH != 0
-        && open_for_read(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
-            .is_ok_and(|again| resident(&again, 0, len))
+    flags >= 0 && flags & libc::O_PATH != 0 && reopened(file).is_ok_and(|f| resident(&f, 0, len))
+}
+
+/// `file` opened again for reading through its `/proc/self/fd` link, which names the very file
+/// it pins (even one since removed): an `O_PATH` descriptor reads nothing itself.
+fn reopened(file: &File) -> io::Result<File> {
+    open_for_read(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
 }
 
 /// Reads into `buf` at `offset` of a file from [`DatasetSource::open_file`], until `buf` is
@@ -487,8 +490,7 @@ pub fn resident_open_file(file: &File, len: u64) -> bool {
 pub fn read_open_file(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     match read_at_most(file, offset, buf, false) {
         Err(e) if e.raw_os_error() == Some(libc::EBADF) => {
-            let again = open_for_read(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))?;
-            read_at_most(&again, offset, buf, false)
+            read_at_most(&reopened(file)?, offset, buf, false)
         }
         other => other,
     }

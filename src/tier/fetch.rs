@@ -724,8 +724,6 @@ fn owned(found: Found<'_>, block: u64) -> Option<Arc<Block>> {
     }
 }
 
-/// A fetch that [`Fetcher::fetch`] started: what it reads, for whom, since when, and how
-/// many reads were in flight with it.
 /// What a fetch's read came to ([`Fetcher::read`]).
 struct ReadOut {
     result: FetchResult,
@@ -744,6 +742,8 @@ struct ReadOut {
     last: Option<(BlockKey, Arc<Block>, bool)>,
 }
 
+/// A fetch that [`Fetcher::fetch`] or [`Fetcher::read_ahead`] started: what it reads, for
+/// whom, since when, and how many reads were in flight with it.
 struct Started {
     rel: Arc<Path>,
     key: BlockKey,
