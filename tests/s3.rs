@@ -1328,15 +1328,16 @@ fn webdataset_and_tfrecord_readers_read_an_s3_mount_as_the_directory_it_came_fro
         assert_eq!(got, want, "epoch {epoch}");
     }
     let s = stats(&m.mnt);
-    // Every object read from the store once, in 8 MiB parts (a listing or two besides; an
-    // object may take two GETs, see below).
+    // Every object read from the store once, in 8 MiB parts (a listing or two besides).
     assert_eq!(num(&s, "bytes_from_source"), dataset, "{s}");
-    assert!(num(&s, "source_requests") <= 13 + 2, "{s}");
+    assert!(num(&s, "source_requests") <= 9 + 2, "{s}");
     assert_eq!(num(&s["epochs"][1], "bytes_from_source"), 0, "{s}");
-    // Each object of 5-6 MiB (less than a part) was one GET, or two when a READ of its
-    // second half began before the first's GET claimed it.
+    // Each object of 5-6 MiB (less than a part) was one GET, however many of its READs the
+    // kernel sent at once: the first fetch to begin takes the others' blocks into its run.
+    // (Two GETs an object, when a READ of its second half began before the first's GET
+    // claimed it, failed this test under load.)
     let gets = num(&s["epochs"][0], "source_reads");
-    assert!((9..=13).contains(&gets), "{gets} GETs for 9 objects: {s}");
+    assert_eq!(gets, 9, "{gets} GETs for 9 objects: {s}");
     assert_eq!(num(&s["epochs"][1], "source_reads"), 0, "{s}");
     m.unmount();
 }

@@ -124,9 +124,10 @@ pub struct Fetcher {
     ahead: Arc<Ahead>,
     /// Blocks a source read may span: the part size over the block size (1: block by block).
     part_blocks: u64,
-    /// With parts: blocks whose fetch is in flight and has not begun to read, which a part's
-    /// run may still take (see [`Fetcher::claim_part`]).
-    unread: parking_lot::Mutex<std::collections::HashSet<BlockKey>>,
+    /// With parts: held while a fetch begins and claims its part's run, so that of the
+    /// fetches of one part started together, the first to begin takes the others' blocks
+    /// (see [`Fetcher::claim_part`]).
+    claiming: parking_lot::Mutex<()>,
     /// Runs of a part being read now (at most `parts_max`, see [`parts_in_flight`]).
     parts_in_flight: AtomicUsize,
     /// The most runs of a part read at once so far.
@@ -197,7 +198,7 @@ impl Fetcher {
             recent,
             ahead,
             part_blocks: part_blocks.max(1),
-            unread: Default::default(),
+            claiming: Default::default(),
             parts_in_flight: AtomicUsize::new(0),
             parts_peak: AtomicUsize::new(0),
             ahead_in_flight: AtomicUsize::new(0),
@@ -324,9 +325,6 @@ impl Fetcher {
             issued: Instant::now(),
             crowd,
         };
-        if self.part_blocks > 1 {
-            self.unread.lock().insert(key);
-        }
         let this = self.clone();
         let work = move || this.run(started, report);
         if inline {
@@ -468,16 +466,29 @@ impl Fetcher {
     /// the read began at the file's first block. None if another fetch took the block into its
     /// part's run before this one began (see [`Fetcher::claim_part`]).
     fn read(&self, want: &Want<'_>, ahead: bool) -> Option<ReadOut> {
-        if self.part_blocks > 1 && !self.unread.lock().remove(&want.key) {
-            return None;
-        }
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
+        // With parts, a fetch that no tier in front of the source may serve begins and claims
+        // its part's run in one hold of `claiming`: of the fetches of one part that start
+        // together (the kernel's readahead sends several READs at once), the first to begin
+        // takes the others' blocks into its run and they wait for its GET.
+        let mut run = None;
+        if self.part_blocks > 1 {
+            let _claiming = self.claiming.lock();
+            if !self.inflight.begin(&want.key) {
+                return None;
+            }
+            if !nearer.iter().any(|t| t.may_find(want)) {
+                run = Some(self.claim_part(want));
+            }
+        }
         let faults = AtomicU64::new(0);
         let mut found = None;
-        for tier in nearer {
-            if let Some(f) = look_up([&**tier], want, &faults) {
-                found = Some((f, Some(tier)));
-                break;
+        if run.is_none() {
+            for tier in nearer {
+                if let Some(f) = look_up([&**tier], want, &faults) {
+                    found = Some((f, Some(tier)));
+                    break;
+                }
             }
         }
         let faults = faults.into_inner();
@@ -495,7 +506,10 @@ impl Fetcher {
         let (found, finder) = match found {
             Some((found, finder)) => (found, finder),
             None => {
-                let (lo, hi) = self.claim_part(want);
+                let (lo, hi) = run.unwrap_or_else(|| {
+                    let _claiming = self.claiming.lock();
+                    self.claim_part(want)
+                });
                 if hi - lo > 1 {
                     return Some(self.read_part(want, (lo, hi), ahead, fallback));
                 }
@@ -626,7 +640,7 @@ impl Fetcher {
     /// nothing holds or reads, up to the first on each side that something does (see the
     /// module header); returns the run `lo..hi` to read, `key`'s block among them. Of two
     /// reads of one part that start together, the second finds the first's claims and
-    /// waits for its GET.
+    /// waits for its GET. Called holding `claiming`.
     fn claim_part(&self, want: &Want<'_>) -> (u64, u64) {
         let (key, demand) = (&want.key, want.why.is_read());
         let b = key.block;
@@ -660,7 +674,7 @@ impl Fetcher {
             !self.memory.contains(&other.key)
                 && !self.ahead.contains(&other.key)
                 && !nearer.iter().any(|t| t.holds(&other))
-                && (self.inflight.claim(&other.key) || self.unread.lock().remove(&other.key))
+                && self.inflight.take(&other.key)
         };
         let mut hi = b + 1;
         while hi < end && claim(hi) {

@@ -16,10 +16,10 @@ use parking_lot::Mutex;
 /// A caller waiting for a key's result.
 pub type Waiter<V> = Box<dyn FnOnce(V) + Send>;
 
-/// A fetch in flight: its waiters, or its result while they run, with the callers that
-/// came meanwhile.
+/// A fetch in flight: its waiters and whether a fetch reads it yet ([`Inflight::begin`]),
+/// or its result while they run, with the callers that came meanwhile.
 enum State<V> {
-    Waiting(Vec<Waiter<V>>),
+    Waiting(Vec<Waiter<V>>, bool),
     Done(V, Vec<Waiter<V>>),
 }
 
@@ -50,7 +50,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
     pub fn join(&self, key: &K, waiter: Waiter<V>) -> bool {
         let mut waiting = self.waiting.lock();
         match waiting.get_mut(key) {
-            Some(State::Waiting(list)) => {
+            Some(State::Waiting(list, _)) => {
                 list.push(waiter);
                 false
             }
@@ -59,7 +59,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
                 false
             }
             None => {
-                waiting.insert(key.clone(), State::Waiting(vec![waiter]));
+                waiting.insert(key.clone(), State::Waiting(vec![waiter], false));
                 true
             }
         }
@@ -73,14 +73,39 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
         if waiting.contains_key(key) {
             return false;
         }
-        waiting.insert(key.clone(), State::Waiting(Vec::new()));
+        waiting.insert(key.clone(), State::Waiting(Vec::new(), false));
         true
+    }
+
+    /// The fetch started for `key` begins to read it: true unless another fetch took `key`
+    /// first ([`Inflight::take`]) and will complete it.
+    pub fn begin(&self, key: &K) -> bool {
+        match self.waiting.lock().get_mut(key) {
+            Some(State::Waiting(_, begun)) => !std::mem::replace(begun, true),
+            _ => false,
+        }
+    }
+
+    /// Takes `key` into a fetch of another key (the rest of a part, read with the block asked
+    /// for): true if no fetch of `key` was in flight, or one was started for it and has not
+    /// begun to read ([`Inflight::begin`] then says false); the caller must then fetch it and
+    /// call [`Inflight::complete`].
+    pub fn take(&self, key: &K) -> bool {
+        let mut waiting = self.waiting.lock();
+        match waiting.get_mut(key) {
+            None => {
+                waiting.insert(key.clone(), State::Waiting(Vec::new(), true));
+                true
+            }
+            Some(State::Waiting(_, begun)) => !std::mem::replace(begun, true),
+            Some(State::Done(..)) => false,
+        }
     }
 
     /// True if callers wait for `key`'s fetch.
     pub fn awaited(&self, key: &K) -> bool {
         match self.waiting.lock().get(key) {
-            Some(State::Waiting(list)) => !list.is_empty(),
+            Some(State::Waiting(list, _)) => !list.is_empty(),
             Some(State::Done(..)) => true,
             None => false,
         }
@@ -99,7 +124,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
             .lock()
             .insert(key.clone(), State::Done(value.clone(), Vec::new()))
         {
-            Some(State::Waiting(list)) => list,
+            Some(State::Waiting(list, _)) => list,
             _ => Vec::new(),
         };
         loop {
@@ -188,5 +213,29 @@ mod tests {
         inflight.complete(&7, 10);
         assert_eq!(got.load(Ordering::Relaxed), 10);
         assert!(inflight.is_empty());
+    }
+
+    #[test]
+    fn a_fetch_not_begun_is_taken_by_another_and_one_begun_is_not() {
+        let inflight: Inflight<u32, u32> = Inflight::default();
+        let got = Arc::new(AtomicU32::new(0));
+        let seen = got.clone();
+        // Block 1's fetch was started for a reader but has not begun: a part's run takes it,
+        // the reader gets the run's bytes, and the fetch, beginning, finds it taken.
+        assert!(inflight.join(&1, Box::new(move |v| seen.store(v, Ordering::Relaxed))));
+        assert!(inflight.take(&1));
+        assert!(!inflight.begin(&1));
+        // Block 2's fetch began first: no run takes it, and a second take is refused too.
+        assert!(inflight.join(&2, Box::new(|_| {})));
+        assert!(inflight.begin(&2));
+        assert!(!inflight.take(&2));
+        // Block 3 nobody fetched: the run takes it, and nobody else may.
+        assert!(inflight.take(&3));
+        assert!(!inflight.take(&3));
+        inflight.complete(&1, 11);
+        assert_eq!(got.load(Ordering::Relaxed), 11);
+        // A fetch claimed to be started (a part read ahead) has not begun: it may begin.
+        assert!(inflight.claim(&4));
+        assert!(inflight.begin(&4));
     }
 }

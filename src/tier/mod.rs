@@ -156,6 +156,14 @@ pub trait Tier: Send + Sync {
         false
     }
 
+    /// False if [`Tier::get`] would surely find nothing for `want`, as far as the tier can
+    /// tell without asking anyone: a fetch that no tier in front of the source may serve
+    /// claims its part's run at once (see [`fetch`]'s parts). A tier that holds blocks says
+    /// what [`Tier::holds`] says.
+    fn may_find(&self, want: &Want<'_>) -> bool {
+        self.holds(want)
+    }
+
     /// Offers `data`, found below this tier, as block `want.key`; the tier keeps it if it
     /// keeps blocks wanted for `want.why`. Returns true if it kept it.
     fn admit(&self, want: &Want<'_>, data: &Arc<Block>) -> bool;

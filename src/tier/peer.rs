@@ -140,6 +140,23 @@ impl PeerTier {
     }
 
     /// Block `want.key` from member `m`.
+    /// The member to ask for `want`, and the digest of the members as this member sees them;
+    /// None if nobody is: a member serves what it owns from its source and asks nobody for a
+    /// peer's request (members whose lists disagreed would otherwise ask each other in a
+    /// ring), and a suspect member is not asked.
+    fn asked(&self, want: &Want<'_>) -> Option<(Arc<Member>, u64)> {
+        if want.why == Why::Peer {
+            return None;
+        }
+        let view = self.membership.view();
+        let i = view.owner(want.rel.as_os_str().as_bytes());
+        if i == view.me {
+            return None;
+        }
+        let m = self.member(&view.names[i]);
+        (!m.suspect()).then_some((m, view.digest))
+    }
+
     fn ask(&self, m: &Member, digest: u64, want: &Want<'_>) -> Result<Block, PeerFault> {
         let v = want.key.version;
         let request = BlockRequest {
@@ -221,24 +238,16 @@ impl Tier for PeerTier {
         super::fetch::Origin::Peer
     }
 
+    fn may_find(&self, want: &Want<'_>) -> bool {
+        self.asked(want).is_some()
+    }
+
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
-        // A member serves what it owns from its source: it asks nobody (members whose lists
-        // disagreed would otherwise ask each other in a ring).
-        if want.why == Why::Peer {
+        let Some((m, digest)) = self.asked(want) else {
             return Ok(None);
-        }
-        let path = want.rel.as_os_str().as_bytes();
-        let view = self.membership.view();
-        let i = view.owner(path);
-        if i == view.me {
-            return Ok(None);
-        }
-        let m = self.member(&view.names[i]);
-        if m.suspect() {
-            return Ok(None);
-        }
+        };
         let counters = &self.stats.counters;
-        match self.ask(&m, view.digest, want) {
+        match self.ask(&m, digest, want) {
             Ok(block) => {
                 m.answered();
                 Counters::add(&counters.peer_hits, 1);
