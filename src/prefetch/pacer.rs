@@ -16,7 +16,10 @@
 ///
 /// The pacer tells the two apart from the reads themselves: reads issued alone give the base
 /// latency; reads issued with many others in flight (a quarter of the depth or more) show
-/// how latency grows with the queue. A throttled disk lets short bursts through at full
+/// how latency grows with the queue. Where no read is ever alone (two readers that always
+/// have a read in flight each), reads issued beside one other give the base instead: the
+/// window stayed at one while probing, which two demand reads fill, and nothing was ever
+/// prefetched from a store 150 ms away on a loaded machine. A throttled disk lets short bursts through at full
 /// speed, so only a deep queue shows the difference. If a read with `n` in flight takes
 /// about `n` times the base the storage serves one read after another (bandwidth-bound):
 /// prefetch narrows to one read, only while no demand read is in flight, into a small
@@ -29,8 +32,9 @@
 #[derive(Clone, Debug)]
 pub struct Pacer {
     max: usize,
-    /// Latencies of reads issued alone, in seconds.
-    alone: std::collections::VecDeque<f64>,
+    /// Latencies of reads issued alone (`low[0]`) and beside one other (`low[1]`), in
+    /// seconds: the base is taken at the lowest of the two depths with enough samples.
+    low: [std::collections::VecDeque<f64>; 2],
     /// Latency growth per extra read in flight, relative to the base, of deep-queue reads.
     growth: std::collections::VecDeque<f64>,
     /// Some(true): bandwidth-bound; Some(false): latency-bound; None: not known yet.
@@ -63,6 +67,22 @@ pub const PROBE_EVERY: u64 = 4096;
 /// bandwidth-bound storage a few reads at depth.
 pub const PROBE_SECS: f64 = 1.0;
 
+/// The growth of latency per extra read in flight, relative to a read alone, of a read that
+/// took `ratio` times the base, issued with `inflight` reads in flight, the base measured with
+/// `depth` in flight: latency = alone x (1 + growth x (reads in flight - 1)), solved from the
+/// two. A read slower than that model allows at any growth counts as serial and more.
+fn growth(ratio: f64, depth: usize, inflight: usize) -> f64 {
+    let room = (inflight - 1) as f64 - ratio * (depth - 1) as f64;
+    if room > 0.0 {
+        (ratio - 1.0) / room
+    } else {
+        SERIAL_MAX
+    }
+}
+
+/// The growth that [`growth`] gives a read too slow for the model: well past serial.
+const SERIAL_MAX: f64 = 10.0;
+
 fn median(v: &std::collections::VecDeque<f64>) -> f64 {
     let mut s: Vec<f64> = v.iter().copied().collect();
     s.sort_by(|a, b| a.total_cmp(b));
@@ -74,7 +94,7 @@ impl Pacer {
     pub fn new(max: usize) -> Self {
         Pacer {
             max: max.max(1),
-            alone: std::collections::VecDeque::with_capacity(SAMPLES),
+            low: Default::default(),
             growth: std::collections::VecDeque::with_capacity(SAMPLES),
             verdict: None,
             since: 0,
@@ -99,13 +119,17 @@ impl Pacer {
             self.verdict = None;
             self.growth.clear();
         }
-        if inflight <= 1 {
-            if self.alone.len() == SAMPLES {
-                self.alone.pop_front();
+        let inflight = inflight.max(1);
+        if inflight == 1 || (inflight == 2 && self.deep() > 2) {
+            let low = &mut self.low[inflight - 1];
+            if low.len() == SAMPLES {
+                low.pop_front();
             }
-            self.alone.push_back(latency);
-        } else if inflight >= self.deep() && self.alone.len() >= MIN_SAMPLES {
-            let growth = (latency / median(&self.alone) - 1.0) / (inflight - 1) as f64;
+            low.push_back(latency);
+        } else if inflight >= self.deep()
+            && let Some((base, depth)) = self.base_at()
+        {
+            let growth = growth(latency / base, depth, inflight);
             if self.growth.len() == SAMPLES {
                 self.growth.pop_front();
             }
@@ -130,9 +154,19 @@ impl Pacer {
         }
     }
 
-    /// The median latency of reads issued alone, in seconds (None before the first).
+    /// The median latency of reads at the lowest depth with enough samples, in seconds, and
+    /// that depth (None before there are enough).
+    fn base_at(&self) -> Option<(f64, usize)> {
+        (1..=2)
+            .map(|depth| (&self.low[depth - 1], depth))
+            .find(|(low, _)| low.len() >= MIN_SAMPLES)
+            .map(|(low, depth)| (median(low), depth))
+    }
+
+    /// The base latency, in seconds: of reads issued alone, or beside one other where none
+    /// is alone (see [`Pacer`]); None before there are enough samples.
     pub fn base(&self) -> Option<f64> {
-        (!self.alone.is_empty()).then(|| median(&self.alone))
+        self.base_at().map(|(base, _)| base)
     }
 
     /// True once the storage was judged bandwidth-bound.
@@ -144,7 +178,7 @@ impl Pacer {
     pub fn window(&self) -> usize {
         match self.verdict {
             // Probing: one read at a time for the base, then a deep queue.
-            None if self.alone.len() < MIN_SAMPLES => 1,
+            None if self.base_at().is_none() => 1,
             None | Some(false) => self.max,
             Some(true) => 1,
         }
@@ -152,11 +186,7 @@ impl Pacer {
 
     /// What the pacer concluded, for the log.
     pub fn describe(&self) -> String {
-        let base = if self.alone.is_empty() {
-            0.0
-        } else {
-            median(&self.alone)
-        };
+        let base = self.base().unwrap_or(0.0);
         let growth = if self.growth.is_empty() {
             0.0
         } else {
@@ -244,6 +274,38 @@ mod tests {
             narrow += usize::from(p.window() == 1);
         }
         assert!(narrow > 19_000, "{narrow} of 20,000 reads narrow");
+    }
+
+    #[test]
+    fn two_readers_always_in_flight_still_open_the_window_on_latency_bound_storage() {
+        // Two demand reads are in flight at every read: none is ever issued alone.
+        let run = |latency: &dyn Fn(usize) -> f64| {
+            let mut p = Pacer::new(16);
+            for _ in 0..200 {
+                let inflight = 2 + p.allowed(2);
+                p.record(latency(inflight), inflight);
+            }
+            p
+        };
+        // A store 150 ms away, whatever the queue: the window opens.
+        let p = run(&|_| 0.15);
+        assert_eq!((p.window(), p.allowed(2)), (16, 14), "{}", p.describe());
+        assert!(p.base().is_some_and(|b| (b - 0.15).abs() < 1e-9));
+        // A disk that serves one read after another: it narrows.
+        let p = run(&|n| 0.0005 * n as f64);
+        assert!(p.bandwidth_bound(), "{}", p.describe());
+        assert_eq!(p.allowed(2), 0);
+    }
+
+    #[test]
+    fn growth_is_the_same_from_a_base_alone_or_beside_one_other() {
+        for g in [0.0, 0.25, 0.5, 1.0] {
+            let at = |n: usize| 0.002 * (1.0 + g * (n - 1) as f64);
+            assert!((growth(at(8) / at(1), 1, 8) - g).abs() < 1e-9, "{g}");
+            assert!((growth(at(8) / at(2), 2, 8) - g).abs() < 1e-9, "{g}");
+        }
+        // Slower than one read after another: past serial.
+        assert_eq!(growth(10.0, 2, 8), SERIAL_MAX);
     }
 
     #[test]
