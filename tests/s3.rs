@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Mount, bytes, free_ports, num, stats, wait_for};
+use common::{Mount, bytes, files_under, free_ports, num, stats, wait_for};
 use object_store::ObjectStoreExt;
 
 /// A moto S3 server on a free port, killed when dropped.
@@ -199,24 +199,6 @@ impl Bucket {
         let path = object_store::path::Path::parse(key).unwrap();
         self.rt.block_on(self.store.delete(&path)).unwrap();
     }
-}
-
-/// Every regular file beneath `root`, relative, sorted.
-fn files_under(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                dirs.push(e.path());
-            } else {
-                out.push(e.path().strip_prefix(root).unwrap().to_path_buf());
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// A dataset of `n` objects of mixed sizes (empty, tiny, one block and a bit, several

@@ -224,7 +224,8 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
 /// the kernel from there, not through the daemon and its cache (`fs/plan.rs`).
 pub fn evict_pages(root: &Path) {
     use std::os::fd::AsRawFd;
-    for entry in walk(root) {
+    for entry in files_under(root) {
+        let entry = root.join(entry);
         let f = std::fs::File::open(&entry).unwrap();
         f.sync_all().unwrap();
         // SAFETY: a live descriptor; the call only advises the kernel about its pages.
@@ -233,18 +234,22 @@ pub fn evict_pages(root: &Path) {
     }
 }
 
-/// The regular files under `root`.
-fn walk(root: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(root).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else if path.is_file() {
-            files.push(path);
+/// Every regular file beneath `root`, relative, sorted.
+pub fn files_under(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(e.path());
+            } else {
+                out.push(e.path().strip_prefix(root).unwrap().to_path_buf());
+            }
         }
     }
-    files
+    out.sort();
+    out
 }
 
 /// Writes `count` files of `size` bytes in `classes` subdirectories of `root`; returns their
