@@ -19,8 +19,8 @@
 /// how latency grows with the queue. Where no read is ever alone (two readers that always
 /// have a read in flight each), reads issued beside one other give the base instead: the
 /// window stayed at one while probing, which two demand reads fill, and nothing was ever
-/// prefetched from a store 150 ms away on a loaded machine. A throttled disk lets short bursts through at full
-/// speed, so only a deep queue shows the difference. If a read with `n` in flight takes
+/// prefetched from a store 150 ms away on a loaded machine. A throttled disk lets short
+/// bursts through at full speed, so only a deep queue shows the difference. If a read with `n` in flight takes
 /// about `n` times the base the storage serves one read after another (bandwidth-bound):
 /// prefetch narrows to one read, only while no demand read is in flight, into a small
 /// staging area. If it takes about the base (latency-bound) the window is the depth. The
@@ -163,10 +163,13 @@ impl Pacer {
             .map(|(low, depth)| (median(low), depth))
     }
 
-    /// The base latency, in seconds: of reads issued alone, or beside one other where none
-    /// is alone (see [`Pacer`]); None before there are enough samples.
+    /// The base latency, in seconds: the median of the reads issued alone from the first, or
+    /// where none was, of reads beside one other once there are enough (see [`Pacer`]).
     pub fn base(&self) -> Option<f64> {
-        self.base_at().map(|(base, _)| base)
+        match &self.low {
+            [alone, _] if !alone.is_empty() => Some(median(alone)),
+            _ => self.base_at().map(|(base, _)| base),
+        }
     }
 
     /// True once the storage was judged bandwidth-bound.
@@ -295,6 +298,14 @@ mod tests {
         let p = run(&|n| 0.0005 * n as f64);
         assert!(p.bandwidth_bound(), "{}", p.describe());
         assert_eq!(p.allowed(2), 0);
+        // A read alone is the base from the first (the prefetcher judges a remote store by
+        // it), before the window opens and over reads beside one other.
+        let mut p = Pacer::new(16);
+        for _ in 0..MIN_SAMPLES {
+            p.record(0.002, 2);
+        }
+        p.record(0.05, 1);
+        assert_eq!(p.base(), Some(0.05));
     }
 
     #[test]

@@ -139,7 +139,6 @@ impl PeerTier {
         m
     }
 
-    /// Block `want.key` from member `m`.
     /// The member to ask for `want`, and the digest of the members as this member sees them;
     /// None if nobody is: a member serves what it owns from its source and asks nobody for a
     /// peer's request (members whose lists disagreed would otherwise ask each other in a
@@ -157,6 +156,7 @@ impl PeerTier {
         (!m.suspect()).then_some((m, view.digest))
     }
 
+    /// Block `want.key` from member `m`.
     fn ask(&self, m: &Member, digest: u64, want: &Want<'_>) -> Result<Block, PeerFault> {
         let v = want.key.version;
         let request = BlockRequest {
