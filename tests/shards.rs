@@ -55,17 +55,37 @@ fn shards_the_page_cache_holds_are_read_by_the_kernel_from_the_source_and_cached
     let dir = open_tempdir();
     let src = dir.path().join("src");
     make_shards(&src);
-    // Read natively: the page cache holds every shard.
-    for i in 0..SHARDS {
-        std::fs::read(src.join(format!("shard-{i:03}.tar"))).unwrap();
-    }
+    // The page cache holds every shard: locked there, so that reclaim for the rest of a busy
+    // machine cannot take a page of one before its open (which then reads it, rightly,
+    // through the daemon).
+    let held: Vec<memmap2::Mmap> = (0..SHARDS)
+        .map(|i| {
+            let f = std::fs::File::open(src.join(format!("shard-{i:03}.tar"))).unwrap();
+            // SAFETY: a private read-only mapping of a file nobody writes while the test runs.
+            let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+            map.lock().expect("mlock (root may lock pages)");
+            map
+        })
+        .collect();
     let m = Mount::new(&src, &["--no-prefetch", "--cache-size", "256M"]);
     wait_for_scan(&m.mnt);
     read_epoch(&m.mnt, 1);
     let s = stats(&m.mnt);
+    // What the daemon's check (`cachestat`) says of each shard here, for a failure's message.
+    let resident: Vec<bool> = (0..SHARDS)
+        .map(|i| {
+            let f = std::fs::File::open(src.join(format!("shard-{i:03}.tar"))).unwrap();
+            coorfs::source::resident_open_file(&f, SHARD as u64)
+        })
+        .collect();
+    drop(held);
     // The kernel read every shard from the source's pages: no READ reached the daemon, and
     // its cache, which had room for all, took none (the page cache holds them already).
-    assert_eq!(num(&s, "passthrough_source_opens"), SHARDS as u64, "{s}");
+    assert_eq!(
+        num(&s, "passthrough_source_opens"),
+        SHARDS as u64,
+        "resident by cachestat: {resident:?}; {s}"
+    );
     assert_eq!(num(&s, "read_requests"), 0, "{s}");
     assert_eq!(num(&s, "cached_bytes"), 0, "{s}");
     // Evicted, they are read through the daemon, which caches them; then they are hits.
