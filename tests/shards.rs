@@ -17,12 +17,17 @@ const SHARD: usize = 6 << 20;
 /// What a tar reader asks for at a time.
 const READ: usize = 16 << 10;
 
-/// Reads every shard once, in a shuffled order fixed by `seed`, with `READ`-byte reads,
-/// and checks every byte against the source's.
+/// Reads every shard once, in a shuffled order fixed by `seed` ([`read_epoch_of`]).
 fn read_epoch(mnt: &Path, seed: u64) {
     let mut order: Vec<usize> = (0..SHARDS).collect();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
-    for i in order {
+    read_epoch_of(mnt, &order);
+}
+
+/// Reads shards `order` whole, in that order, with `READ`-byte reads, and checks every byte
+/// against the source's.
+fn read_epoch_of(mnt: &Path, order: &[usize]) {
+    for &i in order {
         let mut f = std::fs::File::open(mnt.join(format!("shard-{i:03}.tar"))).unwrap();
         let mut got = Vec::with_capacity(SHARD);
         let mut buf = vec![0; READ];
@@ -97,6 +102,42 @@ fn shards_the_page_cache_holds_are_read_by_the_kernel_from_the_source_and_cached
     read_epoch(&m.mnt, 3);
     let s = stats(&m.mnt);
     assert_eq!(s["epochs"][2]["hits"], SHARDS, "{s}");
+    m.unmount();
+}
+
+#[test]
+fn a_reader_of_part_of_a_shard_is_counted_the_bytes_it_read_not_the_whole_shard() {
+    use std::io::{Seek, SeekFrom};
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_shards(&src);
+    let m = Mount::new(&src, &["--no-prefetch", "--cache-size", "256M"]);
+    wait_for_scan(&m.mnt);
+    // Random access into a big file, as readers of one HDF5, LMDB or Parquet file do: 64 KiB
+    // at 3 MiB of one shard, and the rest of the shard never read.
+    {
+        let mut f = std::fs::File::open(m.mnt.join("shard-000.tar")).unwrap();
+        f.seek(SeekFrom::Start(3 << 20)).unwrap();
+        let mut got = vec![0; 64 << 10];
+        f.read_exact(&mut got).unwrap();
+        assert!(got[..] == bytes(0, SHARD)[3 << 20..(3 << 20) + (64 << 10)]);
+    }
+    let s = stats(&m.mnt);
+    let read = num(&s, "bytes_read");
+    // What the kernel asked for: the 64 KiB, and at most what it read ahead of them.
+    assert!(
+        (64 << 10..=1 << 20).contains(&read),
+        "{read} bytes read: {s}"
+    );
+    assert_eq!(s["epochs"][0]["bytes_read"], read, "{s}");
+    // The daemon read the block that holds them, 1 MiB: more than was read, and no hit.
+    assert_eq!(num(&s, "bytes_from_source"), 1 << 20, "{s}");
+    assert_eq!(s["byte_hit_rate"], 0.0, "{s}");
+    // A shard read whole counts whole.
+    let before = read;
+    read_epoch_of(&m.mnt, &[1]);
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "bytes_read") - before, SHARD as u64, "{s}");
     m.unmount();
 }
 

@@ -76,6 +76,12 @@ pub(super) struct FileHandle {
     /// The open was a hit and its bytes were counted then; reads count nothing more (unless
     /// the file turns out to need the source after all, see `read.rs`).
     pub counted_at_open: AtomicBool,
+    /// Every read of the open reaches the daemon: the kernel neither reads it from a backing
+    /// file nor keeps pages of it from before the open (`open.rs`). Then `asked` is what
+    /// its reader read.
+    pub reads_reach_daemon: bool,
+    /// Bytes the kernel asked for through this open, within the file.
+    pub asked: AtomicU64,
     /// The epochs the open's reads count in.
     pub att: Attribution,
     pub job_key: JobKey,

@@ -48,7 +48,7 @@ use std::io::ErrorKind;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -476,6 +476,15 @@ impl DatasetFs {
         if let Some(watch) = &handle.watch {
             self.kernel.closed(watch);
         }
+        // An open counted its whole file as read; its reader may have read a part.
+        if handle.reads_reach_daemon {
+            let size = handle.version.size;
+            let unread = size - handle.asked.load(Ordering::Relaxed).min(size);
+            if unread > 0 {
+                let hit = handle.counted_at_open.load(Ordering::Relaxed);
+                self.ledger.read_in_part(&handle.att, unread, hit);
+            }
+        }
         // A streamed miss's pages are the kernel's copy of bytes the cache keeps or does not
         // want: left there, they would push out what the cache serves (LRU again).
         if handle.drop_pages_at_release
@@ -531,6 +540,10 @@ fn file_handle(
         version: opened.meta.version,
         file: opened.file,
         counted_at_open: AtomicBool::new(hit),
+        reads_reach_daemon: access == Access::Counted
+            && (reading.io == KernelIo::Direct
+                || (reading.io == KernelIo::PageCache && !reading.keep_cache)),
+        asked: AtomicU64::new(0),
         att: Attribution {
             epoch: counted.epoch,
             job: counted.job,

@@ -161,6 +161,10 @@ impl DatasetFs {
         if let Some(watch) = &h.watch {
             self.kernel.asked(watch);
         }
+        if h.reads_reach_daemon {
+            let within = h.version.size.saturating_sub(offset).min(size as u64);
+            h.asked.fetch_add(within, Ordering::Relaxed);
+        }
         match h.file.stat() {
             Ok(now) if now.version == h.version => self.read_current(&h, offset, size, done),
             Ok(_) => match self.opened_version(&h, offset, size) {

@@ -174,6 +174,23 @@ impl Ledger {
         self.update(a, |r| r.bytes_from_cache += n);
     }
 
+    /// An open, which counted its whole file as read, read all but `unread` bytes of it (a
+    /// reader that reads a part, as random access into one big file does): they are taken
+    /// back from the bytes read, and from the cache's if the open is still a hit.
+    pub fn read_in_part(&self, a: &Attribution, unread: u64, hit: bool) {
+        let c = &self.stats.counters;
+        c.bytes_read.fetch_sub(unread, Ordering::Relaxed);
+        if hit {
+            c.bytes_from_cache.fetch_sub(unread, Ordering::Relaxed);
+        }
+        self.update(a, |r| {
+            r.bytes_read = r.bytes_read.saturating_sub(unread);
+            if hit {
+                r.bytes_from_cache = r.bytes_from_cache.saturating_sub(unread);
+            }
+        });
+    }
+
     /// An open counted as a hit of a file of `size` bytes needs the source after all (LRU
     /// evicted part of the file since): it becomes a miss, so that hits never include reads
     /// of the source.
@@ -467,6 +484,50 @@ mod tests {
         assert_eq!((r.bytes_from_cache, r.bytes_from_source), (40, 105));
         let d = ledger.stats().epochs.lock().records()[0].clone();
         assert_eq!((d.reads, d.misses, d.bytes_from_source), (3, 3, 105));
+    }
+
+    #[test]
+    fn an_open_that_read_part_of_its_file_takes_back_the_rest_from_bytes_read() {
+        let ledger = Ledger::default();
+        let job = Jobs::new(JobConfig::default()).get(7, 0, 0.0);
+        let mut att = Vec::new();
+        // A hit and a miss of 100 bytes each, counted whole at their opens.
+        for (file, hit) in [(0, true), (1, false)] {
+            let o = opening(file, hit, false);
+            let (job_epoch, _) = ledger.open_in_job(&mut job.lock(), &o);
+            let epoch = ledger.open_in_dataset(&o);
+            att.push(Attribution {
+                epoch,
+                job: job.clone(),
+                job_epoch,
+            });
+        }
+        ledger.fetched_for(&att[1], 100);
+        ledger
+            .stats()
+            .counters
+            .bytes_from_source
+            .fetch_add(100, Ordering::Relaxed);
+        // The hit's reader read 30 bytes, the miss's 25.
+        ledger.read_in_part(&att[0], 70, true);
+        ledger.read_in_part(&att[1], 75, false);
+        let c = &ledger.stats().counters;
+        let got = [
+            Counters::get(&c.bytes_read),
+            Counters::get(&c.bytes_from_cache),
+        ];
+        assert_eq!(got, [55, 30]);
+        for r in [
+            record(&job, 1),
+            ledger.stats().epochs.lock().records()[0].clone(),
+        ] {
+            assert_eq!(
+                (r.bytes_read, r.bytes_from_cache, r.bytes_from_source),
+                (55, 30, 100)
+            );
+            // More from the source than was read: no byte was a hit's, as far as bytes go.
+            assert_eq!(r.byte_hit_rate, 0.0);
+        }
     }
 
     #[test]

@@ -79,7 +79,7 @@ stats! {
     Hits => "hits", Count, "Accesses of files whose every byte was cached when opened.";
     Misses => "misses", Count, "Accesses of files not (wholly) cached when opened.";
     HitRate => "hit_rate", Ratio, "hits / reads, from 0 to 1.";
-    BytesRead => "bytes_read", Bytes, "Bytes of the files accessed: each access counts its file's size (training reads files whole).";
+    BytesRead => "bytes_read", Bytes, "Bytes of the files accessed: each access counts its file's size when opened (training reads files whole), and one whose every read reaches the daemon takes back, when closed, what its reader did not read (random access into a big file); reads the kernel serves by itself (passthrough, pages it keeps) are not seen, and such an access counts its whole file.";
     ByteHitRate => "byte_hit_rate", Ratio, "Bytes not read from the source over bytes read: 1 - bytes_from_source / bytes_read, from 0 to 1 (the cache, the disk tier and peers served the rest). The hit rate of shards and other big files, which hits and misses count as misses unless every byte was cached.";
     BytesFromCache => "bytes_from_cache", Bytes, "Bytes served from the cache (a hit's whole file size, counted when opened).";
     BytesFromSource => "bytes_from_source", Bytes, "Bytes read from the source.";
