@@ -8,13 +8,22 @@ added before every answer, like an object store across a network (first byte aft
 With --pace, each answer's body is sent at most at that many bytes a second (one S3 stream
 gives about 100 MiB/s): many requests in flight then go faster than one, as on a real store.
 
+A ranged GET reads only its range of the object ([`Ranged`]): moto reads the whole object for
+every GET and slices the range out of it, so that 8 MiB of a 1 GiB object took 0.58 s (0.06 s
+of a 40 MiB one), where a store's time grows with the bytes sent. Readers that read objects in
+ranged GETs (coorfs, s3torchconnector, rclone, mountpoint-s3) would be measured against moto.
+
 This machine's kernel has no netem to delay loopback traffic, so the delay is the server's.
 Run it with the python of the venv that has moto (scripts/test.sh installs one into
 target/moto)."""
 import argparse
+import re
 import time
+from urllib.parse import unquote
 
+from moto.core import DEFAULT_ACCOUNT_ID
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+from moto.s3.models import s3_backends
 from werkzeug.serving import WSGIRequestHandler, run_simple
 
 
@@ -56,6 +65,66 @@ class Delayed:
                 body.close()
 
 
+class Ranged:
+    """WSGI middleware: answers a GET of one byte range (`Range: bytes=A-B`, path-style
+    /bucket/key, no query) of an object from the range alone, read from moto's copy under
+    its lock, with the headers moto sends and If-Match honoured (412). Everything else, and
+    a missing key, goes to moto."""
+
+    RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        got = self.ranged(environ)
+        if got is None:
+            return self.app(environ, start_response)
+        status, headers, body = got
+        start_response(status, headers)
+        return [body]
+
+    def ranged(self, environ):
+        m = self.RANGE.match(environ.get("HTTP_RANGE", ""))
+        path = environ.get("PATH_INFO", "")
+        if environ["REQUEST_METHOD"] != "GET" or not m or environ.get("QUERY_STRING"):
+            return None
+        if environ.get("HTTP_IF_NONE_MATCH") or environ.get("HTTP_IF_MODIFIED_SINCE"):
+            return None
+        bucket, _, key_name = path.lstrip("/").partition("/")
+        if not key_name:
+            return None
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+        try:
+            key = backend.get_object(bucket, unquote(key_name))
+        except Exception:
+            return None
+        if key is None or not key.size:
+            return None
+        with key.lock:
+            etag = key.etag
+        if_match = environ.get("HTTP_IF_MATCH")
+        if if_match and if_match not in ("*", etag) and if_match.strip('"') != etag.strip('"'):
+            body = b"<Error><Code>PreconditionFailed</Code></Error>"
+            return "412 Precondition Failed", [("Content-Length", str(len(body)))], body
+        begin, end = int(m.group(1)), int(m.group(2)) if m.group(2) else key.size - 1
+        if begin >= key.size:
+            return None
+        end = min(end, key.size - 1)
+        with key.lock:
+            key._value_buffer.seek(begin)
+            body = key._value_buffer.read(end - begin + 1)
+        headers = [
+            ("Content-Type", key.metadata.get("content-type", "binary/octet-stream")),
+            ("Content-Length", str(len(body))),
+            ("Content-Range", f"bytes {begin}-{end}/{key.size}"),
+            ("ETag", etag),
+            ("Last-Modified", key.last_modified_RFC1123),
+            ("Accept-Ranges", "bytes"),
+        ]
+        return "206 Partial Content", headers, body
+
+
 class Quiet(WSGIRequestHandler):
     # HTTP/1.1 keeps connections open between requests, as S3 does.
     protocol_version = "HTTP/1.1"
@@ -75,7 +144,7 @@ def main():
     pace = a.pace.upper().rstrip("B")
     pace = int(float(pace[:-1]) * units[pace[-1]]) if pace[-1:] in units else int(pace)
     app = Delayed(
-        DomainDispatcherApplication(create_backend_app), seconds(a.latency), pace
+        Ranged(DomainDispatcherApplication(create_backend_app)), seconds(a.latency), pace
     )
     run_simple(a.host, a.port, app, threaded=True, request_handler=Quiet)
 
