@@ -436,6 +436,28 @@ mod tests {
         }
     }
 
+    /// Opens `(file, hit, staged)` each in turn, all the first of epoch 1, in the job and the
+    /// dataset; their attributions.
+    fn open_all(
+        ledger: &Ledger,
+        job: &Arc<Mutex<Job>>,
+        opens: &[(FileId, bool, bool)],
+    ) -> Vec<Attribution> {
+        let mut att = Vec::new();
+        for &(file, hit, staged) in opens {
+            let o = opening(file, hit, staged);
+            let (job_epoch, step) = ledger.open_in_job(&mut job.lock(), &o);
+            assert_eq!((job_epoch, step), (1, Some(Step::First)));
+            let epoch = ledger.open_in_dataset(&o);
+            att.push(Attribution {
+                epoch,
+                job: job.clone(),
+                job_epoch,
+            });
+        }
+        att
+    }
+
     fn record(job: &Mutex<Job>, epoch: u64) -> EpochRecord {
         let j = job.lock();
         j.log
@@ -450,18 +472,11 @@ mod tests {
     fn an_open_and_its_reads_count_in_the_mount_the_dataset_and_the_job() {
         let ledger = Ledger::default();
         let job = Jobs::new(JobConfig::default()).get(7, 0, 0.0);
-        let mut att = Vec::new();
-        for (file, hit, staged) in [(0, true, false), (1, false, true), (2, false, false)] {
-            let o = opening(file, hit, staged);
-            let (job_epoch, step) = ledger.open_in_job(&mut job.lock(), &o);
-            assert_eq!((job_epoch, step), (1, Some(Step::First)));
-            let epoch = ledger.open_in_dataset(&o);
-            att.push(Attribution {
-                epoch,
-                job: job.clone(),
-                job_epoch,
-            });
-        }
+        let att = open_all(
+            &ledger,
+            &job,
+            &[(0, true, false), (1, false, true), (2, false, false)],
+        );
         ledger.served_from_cache(&att[1], 40);
         ledger.fetched_for(&att[2], 100);
         ledger.read_directly(&att[2], 5);
@@ -490,18 +505,8 @@ mod tests {
     fn an_open_that_read_part_of_its_file_takes_back_the_rest_from_bytes_read() {
         let ledger = Ledger::default();
         let job = Jobs::new(JobConfig::default()).get(7, 0, 0.0);
-        let mut att = Vec::new();
         // A hit and a miss of 100 bytes each, counted whole at their opens.
-        for (file, hit) in [(0, true), (1, false)] {
-            let o = opening(file, hit, false);
-            let (job_epoch, _) = ledger.open_in_job(&mut job.lock(), &o);
-            let epoch = ledger.open_in_dataset(&o);
-            att.push(Attribution {
-                epoch,
-                job: job.clone(),
-                job_epoch,
-            });
-        }
+        let att = open_all(&ledger, &job, &[(0, true, false), (1, false, false)]);
         ledger.fetched_for(&att[1], 100);
         ledger
             .stats()
