@@ -17,6 +17,11 @@ const SHARD: usize = 6 << 20;
 /// What a tar reader asks for at a time.
 const READ: usize = 16 << 10;
 
+/// Shard `i` beneath `dir`.
+fn shard(dir: &Path, i: usize) -> std::path::PathBuf {
+    dir.join(format!("shard-{i:03}.tar"))
+}
+
 /// Reads every shard once, in a shuffled order fixed by `seed` ([`read_epoch_of`]).
 fn read_epoch(mnt: &Path, seed: u64) {
     let mut order: Vec<usize> = (0..SHARDS).collect();
@@ -28,7 +33,7 @@ fn read_epoch(mnt: &Path, seed: u64) {
 /// against the source's.
 fn read_epoch_of(mnt: &Path, order: &[usize]) {
     for &i in order {
-        let mut f = std::fs::File::open(mnt.join(format!("shard-{i:03}.tar"))).unwrap();
+        let mut f = std::fs::File::open(shard(mnt, i)).unwrap();
         let mut got = Vec::with_capacity(SHARD);
         let mut buf = vec![0; READ];
         loop {
@@ -46,11 +51,7 @@ fn read_epoch_of(mnt: &Path, order: &[usize]) {
 fn make_shards(src: &Path) {
     std::fs::create_dir_all(src).unwrap();
     for i in 0..SHARDS {
-        std::fs::write(
-            src.join(format!("shard-{i:03}.tar")),
-            bytes(i as u64, SHARD),
-        )
-        .unwrap();
+        std::fs::write(shard(src, i), bytes(i as u64, SHARD)).unwrap();
     }
     evict_pages(src);
 }
@@ -63,13 +64,13 @@ fn shards_the_page_cache_holds_are_read_by_the_kernel_from_the_source_and_cached
     // The page cache holds every shard: locked there, so that reclaim for the rest of a busy
     // machine cannot take a page of one before its open (which then reads it, rightly,
     // through the daemon).
-    let held: Vec<memmap2::Mmap> = (0..SHARDS)
+    let held: Vec<(std::fs::File, memmap2::Mmap)> = (0..SHARDS)
         .map(|i| {
-            let f = std::fs::File::open(src.join(format!("shard-{i:03}.tar"))).unwrap();
+            let f = std::fs::File::open(shard(&src, i)).unwrap();
             // SAFETY: a private read-only mapping of a file nobody writes while the test runs.
             let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
             map.lock().expect("mlock (root may lock pages)");
-            map
+            (f, map)
         })
         .collect();
     let m = Mount::new(&src, &["--no-prefetch", "--cache-size", "256M"]);
@@ -77,11 +78,8 @@ fn shards_the_page_cache_holds_are_read_by_the_kernel_from_the_source_and_cached
     read_epoch(&m.mnt, 1);
     let s = stats(&m.mnt);
     // What the daemon's check (`cachestat`) says of each shard here, for a failure's message.
-    let resident: Vec<bool> = (0..SHARDS)
-        .map(|i| {
-            let f = std::fs::File::open(src.join(format!("shard-{i:03}.tar"))).unwrap();
-            coorfs::source::resident_open_file(&f, SHARD as u64)
-        })
+    let resident: Vec<bool> = (held.iter())
+        .map(|(f, _)| coorfs::source::resident_open_file(f, SHARD as u64))
         .collect();
     drop(held);
     // The kernel read every shard from the source's pages: no READ reached the daemon, and
@@ -122,6 +120,11 @@ fn a_reader_of_part_of_a_shard_is_counted_the_bytes_it_read_not_the_whole_shard(
         f.read_exact(&mut got).unwrap();
         assert!(got[..] == bytes(0, SHARD)[3 << 20..(3 << 20) + (64 << 10)]);
     }
+    // The open counted the whole shard; its release, which reaches the daemon after the
+    // close, takes back what was not read.
+    wait_for(std::time::Duration::from_secs(5), || {
+        num(&stats(&m.mnt), "bytes_read") < SHARD as u64
+    });
     let s = stats(&m.mnt);
     let read = num(&s, "bytes_read");
     // What the kernel asked for: the 64 KiB, and at most what it read ahead of them.

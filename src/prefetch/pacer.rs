@@ -20,8 +20,9 @@
 /// have a read in flight each), reads issued beside one other give the base instead: the
 /// window stayed at one while probing, which two demand reads fill, and nothing was ever
 /// prefetched from a store 150 ms away on a loaded machine. A throttled disk lets short
-/// bursts through at full speed, so only a deep queue shows the difference. If a read with `n` in flight takes
-/// about `n` times the base the storage serves one read after another (bandwidth-bound):
+/// bursts through at full speed, so only a deep queue shows the difference. If a read with
+/// `n` in flight takes about `n` times the base the storage serves one read after another
+/// (bandwidth-bound):
 /// prefetch narrows to one read, only while no demand read is in flight, into a small
 /// staging area. If it takes about the base (latency-bound) the window is the depth. The
 /// verdict is probed again every [`PROBE_EVERY`] reads, so storage that changes is followed.
