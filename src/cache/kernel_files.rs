@@ -20,8 +20,10 @@
 //!   and the kernel's registration of the file, charged per block so that it is counted
 //!   whichever block of a file comes first.
 //! - **Never rewritten:** a block is written once, before the cache's index publishes it,
-//!   and never truncated or overwritten: a passthrough open may read the file at any time.
-//!   When an elastic budget shrinks, the cache drops whole files ([`KernelFiles::remove`]):
+//!   and never overwritten: a passthrough open may read the file at any time. When an
+//!   elastic budget shrinks, the cache takes back the newest blocks of a file that was never
+//!   opened whole ([`KernelFiles::cut`], then [`KernelFiles::punch`]: a shard of 1 GiB gives
+//!   back the 32 MiB asked, not its every block), and drops a file that was whole ([`KernelFiles::remove`]):
 //!   the file is unlinked, and its pages go back to the kernel once the last descriptor of
 //!   it (an open file's backing, the kernel's registration) is closed; until then those
 //!   opens read its bytes as before.
@@ -63,6 +65,9 @@ struct KernelFile {
     name: String,
     /// Bytes of it published in the cache's index.
     stored: AtomicU64,
+    /// It was opened whole for the kernel ([`KernelFiles::open_whole`]): a passthrough open
+    /// may read any byte of it, so no block of it is ever taken back alone.
+    opened_whole: AtomicBool,
 }
 
 /// The tmpfs and its files.
@@ -139,6 +144,8 @@ impl KernelFiles {
             Arc::new(KernelFile {
                 name,
                 stored: AtomicU64::new(0),
+                // The previous daemon's passthrough opens of it may still be reading it.
+                opened_whole: AtomicBool::new(true),
             })
         });
         file.stored.fetch_add(len, Ordering::Release);
@@ -199,6 +206,7 @@ impl KernelFiles {
                 Arc::new(KernelFile {
                     name: self.next.fetch_add(1, Ordering::Relaxed).to_string(),
                     stored: AtomicU64::new(0),
+                    opened_whole: AtomicBool::new(false),
                 })
             })
             .clone()
@@ -255,8 +263,9 @@ impl KernelFiles {
 
     /// `len` bytes of `version` at `offset` (a block's, so page-aligned), mapped read-only:
     /// the file's own pages, neither copied nor faulted in one by one. The block was written
-    /// before it was published and is never rewritten or truncated, so the view holds its
-    /// bytes for as long as it lives, the file's removal included.
+    /// before it was published and is never rewritten, so the view holds its bytes for as long
+    /// as it lives, the file's removal included; the cache punches no block out of a file
+    /// while a view of it lives (its shrink lock, `BlockCache::get`).
     pub fn view(
         &self,
         version: &FileVersion,
@@ -291,6 +300,44 @@ impl KernelFiles {
         true
     }
 
+    /// Takes `bytes` of `version`'s blocks out of what is published, before
+    /// [`KernelFiles::punch`] gives their pages back: from then on the file is not whole, and
+    /// no new passthrough open takes it. False, and nothing changes, if the file was ever
+    /// opened whole: such an open may read those blocks at any time, and only the whole file
+    /// may go ([`KernelFiles::remove`]).
+    pub fn cut(&self, version: &FileVersion, bytes: u64) -> bool {
+        let files = self.files.lock();
+        let Some(file) = files.get(version) else {
+            return false;
+        };
+        if file.opened_whole.load(Ordering::Relaxed) {
+            return false;
+        }
+        file.stored.fetch_sub(bytes, Ordering::AcqRel);
+        true
+    }
+
+    /// Gives back the pages of `len` bytes of `version` at `offset` (a block cut from it,
+    /// [`KernelFiles::cut`]): they read as zeros from now on. The caller makes sure nobody
+    /// reads them (no view of them lives, and no open file has the file for its backing).
+    pub fn punch(&self, version: &FileVersion, offset: u64, len: u64) {
+        let name = self.files.lock().get(version).map(|f| f.name.clone());
+        let Some(name) = name else { return };
+        let punched = self.open(&name, OFlags::WRONLY).and_then(|fd| {
+            let how =
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+            Ok(rustix::fs::fallocate(
+                &fd,
+                how,
+                offset,
+                len.div_ceil(PAGE) * PAGE,
+            )?)
+        });
+        if let Err(e) = punched {
+            tracing::warn!("giving a cached block's memory back: {e}");
+        }
+    }
+
     /// True if every byte of `version` is here.
     pub fn holds(&self, version: &FileVersion) -> bool {
         let files = self.files.lock();
@@ -308,6 +355,7 @@ impl KernelFiles {
             if file.stored.load(Ordering::Acquire) < version.size {
                 return None;
             }
+            file.opened_whole.store(true, Ordering::Relaxed);
             file.name.clone()
         };
         Some(self.open(&name, OFlags::RDONLY))
@@ -362,6 +410,36 @@ mod tests {
         assert!(files.takes(MIN_FILE + 1) && !files.takes(MIN_FILE));
         files.stop_taking();
         assert!(!files.takes(MIN_FILE + 1));
+    }
+
+    #[test]
+    fn a_cut_block_gives_its_pages_back_and_a_file_opened_whole_is_never_cut() {
+        let Ok(files) = KernelFiles::new(1 << 20) else {
+            return;
+        };
+        let (v, w) = (version(1, 3 * 65536), version(2, 65536));
+        for block in 0..3u8 {
+            let at = u64::from(block) * 65536;
+            files.write(&v, at, &[block + 1; 65536]).unwrap();
+        }
+        files.write(&w, 0, &[9; 65536]).unwrap();
+        files.published(&v, 3 * 65536);
+        files.published(&w, 65536);
+        let pages = |version: &FileVersion| {
+            let name = files.files.lock()[version].name.clone();
+            let st = rustix::fs::statat(&files.root, name.as_str(), rustix::fs::AtFlags::empty());
+            st.unwrap().st_blocks as u64 * 512
+        };
+        assert_eq!(pages(&v), 3 * 65536);
+        assert!(files.cut(&v, 65536));
+        files.punch(&v, 2 * 65536, 65536);
+        assert_eq!(pages(&v), 2 * 65536, "the cut block's pages went back");
+        assert!(!files.holds(&v) && files.open_whole(&v).is_none());
+        assert_eq!(&files.view(&v, 65536, 65536).unwrap()[..], &[2; 65536][..]);
+        // Opened whole once: a passthrough open may read any of it, so it is not cut.
+        let _open = files.open_whole(&w).unwrap().unwrap();
+        assert!(!files.cut(&w, 65536));
+        assert!(files.holds(&w));
     }
 
     #[test]

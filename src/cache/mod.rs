@@ -26,15 +26,20 @@
 //!
 //! A budget sized from the memory the daemon may use (`--cache-size auto`, [`crate::budget`])
 //! grows and shrinks while the mount runs ([`BlockCache::resize`]). Growing only lets the
-//! policy admit more. Shrinking keeps MinIO's promise as far as memory allows: it drops whole
-//! files, newest first, so that what stays is what was cached first and the files every
-//! later epoch hits are the same; it admits nothing until there is room again. The memory
-//! really goes back: the arena gives the pages past its last kept slot to the kernel, and a
-//! dropped file the kernel reads itself is unlinked from the private tmpfs (its pages go
-//! when the last descriptor of it closes; the caller drops the kernel's registration). LRU
-//! evicts its least recently used blocks instead. Only an elastic cache keeps the order it
-//! needs for this ([`Admitted`]); a lender of arena bytes, and an insert from allocation to
-//! publication, hold the cache's shrink lock shared, and a shrink takes it alone.
+//! policy admit more. Shrinking keeps MinIO's promise as far as memory allows: it drops the
+//! newest blocks, so that what stays is what was cached first and the blocks every later
+//! epoch hits are the same; it admits nothing until there is room again. It takes no more
+//! than it must: a shard of 1 GiB asked for 32 MiB gives its last 32 MiB, not its every block
+//! (whole files went once, and the next epoch read 262 MiB again to free 32). The memory
+//! really goes back: the arena gives the pages past its last kept slot to the kernel; a file
+//! the kernel reads itself has its last blocks punched out of it
+//! ([`kernel_files::KernelFiles::cut`]), unless a passthrough open took it whole: that one
+//! is unlinked from the private tmpfs whole (its pages go when the last descriptor of it
+//! closes; the caller drops the kernel's registration). LRU evicts its least recently used
+//! blocks instead. Only an elastic cache keeps the order it needs for this ([`Admitted`]); a
+//! lender of cached bytes (an arena slice, a view of a file's block), and an insert from
+//! allocation to publication, hold the cache's shrink lock shared, and a shrink takes it
+//! alone.
 //!
 //! Locks: the policy's mutex is held only for the decision, the index's lock only to look
 //! up or publish; copying bytes happens outside both.
@@ -43,7 +48,7 @@ pub mod arena;
 pub mod kernel_files;
 pub mod policy;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 // hashbrown's default hasher (foldhash): the index is looked up at every read and filled at
 // every block a successor takes over (400,000 in 0.4 s with SipHash).
@@ -229,8 +234,10 @@ pub enum CachedBytes<'a> {
     /// slice is lent (no shrink gives its pages back meanwhile).
     Arena(&'a [u8], Option<RwLockReadGuard<'a, ()>>),
     Mapped(Arc<MappedBlock>),
-    /// A view of a file the kernel can read ([`kernel_files`]): its pages, mapped read-only.
-    File(memmap2::Mmap),
+    /// A view of a file the kernel can read ([`kernel_files`]): its pages, mapped read-only;
+    /// and, for an elastic cache, the shrink lock held shared while they are (no shrink
+    /// punches the block out of its file meanwhile).
+    File(memmap2::Mmap, Option<RwLockReadGuard<'a, ()>>),
 }
 
 impl std::ops::Deref for CachedBytes<'_> {
@@ -239,7 +246,7 @@ impl std::ops::Deref for CachedBytes<'_> {
         match self {
             CachedBytes::Arena(b, _) => b,
             CachedBytes::Mapped(b) => &b.map[..b.len],
-            CachedBytes::File(map) => map,
+            CachedBytes::File(map, _) => map,
         }
     }
 }
@@ -257,6 +264,15 @@ struct Index {
     admitted: Option<Admitted>,
     /// Where every change is recorded for a successor daemon, under a keeper.
     log: Option<Arc<CacheJournal>>,
+}
+
+/// What a shrink takes back next ([`Admitted::newest`]).
+#[derive(Clone, Copy, Debug)]
+enum Newest {
+    /// The arena's last slot, holding this block.
+    Slot(BlockKey),
+    /// This file's blocks, kept for the kernel.
+    File(FileVersion),
 }
 
 /// What an elastic cache needs to drop its newest files: the arena's slots by offset (the
@@ -304,15 +320,18 @@ impl Admitted {
         }
     }
 
-    /// The file to drop next: the one of the arena's last slot, or the newest file kept for
-    /// the kernel, whichever came later.
-    fn newest(&self) -> Option<FileVersion> {
+    /// What to drop next: the arena's last slot, or the newest file kept for the kernel,
+    /// whichever came later.
+    fn newest(&self) -> Option<Newest> {
         let arena = self
             .slots
             .last_key_value()
-            .map(|(_, (k, _, seq))| (*seq, k.version));
-        let kernel = self.files.last_key_value().map(|(seq, v)| (*seq, *v));
-        arena.max(kernel).map(|(_, v)| v)
+            .map(|(_, (k, _, seq))| (*seq, Newest::Slot(*k)));
+        let kernel = (self.files.last_key_value()).map(|(seq, v)| (*seq, Newest::File(*v)));
+        match (arena, kernel) {
+            (Some(a), Some(k)) => Some(if a.0 > k.0 { a.1 } else { k.1 }),
+            (a, k) => a.or(k).map(|(_, n)| n),
+        }
     }
 
     /// The end of the arena's last slot in the index.
@@ -411,13 +430,16 @@ pub struct CacheCounters {
 /// What a [`BlockCache::resize`] did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Resized {
-    /// The files dropped (MinIO), newest first. The kernel's registrations of those it read
+    /// The files dropped whole (MinIO), newest first. The kernel's registrations of those it read
     /// by itself are the caller's to drop.
     pub dropped: Vec<FileVersion>,
     /// Blocks evicted (LRU).
     pub evicted: u64,
     /// Memory given back, bytes, as the budget counts it.
     pub freed: u64,
+    /// Files that lost blocks (MinIO): those dropped, and those that kept their oldest
+    /// blocks.
+    pub files: u64,
 }
 
 /// The cache of one mount.
@@ -608,9 +630,24 @@ impl BlockCache {
     /// smaller budget than it holds drops files, newest first (LRU: evicts the least recently
     /// used blocks), and gives their memory back (see the module header).
     pub fn resize(&self, capacity: u64) -> Resized {
-        let capacity = capacity.min(self.ceiling());
+        self.resize_with(capacity, false)
+    }
+
+    /// From now on the cache admits nothing past `capacity`, and drops nothing: blocks
+    /// admitted since the caller looked at [`BlockCache::used`] stay, and the capacity is what
+    /// it holds then.
+    pub fn hold(&self, capacity: u64) -> Resized {
+        self.resize_with(capacity, true)
+    }
+
+    fn resize_with(&self, capacity: u64, keep: bool) -> Resized {
         let _alone = self.shrink.write();
         let mut policy = self.policy.lock();
+        let capacity = match keep {
+            true => capacity.max(policy.used()),
+            false => capacity,
+        };
+        let capacity = capacity.min(self.ceiling());
         let evict = policy.resize(capacity);
         let mut index = self.index.write();
         let mut done = Resized::default();
@@ -623,46 +660,123 @@ impl BlockCache {
         self.counters
             .evicted
             .fetch_add(done.evicted, Ordering::Relaxed);
+        let mut touched = HashSet::new();
         while policy.used() > capacity {
-            let Some(version) = index.admitted.as_ref().and_then(Admitted::newest) else {
+            let Some(newest) = index.admitted.as_ref().and_then(Admitted::newest) else {
                 break;
             };
-            let mut kernel_bytes = 0;
-            for block in 0..self.blocks().count(version.size).max(1) {
-                let key = BlockKey { version, block };
-                if let Some(Stored::Kernel { len, .. }) = index.remove(&key) {
-                    kernel_bytes += KernelFiles::footprint(len);
+            let over = policy.used() - capacity;
+            let version = match newest {
+                Newest::Slot(key) => {
+                    self.drop_last_slot(&mut index, &mut **policy, key, &mut done);
+                    key.version
                 }
-            }
-            if let Some(admitted) = &mut index.admitted {
-                // Whatever the blocks said, the file is gone from the order: the loop ends.
-                admitted.file_gone(&version);
-                while admitted
-                    .slots
-                    .last_key_value()
-                    .is_some_and(|(_, (k, _, _))| k.version == version)
-                {
-                    admitted.slots.pop_last();
+                Newest::File(version) => {
+                    if !self.cut_file(&mut index, &mut **policy, version, over, &mut done) {
+                        self.drop_file(&mut index, &mut **policy, version, &mut done);
+                    }
+                    version
                 }
+            };
+            touched.insert(version);
+            if !index.per_file.contains_key(&version) && !done.dropped.contains(&version) {
+                done.dropped.push(version);
             }
-            let first = BlockKey { version, block: 0 };
-            if let Some(files) = self.kernel.get()
-                && files.remove(&version)
-            {
-                policy.remove(&first, kernel_bytes);
-                done.freed += kernel_bytes;
-            }
-            if let (Store::Arena(arena), Some(admitted)) = (&self.store, &index.admitted) {
-                let back = arena.truncate(admitted.arena_end()) as u64;
-                policy.remove(&first, back);
-                done.freed += back;
-            }
-            done.dropped.push(version);
         }
+        done.files = touched.len() as u64;
         let c = &self.counters;
-        (c.shrink_dropped_files).fetch_add(done.dropped.len() as u64, Ordering::Relaxed);
+        (c.shrink_dropped_files).fetch_add(done.files, Ordering::Relaxed);
         c.shrink_freed.fetch_add(done.freed, Ordering::Relaxed);
         done
+    }
+
+    /// Takes back the arena's last slot, block `key`, and the arena's end past the slots left.
+    fn drop_last_slot(
+        &self,
+        index: &mut Index,
+        policy: &mut dyn CachePolicy<BlockKey>,
+        key: BlockKey,
+        done: &mut Resized,
+    ) {
+        index.remove(&key);
+        if let (Store::Arena(arena), Some(admitted)) = (&self.store, &index.admitted) {
+            let back = arena.truncate(admitted.arena_end()) as u64;
+            policy.remove(&key, back);
+            done.freed += back;
+        }
+    }
+
+    /// Takes back the newest blocks of `version`'s file kept for the kernel, its last first,
+    /// until `over` bytes are freed, and leaves it the rest. False, and nothing changes, if
+    /// that would take every block, or the file was ever opened whole
+    /// ([`KernelFiles::cut`]): it goes whole then ([`BlockCache::drop_file`]).
+    fn cut_file(
+        &self,
+        index: &mut Index,
+        policy: &mut dyn CachePolicy<BlockKey>,
+        version: FileVersion,
+        over: u64,
+        done: &mut Resized,
+    ) -> bool {
+        let Some(files) = self.kernel.get() else {
+            return false;
+        };
+        let (mut cut, mut bytes, mut freed) = (Vec::new(), 0, 0);
+        for block in (0..self.blocks().count(version.size)).rev() {
+            if freed >= over {
+                break;
+            }
+            let key = BlockKey { version, block };
+            if let Some(Stored::Kernel { offset, len, .. }) = index.blocks.get(&key) {
+                cut.push((key, *offset, *len));
+                bytes += len;
+                freed += KernelFiles::footprint(*len);
+            }
+        }
+        let whole = index.per_file.get(&version).copied().unwrap_or(0);
+        if freed < over || bytes >= whole || !files.cut(&version, bytes) {
+            return false;
+        }
+        for (key, offset, len) in cut {
+            index.remove(&key);
+            files.punch(&version, offset, len);
+            policy.remove(&key, KernelFiles::footprint(len));
+        }
+        done.freed += freed;
+        true
+    }
+
+    /// Drops every block of `version`, and its file kept for the kernel.
+    fn drop_file(
+        &self,
+        index: &mut Index,
+        policy: &mut dyn CachePolicy<BlockKey>,
+        version: FileVersion,
+        done: &mut Resized,
+    ) {
+        let mut kernel_bytes = 0;
+        for block in 0..self.blocks().count(version.size).max(1) {
+            let key = BlockKey { version, block };
+            if let Some(Stored::Kernel { len, .. }) = index.remove(&key) {
+                kernel_bytes += KernelFiles::footprint(len);
+            }
+        }
+        if let Some(admitted) = &mut index.admitted {
+            // Whatever the blocks said, the file is gone from the order: the loop ends.
+            admitted.file_gone(&version);
+        }
+        let first = BlockKey { version, block: 0 };
+        if let Some(files) = self.kernel.get()
+            && files.remove(&version)
+        {
+            policy.remove(&first, kernel_bytes);
+            done.freed += kernel_bytes;
+        }
+        if let (Store::Arena(arena), Some(admitted)) = (&self.store, &index.admitted) {
+            let back = arena.truncate(admitted.arena_end()) as u64;
+            policy.remove(&first, back);
+            done.freed += back;
+        }
     }
 
     /// True if a file of `size` bytes read now would be kept, whole or in part: the policy
@@ -880,7 +994,7 @@ impl BlockCache {
                     drop(index);
                     let files = self.kernel.get()?;
                     match files.view(&key.version, offset, len) {
-                        Ok(map) => CachedBytes::File(map),
+                        Ok(map) => CachedBytes::File(map, lent),
                         Err(e) => {
                             tracing::warn!("reading a cached block back: {e}");
                             return None;
@@ -1276,46 +1390,33 @@ mod tests {
     }
 
     #[test]
-    fn a_shrunk_minio_drops_its_newest_files_whole_and_gives_their_memory_back() {
+    fn a_shrunk_minio_drops_its_newest_blocks_and_gives_their_memory_back() {
         let c = elastic(PolicyKind::MinIo, 10_000, 1 << 20);
         // Files of 1, 2 and 1 blocks (1000-byte blocks, 1024 bytes each in the arena).
         let (a, b, d) = (version(1, 1000), version(2, 1500), version(3, 700));
         assert!(whole(&c, a, 1) && whole(&c, b, 2) && whole(&c, d, 3));
         assert_eq!(c.used(), 1024 + 1024 + 512 + 704);
+        // d's block, then b's last: b keeps its first.
         let done = c.resize(2100);
-        assert_eq!(done.dropped, vec![d, b], "newest first, until it fits");
-        assert_eq!(done.freed, 704 + 512 + 1024);
-        assert_eq!((c.used(), c.capacity(), c.cached_files()), (1024, 2100, 1));
+        assert_eq!(done.dropped, vec![d], "newest first, until it fits");
+        assert_eq!((done.freed, done.files), (704 + 512, 2));
+        assert_eq!((c.used(), c.capacity(), c.cached_files()), (2048, 2100, 1));
         assert!(c.holds_file(&a) && !c.holds_file(&b) && !c.holds_file(&d));
-        assert_eq!(
-            &*c.get(&BlockKey {
-                version: a,
-                block: 0
-            })
-            .unwrap(),
-            &[1; 1000][..]
-        );
-        // It admits up to the new budget, into the space given back, and the bytes are new.
-        assert!(whole(&c, version(4, 1000), 4));
-        assert!(!c.insert(
-            BlockKey {
-                version: version(5, 100),
-                block: 0
-            },
-            &[5; 100]
-        ));
-        assert_eq!(
-            &*c.get(&BlockKey {
-                version: version(4, 1000),
-                block: 0
-            })
-            .unwrap(),
-            &[4; 1000][..]
-        );
-        // Grown back (no further than the ceiling), it admits again.
+        assert_eq!(c.cached_bytes_of(&b), 1000);
+        let key = |version, block| BlockKey { version, block };
+        assert_eq!(&*c.get(&key(a, 0)).unwrap(), &[1; 1000][..]);
+        assert_eq!(&*c.get(&key(b, 0)).unwrap(), &[2; 1000][..]);
+        assert!(c.get(&key(b, 1)).is_none());
+        // Nothing past the new budget.
+        assert!(!c.insert(key(version(5, 100), 0), &[5; 100]));
+        // Grown back (no further than the ceiling), it admits again, into the space given
+        // back, and the bytes are new.
         assert!(c.resize(u64::MAX).dropped.is_empty());
         assert_eq!(c.capacity(), 1 << 20);
-        assert!(whole(&c, b, 6));
+        assert!(c.insert(key(b, 1), &[6; 500]) && c.holds_file(&b));
+        assert!(whole(&c, version(4, 1000), 4));
+        assert_eq!(&*c.get(&key(b, 1)).unwrap(), &[6; 500][..]);
+        assert_eq!(&*c.get(&key(version(4, 1000), 0)).unwrap(), &[4; 1000][..]);
         assert_eq!(c.counters.shrink_dropped_files.load(Ordering::Relaxed), 2);
         // To nothing: everything goes.
         let done = c.resize(0);
@@ -1355,7 +1456,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shrink_drops_whole_files_when_their_blocks_are_interleaved() {
+    fn a_shrink_takes_back_the_arena_s_last_slots_when_files_interleave() {
         let c = elastic(PolicyKind::MinIo, 1 << 20, 1 << 20);
         let (a, b) = (version(1, 2000), version(2, 2000));
         let key = |version, block| BlockKey { version, block };
@@ -1363,15 +1464,68 @@ mod tests {
         for k in [key(a, 0), key(b, 0), key(a, 1), key(b, 1)] {
             assert!(c.insert(k, &[7; 1000]));
         }
-        // The last slot is b's: b goes whole; a's last slot is then the end, nothing more goes.
+        // The arena gives memory back from its end only: b1 goes, b0 stays.
         let done = c.resize(3 * 1024);
-        assert_eq!(done.dropped, vec![b]);
-        assert_eq!(
-            done.freed, 1024,
-            "b1's slot is at the end; b0's lies below a1's"
-        );
-        assert!(c.holds_file(&a) && c.cached_bytes_of(&b) == 0);
+        assert_eq!((done.dropped.len(), done.freed, done.files), (0, 1024, 1));
+        assert!(c.holds_file(&a) && c.cached_bytes_of(&b) == 1000);
         assert_eq!(c.used(), 3 * 1024);
+        // Then a1, and b0: b is gone, a keeps a0.
+        let done = c.resize(1024);
+        assert_eq!((done.dropped, done.freed, done.files), (vec![b], 2048, 2));
+        assert_eq!((c.cached_bytes_of(&a), c.cached_bytes_of(&b)), (1000, 0));
+        assert_eq!(&*c.get(&key(a, 0)).unwrap(), &[7; 1000][..]);
+    }
+
+    #[test]
+    fn a_shrink_cuts_the_newest_blocks_of_a_file_the_kernel_never_opened_whole() {
+        let c = BlockCache::new(CacheConfig {
+            policy: PolicyKind::MinIo,
+            capacity: 1 << 20,
+            ceiling: Some(1 << 20),
+            block_size: NonZeroU64::new(1 << 16).unwrap(),
+        })
+        .unwrap();
+        if c.keep_files_for_kernel().is_err() {
+            return; // no private tmpfs without CAP_SYS_ADMIN: the arena's case is tested above
+        }
+        // A shard of four blocks, read whole, that no open took for its backing file.
+        let shard = version(1, 4 << 16);
+        let key = |block| BlockKey {
+            version: shard,
+            block,
+        };
+        for block in 0..4 {
+            assert!(c.insert(key(block), &[block as u8 + 1; 1 << 16]));
+        }
+        assert!(c.holds_for_kernel(&shard));
+        // A block and a half short: its last two blocks go, the file stays.
+        let block = KernelFiles::footprint(1 << 16);
+        let done = c.resize(c.used() - block - block / 2);
+        assert_eq!(
+            (done.dropped.len(), done.freed, done.files),
+            (0, 2 * block, 1)
+        );
+        assert_eq!(c.cached_bytes_of(&shard), 2 << 16);
+        assert!(!c.holds_for_kernel(&shard) && c.open_for_kernel(&shard).is_none());
+        for b in 0..2 {
+            assert_eq!(&*c.get(&key(b)).unwrap(), &[b as u8 + 1; 1 << 16][..]);
+        }
+        assert!(c.get(&key(2)).is_none() && c.get(&key(3)).is_none());
+        // Read again with room, it is whole again, and an open for the kernel reads it all.
+        c.resize(u64::MAX);
+        for block in 2..4 {
+            assert!(c.insert(key(block), &[block as u8 + 11; 1 << 16]));
+        }
+        let open = c.open_for_kernel(&shard).unwrap().unwrap();
+        let mut back = vec![0u8; 4 << 16];
+        assert_eq!(rustix::io::pread(&open, &mut back, 0).unwrap(), 4 << 16);
+        let expected = [1u8, 2, 13, 14].map(|fill| vec![fill; 1 << 16]).concat();
+        assert!(back == expected);
+        // Opened whole, it is never cut: a shrink drops it whole, and the open reads it still.
+        let done = c.resize(c.used() - 1);
+        assert_eq!((done.dropped, done.freed), (vec![shard], 4 * block));
+        assert_eq!(rustix::io::pread(&open, &mut back, 0).unwrap(), 4 << 16);
+        assert!(back == expected);
     }
 
     #[test]
