@@ -1074,6 +1074,9 @@ fn start_watcher(
         watched: crate::elastic::Watched::probe(),
         state: fs.budget_state(),
         beside: Default::default(),
+        windows: parking_lot::Mutex::new(crate::elastic::Highest::over(
+            crate::elastic::WINDOWS_SETTLE,
+        )),
     };
     // One look now for a cache taken over: one from a daemon the OOM killer took may hold
     // more than the pod can spare, and gives it back before the mount is served.

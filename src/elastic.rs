@@ -15,10 +15,24 @@
 //!                 - (the readahead buffer's room)
 //! beside   = limit - spare - used             (the rest of the memory: the job, the daemon)
 //! calm     = spare - (the highest `beside` of the last 10 s - `beside`)
+//!                  - (the most the kernel's readahead windows took in the last 2 min)
 //! capacity = used + calm - reserve                       (whole MiB, at most the ceiling)
 //! ```
 //!
-//! keeps `reserve` bytes free for the job: its next allocations come out of the reserve (and
+//! The windows are what the kernel reads ahead of the readers of open files that stream
+//! through the page cache: 3 x `--readahead` each, at most the file (`crate::fs`'s
+//! `HandleTable::windows`). They are page cache, reclaimable, so `free` counts them; but were
+//! they reclaimed before their reader got to them, the kernel would read them again: 2 shards
+//! of 1 GiB read by 2 readers with 16 MiB windows in a 384 MiB pod read 1.64x the dataset from
+//! the source in epoch 1 while the cache took all but the reserve; with room left for the
+//! windows, 1.000-1.005x, and later epochs exactly what the cache lacked. So the cache grows
+//! only into what leaves them room, and holds when it does not. They never make it shrink:
+//! dropping cached blocks for readahead would trade a sure read in every later epoch for a
+//! possible one now. A reader that opens a shard wakes the watcher at once (a shard read at
+//! the disk's speed fills a small pod's cache between two ticks), and the most they took
+//! since the last look counts, so a shard read between two looks is not missed.
+
+//! It keeps `reserve` bytes free for the job: its next allocations come out of the reserve (and
 //! the reclaimable page cache) while the cache shrinks. Then:
 //!
 //! - **Grow** while `calm > reserve`: the capacity rises, and MinIO admits files until it
@@ -29,8 +43,10 @@
 //!   drops to what is held, nothing more is admitted, nothing is dropped.
 //! - **Shrink** when `spare < 3/4 reserve`, or the kernel reports memory pressure (v1
 //!   `memory.pressure_level` at `medium`, a v2 PSI trigger on `memory.pressure`): the cache
-//!   drops whole files, newest first, until the reserve is free again (under pressure, one
-//!   reserve more), and gives their memory back ([`crate::cache::BlockCache::resize`]).
+//!   drops its newest blocks until the reserve is free again (under pressure, one reserve
+//!   more), and gives their memory back ([`crate::cache::BlockCache::resize`]). A pressure
+//!   report while two reserves are spare (the kernel reclaiming page cache a reader streams
+//!   through) holds instead: nothing is short.
 //!
 //! The staging area follows the cache: its budget is an eighth of the cache's, at least
 //! 8 MiB and at most what it was given at mount ([`staging_beside`]); shared blocks and
@@ -40,7 +56,8 @@
 //! (256 MiB to 4 GiB): with the reclaimable page cache, what a job may allocate before the
 //! watcher has made room. A job that allocated 700 MiB at once in a 1 GiB pod (in 0.46 s: the
 //! kernel's reclaim slows it) was not killed. The tick is 20 ms while `spare` is under two
-//! reserves, 100 ms otherwise; a pressure event wakes the watcher at once. A tick reads three
+//! reserves or a reader streams through the page cache, 100 ms otherwise; a pressure event, and
+//! the open of a shard read through the page cache, wake the watcher at once. A tick reads three
 //! small files of one cgroup and `/proc/meminfo` (about 60 us).
 //!
 //! Pure rules ([`Rules::next`]) are apart from the thread that reads and applies them
@@ -58,7 +75,8 @@ use crate::units::format_size;
 
 const MIB: u64 = 1 << 20;
 
-/// The watcher's tick while memory is short (spare under two reserves).
+/// The watcher's tick while memory is short (spare under two reserves), or readers stream
+/// through the page cache.
 pub const TICK_NEAR: Duration = Duration::from_millis(20);
 /// Its tick otherwise.
 pub const TICK_FAR: Duration = Duration::from_millis(100);
@@ -134,7 +152,14 @@ impl Rules {
             let extra = if pressure { self.reserve } else { 0 };
             let short = (self.reserve + extra).saturating_sub(now);
             let to = whole_mib(used.saturating_sub(short)).min(capacity);
-            return (to < capacity || to < used).then_some((to, Move::Shrink));
+            if short > 0 {
+                return (to < capacity || to < used).then_some((to, Move::Shrink));
+            }
+            // Nothing is short (the report came while the page cache was being reclaimed,
+            // as it is under a reader streaming through a pod at its limit): admit nothing
+            // more, drop nothing.
+            let held = used.min(capacity);
+            return (held < capacity).then_some((held, Move::Hold));
         }
         let held = used.min(capacity);
         if now < self.reserve {
@@ -190,15 +215,35 @@ impl Spare {
 /// beside an epoch.
 pub const SETTLE: Duration = Duration::from_secs(10);
 
-/// The highest of a value over the last [`SETTLE`] (a sliding maximum: the values that a
-/// later, higher one hides are dropped, so it holds a handful).
-#[derive(Debug, Default)]
+/// How long the kernel's readahead windows the readers of open files took at their most keep
+/// the cache from growing into them: longer than the pause between two epochs (a validation
+/// pass, a checkpoint), so that the next epoch's readers find the room.
+pub const WINDOWS_SETTLE: Duration = Duration::from_secs(120);
+
+/// The highest of a value over the last [`SETTLE`], or another span (a sliding maximum: the
+/// values that a later, higher one hides are dropped, so it holds a handful).
+#[derive(Debug)]
 pub struct Highest {
     seen: std::collections::VecDeque<(Instant, u64)>,
+    span: Duration,
+}
+
+impl Default for Highest {
+    fn default() -> Self {
+        Highest::over(SETTLE)
+    }
 }
 
 impl Highest {
-    /// Notes `value` at `at` and returns the highest since `at - SETTLE`.
+    /// The highest over the last `span`.
+    pub fn over(span: Duration) -> Self {
+        Highest {
+            seen: Default::default(),
+            span,
+        }
+    }
+
+    /// Notes `value` at `at` and returns the highest since `at - span`.
     pub fn note(&mut self, at: Instant, value: u64) -> u64 {
         while self.seen.back().is_some_and(|&(_, v)| v <= value) {
             self.seen.pop_back();
@@ -207,7 +252,7 @@ impl Highest {
         while self
             .seen
             .front()
-            .is_some_and(|&(t, _)| at.saturating_duration_since(t) > SETTLE)
+            .is_some_and(|&(t, _)| at.saturating_duration_since(t) > self.span)
         {
             self.seen.pop_front();
         }
@@ -286,9 +331,15 @@ pub trait Elastic: Send + Sync {
     /// (on bandwidth-bound storage the prefetcher uses a block or two of it), and likewise
     /// the memory of an object store's parts in flight.
     fn staging_unfilled(&self) -> u64;
+    /// Page cache the kernel may read ahead of the readers of open files, not read yet, at
+    /// its most since the last call (`crate::fs`'s `HandleTable::windows_peak`).
+    fn kernel_windows(&self) -> u64;
     /// Sets the cache's capacity (dropping files if it holds more) and the staging area's
     /// ([`staging_beside`]); returns the bytes given back.
     fn resize(&self, capacity: u64) -> u64;
+    /// Sets the cache's capacity to `capacity` or what it holds, whichever is more: nothing
+    /// is dropped. And the staging area's, as [`Elastic::resize`] does.
+    fn hold(&self, capacity: u64) -> u64;
 }
 
 /// The budget as the stats show it.
@@ -304,6 +355,74 @@ pub struct BudgetState {
     pub free: AtomicU64,
     /// Why the budget is what it is: its last change.
     pub why: Mutex<String>,
+    /// Wakes the watcher before its tick.
+    pub wake: Wake,
+}
+
+/// Wakes the watcher at once (an eventfd it polls beside the pressure events): a reader that
+/// starts streaming a shard may fill the cache at the disk's speed before the next tick would
+/// have made room for its readahead.
+#[derive(Debug)]
+pub struct Wake(Option<std::os::fd::OwnedFd>);
+
+impl Default for Wake {
+    fn default() -> Self {
+        let fd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        );
+        Wake(fd.ok())
+    }
+}
+
+impl Wake {
+    /// Wakes the watcher (if it waits: a wake while it looks is taken at its next wait).
+    pub fn wake(&self) {
+        if let Some(fd) = &self.0 {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Waits up to `timeout` for a wake or the pressure events `events`; true if the latter
+    /// fired.
+    fn wait(&self, events: Option<&mut PressureEvents>, timeout: Duration) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut fds = Vec::with_capacity(2);
+        if let Some(e) = &events {
+            fds.push(libc::pollfd {
+                fd: e.fd.as_raw_fd(),
+                events: e.events,
+                revents: 0,
+            });
+        }
+        if let Some(fd) = &self.0 {
+            fds.push(libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if fds.is_empty() {
+            std::thread::sleep(timeout);
+            return false;
+        }
+        let ms = timeout.as_millis() as libc::c_int;
+        // SAFETY: `fds` holds valid pollfds, as many as passed.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n <= 0 {
+            return false;
+        }
+        if let Some(fd) = &self.0
+            && fds.last().is_some_and(|p| p.revents & libc::POLLIN != 0)
+        {
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(fd, &mut count);
+        }
+        match events {
+            Some(e) => fds[0].revents & e.events != 0 && e.consume(),
+            None => false,
+        }
+    }
 }
 
 /// Where the watcher reads how much memory is free.
@@ -372,6 +491,8 @@ pub struct Watcher {
     pub state: Arc<BudgetState>,
     /// The highest the memory beside the cache took lately ([`Spare::calm`]).
     pub beside: Mutex<Highest>,
+    /// The most the kernel's readahead windows took lately ([`WINDOWS_SETTLE`]).
+    pub windows: Mutex<Highest>,
 }
 
 impl Watcher {
@@ -392,13 +513,7 @@ impl Watcher {
         let mut last_pressure: Option<Instant> = None;
         let mut tick = TICK_FAR;
         loop {
-            let fired = match &mut events {
-                Some(e) => e.wait(tick),
-                None => {
-                    std::thread::sleep(tick);
-                    false
-                }
-            };
+            let fired = self.state.wake.wait(events.as_mut(), tick);
             let Some(target) = target.upgrade() else {
                 return;
             };
@@ -431,11 +546,15 @@ impl Watcher {
         let (capacity, used) = (target.capacity(), target.used());
         let beside = reading.limit.saturating_sub(now).saturating_sub(used);
         let highest = self.beside.lock().note(Instant::now(), beside);
+        let streaming = target.kernel_windows();
+        let windows = (self.windows.lock()).note(Instant::now(), streaming);
         let spare = Spare {
             now,
-            calm: now.saturating_sub(highest - beside),
+            calm: now.saturating_sub(highest - beside).saturating_sub(windows),
         };
-        let tick = if now < 2 * self.rules.reserve {
+        // A reader streaming through the page cache may fill the cache at the disk's speed
+        // before the next look has made room for its windows.
+        let tick = if now < 2 * self.rules.reserve || streaming > 0 {
             TICK_NEAR
         } else {
             TICK_FAR
@@ -443,7 +562,10 @@ impl Watcher {
         let Some((to, how)) = self.rules.next(capacity, used, spare, pressure) else {
             return tick;
         };
-        let freed = target.resize(to);
+        let freed = match how {
+            Move::Hold => target.hold(to),
+            Move::Grow | Move::Shrink => target.resize(to),
+        };
         let counter = match how {
             Move::Grow => &self.state.grows,
             Move::Hold => &self.state.holds,
@@ -451,7 +573,7 @@ impl Watcher {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let why = format!(
-            "{} {} -> {}: {} has {} free of {} ({}{} reserved for the job){}",
+            "{} {} -> {}: {} has {} free of {} ({}{} reserved for the job{}){}",
             how.name(),
             format_size(capacity),
             format_size(to),
@@ -460,6 +582,11 @@ impl Watcher {
             format_size(reading.limit),
             if pressure { "memory pressure; " } else { "" },
             format_size(self.rules.reserve),
+            if windows > 0 {
+                format!(", {} for readahead", format_size(windows))
+            } else {
+                String::new()
+            },
             if freed > 0 {
                 format!("; gave back {}", format_size(freed))
             } else {
@@ -529,19 +656,9 @@ impl PressureEvents {
         }
     }
 
-    /// Waits up to `timeout` for an event; true if one came.
-    fn wait(&mut self, timeout: Duration) -> bool {
+    /// Takes the event that fired (poll said so): true.
+    fn consume(&mut self) -> bool {
         use std::os::fd::AsRawFd;
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: self.events,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
-        if n <= 0 || pfd.revents & self.events == 0 {
-            return false;
-        }
         if self.version == Version::V1 {
             let mut count = [0u8; 8];
             // SAFETY: reads 8 bytes into a buffer of 8.
@@ -621,6 +738,16 @@ mod tests {
         assert_eq!(
             r.next(600 * MIB, 600 * MIB, Spare::steady(55 * MIB), true),
             Some((527 * MIB, Move::Shrink))
+        );
+        // Pressure with two reserves spare (the kernel reclaiming page cache): nothing is
+        // dropped; the cache admits nothing more.
+        assert_eq!(
+            r.next(700 * MIB, 600 * MIB, Spare::steady(200 * MIB), true),
+            Some((600 * MIB, Move::Hold))
+        );
+        assert_eq!(
+            r.next(600 * MIB, 600 * MIB, Spare::steady(200 * MIB), true),
+            None
         );
         // Nothing held, nothing to drop: the capacity goes to zero.
         assert_eq!(

@@ -100,6 +100,10 @@ pub(super) struct FileHandle {
     pub watch: Option<kernel_cache::Watch>,
     /// How the kernel reads it (`passthrough.rs`), released with it.
     pub kernel_io: super::passthrough::KernelIo,
+    /// The kernel reads it through its page cache, with readahead: through the daemon, or by
+    /// passthrough from the source file (not from the cache's own file, which is memory
+    /// already counted).
+    pub page_cache_stream: bool,
     /// The node opened, for invalidation.
     pub ino: NodeId,
     /// The process that opened it: its reads' waits count as that reader's.
@@ -174,6 +178,62 @@ pub(super) struct DirHandle {
     pub kept_until: Option<Instant>,
 }
 
+/// The page cache the kernel reads ahead for the open files, per reader process: a process
+/// reads one file at a time (a data loader's worker streams one shard), so its open files
+/// count at most one stream's windows, however many it holds open (a dataset that opens every
+/// shard at its start). A process that reads several at once in threads (tf.data's
+/// `interleave`) is counted one stream's room: its readers may then read some pages twice,
+/// never more memory than the pod has.
+#[derive(Debug, Default)]
+struct Windows {
+    /// The windows of each process's open files, uncapped.
+    by_pid: Mutex<HashMap<u32, u64>>,
+    /// Their sum, each process's capped at a stream's.
+    total: AtomicU64,
+    /// The most `total` reached since [`Windows::peak`] was last asked.
+    peak: AtomicU64,
+}
+
+impl Windows {
+    /// Process `pid` opened a file of `bytes` of windows; a process counts at most `stream`.
+    fn open(&self, pid: u32, bytes: u64, stream: u64) {
+        if bytes > 0 {
+            self.change(pid, stream, |held| held + bytes);
+        }
+    }
+
+    /// Process `pid` closed a file of `bytes` of windows.
+    fn close(&self, pid: u32, bytes: u64, stream: u64) {
+        if bytes > 0 {
+            self.change(pid, stream, |held| held.saturating_sub(bytes));
+        }
+    }
+
+    fn change(&self, pid: u32, stream: u64, to: impl FnOnce(u64) -> u64) {
+        let mut by_pid = self.by_pid.lock();
+        let held = by_pid.get(&pid).copied().unwrap_or(0);
+        let new = to(held);
+        if new == 0 {
+            by_pid.remove(&pid);
+        } else {
+            by_pid.insert(pid, new);
+        }
+        let (before, after) = (held.min(stream), new.min(stream));
+        let total = if after >= before {
+            self.total.fetch_add(after - before, Ordering::Relaxed) + (after - before)
+        } else {
+            self.total.fetch_sub(before - after, Ordering::Relaxed) - (before - after)
+        };
+        self.peak.fetch_max(total, Ordering::Relaxed);
+    }
+
+    /// The most the windows took since the last call.
+    fn peak(&self) -> u64 {
+        let now = self.total.load(Ordering::Relaxed);
+        self.peak.swap(now, Ordering::Relaxed).max(now)
+    }
+}
+
 /// The open files and directories of a mount, by handle number.
 #[derive(Debug)]
 pub(super) struct HandleTable {
@@ -185,6 +245,11 @@ pub(super) struct HandleTable {
     slots: OnceLock<Arc<HandleSlots>>,
     /// A previous daemon left handles open (some may be released since).
     inherited: AtomicBool,
+    /// The kernel's readahead window of the mount's files ([`HandleTable::set_window`]).
+    window: AtomicU64,
+    /// The page cache the open files read through it may hold ahead of their readers
+    /// ([`HandleTable::windows`]).
+    windows: Windows,
 }
 
 impl Default for HandleTable {
@@ -196,9 +261,31 @@ impl Default for HandleTable {
             dirs: Mutex::default(),
             slots: OnceLock::new(),
             inherited: AtomicBool::new(false),
+            window: AtomicU64::new(KERNEL_WINDOW),
+            windows: Windows::default(),
         }
     }
 }
+
+/// Readahead windows an open file read through the page cache needs room for. The kernel
+/// keeps up to two ahead of a reader (the one it reads in, and the next, started at its
+/// marker); a third covers the time those pages wait while another reader streams faster (a
+/// passthrough open of a source file reads at the disk's speed, and the page cache's oldest
+/// pages go first). A passthrough open of a source file counts the mount's window too: its own
+/// device's may be smaller, but it is the faster stream. Measured with 2 readers in a 384 MiB
+/// pod, 2 shards of 1 GiB and one of 40 MiB, 3 epochs, 3 runs: with two windows each, the
+/// slower reader's pages were read twice (epoch 1 read up to 1.013x the dataset, epoch 3 up to
+/// 1.035x what the cache lacked); with three, 1.000-1.005x, and later epochs exactly what the
+/// cache lacked.
+const WINDOWS: u64 = 3;
+
+/// Readahead an open file takes for the elastic budget to be woken at its open: a shard's
+/// (`open.rs`'s `STREAMED_MISS_MIN`), not a small file's.
+const STREAM_MIN: u64 = 4 << 20;
+
+/// The kernel's own readahead window, where the mount's is not raised (`--readahead 0`, or a
+/// daemon not run as root).
+pub const KERNEL_WINDOW: u64 = 128 << 10;
 
 impl HandleTable {
     /// Keeps every handle in `slots` from now on; handle numbers go on after the highest a
@@ -235,8 +322,40 @@ impl HandleTable {
         fh
     }
 
-    /// Enters an open file as `fh` (from [`HandleTable::next_fh`]).
-    pub fn insert_file(&self, fh: u64, handle: FileHandle) {
+    /// The kernel reads ahead `bytes` in the mount's files (0: its own default).
+    pub fn set_window(&self, bytes: u64) {
+        let bytes = if bytes == 0 { KERNEL_WINDOW } else { bytes };
+        self.window.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Page cache the open files read through it need for what the kernel reads ahead of
+    /// their readers ([`Windows`]), at its most since the last call: a shard read between two
+    /// looks of the elastic budget counts. Such pages are reclaimable, and were they
+    /// reclaimed before being read the kernel would ask for them again: the elastic budget
+    /// leaves room for them (`crate::elastic`).
+    pub fn windows_peak(&self) -> u64 {
+        self.windows.peak()
+    }
+
+    /// The most the open files of one process take of [`HandleTable::windows_peak`].
+    fn stream(&self) -> u64 {
+        WINDOWS * self.window.load(Ordering::Relaxed)
+    }
+
+    /// What an open file adds to the windows of its process.
+    fn window_of(&self, handle: &FileHandle) -> u64 {
+        match handle.page_cache_stream {
+            true => self.stream().min(handle.version.size),
+            false => 0,
+        }
+    }
+
+    /// Enters an open file as `fh` (from [`HandleTable::next_fh`]). True if it streams a
+    /// shard through the page cache ([`STREAM_MIN`] of readahead or more): the elastic budget
+    /// would make room for its windows at once.
+    pub fn insert_file(&self, fh: u64, handle: FileHandle) -> bool {
+        let window = self.window_of(&handle);
+        (self.windows).open(handle.pid, window, self.stream());
         if let Some(slots) = self.slots.get() {
             let backing = match handle.kernel_io {
                 super::passthrough::KernelIo::Passthrough(id) => id,
@@ -250,6 +369,7 @@ impl HandleTable {
             });
         }
         self.files.lock().insert(fh, Arc::new(handle));
+        window >= STREAM_MIN
     }
 
     /// Open file `fh`.
@@ -260,8 +380,9 @@ impl HandleTable {
     /// Closes open file `fh`; returns it if it was one.
     pub fn remove_file(&self, fh: u64) -> Option<Arc<FileHandle>> {
         let handle = self.files.lock().remove(&fh);
-        if handle.is_some() {
+        if let Some(h) = &handle {
             self.forget_predecessors(fh);
+            (self.windows).close(h.pid, self.window_of(h), self.stream());
         }
         handle
     }
@@ -295,5 +416,40 @@ impl HandleTable {
     pub fn remove_dir(&self, fh: u64) {
         self.dirs.lock().remove(&fh);
         self.forget_predecessors(fh);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_counts_one_stream_however_many_files_it_holds_open() {
+        let w = Windows::default();
+        let stream = 48;
+        // A worker streams a shard; another opens every shard at once.
+        w.open(1, 48, stream);
+        for _ in 0..10 {
+            w.open(2, 48, stream);
+        }
+        assert_eq!(w.peak(), 96);
+        // A small file counts its size, within its process's stream.
+        w.open(3, 5, stream);
+        w.open(3, 5, stream);
+        assert_eq!(w.peak(), 106);
+        // The worker closed its shard and the small files went: the peak is asked once.
+        w.close(1, 48, stream);
+        w.close(3, 5, stream);
+        w.close(3, 5, stream);
+        assert_eq!(w.peak(), 106, "the most since the last look");
+        assert_eq!(w.peak(), 48);
+        // The opener's last files go: still one stream until the last.
+        for _ in 0..9 {
+            w.close(2, 48, stream);
+        }
+        assert_eq!(w.peak(), 48);
+        w.close(2, 48, stream);
+        assert_eq!(w.peak(), 48);
+        assert_eq!((w.peak(), w.by_pid.lock().len()), (0, 0));
     }
 }

@@ -318,6 +318,10 @@ impl DatasetFs {
             ("policy", config.cache.policy.name().to_string()),
             ("cache_budget", budget_mode(config).to_string()),
         ];
+        let handles = HandleTable::default();
+        // SAFETY: geteuid has no preconditions.
+        let raised = unsafe { libc::geteuid() } == 0;
+        handles.set_window(if raised { config.readahead } else { 0 });
         Ok(DatasetFs {
             source,
             ns,
@@ -326,7 +330,7 @@ impl DatasetFs {
             prefetcher: Arc::new(prefetcher),
             jobs,
             ledger,
-            handles: HandleTable::default(),
+            handles,
             orders: OrderFiles::new(
                 config.hint_limits,
                 config.jobs.key == JobKeyKind::None,
@@ -522,11 +526,28 @@ impl crate::elastic::Elastic for DatasetFs {
         peak.min(staging.capacity()).saturating_sub(now) + parts
     }
 
-    /// Resizes the cache; the kernel's registrations of the files it dropped go too, so that
-    /// their memory really returns.
+    fn kernel_windows(&self) -> u64 {
+        self.handles.windows_peak()
+    }
+
     fn resize(&self, capacity: u64) -> u64 {
         let done = self.tiers.memory.resize(capacity);
+        self.resized(done)
+    }
+
+    fn hold(&self, capacity: u64) -> u64 {
+        let done = self.tiers.memory.hold(capacity);
+        self.resized(done)
+    }
+}
+
+impl DatasetFs {
+    /// After the cache was resized: the kernel's registrations of the files it dropped go
+    /// too, so that their memory really returns, and the staging area follows the cache's
+    /// new capacity. Returns the bytes given back.
+    fn resized(&self, done: crate::cache::Resized) -> u64 {
         self.passthrough.forget(&done.dropped);
+        let capacity = self.tiers.memory.capacity();
         let staging = crate::elastic::staging_beside(capacity, self.elastic.staging_budget);
         let shed = self.tiers.staging.resize(staging);
         done.freed + shed

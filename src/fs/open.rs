@@ -158,7 +158,9 @@ impl DatasetFs {
             return Err(FsError::ReadOnly);
         }
         let (handle, opened) = self.open_handle(ino, caller, access)?;
-        self.handles.insert_file(opened.fh, handle);
+        if self.handles.insert_file(opened.fh, handle) {
+            self.elastic.state.wake.wake();
+        }
         Ok(opened)
     }
 
@@ -563,6 +565,8 @@ fn file_handle(
         drop_pages_at_release: reading.drop_at_release,
         watch: reading.watch,
         kernel_io: reading.io,
+        page_cache_stream: reading.io == KernelIo::PageCache
+            || matches!(reading.backing, Some(Backing::Source(_))),
         ino,
         pid: caller.pid,
         file_id: opened.file_id,

@@ -109,9 +109,10 @@ impl DatasetFs {
         match self.open_handle(ino, caller, Access::Silent) {
             Ok((mut handle, _)) => {
                 handle.kernel_io = predecessors_io(h.backing);
+                handle.page_cache_stream = handle.kernel_io == KernelIo::PageCache;
                 handle.adopted = true;
                 tracing::debug!("handle {fh} of node {ino} taken over");
-                self.handles.insert_file(fh, handle);
+                let _ = self.handles.insert_file(fh, handle);
                 true
             }
             Err(e) => {

@@ -89,9 +89,9 @@ stats! {
     CacheUsed => "cache_used", Bytes, "Bytes of the budget in use (cached bytes plus alignment).";
     CacheCapacity => "cache_capacity", Bytes, "The cache budget in bytes now: --cache-size, or the elastic budget's current size (cache_budget auto; cache_budget_why says why it is what it is).";
     CacheBudgetGrows => "cache_budget_grows", Count, "Times the elastic budget grew: the memory cgroup (or the host) had more free than the reserve kept for the job.";
-    CacheBudgetHolds => "cache_budget_holds", Count, "Times it stopped at what the cache held: a little less free than the reserve.";
-    CacheBudgetShrinks => "cache_budget_shrinks", Count, "Times it shrank: well under the reserve free, or memory pressure.";
-    CacheDroppedFiles => "cache_dropped_files", Count, "Files the cache dropped, newest first, because the elastic budget shrank.";
+    CacheBudgetHolds => "cache_budget_holds", Count, "Times it stopped at what the cache held: a little less free than the reserve, or memory pressure with two reserves free.";
+    CacheBudgetShrinks => "cache_budget_shrinks", Count, "Times it shrank: well under the reserve free, or memory pressure with less than two reserves free.";
+    CacheDroppedFiles => "cache_dropped_files", Count, "Files the cache dropped blocks of, newest first, because the elastic budget shrank: the newest blocks of a big file, what the shrink needs (a file a passthrough open took whole goes whole).";
     CacheFreedBytes => "cache_freed_bytes", Bytes, "Memory those drops gave back to the kernel.";
     MemoryFree => "memory_free", Bytes, "What the memory cgroup (or the host) had free at the elastic budget's last look, reclaimable page cache counted as free; 0 with a fixed budget.";
     MemoryPressureEvents => "memory_pressure_events", Count, "Memory pressure notifications from the kernel (cgroup v1 memory.pressure_level medium, v2 PSI) that the elastic budget got.";
