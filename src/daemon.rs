@@ -366,13 +366,17 @@ fn decide_budget(config: &mut MountConfig) -> Result<(), MountError> {
         config.cache_size_why = start.why;
     }
     // What the node table may grow to before cache, staging and node table together pass
-    // what the machine or the cgroup leaves (the scan warns then).
+    // what the machine or the cgroup leaves (the scan warns then). An elastic cache gives way
+    // to it as to any other memory: only a fixed one stands in its way.
     let room = match &view.cgroup {
         Some(cgroup) => Some(cgroup.free()),
         None => view.mem_available,
     };
-    config.metadata_room =
-        room.map(|r| r.saturating_sub(config.cache.capacity + staging + DAEMON_ALLOWANCE));
+    let fixed = match config.elastic {
+        Some(_) => 0,
+        None => config.cache.capacity,
+    };
+    config.metadata_room = room.map(|r| r.saturating_sub(fixed + staging + DAEMON_ALLOWANCE));
     Ok(())
 }
 

@@ -146,9 +146,10 @@ impl DatasetFs {
         let used = self.ns.memory() as u64;
         if used > room && !self.scan.over_room.swap(true, Ordering::Relaxed) {
             tracing::error!(
-                "the node table of {} entries holds {}, more than the {} that --cache-size and \
+                "the node table of {} entries holds {}, more than the {} that the cache and \
                  --prefetch-memory leave of the daemon's memory; the kernel may kill the \
-                 daemon: mount with a smaller --cache-size",
+                 daemon: mount with a smaller --cache-size or --prefetch-memory, or give it \
+                 more memory",
                 self.ns.file_count(),
                 crate::units::format_size(used),
                 crate::units::format_size(room)
