@@ -1,8 +1,8 @@
 //! The elastic cache budget (`--cache-size auto`, the default) in real memory cgroups: it
-//! starts from what the cgroup has free, shrinks (dropping whole files, giving the memory
-//! back) when a job in the same cgroup allocates, so that nothing is OOM-killed, grows again
-//! when the job frees it, and small pods mount and read. A fixed budget that cannot fit is
-//! refused with what fits. Each test skips, saying why, where no v1 memory cgroup can be made.
+//! starts from what the cgroup has free, shrinks (dropping its newest blocks, giving the
+//! memory back) when a job in the same cgroup allocates, so that nothing is OOM-killed, grows
+//! again when the job frees it, small pods mount and read, and shards bigger than the cache
+//! are read once an epoch. A fixed budget that cannot fit is refused with what fits. Each test skips, saying why, where no v1 memory cgroup can be made.
 
 mod common;
 
@@ -403,4 +403,83 @@ fn small_pods_mount_and_read_with_a_small_cache() {
         let out = coorfs([OsStr::new("umount"), mnt.as_os_str()]);
         assert!(out.status.success(), "{}", stderr(&out));
     }
+}
+
+/// Shards bigger than the pod's cache, read by two readers in the pod under the default
+/// budget. The readers stream them through the kernel's page cache, which keeps the pod at its
+/// limit and makes the kernel report memory pressure: the budget leaves room for the kernel's
+/// readahead windows (taken back, they would be read again), and a shrink takes back a
+/// shard's newest blocks, not every block the cache held of it. So epoch 1 reads the dataset
+/// once, and epoch 2 reads from the source what the cache lacked after epoch 1, no more.
+#[test]
+fn big_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cache_lacks() {
+    let Some(cg) = cgroup("shards", 320 * MIB) else {
+        return;
+    };
+    let dir = open_tempdir();
+    let src = dir_755(dir.path(), "src");
+    let sizes = [384 << 20, 384 << 20, 24 << 20];
+    for (i, size) in sizes.iter().enumerate() {
+        std::fs::write(src.join(format!("shard-{i}.tar")), bytes(i as u64, *size)).unwrap();
+    }
+    evict_pages(&src);
+    let dataset: u64 = sizes.iter().map(|s| *s as u64).sum();
+    let mnt = dir_755(dir.path(), "mnt");
+    let _unmount = Unmount(mnt.clone());
+    let log = dir.path().join("coorfs.log");
+    let out = cg.coorfs(&[
+        OsStr::new("mount"),
+        OsStr::new("--log-file"),
+        log.as_os_str(),
+        src.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let epoch = |seed: &str| {
+        let out = cg.coorfs(&[
+            OsStr::new("read"),
+            OsStr::new("--json"),
+            OsStr::new("--procs"),
+            OsStr::new("2"),
+            OsStr::new("--seed"),
+            OsStr::new(seed),
+            mnt.as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let read: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!((num(&read, "bytes"), num(&read, "errors")), (dataset, 0));
+    };
+    epoch("1");
+    let cached = num(&stats(&mnt), "cached_bytes");
+    epoch("2");
+    let s = stats(&mnt);
+    let e = &s["epochs"];
+    let (first, second) = (
+        num(&e[0], "bytes_from_source"),
+        num(&e[1], "bytes_from_source"),
+    );
+    let why = format!("cached after epoch 1: {cached}; {s}");
+    assert!(
+        cached >= 64 * MIB,
+        "the cache kept too little to tell: {why}"
+    );
+    assert!(
+        first * 100 <= dataset * 101,
+        "epoch 1 read {first} of {dataset}: {why}"
+    );
+    let lacked = dataset - cached;
+    assert!(
+        second * 100 <= lacked * 105,
+        "epoch 2 read {second} for {lacked}: {why}"
+    );
+    assert_eq!(cg.oom_kills(), 0);
+    // Every byte as the source's.
+    for (i, size) in sizes.iter().enumerate() {
+        let got = std::fs::read(mnt.join(format!("shard-{i}.tar"))).unwrap();
+        assert!(got == bytes(i as u64, *size), "shard {i} differs");
+    }
+    // Nothing went wrong, and the daemon said nothing did (a small pod's reserve once made
+    // the node table's check say the daemon might be killed, at every mount).
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("ERROR") && !text.contains("WARN"), "{text}");
 }
