@@ -481,7 +481,15 @@ impl DatasetFs {
         // An open counted its whole file as read; its reader may have read a part.
         if handle.reads_reach_daemon {
             let size = handle.version.size;
-            let unread = size - handle.asked.load(Ordering::Relaxed).min(size);
+            let asked = handle.asked.load(Ordering::Relaxed);
+            if asked > size {
+                tracing::debug!(
+                    "{}: the kernel asked for {asked} bytes of {size}: it dropped pages it had \
+                     read ahead before they were read",
+                    handle.rel.display()
+                );
+            }
+            let unread = size - asked.min(size);
             if unread > 0 {
                 let hit = handle.counted_at_open.load(Ordering::Relaxed);
                 self.ledger.read_in_part(&handle.att, unread, hit);
