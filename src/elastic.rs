@@ -56,9 +56,9 @@
 //! (256 MiB to 4 GiB): with the reclaimable page cache, what a job may allocate before the
 //! watcher has made room. A job that allocated 700 MiB at once in a 1 GiB pod (in 0.46 s: the
 //! kernel's reclaim slows it) was not killed. The tick is 20 ms while `spare` is under two
-//! reserves or a reader streams through the page cache, 100 ms otherwise; a pressure event, and
-//! the open of a shard read through the page cache, wake the watcher at once. A tick reads three
-//! small files of one cgroup and `/proc/meminfo` (about 60 us).
+//! reserves or readers stream shards through the page cache, 100 ms otherwise; a pressure
+//! event, and the open of a shard read through the page cache, wake the watcher at once. A
+//! tick reads three small files of one cgroup and `/proc/meminfo` (about 60 us).
 //!
 //! Pure rules ([`Rules::next`]) are apart from the thread that reads and applies them
 //! ([`Watcher`]).
@@ -75,8 +75,13 @@ use crate::units::format_size;
 
 const MIB: u64 = 1 << 20;
 
+/// Readahead windows of open files from which readers stream shards: a shard's (the kernel's
+/// windows of a file of `fs/open.rs`'s `STREAMED_MISS_MIN`), not a few small files'. The
+/// open of one wakes the watcher, and while they are open it looks at [`TICK_NEAR`].
+pub const STREAM_MIN: u64 = 4 << 20;
+
 /// The watcher's tick while memory is short (spare under two reserves), or readers stream
-/// through the page cache.
+/// shards through the page cache.
 pub const TICK_NEAR: Duration = Duration::from_millis(20);
 /// Its tick otherwise.
 pub const TICK_FAR: Duration = Duration::from_millis(100);
@@ -512,8 +517,14 @@ impl Watcher {
             );
         let mut last_pressure: Option<Instant> = None;
         let mut tick = TICK_FAR;
+        let mut looked = Instant::now();
         loop {
             let fired = self.state.wake.wait(events.as_mut(), tick);
+            // Opens wake it at most once a near tick: any user may open shards in a loop.
+            if !fired && let Some(rest) = TICK_NEAR.checked_sub(looked.elapsed()) {
+                std::thread::sleep(rest);
+            }
+            looked = Instant::now();
             let Some(target) = target.upgrade() else {
                 return;
             };
@@ -554,7 +565,7 @@ impl Watcher {
         };
         // A reader streaming through the page cache may fill the cache at the disk's speed
         // before the next look has made room for its windows.
-        let tick = if now < 2 * self.rules.reserve || streaming > 0 {
+        let tick = if now < 2 * self.rules.reserve || streaming >= STREAM_MIN {
             TICK_NEAR
         } else {
             TICK_FAR

@@ -23,10 +23,10 @@
 //!   and never overwritten: a passthrough open may read the file at any time. When an
 //!   elastic budget shrinks, the cache takes back the newest blocks of a file that was never
 //!   opened whole ([`KernelFiles::cut`], then [`KernelFiles::punch`]: a shard of 1 GiB gives
-//!   back the 32 MiB asked, not its every block), and drops a file that was whole ([`KernelFiles::remove`]):
-//!   the file is unlinked, and its pages go back to the kernel once the last descriptor of
-//!   it (an open file's backing, the kernel's registration) is closed; until then those
-//!   opens read its bytes as before.
+//!   back the 32 MiB asked, not its every block), and drops a file that was opened whole
+//!   ([`KernelFiles::remove`]): the file is unlinked, and its pages go back to the kernel
+//!   once the last descriptor of it (an open file's backing, the kernel's registration) is
+//!   closed; until then those opens read its bytes as before.
 //! - **Small files stay in the arena:** a file of up to [`MIN_FILE`] would take a whole page
 //!   and an inode for a few hundred bytes, and costs its open's round trip, not its bytes;
 //!   such files are served from the kernel's page cache as before (`crate::fs`'s `open.rs`).

@@ -1424,8 +1424,9 @@ mod tests {
         assert_eq!((c.used(), c.cached_bytes(), c.cached_blocks()), (0, 0, 0));
     }
 
-    #[test]
-    fn a_shrink_unlinks_the_files_the_kernel_reads_newest_first() {
+    /// An elastic MinIO cache of 1 MiB with 64 KiB blocks that keeps files for the kernel;
+    /// None where no private tmpfs can be made (no `CAP_SYS_ADMIN`).
+    fn kernel_cache() -> Option<BlockCache> {
         let c = BlockCache::new(CacheConfig {
             policy: PolicyKind::MinIo,
             capacity: 1 << 20,
@@ -1433,9 +1434,14 @@ mod tests {
             block_size: NonZeroU64::new(1 << 16).unwrap(),
         })
         .unwrap();
-        if c.keep_files_for_kernel().is_err() {
+        c.keep_files_for_kernel().is_ok().then_some(c)
+    }
+
+    #[test]
+    fn a_shrink_unlinks_the_files_the_kernel_reads_newest_first() {
+        let Some(c) = kernel_cache() else {
             return; // no private tmpfs without CAP_SYS_ADMIN: the arena's case is tested above
-        }
+        };
         let (small, a, b) = (version(1, 1000), version(2, 100_000), version(3, 100_000));
         assert!(whole(&c, small, 1) && whole(&c, a, 2) && whole(&c, b, 3));
         assert!(c.holds_for_kernel(&a) && c.holds_for_kernel(&b));
@@ -1478,16 +1484,9 @@ mod tests {
 
     #[test]
     fn a_shrink_cuts_the_newest_blocks_of_a_file_the_kernel_never_opened_whole() {
-        let c = BlockCache::new(CacheConfig {
-            policy: PolicyKind::MinIo,
-            capacity: 1 << 20,
-            ceiling: Some(1 << 20),
-            block_size: NonZeroU64::new(1 << 16).unwrap(),
-        })
-        .unwrap();
-        if c.keep_files_for_kernel().is_err() {
+        let Some(c) = kernel_cache() else {
             return; // no private tmpfs without CAP_SYS_ADMIN: the arena's case is tested above
-        }
+        };
         // A shard of four blocks, read whole, that no open took for its backing file.
         let shard = version(1, 4 << 16);
         let key = |block| BlockKey {

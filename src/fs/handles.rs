@@ -279,10 +279,6 @@ impl Default for HandleTable {
 /// cache lacked.
 const WINDOWS: u64 = 3;
 
-/// Readahead an open file takes for the elastic budget to be woken at its open: a shard's
-/// (`open.rs`'s `STREAMED_MISS_MIN`), not a small file's.
-const STREAM_MIN: u64 = 4 << 20;
-
 /// The kernel's own readahead window, where the mount's is not raised (`--readahead 0`, or a
 /// daemon not run as root).
 pub const KERNEL_WINDOW: u64 = 128 << 10;
@@ -351,8 +347,8 @@ impl HandleTable {
     }
 
     /// Enters an open file as `fh` (from [`HandleTable::next_fh`]). True if it streams a
-    /// shard through the page cache ([`STREAM_MIN`] of readahead or more): the elastic budget
-    /// would make room for its windows at once.
+    /// shard through the page cache ([`crate::elastic::STREAM_MIN`] of readahead or more): the
+    /// elastic budget would make room for its windows at once.
     pub fn insert_file(&self, fh: u64, handle: FileHandle) -> bool {
         let window = self.window_of(&handle);
         (self.windows).open(handle.pid, window, self.stream());
@@ -369,7 +365,7 @@ impl HandleTable {
             });
         }
         self.files.lock().insert(fh, Arc::new(handle));
-        window >= STREAM_MIN
+        window >= crate::elastic::STREAM_MIN
     }
 
     /// Open file `fh`.
