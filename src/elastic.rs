@@ -21,7 +21,7 @@
 //!
 //! The windows are what the kernel reads ahead of the readers of open files that stream
 //! through the page cache: 3 x `--readahead` each, at most the file (`crate::fs`'s
-//! `HandleTable::windows`). They are page cache, reclaimable, so `free` counts them; but were
+//! `HandleTable::windows_peak`). They are page cache, reclaimable, so `free` counts them; but were
 //! they reclaimed before their reader got to them, the kernel would read them again: 2 shards
 //! of 1 GiB read by 2 readers with 16 MiB windows in a 384 MiB pod read 1.64x the dataset from
 //! the source in epoch 1 while the cache took all but the reserve; with room left for the
@@ -31,7 +31,7 @@
 //! possible one now. A reader that opens a shard wakes the watcher at once (a shard read at
 //! the disk's speed fills a small pod's cache between two ticks), and the most they took
 //! since the last look counts, so a shard read between two looks is not missed.
-
+//!
 //! It keeps `reserve` bytes free for the job: its next allocations come out of the reserve (and
 //! the reclaimable page cache) while the cache shrinks. Then:
 //!

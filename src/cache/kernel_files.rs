@@ -317,21 +317,18 @@ impl KernelFiles {
         true
     }
 
-    /// Gives back the pages of `len` bytes of `version` at `offset` (a block cut from it,
+    /// Gives back the pages of `version`'s blocks at `(offset, len)` (blocks cut from it,
     /// [`KernelFiles::cut`]): they read as zeros from now on. The caller makes sure nobody
     /// reads them (no view of them lives, and no open file has the file for its backing).
-    pub fn punch(&self, version: &FileVersion, offset: u64, len: u64) {
+    pub fn punch(&self, version: &FileVersion, blocks: impl IntoIterator<Item = (u64, u64)>) {
         let name = self.files.lock().get(version).map(|f| f.name.clone());
         let Some(name) = name else { return };
+        let how = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
         let punched = self.open(&name, OFlags::WRONLY).and_then(|fd| {
-            let how =
-                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
-            Ok(rustix::fs::fallocate(
-                &fd,
-                how,
-                offset,
-                len.div_ceil(PAGE) * PAGE,
-            )?)
+            for (offset, len) in blocks {
+                rustix::fs::fallocate(&fd, how, offset, len.div_ceil(PAGE) * PAGE)?;
+            }
+            Ok(())
         });
         if let Err(e) = punched {
             tracing::warn!("giving a cached block's memory back: {e}");
@@ -432,7 +429,7 @@ mod tests {
         };
         assert_eq!(pages(&v), 3 * 65536);
         assert!(files.cut(&v, 65536));
-        files.punch(&v, 2 * 65536, 65536);
+        files.punch(&v, [(2 * 65536, 65536)]);
         assert_eq!(pages(&v), 2 * 65536, "the cut block's pages went back");
         assert!(!files.holds(&v) && files.open_whole(&v).is_none());
         assert_eq!(&files.view(&v, 65536, 65536).unwrap()[..], &[2; 65536][..]);

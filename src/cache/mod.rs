@@ -328,10 +328,11 @@ impl Admitted {
             .last_key_value()
             .map(|(_, (k, _, seq))| (*seq, Newest::Slot(*k)));
         let kernel = (self.files.last_key_value()).map(|(seq, v)| (*seq, Newest::File(*v)));
-        match (arena, kernel) {
-            (Some(a), Some(k)) => Some(if a.0 > k.0 { a.1 } else { k.1 }),
-            (a, k) => a.or(k).map(|(_, n)| n),
-        }
+        arena
+            .into_iter()
+            .chain(kernel)
+            .max_by_key(|(seq, _)| *seq)
+            .map(|(_, n)| n)
     }
 
     /// The end of the arena's last slot in the index.
@@ -643,9 +644,10 @@ impl BlockCache {
     fn resize_with(&self, capacity: u64, keep: bool) -> Resized {
         let _alone = self.shrink.write();
         let mut policy = self.policy.lock();
-        let capacity = match keep {
-            true => capacity.max(policy.used()),
-            false => capacity,
+        let capacity = if keep {
+            capacity.max(policy.used())
+        } else {
+            capacity
         };
         let capacity = capacity.min(self.ceiling());
         let evict = policy.resize(capacity);
@@ -699,9 +701,21 @@ impl BlockCache {
         done: &mut Resized,
     ) {
         index.remove(&key);
+        self.give_back_arena_end(index, policy, &key, done);
+    }
+
+    /// Gives the arena's pages past its last slot in the index back to the kernel; the policy
+    /// stops counting them (as `key`'s).
+    fn give_back_arena_end(
+        &self,
+        index: &Index,
+        policy: &mut dyn CachePolicy<BlockKey>,
+        key: &BlockKey,
+        done: &mut Resized,
+    ) {
         if let (Store::Arena(arena), Some(admitted)) = (&self.store, &index.admitted) {
             let back = arena.truncate(admitted.arena_end()) as u64;
-            policy.remove(&key, back);
+            policy.remove(key, back);
             done.freed += back;
         }
     }
@@ -737,11 +751,11 @@ impl BlockCache {
         if freed < over || bytes >= whole || !files.cut(&version, bytes) {
             return false;
         }
-        for (key, offset, len) in cut {
-            index.remove(&key);
-            files.punch(&version, offset, len);
-            policy.remove(&key, KernelFiles::footprint(len));
+        for (key, _, len) in &cut {
+            index.remove(key);
+            policy.remove(key, KernelFiles::footprint(*len));
         }
+        files.punch(&version, cut.iter().map(|&(_, offset, len)| (offset, len)));
         done.freed += freed;
         true
     }
@@ -772,11 +786,7 @@ impl BlockCache {
             policy.remove(&first, kernel_bytes);
             done.freed += kernel_bytes;
         }
-        if let (Store::Arena(arena), Some(admitted)) = (&self.store, &index.admitted) {
-            let back = arena.truncate(admitted.arena_end()) as u64;
-            policy.remove(&first, back);
-            done.freed += back;
-        }
+        self.give_back_arena_end(index, policy, &first, done);
     }
 
     /// True if a file of `size` bytes read now would be kept, whole or in part: the policy

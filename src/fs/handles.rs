@@ -185,13 +185,16 @@ pub(super) struct DirHandle {
 /// `interleave`) is counted one stream's room: its readers may then read some pages twice,
 /// never more memory than the pod has.
 #[derive(Debug, Default)]
-struct Windows {
+struct Windows(Mutex<WindowsInner>);
+
+#[derive(Debug, Default)]
+struct WindowsInner {
     /// The windows of each process's open files, uncapped.
-    by_pid: Mutex<HashMap<u32, u64>>,
+    by_pid: HashMap<u32, u64>,
     /// Their sum, each process's capped at a stream's.
-    total: AtomicU64,
+    total: u64,
     /// The most `total` reached since [`Windows::peak`] was last asked.
-    peak: AtomicU64,
+    peak: u64,
 }
 
 impl Windows {
@@ -210,27 +213,22 @@ impl Windows {
     }
 
     fn change(&self, pid: u32, stream: u64, to: impl FnOnce(u64) -> u64) {
-        let mut by_pid = self.by_pid.lock();
-        let held = by_pid.get(&pid).copied().unwrap_or(0);
+        let mut w = self.0.lock();
+        let held = w.by_pid.get(&pid).copied().unwrap_or(0);
         let new = to(held);
         if new == 0 {
-            by_pid.remove(&pid);
+            w.by_pid.remove(&pid);
         } else {
-            by_pid.insert(pid, new);
+            w.by_pid.insert(pid, new);
         }
-        let (before, after) = (held.min(stream), new.min(stream));
-        let total = if after >= before {
-            self.total.fetch_add(after - before, Ordering::Relaxed) + (after - before)
-        } else {
-            self.total.fetch_sub(before - after, Ordering::Relaxed) - (before - after)
-        };
-        self.peak.fetch_max(total, Ordering::Relaxed);
+        w.total = w.total - held.min(stream) + new.min(stream);
+        w.peak = w.peak.max(w.total);
     }
 
     /// The most the windows took since the last call.
     fn peak(&self) -> u64 {
-        let now = self.total.load(Ordering::Relaxed);
-        self.peak.swap(now, Ordering::Relaxed).max(now)
+        let w = &mut *self.0.lock();
+        std::mem::replace(&mut w.peak, w.total).max(w.total)
     }
 }
 
@@ -248,7 +246,7 @@ pub(super) struct HandleTable {
     /// The kernel's readahead window of the mount's files ([`HandleTable::set_window`]).
     window: AtomicU64,
     /// The page cache the open files read through it may hold ahead of their readers
-    /// ([`HandleTable::windows`]).
+    /// ([`HandleTable::windows_peak`]).
     windows: Windows,
 }
 
@@ -446,6 +444,6 @@ mod tests {
         assert_eq!(w.peak(), 48);
         w.close(2, 48, stream);
         assert_eq!(w.peak(), 48);
-        assert_eq!((w.peak(), w.by_pid.lock().len()), (0, 0));
+        assert_eq!((w.peak(), w.0.lock().by_pid.len()), (0, 0));
     }
 }
