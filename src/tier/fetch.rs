@@ -636,9 +636,10 @@ impl Fetcher {
         }
     }
 
-    /// Claims for this fetch, which reads block `key`, the blocks of its part around it that
-    /// nothing holds or reads, up to the first on each side that something does (see the
-    /// module header); returns the run `lo..hi` to read, `key`'s block among them. Of two
+    /// Claims for this fetch, which reads block `key`, the blocks of its part after it that
+    /// nothing holds or reads, and those before it that a fetch was started for and has not
+    /// begun to read, up to the first on each side that is not so (see the module header);
+    /// returns the run `lo..hi` to read, `key`'s block among them. Of two
     /// reads of one part that start together, the second finds the first's claims and
     /// waits for its GET. Called holding `claiming`.
     fn claim_part(&self, want: &Want<'_>) -> (u64, u64) {
@@ -669,19 +670,22 @@ impl Fetcher {
         // fetch will find it taken and leave it to this one.
         // A block a tier in front of the source holds (the disk tier) is read from there.
         let (_, nearer) = self.below.split_last().expect("a tier to read from");
-        let claim = |block| {
+        // Before the block asked for, only blocks asked for too are taken: one nobody asks for
+        // there is most likely one its reader has read already (a reader that streams through
+        // the file asks for it again only if the kernel dropped it).
+        let claim = |block, asked| {
             let other = want.block(block);
             !self.memory.contains(&other.key)
                 && !self.ahead.contains(&other.key)
                 && !nearer.iter().any(|t| t.holds(&other))
-                && self.inflight.take(&other.key)
+                && self.inflight.take(&other.key, asked)
         };
         let mut hi = b + 1;
-        while hi < end && claim(hi) {
+        while hi < end && claim(hi, false) {
             hi += 1;
         }
         let mut lo = b;
-        while lo > start && claim(lo - 1) {
+        while lo > start && claim(lo - 1, true) {
             lo -= 1;
         }
         // A run of one block (a small file, a part read already) is no part: its slot goes

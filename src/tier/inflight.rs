@@ -89,10 +89,11 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
     /// Takes `key` into a fetch of another key (the rest of a part, read with the block asked
     /// for): true if no fetch of `key` was in flight, or one was started for it and has not
     /// begun to read ([`Inflight::begin`] then says false); the caller must then fetch it and
-    /// call [`Inflight::complete`].
-    pub fn take(&self, key: &K) -> bool {
+    /// call [`Inflight::complete`]. With `asked`, only a key whose fetch was started is taken.
+    pub fn take(&self, key: &K, asked: bool) -> bool {
         let mut waiting = self.waiting.lock();
         match waiting.get_mut(key) {
+            None if asked => false,
             None => {
                 waiting.insert(key.clone(), State::Waiting(Vec::new(), true));
                 true
@@ -223,15 +224,17 @@ mod tests {
         // Block 1's fetch was started for a reader but has not begun: a part's run takes it,
         // the reader gets the run's bytes, and the fetch, beginning, finds it taken.
         assert!(inflight.join(&1, Box::new(move |v| seen.store(v, Ordering::Relaxed))));
-        assert!(inflight.take(&1));
+        assert!(inflight.take(&1, true));
         assert!(!inflight.begin(&1));
         // Block 2's fetch began first: no run takes it, and a second take is refused too.
         assert!(inflight.join(&2, Box::new(|_| {})));
         assert!(inflight.begin(&2));
-        assert!(!inflight.take(&2));
-        // Block 3 nobody fetched: the run takes it, and nobody else may.
-        assert!(inflight.take(&3));
-        assert!(!inflight.take(&3));
+        assert!(!inflight.take(&2, false));
+        // Block 3 nobody fetched: a run takes it unless only blocks asked for are taken, and
+        // once taken, nobody else may.
+        assert!(!inflight.take(&3, true));
+        assert!(inflight.take(&3, false));
+        assert!(!inflight.take(&3, false));
         inflight.complete(&1, 11);
         assert_eq!(got.load(Ordering::Relaxed), 11);
         // A fetch claimed to be started (a part read ahead) has not begun: it may begin.
