@@ -6,26 +6,78 @@
 //! goes to that reader, and one the cache keeps to the cache; the others wait here for the
 //! reader that streams through the file, which takes each as it reaches it ([`Ahead::take`]).
 //!
-//! Bounded in bytes ([`Ahead::new`]): when a part's blocks do not fit, the oldest blocks
-//! give way (a reader that seeked elsewhere or stopped never takes them). Bytes put here and
-//! bytes that left untaken are counted (`readahead_bytes`, `readahead_unused_bytes`), so
+//! Bounded in bytes ([`Ahead::new`]). When a part's blocks do not fit, a block gives way:
+//! first one left untaken for [`STALE`] (its reader seeked elsewhere or stopped), else the
+//! block furthest ahead of the nearest one held of its file, which a reader streaming through
+//! the files needs last. (Giving way oldest first dropped the blocks a reader was about to
+//! take: with 2 readers streaming S3 shards through a buffer of 3 parts, one reader's parts
+//! pushed out the other's next blocks, and 1-9% of an epoch was read twice.) Bytes put here
+//! and bytes that left untaken are counted (`readahead_bytes`, `readahead_unused_bytes`), so
 //! that wasted readahead shows.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::block::Block;
 use crate::cache::BlockKey;
+use crate::namespace::FileVersion;
 use crate::stats::{Counters, Stats};
+
+/// A block left untaken this long gives way first when the buffer is full: a reader that
+/// streams takes a block within a few parts' time, even one paced at a few MiB/s.
+pub const STALE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Default)]
 struct Inner {
-    blocks: HashMap<BlockKey, Arc<Block>>,
-    /// Keys in the order they were put, oldest first (a key taken since is skipped).
-    order: VecDeque<BlockKey>,
+    /// Each block, with when it was put.
+    blocks: HashMap<BlockKey, (Arc<Block>, Instant)>,
+    /// The blocks held of each file.
+    files: HashMap<FileVersion, BTreeSet<u64>>,
+    /// Keys with when they were put, oldest first (an entry whose block was taken, or put
+    /// again since, is skipped).
+    order: VecDeque<(BlockKey, Instant)>,
     bytes: u64,
+}
+
+impl Inner {
+    fn remove(&mut self, key: &BlockKey) -> Option<Arc<Block>> {
+        let (data, _) = self.blocks.remove(key)?;
+        self.bytes -= data.len() as u64;
+        if let Some(held) = self.files.get_mut(&key.version) {
+            held.remove(&key.block);
+            if held.is_empty() {
+                self.files.remove(&key.version);
+            }
+        }
+        // Entries of blocks no longer held leave once they reach the front, so that the
+        // queue stays about as long as the blocks held.
+        while let Some((front, at)) = self.order.front() {
+            if self.blocks.get(front).is_some_and(|(_, put)| put == at) {
+                break;
+            }
+            self.order.pop_front();
+        }
+        Some(data)
+    }
+
+    /// The block to give way: the oldest if left untaken for [`STALE`] at `now`, else the one
+    /// furthest ahead of the first block held of its file.
+    fn victim(&self, now: Instant) -> Option<BlockKey> {
+        if let Some((key, at)) = self.order.front()
+            && now.duration_since(*at) >= STALE
+        {
+            return Some(*key);
+        }
+        let (version, held) = (self.files.iter())
+            .max_by_key(|(_, held)| held.last().zip(held.first()).map_or(0, |(l, f)| l - f))?;
+        Some(BlockKey {
+            version: *version,
+            block: *held.last()?,
+        })
+    }
 }
 
 /// Blocks read ahead inside files, until their reader takes them.
@@ -46,9 +98,15 @@ impl Ahead {
         }
     }
 
-    /// Keeps `data` as block `key` for the reader that will take it, pushing out the oldest
-    /// blocks if there is no room. A block larger than the whole buffer is not kept.
+    /// Keeps `data` as block `key` for the reader that will take it, if there is room once
+    /// the blocks that give way first have gone (see the module header): `key` itself may be
+    /// the one to go. A block larger than the whole buffer is not kept.
     pub fn put(&self, key: BlockKey, data: Arc<Block>) {
+        self.put_at(key, data, Instant::now());
+    }
+
+    /// [`Ahead::put`] at `now`.
+    fn put_at(&self, key: BlockKey, data: Arc<Block>, now: Instant) {
         let len = data.len() as u64;
         if len > self.capacity {
             return;
@@ -57,20 +115,16 @@ impl Ahead {
         let mut unused = 0;
         {
             let mut inner = self.inner.lock();
-            if let Some(old) = inner.blocks.insert(key, data) {
-                inner.bytes -= old.len() as u64;
-            } else {
-                inner.order.push_back(key);
-            }
+            inner.remove(&key);
+            inner.blocks.insert(key, (data, now));
+            inner.files.entry(key.version).or_default().insert(key.block);
+            inner.order.push_back((key, now));
             inner.bytes += len;
             while inner.bytes > self.capacity {
-                let Some(oldest) = inner.order.pop_front() else {
+                let Some(victim) = inner.victim(now) else {
                     break;
                 };
-                if let Some(gone) = inner.blocks.remove(&oldest) {
-                    inner.bytes -= gone.len() as u64;
-                    unused += gone.len() as u64;
-                }
+                unused += inner.remove(&victim).map_or(0, |gone| gone.len() as u64);
             }
         }
         Counters::add(&counters.readahead_bytes, len);
@@ -79,18 +133,7 @@ impl Ahead {
 
     /// Takes block `key`, if it is here: it leaves, for the reader that asked.
     pub fn take(&self, key: &BlockKey) -> Option<Arc<Block>> {
-        let mut inner = self.inner.lock();
-        let data = inner.blocks.remove(key)?;
-        inner.bytes -= data.len() as u64;
-        // Keys taken leave the queue once they reach its front, so that it stays as long as
-        // the blocks held.
-        while let Some(front) = inner.order.front() {
-            if inner.blocks.contains_key(front) {
-                break;
-            }
-            inner.order.pop_front();
-        }
-        Some(data)
+        self.inner.lock().remove(key)
     }
 
     /// True if block `key` is here.
@@ -133,25 +176,57 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_blocks_give_way_and_count_as_unused() {
+    fn the_block_furthest_ahead_in_its_file_gives_way_and_counts_as_unused() {
         let stats = Arc::new(Stats::default());
-        let ahead = Ahead::new(250, stats.clone());
-        for b in 0..3 {
+        let ahead = Ahead::new(350, stats.clone());
+        // File 1's reader is at block 4, file 2's at block 0.
+        for b in 4..6 {
             ahead.put(key(1, 3000, b), block(100));
         }
-        // 300 bytes into 250: block 0 went.
-        assert!(!ahead.contains(&key(1, 3000, 0)));
-        assert!(ahead.contains(&key(1, 3000, 1)) && ahead.contains(&key(1, 3000, 2)));
-        assert_eq!(ahead.bytes(), 200);
+        ahead.put(key(2, 3000, 0), block(100));
+        // 400 bytes into 350: file 1's block 6 goes first, the furthest ahead of its reader,
+        // though file 2's block 0 and file 1's block 4 came before it.
+        ahead.put(key(1, 3000, 6), block(100));
+        assert!(!ahead.contains(&key(1, 3000, 6)));
+        assert!(ahead.contains(&key(1, 3000, 4)) && ahead.contains(&key(1, 3000, 5)));
+        assert!(ahead.contains(&key(2, 3000, 0)));
+        assert_eq!(ahead.bytes(), 300);
         assert_eq!(Counters::get(&stats.counters.readahead_unused_bytes), 100);
-        // A taken block leaves no debt: the next put pushes out only what it must.
-        ahead.take(&key(1, 3000, 1));
-        ahead.put(key(1, 3000, 3), block(100));
-        assert_eq!(ahead.bytes(), 200);
-        assert_eq!(Counters::get(&stats.counters.readahead_unused_bytes), 100);
+        // File 2's reader moves on: its blocks are now the furthest ahead.
+        for b in 1..3 {
+            ahead.put(key(2, 3000, b), block(100));
+        }
+        assert!(!ahead.contains(&key(2, 3000, 2)) && !ahead.contains(&key(2, 3000, 1)));
+        assert!(ahead.contains(&key(1, 3000, 5)) && ahead.contains(&key(2, 3000, 0)));
+        assert_eq!(Counters::get(&stats.counters.readahead_unused_bytes), 300);
+        // A taken block leaves no debt: the next put pushes out nothing.
+        ahead.take(&key(1, 3000, 4));
+        ahead.put(key(2, 3000, 1), block(100));
+        assert_eq!(ahead.bytes(), 300);
+        assert_eq!(Counters::get(&stats.counters.readahead_unused_bytes), 300);
         // Too large for the whole buffer: not kept, nothing pushed out.
-        ahead.put(key(2, 3000, 0), block(300));
+        ahead.put(key(3, 3000, 0), block(400));
+        assert_eq!(ahead.bytes(), 300);
+        assert!(!ahead.contains(&key(3, 3000, 0)));
+    }
+
+    #[test]
+    fn a_block_left_untaken_too_long_gives_way_first() {
+        let stats = Arc::new(Stats::default());
+        let ahead = Ahead::new(250, stats.clone());
+        let then = Instant::now();
+        // File 1's reader stopped at block 0; file 2's streams.
+        ahead.put_at(key(1, 3000, 0), block(100), then);
+        ahead.put_at(key(2, 3000, 0), block(100), then + STALE);
+        ahead.put_at(key(2, 3000, 1), block(100), then + STALE);
+        assert!(!ahead.contains(&key(1, 3000, 0)));
+        assert!(ahead.contains(&key(2, 3000, 0)) && ahead.contains(&key(2, 3000, 1)));
+        // A block put again is as young as its last put.
+        ahead.put_at(key(2, 3000, 0), block(100), then + 2 * STALE);
+        ahead.put_at(key(3, 3000, 0), block(100), then + 2 * STALE);
+        assert!(ahead.contains(&key(2, 3000, 0)) && !ahead.contains(&key(2, 3000, 1)));
+        assert!(ahead.contains(&key(3, 3000, 0)));
         assert_eq!(ahead.bytes(), 200);
-        assert!(!ahead.contains(&key(2, 3000, 0)));
+        assert_eq!(Counters::get(&stats.counters.readahead_unused_bytes), 200);
     }
 }
