@@ -32,35 +32,76 @@ pub(super) struct Held {
     /// Blocks the prefetcher staged for this file, claimed by this open, or taken from the
     /// blocks read moments ago; freed at close.
     pub claimed: Vec<(u64, Arc<Block>)>,
-    /// The last blocks fetched for this handle (at most [`HELD_LAST`]), so that reads
-    /// through a block the cache did not admit do not fetch it again: small reads of it, and
-    /// the kernel's readahead READs, which start off block boundaries and so ask for two
-    /// blocks each, several in flight.
-    pub last: std::collections::VecDeque<(u64, Arc<Block>)>,
+    /// The last blocks fetched for this handle (at most [`HELD_LAST`]), each with the bytes
+    /// of it served so far, so that reads through a block the cache did not admit do not fetch
+    /// it again: small reads of it, and the kernel's readahead READs, which start off block
+    /// boundaries and so ask for two blocks each, a window of them in flight at once. A block
+    /// leaves once all its bytes have been served.
+    pub last: std::collections::VecDeque<Last>,
 }
 
-/// Blocks an open file keeps of those last fetched for it: a READ of the kernel's readahead
-/// spans two blocks, and up to four READs are answered out of order.
-pub const HELD_LAST: usize = 4;
+/// A block of [`Held::last`].
+#[derive(Debug)]
+pub(super) struct Last {
+    block: u64,
+    data: Arc<Block>,
+    /// Bytes of it served to reads.
+    served: u64,
+}
+
+/// Blocks an open file keeps of those last fetched for it, partly served: a READ of the
+/// kernel's readahead spans two blocks, and the READs of a window (up to 12 at once, the
+/// kernel's background requests) are answered out of order. With 4, a reader streaming S3
+/// shards in a pod found the block its READ shared with one answered earlier gone (pushed
+/// out by the READs after it) and read its part again: 1-4% of an epoch read twice.
+pub const HELD_LAST: usize = 16;
 
 impl Held {
+    /// Block `block`, if the open holds it.
     pub fn get(&self, block: u64) -> Option<Arc<Block>> {
-        self.claimed
-            .iter()
-            .chain(self.last.iter())
+        (self.claimed.iter())
             .find(|(b, _)| *b == block)
             .map(|(_, data)| data.clone())
+            .or_else(|| self.last.iter().find(|l| l.block == block).map(|l| l.data.clone()))
     }
 
-    /// Keeps `data`, block `block`, among the last blocks fetched.
-    pub fn keep_last(&mut self, block: u64, data: Arc<Block>) {
-        if self.last.iter().any(|(b, _)| *b == block) {
+    /// Block `block` for a read of `served` bytes of it, if the open holds it: a block of
+    /// the last fetched leaves once all its bytes have been served.
+    pub fn serve(&mut self, block: u64, served: u64) -> Option<Arc<Block>> {
+        if let Some((_, data)) = self.claimed.iter().find(|(b, _)| *b == block) {
+            return Some(data.clone());
+        }
+        let at = self.last.iter().position(|l| l.block == block)?;
+        let data = self.last[at].data.clone();
+        self.served(at, served);
+        Some(data)
+    }
+
+    /// Keeps `data`, block `block`, among the last blocks fetched, `served` bytes of it
+    /// served already: unless they are all of it.
+    pub fn keep_last(&mut self, block: u64, data: Arc<Block>, served: u64) {
+        if let Some(at) = self.last.iter().position(|l| l.block == block) {
+            return self.served(at, served);
+        }
+        if served >= data.len() as u64 {
             return;
         }
         if self.last.len() == HELD_LAST {
             self.last.pop_front();
         }
-        self.last.push_back((block, data));
+        self.last.push_back(Last {
+            block,
+            data,
+            served,
+        });
+    }
+
+    fn served(&mut self, at: usize, served: u64) {
+        let last = &mut self.last[at];
+        last.served += served;
+        if last.served >= last.data.len() as u64 {
+            self.last.remove(at);
+        }
     }
 }
 
@@ -416,6 +457,37 @@ impl HandleTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_block_fetched_for_a_handle_stays_until_all_its_bytes_are_served() {
+        let block = |b: u8| Arc::new(Block::exact(&[b; 100]));
+        let mut held = Held::default();
+        // READs off block boundaries: one took 40 bytes of block 7, the next takes the rest.
+        held.keep_last(7, block(7), 40);
+        assert_eq!(held.serve(7, 30).unwrap()[0], 7);
+        assert!(held.get(7).is_some());
+        assert_eq!(held.serve(7, 30).unwrap()[0], 7);
+        assert!(held.get(7).is_none() && held.serve(7, 10).is_none());
+        // A block served whole by its one READ is not kept.
+        held.keep_last(8, block(8), 100);
+        assert!(held.get(8).is_none());
+        // Two READs that waited for one fetch each keep their part.
+        held.keep_last(9, block(9), 50);
+        held.keep_last(9, block(9), 50);
+        assert!(held.last.is_empty());
+        // A window of READs answered out of order: the first block's other half finds it,
+        // though the READs after it kept theirs.
+        for b in 10..10 + HELD_LAST as u64 - 1 {
+            held.keep_last(b, block(b as u8), 60);
+        }
+        assert_eq!(held.serve(10, 40).unwrap()[0], 10);
+        // Past the bound the oldest goes.
+        for b in 100..100 + HELD_LAST as u64 {
+            held.keep_last(b, block(0), 1);
+        }
+        assert!(held.get(11).is_none() && held.get(100).is_some());
+        assert_eq!(held.last.len(), HELD_LAST);
+    }
 
     #[test]
     fn a_process_counts_one_stream_however_many_files_it_holds_open() {

@@ -234,7 +234,7 @@ impl DatasetFs {
             let rel = h.rel.clone();
             return self.fetch_for(
                 h,
-                first,
+                (first, (b - a) as u64),
                 before,
                 Box::new(move |r| match r {
                     Ok(buf) => done(Ok(&buf[a..b])),
@@ -264,7 +264,7 @@ impl DatasetFs {
             let part = assembly.clone();
             self.fetch_for(
                 h,
-                block,
+                (block, (b - a) as u64),
                 before,
                 Box::new(move |r| {
                     let mut asm = part.lock();
@@ -320,12 +320,12 @@ impl DatasetFs {
         // Held from here to the end: of two reads of one block, the second finds what the
         // first took.
         let mut held = h.held.lock();
-        if let Some(data) = held.get(block) {
+        if let Some(data) = held.serve(block, served) {
             return Some(Local::Fetched(data));
         }
         // The rest of a part read with an earlier block (its bytes counted with that read).
         if let Some(data) = tiers.fetcher.take_ahead(&want.key) {
-            held.keep_last(block, data.clone());
+            held.keep_last(block, data.clone(), served);
             return Some(Local::Fetched(data));
         }
         // A fetch of the block in flight (the job's prefetch, most often) is joined, not
@@ -358,7 +358,7 @@ impl DatasetFs {
     fn fetch_for(
         &self,
         h: &Arc<FileHandle>,
-        block: u64,
+        (block, served): (u64, u64),
         before: u64,
         waiter: Box<dyn FnOnce(FetchResult) + Send>,
     ) {
@@ -400,7 +400,7 @@ impl DatasetFs {
                 };
                 let waited = started.elapsed();
                 if let Ok(buf) = &r {
-                    handle.held.lock().keep_last(block, buf.clone());
+                    handle.held.lock().keep_last(block, buf.clone(), served);
                     // If this read joined a prefetch of the block, the bytes are read now:
                     // the staged copy would be wasted. They are kept a moment, as the
                     // fetcher keeps what a demand read fetched (a re-open finds them).
