@@ -313,9 +313,16 @@ fn attributes_follow_the_xattr_protocol_and_agree_with_coorfs_stats() {
             buf
         })
     };
-    // A size-0 probe answers the length; a short buffer gets ERANGE; unknown names ENODATA.
-    assert_eq!(get("user.coorfs.reads", 0).unwrap(), b"2");
+    // A size-0 probe answers the length, with room for the value to grow before the read
+    // (it is rebuilt at each request); a short buffer gets ERANGE; unknown names ENODATA.
+    assert_eq!(get("user.coorfs.reads", 0).unwrap(), b"258");
     assert_eq!(get("user.coorfs.reads", 100).unwrap(), b"50");
+    let probed: usize = String::from_utf8(get("user.coorfs.stats", 0).unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let stats = get("user.coorfs.stats", probed).unwrap();
+    assert!(probed >= stats.len() + 256, "{probed} for {}", stats.len());
     assert_eq!(get("user.coorfs.reads", 1), Err(libc::ERANGE));
     assert_eq!(get("user.coorfs.nonsense", 100), Err(libc::ENODATA));
     assert_eq!(get("user.other", 100), Err(libc::ENODATA));
