@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Mount, bytes, files_under, free_ports, num, stats, wait_for};
+use common::{Mount, TestCgroup, bytes, files_under, free_ports, num, stats, wait_for};
 use object_store::ObjectStoreExt;
 
 /// A moto S3 server on a free port, killed when dropped.
@@ -767,6 +767,86 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
     );
     assert_eq!(num(&s, "bytes_from_source"), shard.len() as u64, "{s}");
     assert!(num(&s, "source_requests_per_gib") <= 256, "{s}");
+    m.unmount();
+}
+
+/// Shards bigger than a pod, read from S3 by two processes in it, as the elastic cache takes
+/// what the pod leaves: each part of epoch 1 is read once, and epoch 2 reads from the store
+/// what the cache lacked after epoch 1, no more. A full readahead buffer once dropped the
+/// blocks a reader was about to take, an open kept too few of the blocks its straddling READs
+/// shared, and a part's run reached back over blocks read already: each read parts again.
+#[test]
+fn big_s3_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cache_lacks() {
+    const MIB: u64 = 1 << 20;
+    let cg = match TestCgroup::new("s3shards", 320 * MIB) {
+        Ok(cg) => cg,
+        Err(why) => return println!("SKIP: {why}"),
+    };
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "pod");
+    let sizes = [256 << 20, 256 << 20, 16 << 20];
+    for (i, size) in sizes.iter().enumerate() {
+        bucket.put(&format!("ds/shard-{i}.tar"), &bytes(i as u64 + 7, *size));
+    }
+    let dataset: u64 = sizes.iter().map(|s| *s as u64).sum();
+    let env = aws_env(&server.endpoint());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let dir = common::open_tempdir();
+    let log = dir.path().join("coorfs.log");
+    let m = Mount::in_cgroup(
+        &cg,
+        Path::new("s3://pod/ds"),
+        &["--log-file", log.to_str().unwrap()],
+        &env,
+    );
+    let epoch = |seed: &str| {
+        let out = cg.coorfs(&[
+            OsStr::new("read"),
+            OsStr::new("--json"),
+            OsStr::new("--procs"),
+            OsStr::new("2"),
+            OsStr::new("--seed"),
+            OsStr::new(seed),
+            m.mnt.as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let read: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!((num(&read, "bytes"), num(&read, "errors")), (dataset, 0));
+    };
+    epoch("1");
+    let cached = num(&stats(&m.mnt), "cached_bytes");
+    epoch("2");
+    let s = stats(&m.mnt);
+    let e = &s["epochs"];
+    let (first, second) = (
+        num(&e[0], "bytes_from_source"),
+        num(&e[1], "bytes_from_source"),
+    );
+    let why = format!("cached after epoch 1: {cached}; {s}");
+    println!(
+        "epoch 1: {:.4}x the dataset; epoch 2: {:.4}x what the cache lacked",
+        first as f64 / dataset as f64,
+        second as f64 / (dataset - cached) as f64
+    );
+    assert!(cached >= 64 * MIB, "the cache kept too little to tell: {why}");
+    // A part's blocks the kernel asks for again (READs answered out of order) may be read
+    // again with a part: one part of 8 MiB is 1.5% of the dataset.
+    assert!(
+        first * 100 <= dataset * 102,
+        "epoch 1 read {first} of {dataset}: {why}"
+    );
+    let lacked = dataset - cached;
+    assert!(
+        second * 100 <= lacked * 105,
+        "epoch 2 read {second} for {lacked}: {why}"
+    );
+    assert_eq!(cg.oom_kills(), 0);
+    for (i, size) in sizes.iter().enumerate() {
+        let got = std::fs::read(m.mnt.join(format!("shard-{i}.tar"))).unwrap();
+        assert!(got == bytes(i as u64 + 7, *size), "shard {i} differs");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("ERROR") && !text.contains("WARN"), "{text}");
     m.unmount();
 }
 

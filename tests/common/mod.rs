@@ -105,6 +105,21 @@ impl Mount {
     /// Mounts `source` with extra arguments and environment variables `env` (an object
     /// store's endpoint and keys); panics with coorfs's stderr on failure.
     pub fn with_env(source: &Path, extra: &[&str], env: &[(&str, &str)]) -> Mount {
+        Mount::by(Command::new(bin()), source, extra, env)
+    }
+
+    /// [`Mount::with_env`], the daemon inside the memory cgroup `cg` (a pod).
+    pub fn in_cgroup(
+        cg: &TestCgroup,
+        source: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mount {
+        Mount::by(cg.command(bin()), source, extra, env)
+    }
+
+    /// Mounts `source` with `coorfs`, the command that runs coorfs.
+    fn by(mut coorfs: Command, source: &Path, extra: &[&str], env: &[(&str, &str)]) -> Mount {
         let mnt_dir = open_tempdir();
         let mnt = mnt_dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
@@ -113,9 +128,8 @@ impl Mount {
         args.extend(extra.iter().map(OsStr::new));
         args.push(source.as_os_str());
         args.push(mnt.as_os_str());
-        let mut cmd = Command::new(bin());
-        cmd.args(&args).envs(env.iter().copied());
-        let out = output_within(&mut cmd, COMMAND_LIMIT);
+        coorfs.args(&args).envs(env.iter().copied());
+        let out = output_within(&mut coorfs, COMMAND_LIMIT);
         assert!(
             out.status.success(),
             "coorfs mount failed: {}",
