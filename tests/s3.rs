@@ -828,7 +828,10 @@ fn big_s3_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cach
         first as f64 / dataset as f64,
         second as f64 / (dataset - cached) as f64
     );
-    assert!(cached >= 64 * MIB, "the cache kept too little to tell: {why}");
+    assert!(
+        cached >= 64 * MIB,
+        "the cache kept too little to tell: {why}"
+    );
     // A part's blocks the kernel asks for again (READs answered out of order) may be read
     // again with a part: one part of 8 MiB is 1.5% of the dataset.
     assert!(

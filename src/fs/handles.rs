@@ -62,7 +62,12 @@ impl Held {
         (self.claimed.iter())
             .find(|(b, _)| *b == block)
             .map(|(_, data)| data.clone())
-            .or_else(|| self.last.iter().find(|l| l.block == block).map(|l| l.data.clone()))
+            .or_else(|| {
+                self.last
+                    .iter()
+                    .find(|l| l.block == block)
+                    .map(|l| l.data.clone())
+            })
     }
 
     /// Block `block` for a read of `served` bytes of it, if the open holds it: a block of

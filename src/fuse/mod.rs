@@ -606,7 +606,9 @@ impl Filesystem for FuseAdapter {
         let _op = op("getxattr", ino.0);
         match self.fs.getxattr(ino.0, name) {
             Ok(value) => {
-                let live = name.as_encoded_bytes().starts_with(crate::stats::XATTR_PREFIX.as_bytes());
+                let live = name
+                    .as_encoded_bytes()
+                    .starts_with(crate::stats::XATTR_PREFIX.as_bytes());
                 reply_xattr(value, size, live, reply)
             }
             Err(e) => fail("getxattr", e, reply),

@@ -117,7 +117,11 @@ impl Ahead {
             let mut inner = self.inner.lock();
             inner.remove(&key);
             inner.blocks.insert(key, (data, now));
-            inner.files.entry(key.version).or_default().insert(key.block);
+            inner
+                .files
+                .entry(key.version)
+                .or_default()
+                .insert(key.block);
             inner.order.push_back((key, now));
             inner.bytes += len;
             while inner.bytes > self.capacity {
