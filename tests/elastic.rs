@@ -435,43 +435,7 @@ fn big_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cache_l
         mnt.as_os_str(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let epoch = |seed: &str| {
-        let out = cg.coorfs(&[
-            OsStr::new("read"),
-            OsStr::new("--json"),
-            OsStr::new("--procs"),
-            OsStr::new("2"),
-            OsStr::new("--seed"),
-            OsStr::new(seed),
-            mnt.as_os_str(),
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let read: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!((num(&read, "bytes"), num(&read, "errors")), (dataset, 0));
-    };
-    epoch("1");
-    let cached = num(&stats(&mnt), "cached_bytes");
-    epoch("2");
-    let s = stats(&mnt);
-    let e = &s["epochs"];
-    let (first, second) = (
-        num(&e[0], "bytes_from_source"),
-        num(&e[1], "bytes_from_source"),
-    );
-    let why = format!("cached after epoch 1: {cached}; {s}");
-    assert!(
-        cached >= 64 * MIB,
-        "the cache kept too little to tell: {why}"
-    );
-    assert!(
-        first * 100 <= dataset * 101,
-        "epoch 1 read {first} of {dataset}: {why}"
-    );
-    let lacked = dataset - cached;
-    assert!(
-        second * 100 <= lacked * 105,
-        "epoch 2 read {second} for {lacked}: {why}"
-    );
+    two_epochs_in(&cg, &mnt, dataset).assert_within(dataset, 101, 105);
     assert_eq!(cg.oom_kills(), 0);
     // Every byte as the source's.
     for (i, size) in sizes.iter().enumerate() {

@@ -777,8 +777,7 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
 /// shared, and a part's run reached back over blocks read already: each read parts again.
 #[test]
 fn big_s3_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cache_lacks() {
-    const MIB: u64 = 1 << 20;
-    let cg = match TestCgroup::new("s3shards", 320 * MIB) {
+    let cg = match TestCgroup::new("s3shards", 320 << 20) {
         Ok(cg) => cg,
         Err(why) => return println!("SKIP: {why}"),
     };
@@ -799,50 +798,9 @@ fn big_s3_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cach
         &["--log-file", log.to_str().unwrap()],
         &env,
     );
-    let epoch = |seed: &str| {
-        let out = cg.coorfs(&[
-            OsStr::new("read"),
-            OsStr::new("--json"),
-            OsStr::new("--procs"),
-            OsStr::new("2"),
-            OsStr::new("--seed"),
-            OsStr::new(seed),
-            m.mnt.as_os_str(),
-        ]);
-        assert!(out.status.success(), "{}", common::stderr(&out));
-        let read: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!((num(&read, "bytes"), num(&read, "errors")), (dataset, 0));
-    };
-    epoch("1");
-    let cached = num(&stats(&m.mnt), "cached_bytes");
-    epoch("2");
-    let s = stats(&m.mnt);
-    let e = &s["epochs"];
-    let (first, second) = (
-        num(&e[0], "bytes_from_source"),
-        num(&e[1], "bytes_from_source"),
-    );
-    let why = format!("cached after epoch 1: {cached}; {s}");
-    println!(
-        "epoch 1: {:.4}x the dataset; epoch 2: {:.4}x what the cache lacked",
-        first as f64 / dataset as f64,
-        second as f64 / (dataset - cached) as f64
-    );
-    assert!(
-        cached >= 64 * MIB,
-        "the cache kept too little to tell: {why}"
-    );
-    // A part's blocks the kernel asks for again (READs answered out of order) may be read
-    // again with a part: one part of 8 MiB is 1.5% of the dataset.
-    assert!(
-        first * 100 <= dataset * 102,
-        "epoch 1 read {first} of {dataset}: {why}"
-    );
-    let lacked = dataset - cached;
-    assert!(
-        second * 100 <= lacked * 105,
-        "epoch 2 read {second} for {lacked}: {why}"
-    );
+    // A part's blocks the kernel asks for again may be read again with a part: one part of
+    // 8 MiB is 1.5% of the dataset.
+    common::two_epochs_in(&cg, &m.mnt, dataset).assert_within(dataset, 102, 105);
     assert_eq!(cg.oom_kills(), 0);
     for (i, size) in sizes.iter().enumerate() {
         let got = std::fs::read(m.mnt.join(format!("shard-{i}.tar"))).unwrap();

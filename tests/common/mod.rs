@@ -578,6 +578,74 @@ pub fn fails_with_line(out: &Output, code: i32, line: &str, what: &str) {
     assert_eq!(err.trim_end().lines().count(), 1, "{what}: {err}");
 }
 
+/// What two epochs of shards read by 2 processes in a pod took from the source: bytes in
+/// epoch 1 and in epoch 2, and the bytes cached between them ([`two_epochs_in`]).
+pub struct TwoEpochs {
+    pub first: u64,
+    pub second: u64,
+    pub cached: u64,
+    /// The mount's stats after epoch 2, for a failure's message.
+    pub stats: serde_json::Value,
+}
+
+impl TwoEpochs {
+    /// Asserts that epoch 1 read at most `first_pct`% of the `dataset`'s bytes and epoch 2
+    /// at most `second_pct`% of what the cache lacked after epoch 1, which held 64 MiB or
+    /// more; prints both ratios.
+    pub fn assert_within(&self, dataset: u64, first_pct: u64, second_pct: u64) {
+        let (first, second, cached) = (self.first, self.second, self.cached);
+        let why = format!("cached after epoch 1: {cached}; {}", self.stats);
+        let lacked = dataset - cached;
+        println!(
+            "epoch 1: {:.4}x the dataset; epoch 2: {:.4}x what the cache lacked",
+            first as f64 / dataset as f64,
+            second as f64 / lacked as f64
+        );
+        assert!(
+            cached >= 64 << 20,
+            "the cache kept too little to tell: {why}"
+        );
+        assert!(
+            first * 100 <= dataset * first_pct,
+            "epoch 1 read {first} of {dataset}: {why}"
+        );
+        assert!(
+            second * 100 <= lacked * second_pct,
+            "epoch 2 read {second} for {lacked}: {why}"
+        );
+    }
+}
+
+/// Reads the `dataset` bytes under `mnt` twice with `coorfs read --procs 2` inside `cg`, and
+/// says what each epoch read from the source.
+pub fn two_epochs_in(cg: &TestCgroup, mnt: &Path, dataset: u64) -> TwoEpochs {
+    let epoch = |seed: &str| {
+        let out = cg.coorfs(&[
+            OsStr::new("read"),
+            OsStr::new("--json"),
+            OsStr::new("--procs"),
+            OsStr::new("2"),
+            OsStr::new("--seed"),
+            OsStr::new(seed),
+            mnt.as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let read: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!((num(&read, "bytes"), num(&read, "errors")), (dataset, 0));
+    };
+    epoch("1");
+    let cached = num(&stats(mnt), "cached_bytes");
+    epoch("2");
+    let stats = stats(mnt);
+    let e = &stats["epochs"];
+    TwoEpochs {
+        first: num(&e[0], "bytes_from_source"),
+        second: num(&e[1], "bytes_from_source"),
+        cached,
+        stats: stats.clone(),
+    }
+}
+
 /// A v1 memory cgroup made for a test below the test's own, with a limit; the processes in
 /// it must be gone when it is dropped, which removes it.
 pub struct TestCgroup {
