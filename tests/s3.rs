@@ -812,6 +812,44 @@ fn big_s3_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cach
 }
 
 #[test]
+fn a_reader_that_seeks_in_a_big_object_reads_the_blocks_it_asks_for_not_their_parts() {
+    // Random 4 KiB reads of a 64 MiB object (an index's records, a Parquet footer) with no
+    // cache to keep the rest: one GET of one block each. Each read as the start of a stream,
+    // it was 8 MiB a read, and two parts more read ahead.
+    let server = S3Server::start();
+    let bucket = Bucket::create(&server, "seek");
+    let object = bytes(11, 64 << 20);
+    bucket.put("big/index.bin", &object);
+    let m = mount(
+        &server.endpoint(),
+        "s3://seek/big",
+        &["--no-prefetch", "--policy", "none"],
+    );
+    let f = std::fs::File::open(m.mnt.join("index.bin")).unwrap();
+    // Blocks far apart: none within a readahead window of the one read before.
+    let blocks = [40u64, 5, 60, 22, 50, 2];
+    for b in blocks {
+        let at = (b << 20) + 12_288;
+        let mut got = vec![0; 4096];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut got, at).unwrap();
+        assert!(
+            got[..] == object[at as usize..at as usize + 4096],
+            "block {b}"
+        );
+    }
+    drop(f);
+    let s = stats(&m.mnt);
+    assert_eq!(
+        num(&s, "bytes_from_source"),
+        blocks.len() as u64 * (1 << 20),
+        "{s}"
+    );
+    // One GET a read, and the listing.
+    assert_eq!(num(&s, "source_requests"), blocks.len() as u64 + 1, "{s}");
+    m.unmount();
+}
+
+#[test]
 fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach_the_reader() {
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "faulty");

@@ -35,6 +35,7 @@ impl ServedBlocks for TierBlocks {
             job: JobKey::All,
             epoch: 0,
             why: Why::Peer,
+            stream: true,
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.0.fetcher.fetch(

@@ -49,6 +49,34 @@ pub(super) struct Last {
     served: u64,
 }
 
+/// Whether the reads of an open stream through its file, or seek: a reader streams from its
+/// first read if that begins near the file's start, else once two reads in a row began near
+/// where the read before ended (within `near` blocks either side: the kernel's READs of a
+/// window are answered out of order, the first answered may not be the first sent); a read
+/// that begins elsewhere ends the stream.
+#[derive(Debug, Default)]
+pub(super) struct Stream {
+    /// One past the last block of the latest read (0: none yet).
+    next: u64,
+    /// Reads in a row that began near where the one before ended, up to 2.
+    near: u8,
+}
+
+impl Stream {
+    /// A read of blocks `first..=last`: true if it streams.
+    pub fn read(&mut self, first: u64, last: u64, near: u64) -> bool {
+        self.near = if self.next == 0 {
+            if first <= near { 2 } else { 0 }
+        } else if first + near >= self.next && first <= self.next + near {
+            (self.near + 1).min(2)
+        } else {
+            0
+        };
+        self.next = last + 1;
+        self.near == 2
+    }
+}
+
 /// Blocks an open file keeps of those last fetched for it, partly served: a READ of the
 /// kernel's readahead spans two blocks, and the READs of a window (up to 12 at once, the
 /// kernel's background requests) are answered out of order. With 4, a reader streaming S3
@@ -158,9 +186,8 @@ pub(super) struct FileHandle {
     pub file_id: Option<FileId>,
     /// A read found the source file changed since the open.
     pub changed_while_open: AtomicBool,
-    /// One past the furthest block a read of it asked for: a read that begins a part just
-    /// after it streams through the file (`read.rs`).
-    pub read_to: AtomicU64,
+    /// Where its reads went: whether they stream through the file (`read.rs`, `streams`).
+    pub stream: Mutex<Stream>,
     /// Every byte of the version opened was in the memory cache at the open: if the source
     /// file changes while it is open, its reads go on serving that version (`read.rs`).
     pub cached_at_open: bool,
@@ -208,6 +235,7 @@ impl FileHandle {
             } else {
                 Why::Read
             },
+            stream: true,
         }
     }
 }
@@ -362,6 +390,11 @@ impl HandleTable {
         fh
     }
 
+    /// The kernel's readahead window in the mount's files, in bytes.
+    pub fn window(&self) -> u64 {
+        self.window.load(Ordering::Relaxed)
+    }
+
     /// The kernel reads ahead `bytes` in the mount's files (0: its own default).
     pub fn set_window(&self, bytes: u64) {
         let bytes = if bytes == 0 { KERNEL_WINDOW } else { bytes };
@@ -462,6 +495,26 @@ impl HandleTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_stream_from_the_start_or_after_two_near_reads_and_a_seek_ends_it() {
+        let mut s = Stream::default();
+        // The first window's READs, answered out of order, stream.
+        assert!(s.read(3, 3, 16));
+        assert!(s.read(0, 1, 16));
+        assert!(s.read(2, 2, 16));
+        // A seek far away does not; two reads near it in a row stream again.
+        assert!(!s.read(500, 500, 16));
+        assert!(!s.read(501, 501, 16));
+        assert!(s.read(502, 503, 16));
+        assert!(s.read(490, 490, 16));
+        // An open whose first read is far from the start seeks until it reads on.
+        let mut t = Stream::default();
+        assert!(!t.read(300, 300, 16));
+        assert!(!t.read(100, 100, 16));
+        assert!(!t.read(101, 101, 16));
+        assert!(t.read(102, 102, 16));
+    }
 
     #[test]
     fn a_block_fetched_for_a_handle_stays_until_all_its_bytes_are_served() {

@@ -579,7 +579,7 @@ fn file_handle(
         pid: caller.pid,
         file_id: opened.file_id,
         changed_while_open: AtomicBool::new(false),
-        read_to: AtomicU64::new(0),
+        stream: Default::default(),
         cached_at_open: false,
         silent: access == Access::Silent,
         adopted: false,

@@ -215,13 +215,7 @@ impl DatasetFs {
         let block_of = |pos: u64| if whole { 0 } else { pos / bs };
         let block_start = |b: u64| if whole { 0 } else { b * bs };
         let (first, last) = (block_of(offset), block_of(end - 1));
-        // How far reads of the handle reached, for the reads ahead of parts (objects only: a
-        // directory's reads, hits above all, need not touch it).
-        let before = if self.tiers.fetcher.part_blocks() > 1 {
-            h.read_to.fetch_max(last + 1, Ordering::Relaxed)
-        } else {
-            0
-        };
+        let stream = self.streams(h, first, last);
 
         if first == last {
             let base = block_start(first);
@@ -229,13 +223,13 @@ impl DatasetFs {
             if let Some(bytes) = self.local_block(h, first, (b - a) as u64) {
                 done(Ok(&bytes[a..b]));
                 // A part read ahead (or cached) and reached: the window moves on.
-                return self.read_next_part(h, first, before);
+                return self.read_next_part(h, first, stream);
             }
             let rel = h.rel.clone();
             return self.fetch_for(
                 h,
                 (first, (b - a) as u64),
-                before,
+                stream,
                 Box::new(move |r| match r {
                     Ok(buf) => done(Ok(&buf[a..b])),
                     Err(e) => done(Err(failed(&rel, first, e))),
@@ -257,7 +251,7 @@ impl DatasetFs {
             let at = (lo - offset) as usize;
             if let Some(bytes) = self.local_block(h, block, (b - a) as u64) {
                 assembly.lock().buf[at..at + (b - a)].copy_from_slice(&bytes[a..b]);
-                self.read_next_part(h, block, before);
+                self.read_next_part(h, block, stream);
                 continue;
             }
             assembly.lock().pending += 1;
@@ -265,7 +259,7 @@ impl DatasetFs {
             self.fetch_for(
                 h,
                 (block, (b - a) as u64),
-                before,
+                stream,
                 Box::new(move |r| {
                     let mut asm = part.lock();
                     match r {
@@ -359,7 +353,7 @@ impl DatasetFs {
         &self,
         h: &Arc<FileHandle>,
         (block, served): (u64, u64),
-        before: u64,
+        stream: bool,
         waiter: Box<dyn FnOnce(FetchResult) + Send>,
     ) {
         // A block the disk tier holds keeps a hit a hit (it is a cached byte); any other
@@ -384,7 +378,10 @@ impl DatasetFs {
         };
         self.tiers.fetcher.fetch(
             h.rel.clone(),
-            &h.want(block),
+            &crate::tier::Want {
+                stream,
+                ..h.want(block)
+            },
             &landed,
             Box::new(move |r| {
                 // The path names another file now (or none); the open one is unchanged. (An
@@ -421,28 +418,40 @@ impl DatasetFs {
             }),
             report,
         );
-        self.read_next_part(h, block, before);
+        self.read_next_part(h, block, stream);
     }
 
-    /// Reads the next parts of an object ahead of a reader streaming through it: when a read
-    /// begins a part, the first of an open streamed through the page cache or one just after
-    /// blocks that earlier reads asked for (`before`: one past the furthest), wherever its
-    /// bytes come from (the source, a part read ahead already, the cache), the fetcher starts
-    /// the [`READ_AHEAD_PARTS`] parts after it that nothing holds or reads
+    /// True if a read of blocks `first..=last` of `h` streams through the object
+    /// ([`super::handles::Stream`], near: a readahead window or a part). A reader that seeks (a
+    /// Parquet footer, random records of an index) does not: its fetches read the blocks it
+    /// asks for, not their parts (unless the cache has room to keep them), and read no parts
+    /// ahead. With no cache, 200 random 4 KiB reads of a 384 MiB object read 754 MiB from the
+    /// store when every read streamed. Always true for a directory source, whose reads are
+    /// block by block.
+    fn streams(&self, h: &FileHandle, first: u64, last: u64) -> bool {
+        let part = self.tiers.fetcher.part_blocks();
+        if part <= 1 {
+            return true;
+        }
+        let near = part.max(self.handles.window() / self.tiers.memory.blocks().get());
+        h.stream.lock().read(first, last, near)
+    }
+
+    /// Reads the next parts of an object ahead of a reader streaming through it
+    /// ([`DatasetFs::streams`]; at the first block, only through the page cache: a file read
+    /// by direct I/O is read whole in a READ or two): when a read begins a part, wherever its
+    /// bytes come from (the source, a part read ahead already, the cache), the fetcher starts the
+    /// [`READ_AHEAD_PARTS`] parts after it that nothing holds or reads
     /// ([`crate::tier::fetch::Fetcher::read_ahead`]: while the readers' part slots and the
     /// readahead buffer have room). Their bytes count as the reader's.
-    fn read_next_part(&self, h: &Arc<FileHandle>, block: u64, before: u64) {
+    fn read_next_part(&self, h: &Arc<FileHandle>, block: u64, stream: bool) {
         let fetcher = &self.tiers.fetcher;
         let part = fetcher.part_blocks();
-        if part <= 1 || !block.is_multiple_of(part) {
-            return;
-        }
-        let streaming = if block == 0 {
-            h.drop_pages_at_release
-        } else {
-            before > 0 && before + part > block
-        };
-        if !streaming {
+        if part <= 1
+            || !block.is_multiple_of(part)
+            || !stream
+            || (block == 0 && !h.drop_pages_at_release)
+        {
             return;
         }
         let count = self.tiers.memory.blocks().count(h.version.size);

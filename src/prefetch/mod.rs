@@ -260,6 +260,7 @@ impl Prefetcher {
             job,
             epoch: 0,
             why: Why::Claimed,
+            stream: true,
         };
         self.tiers.took_from_staging(&want, &claimed.blocks);
         claimed
@@ -750,6 +751,7 @@ impl Prefetcher {
             job: key,
             epoch,
             why: Why::Prefetch,
+            stream: true,
         };
         // Another job's read may have left the block in the cache or staged it since it
         // was looked for above: then it is this job's with no second read.
@@ -782,6 +784,7 @@ impl Prefetcher {
                             job: key,
                             epoch: target,
                             why: Why::Prefetch,
+                            stream: true,
                         };
                         staging.admit(&want, &data);
                     }

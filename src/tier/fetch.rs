@@ -23,7 +23,10 @@
 //! object is read in parts (`--part-size`, a whole number of blocks): a fetch that reaches the
 //! source claims the blocks after its own to the end of its part (those no tier holds, no
 //! fetch is reading and, for a block read for the first time in a while, no run read moments
-//! ago: see [`Landed`]) and reads them all in one ranged GET. Each block of the run is handed
+//! ago: see [`Landed`]) and reads them all in one ranged GET. That is for a reader streaming
+//! through the object ([`super::Want::stream`]), or while the cache has room to keep the
+//! part; a reader that seeks (a Parquet footer, an index's random records) past that gets
+//! the blocks its READs asked for, in one GET. Each block of the run is handed
 //! over as soon as the body has filled it: offered to the cache and the disk tier as a block of
 //! its own, then to the readers waiting for it (the kernel's readahead asks for the next blocks
 //! while the GET runs); the rest wait in the readahead buffer ([`super::ahead`]) for the reader
@@ -325,6 +328,7 @@ impl Fetcher {
             job,
             epoch,
             why,
+            stream: want.stream,
             ahead,
             issued: Instant::now(),
             crowd,
@@ -369,6 +373,7 @@ impl Fetcher {
             job,
             epoch,
             why,
+            stream,
             ahead,
             issued,
             crowd,
@@ -389,6 +394,7 @@ impl Fetcher {
             job,
             epoch,
             why,
+            stream,
         };
         // At debug level the log has a line for each fetch as it ends: the file, the block,
         // why, the tier that had it and the bytes read (a part's with it), and its time.
@@ -642,9 +648,9 @@ impl Fetcher {
     }
 
     /// Claims for this fetch, which reads block `key`, the blocks of its part after it that
-    /// nothing holds or reads, and those before it that a fetch was started for and has not
-    /// begun to read, up to the first on each side that is not so (see the module header);
-    /// returns the run `lo..hi` to read, `key`'s block among them. Of two
+    /// nothing holds or reads (for a reader that streams, [`Want::stream`], or while the cache
+    /// has room for them; else those asked for), and those before it that a fetch was started for and has not begun to read, up
+    /// to the first on each side that is not so (see the module header); returns the run `lo..hi` to read, `key`'s block among them. Of two
     /// reads of one part that start together, the second finds the first's claims and
     /// waits for its GET. Called holding `claiming`.
     fn claim_part(&self, want: &Want<'_>) -> (u64, u64) {
@@ -690,8 +696,11 @@ impl Fetcher {
                 && !nearer.iter().any(|t| t.holds(&other))
                 && self.inflight.take(&other.key, asked)
         };
+        // A reader that seeks gets the blocks asked for, not the rest of their part, unless
+        // the cache has room to keep it (a reader of random records reads them all in time).
+        let asked = !want.stream && !self.memory.has_room_for((end - b) * self.blocks.get());
         let mut hi = b + 1;
-        while hi < end && claim(hi, false) {
+        while hi < end && claim(hi, asked) {
             hi += 1;
         }
         let mut lo = b;
@@ -809,6 +818,8 @@ struct Started {
     job: crate::jobs::JobKey,
     epoch: u64,
     why: super::Why,
+    /// [`Want::stream`].
+    stream: bool,
     /// Read ahead of its reader ([`Fetcher::read_ahead`]).
     ahead: bool,
     issued: Instant,

@@ -89,6 +89,10 @@ pub struct Want<'a> {
     /// The job's epoch the block is for (the staging area files it under it).
     pub epoch: u64,
     pub why: Why,
+    /// Its reader streams through the file from here (or the prefetcher reads the file): a
+    /// read of an object runs on to the end of the block's part. A reader that seeks reads
+    /// the blocks asked for alone ([`fetch`]).
+    pub stream: bool,
 }
 
 impl<'a> Want<'a> {
@@ -346,6 +350,7 @@ pub(crate) mod tests {
             job: JobKey::Pgid(1),
             epoch: 1,
             why,
+            stream: true,
         }
     }
 
