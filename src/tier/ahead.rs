@@ -30,15 +30,24 @@ use crate::stats::{Counters, Stats};
 /// streams takes a block within a few parts' time, even one paced at a few MiB/s.
 pub const STALE: Duration = Duration::from_secs(10);
 
+/// When a block was put: the time, and the number of the put (of two files as far ahead of
+/// their readers, the one put last gives way).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Put {
+    at: Instant,
+    seq: u64,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    /// Each block, with when it was put.
-    blocks: HashMap<BlockKey, (Arc<Block>, Instant)>,
+    /// Each block, with its put.
+    blocks: HashMap<BlockKey, (Arc<Block>, Put)>,
     /// The blocks held of each file.
     files: HashMap<FileVersion, BTreeSet<u64>>,
-    /// Keys with when they were put, oldest first (an entry whose block was taken, or put
-    /// again since, is skipped).
-    order: VecDeque<(BlockKey, Instant)>,
+    /// Keys with their puts, oldest first (an entry whose block was taken, or put again
+    /// since, is skipped).
+    order: VecDeque<(BlockKey, Put)>,
+    puts: u64,
     bytes: u64,
 }
 
@@ -66,17 +75,22 @@ impl Inner {
     /// The block to give way: the oldest if left untaken for [`STALE`] at `now`, else the one
     /// furthest ahead of the first block held of its file.
     fn victim(&self, now: Instant) -> Option<BlockKey> {
-        if let Some((key, at)) = self.order.front()
-            && now.duration_since(*at) >= STALE
+        if let Some((key, put)) = self.order.front()
+            && now.duration_since(put.at) >= STALE
         {
             return Some(*key);
         }
-        let (version, held) = (self.files.iter())
-            .max_by_key(|(_, held)| held.last().zip(held.first()).map_or(0, |(l, f)| l - f))?;
-        Some(BlockKey {
-            version: *version,
-            block: *held.last()?,
-        })
+        (self.files.iter())
+            .filter_map(|(version, held)| {
+                let (first, last) = (*held.first()?, *held.last()?);
+                let key = BlockKey {
+                    version: *version,
+                    block: last,
+                };
+                Some((last - first, self.blocks.get(&key)?.1.seq, key))
+            })
+            .max_by_key(|(ahead, seq, _)| (*ahead, *seq))
+            .map(|(.., key)| key)
     }
 }
 
@@ -116,13 +130,18 @@ impl Ahead {
         {
             let mut inner = self.inner.lock();
             inner.remove(&key);
-            inner.blocks.insert(key, (data, now));
+            inner.puts += 1;
+            let put = Put {
+                at: now,
+                seq: inner.puts,
+            };
+            inner.blocks.insert(key, (data, put));
             inner
                 .files
                 .entry(key.version)
                 .or_default()
                 .insert(key.block);
-            inner.order.push_back((key, now));
+            inner.order.push_back((key, put));
             inner.bytes += len;
             while inner.bytes > self.capacity {
                 let Some(victim) = inner.victim(now) else {
