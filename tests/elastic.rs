@@ -2,7 +2,8 @@
 //! starts from what the cgroup has free, shrinks (dropping its newest blocks, giving the
 //! memory back) when a job in the same cgroup allocates, so that nothing is OOM-killed, grows
 //! again when the job frees it, small pods mount and read, and shards bigger than the cache
-//! are read once an epoch. A fixed budget that cannot fit is refused with what fits. Each test skips, saying why, where no v1 memory cgroup can be made.
+//! are read once an epoch. A fixed budget that cannot fit is refused with what fits. Each
+//! test skips, saying why, where no v1 memory cgroup can be made.
 
 mod common;
 

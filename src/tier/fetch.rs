@@ -648,11 +648,12 @@ impl Fetcher {
     }
 
     /// Claims for this fetch, which reads block `key`, the blocks of its part after it that
-    /// nothing holds or reads (for a reader that streams, [`Want::stream`], or while the cache
-    /// has room for them; else those asked for), and those before it that a fetch was started for and has not begun to read, up
-    /// to the first on each side that is not so (see the module header); returns the run `lo..hi` to read, `key`'s block among them. Of two
-    /// reads of one part that start together, the second finds the first's claims and
-    /// waits for its GET. Called holding `claiming`.
+    /// nothing holds or reads (for a reader that streams, [`Want::stream`], or while the
+    /// cache has room for them; else those asked for), and those before it that a fetch was
+    /// started for and has not begun to read, up to the first on each side that is not so
+    /// (see the module header); returns the run `lo..hi` to read, `key`'s block among them.
+    /// Of two reads of one part that start together, the second finds the first's claims
+    /// and waits for its GET. Called holding `claiming`.
     fn claim_part(&self, want: &Want<'_>) -> (u64, u64) {
         let (key, demand) = (&want.key, want.why.is_read());
         let b = key.block;
@@ -743,7 +744,7 @@ impl Fetcher {
 /// How long a block a part's run read counts as read moments ago ([`Landed`]).
 pub const LANDED_FOR: Duration = Duration::from_secs(1);
 
-/// Blocks of parts' runs remembered at most ([`Landed`]): the last 8 parts of 32 blocks.
+/// Blocks of parts' runs remembered at most ([`Landed`]): the last 32 parts of 8 blocks.
 pub const LANDED_MAX: usize = 256;
 
 /// The blocks that parts' runs read in the last [`LANDED_FOR`], at most [`LANDED_MAX`]: a
@@ -764,9 +765,10 @@ impl Landed {
     }
 
     fn holds(&self, key: &BlockKey) -> bool {
+        let now = Instant::now();
         let landed = self.0.lock();
         (landed.iter().rev())
-            .take_while(|(_, at)| at.elapsed() < LANDED_FOR)
+            .take_while(|(_, at)| now.duration_since(*at) < LANDED_FOR)
             .any(|(k, _)| k == key)
     }
 }
