@@ -179,14 +179,18 @@ impl Ledger {
     /// back from the bytes read, and from the cache's if the open is still a hit.
     pub fn read_in_part(&self, a: &Attribution, unread: u64, hit: bool) {
         let c = &self.stats.counters;
-        c.bytes_read.fetch_sub(unread, Ordering::Relaxed);
-        if hit {
-            c.bytes_from_cache.fetch_sub(unread, Ordering::Relaxed);
-        }
-        self.update(a, |r| {
+        let take_back = |r: &mut EpochRecord| {
             r.bytes_read = r.bytes_read.saturating_sub(unread);
             if hit {
                 r.bytes_from_cache = r.bytes_from_cache.saturating_sub(unread);
+            }
+        };
+        // With the epoch's record, so that no snapshot shows the mount's bytes taken back and
+        // the epoch's not yet.
+        self.update_and(a, take_back, || {
+            c.bytes_read.fetch_sub(unread, Ordering::Relaxed);
+            if hit {
+                c.bytes_from_cache.fetch_sub(unread, Ordering::Relaxed);
             }
         });
     }
@@ -400,11 +404,22 @@ impl Ledger {
 
     /// Applies `change` to the records of the dataset epoch and the job epoch of an open.
     fn update(&self, a: &Attribution, change: impl Fn(&mut EpochRecord)) {
+        self.update_and(a, change, || {});
+    }
+
+    /// [`Ledger::update`], running `also` (a change of the mount's counters) under the epochs
+    /// lock with the dataset epoch's change: a snapshot, which holds that lock, sees both or
+    /// neither.
+    fn update_and(&self, a: &Attribution, change: impl Fn(&mut EpochRecord), also: impl FnOnce()) {
         let change = |r: &mut EpochRecord| {
             change(r);
             r.count_bytes();
         };
-        self.stats.epochs.lock().update(a.epoch, change);
+        {
+            let mut log = self.stats.epochs.lock();
+            also();
+            log.update(a.epoch, change);
+        }
         a.job.lock().log.update(a.job_epoch, change);
     }
 }
