@@ -424,7 +424,10 @@ fn a_job_that_opens_every_sample_twice_has_one_epoch_an_epoch() {
         } else {
             2 * FILES as u64 - 8
         };
-        assert!((least..=2 * FILES as u64).contains(&num(r, "reads")), "{r}");
+        // In the epoch the kernel takes the opens over, an open or two in flight at the switch
+        // may be counted twice (measured: 1-2 in 2,000, in one run of two).
+        let most = 2 * FILES as u64 + if told { 4 } else { 0 };
+        assert!((least..=most).contains(&num(r, "reads")), "{r}");
     }
     assert!(num(&run.stats, "staging_hits") > 0, "{}", run.stats);
     // Measured: 61-98% of the 1,435 stageable files (a second open finds the first's copy).

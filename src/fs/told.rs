@@ -86,8 +86,17 @@ const BATCH_PAUSE: Duration = Duration::from_millis(5);
 /// Events taken at once from which the told-open thread pauses before the next.
 const BATCH_MIN: usize = 32;
 /// An open asked of the daemon is told of within this long: its event is queued as the open
-/// returns, and the told-open thread takes the queue every [`BATCH_PAUSE`] or so.
-const SWITCH_WINDOW: Duration = Duration::from_millis(200);
+/// returns, and the told-open thread takes the queue every [`BATCH_PAUSE`] or so once it
+/// runs, but it starts only after every directory is marked (a second or more for 100,000
+/// directories), and a loaded machine delays it further: 200 ms let a few opens asked while
+/// the directories were marked be counted twice. An entry is taken by its event, and one is
+/// made only for an open whose event is sure to come (see [`KernelOpens::asked`]), so a long
+/// window costs nothing.
+const SWITCH_WINDOW: Duration = Duration::from_secs(30);
+/// The pause between the last directory's mark and the switch: long enough for an open
+/// answered before the mark to have queued its event (microseconds after its reply; 20 ms
+/// leaves room for a loaded machine), short beside the second of opens that began the switch.
+const SWITCH_GRACE: Duration = Duration::from_millis(20);
 /// Opens a second from which the kernel opens files itself (under `--opens auto`): an asked
 /// open costs its reader 30-80 us of round trip and the daemon some 20 us, so 1,000 a second
 /// cost the readers 3-8% of a CPU's time; fewer cost them too little to give up what an
@@ -341,10 +350,11 @@ pub(super) struct KernelOpens {
     /// Told opens by (node, thread).
     told: Mutex<ToldTable>,
     /// Opens asked of the daemon while it was ready to be told of them: their events are not
-    /// counted again (with when they were asked).
-    asked: Mutex<HashMap<(NodeId, u32), std::time::Instant>>,
-    /// The directories marked so far.
-    marked: Mutex<std::collections::HashSet<NodeId>>,
+    /// counted again: how many of each file by each thread, and when the last was asked (a
+    /// job that opens a sample twice asks twice, and is told of twice).
+    asked: Mutex<HashMap<(NodeId, u32), (u32, std::time::Instant)>>,
+    /// The directories marked so far, with when each mark was in place.
+    marked: Mutex<HashMap<NodeId, std::time::Instant>>,
     /// Directories to mark, found after the switch (made in the source later).
     unmarked: Mutex<Vec<NodeId>>,
     /// Files whose pages the kernel is to drop.
@@ -418,14 +428,19 @@ impl KernelOpens {
             return;
         }
         let now = std::time::Instant::now();
-        // Its open is told if its directory is marked (the opener queues the event after the
-        // reply, which comes after this).
-        if dir.is_some_and(|d| self.marked.lock().contains(&d)) {
+        // Its open is told if its directory was marked before this (the opener queues the
+        // event after the reply, which comes after this). An open asked while its directory is
+        // being marked is not recorded: its event, if the mark came before the opener queued
+        // it, is counted a second time (a window of microseconds, once a directory); recorded,
+        // an open with no event would hide a later told open of the same file by the thread.
+        let marked_before = |d| self.marked.lock().get(&d).is_some_and(|at| *at < now);
+        if dir.is_some_and(marked_before) {
             let mut asked = self.asked.lock();
             if asked.len() >= ASKED_MAX {
-                asked.retain(|_, at| now.duration_since(*at) < SWITCH_WINDOW);
+                asked.retain(|_, (_, at)| now.duration_since(*at) < SWITCH_WINDOW);
             }
-            asked.insert((ino, pid), now);
+            let entry = asked.entry((ino, pid)).or_insert((0, now));
+            *entry = (entry.0 + 1, now);
         }
         let mut rate = self.rate.lock();
         let begun = *rate.1.get_or_insert(now);
@@ -472,10 +487,15 @@ impl KernelOpens {
     /// An event of an open of `ino` by `pid` that the daemon answered (so counted already).
     fn was_asked(&self, ino: NodeId, pid: u32) -> bool {
         let mut asked = self.asked.lock();
-        match asked.remove(&(ino, pid)) {
-            Some(at) => at.elapsed() < SWITCH_WINDOW,
-            None => false,
+        let Some((n, at)) = asked.get_mut(&(ino, pid)) else {
+            return false;
+        };
+        let fresh = at.elapsed() < SWITCH_WINDOW;
+        *n -= 1;
+        if *n == 0 {
+            asked.remove(&(ino, pid));
         }
+        fresh
     }
 
     /// Directory `node` appeared after the switch: it is marked by the told-open thread.
@@ -752,7 +772,8 @@ impl DatasetFs {
             events
                 .mark(&self.opens.mountpoint.join(&rel))
                 .map_err(|e| format!("fanotify mark of {}: {e}", rel.display()))?;
-            self.opens.marked.lock().insert(*dir);
+            let at = std::time::Instant::now();
+            self.opens.marked.lock().insert(*dir, at);
         }
         tracing::debug!("opens: {} directories marked", dirs.len());
         Ok(())
@@ -1011,6 +1032,12 @@ fn switch_and_count(fs: Weak<DatasetFs>) {
             return;
         }
         let _ = fs.opens.forks.set(crate::jobs::forks::Forks::listen());
+        // Every event queued so far is of an open the daemon answered, and counted: among them
+        // those asked while their directory was being marked, which have no entry in `asked`.
+        // Their events are queued as their openers return, within microseconds of the reply:
+        // after a pause they are all in the queue, and dropped with it before the switch.
+        std::thread::sleep(SWITCH_GRACE);
+        fs.drain_told();
         fs.opens.switch_on();
     }
     told_thread(fs)
@@ -1074,7 +1101,8 @@ fn told_thread(fs: Weak<DatasetFs>) {
                     let Some(rel) = fs.ns.path(dir) else { continue };
                     match events.mark(&fs.opens.mountpoint.join(&rel)) {
                         Ok(()) => {
-                            fs.opens.marked.lock().insert(dir);
+                            let at = std::time::Instant::now();
+                            fs.opens.marked.lock().insert(dir, at);
                         }
                         Err(e) => tracing::debug!("fanotify mark of {}: {e}", rel.display()),
                     }

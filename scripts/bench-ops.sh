@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# What a file and a byte cost through coorfs, beside the native path in the same run: the
+# default mount (no options but the cache's size) against the directory it mirrors, medians of
+# REPS, and the FUSE requests the daemon answered per file read (its 'requests' stats).
+#
+#   scripts/bench-ops.sh                      # every part, REPS=3: about 25 minutes
+#   scripts/bench-ops.sh hot tiny             # only those parts
+#   TINY_FILES="200000 1280000" scripts/bench-ops.sh tiny   # ImageNet's count too (+30 min)
+#
+# Parts:
+#   hot  - HOT_FILES files of 100 KiB (6,000), every file in coorfs's cache and the kernel's
+#          page cache: `coorfs read --procs 2 --epochs 5`, seconds for the five epochs.
+#   tiny - TINY_FILES files of 200-600 B in 1,000 folders, the machine's caches dropped
+#          (pages, dentries and inodes) before each side: one epoch; for coorfs a fresh mount,
+#          the read timed from the moment the mount returns (its scan runs beside the read),
+#          and a second epoch after it.
+#   big  - one file of BIG (1 GiB): read cold (pages dropped, a fresh mount) and hot (the
+#          third of three reads) with dd and 1 MiB reads.
+#   s3   - 8 objects of 64 MiB in moto's S3 server (scripts/s3-server.py, 20 ms a request,
+#          unpaced), read cold, whole: the machine's CPU seconds (all processes but the S3
+#          server's) per GiB, and seconds, for a boto3 loop (scripts/s3-read.py), for
+#          s3torchconnector (scripts/s3torch-read.py, if bench-s3.sh's venv target/s3torch
+#          exists) and for a fresh coorfs mount read by `coorfs read`. Needs target/moto
+#          (scripts/test.sh installs it).
+# Every side reads with PROCS (2) processes. Each part prints a markdown table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/benchlib.sh
+
+REPS=${REPS:-3}
+PROCS=${PROCS:-2}
+HOT_FILES=${HOT_FILES:-6000}
+TINY_FILES=${TINY_FILES:-200000}
+BIG=${BIG:-1G}
+DATA=${DATA:-/var/tmp/coorfs-bench/ops}
+PORT=${PORT:-$((20000 + $$ % 10000))}
+PARTS=${*:-hot tiny big s3}
+for part in $PARTS; do
+    case $part in
+        hot | tiny | big | s3) ;;
+        *) echo "bench-ops.sh: no part '$part' (hot, tiny, big, s3)" >&2; exit 2 ;;
+    esac
+done
+
+cargo build --release --quiet
+coorfs=$PWD/target/release/coorfs
+bench_start ops /var/tmp
+samples=$work/samples.txt
+: > "$samples"
+server=
+trap '[ -n "$server" ] && kill "$server" 2>/dev/null; bench_cleanup' EXIT
+
+# json_field JSON NAME: one field of a JSON object.
+json_field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2" <<< "$1"; }
+
+# read_epochs DIR EPOCHS SEED: seconds for EPOCHS epochs of `coorfs read` of DIR.
+read_epochs() {
+    "$coorfs" read --json --procs "$PROCS" --epochs "$2" --seed "$3" "$1" |
+        python3 -c 'import json,sys; print(round(sum(json.loads(l)["seconds"] for l in sys.stdin), 3))'
+}
+
+# mount_default SRC: a default mount of SRC at $mnt (the cache big enough for the part).
+mount_default() {
+    "$coorfs" mount --cache-size 3G "$@" "$mnt"
+}
+
+umount_default() {
+    "$coorfs" umount "$mnt"
+}
+
+# requests_per_file MNT FILES: each FUSE request the mount answered, per file read, and its
+# mean handler microseconds ("op count/file (us)").
+requests_per_file() {
+    coorfs_stat "$1" stats | python3 -c '
+import json, sys
+files = int(sys.argv[1])
+req = json.load(sys.stdin).get("requests", {})
+print(", ".join(f"{op} {r['\''count'\''] / files:.2f} ({r['\''seconds'\''] / r['\''count'\''] * 1e6:.1f} us)"
+                for op, r in sorted(req.items()) if r["count"]))' "$2"
+}
+
+drop_all() {
+    sync
+    echo 3 > /proc/sys/vm/drop_caches
+}
+
+# sample PART SIDE REP VALUE...
+sample() { echo "$*" | tee -a "$samples" >&2; }
+
+# summary PART UNIT [cost]: the part's medians by side, and each side's speed beside the
+# first's (its time over the side's), or with 'cost' each side's cost over the first's.
+summary() {
+    python3 - "$samples" "$1" "$2" "${3:-speed}" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+part, unit, kind = sys.argv[2], sys.argv[3], sys.argv[4]
+mine = [r for r in rows if r[0] == part]
+sides = list(dict.fromkeys(r[1] for r in mine))
+med = {s: statistics.median(float(r[3]) for r in mine if r[1] == s) for s in sides}
+base = med[sides[0]]
+print(f"\n{part}: median {unit} of {len([r for r in mine if r[1] == sides[0]])} runs\n")
+ratio = f"side / {sides[0]}" if kind == "cost" else f"{sides[0]} / side"
+print(f"| side | {unit} | {ratio} |")
+print("|---|---|---|")
+for s in sides:
+    r = med[s] / base if kind == "cost" else base / med[s]
+    print(f"| {s} | {med[s]:.3f} | {r:.2f}x |")
+PY
+}
+
+part_hot() {
+    local src=$DATA/hot-$HOT_FILES
+    python3 scripts/make-dataset.py --files "$HOT_FILES" --size 100K --exact --classes 100 "$src" >/dev/null
+    mount_default "$src"
+    wait_scan "$mnt"
+    # Two epochs fill coorfs's cache and then the kernel's; the native side reads its pages.
+    "$coorfs" read --procs "$PROCS" --epochs 2 "$mnt" >/dev/null
+    "$coorfs" read --procs "$PROCS" --epochs 2 "$src" >/dev/null
+    local rep
+    for rep in $(seq 1 "$REPS"); do
+        sample hot native "$rep" "$(read_epochs "$src" 5 "$rep")"
+        sample hot coorfs "$rep" "$(read_epochs "$mnt" 5 "$rep")"
+    done
+    echo "hot: $(coorfs_stat "$mnt" opens) opens; requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
+    umount_default
+    summary hot "seconds for 5 epochs" | tee -a "$work/tables"
+}
+
+part_tiny() {
+    local files src rep secs
+    for files in $TINY_FILES; do
+        src=$DATA/tiny-$files
+        python3 scripts/make-dataset.py --files "$files" --size 200 --max-size 600 --classes 1000 "$src" >/dev/null
+        for rep in $(seq 1 "$REPS"); do
+            drop_all
+            sample "tiny-$files" native "$rep" "$(read_epochs "$src" 1 "$rep")"
+            drop_all
+            mount_default "$src"
+            sample "tiny-$files" coorfs "$rep" "$(read_epochs "$mnt" 1 "$rep")"
+            sample "tiny-$files-epoch2" coorfs "$rep" "$(read_epochs "$mnt" 1 $((rep + 50)))"
+            [ "$rep" = "$REPS" ] && echo "tiny-$files: requests per file read, two epochs: $(requests_per_file "$mnt" $((files * 2)))" | tee -a "$work/notes"
+            umount_default
+        done
+        summary "tiny-$files" "seconds for epoch 1" | tee -a "$work/tables"
+        python3 - "$samples" "tiny-$files-epoch2" <<'PY' | tee -a "$work/tables"
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.split()[0] == sys.argv[2]]
+print(f"{sys.argv[2]}: coorfs's second epoch, median {statistics.median(float(r[3]) for r in rows):.3f} s")
+PY
+    done
+}
+
+# dd_seconds FILE: seconds dd takes to read FILE with 1 MiB reads.
+dd_seconds() {
+    local t0 t1
+    t0=$(date +%s.%N)
+    dd if="$1" of=/dev/null bs=1M status=none
+    t1=$(date +%s.%N)
+    python3 -c "print(round($t1 - $t0, 3))"
+}
+
+part_big() {
+    local src=$DATA/big file rep
+    file=$src/big.bin
+    mkdir -p "$src"
+    if [ "$(stat -c %s "$file" 2>/dev/null || echo 0)" != "$(numfmt --from=iec "$BIG")" ]; then
+        head -c "$BIG" /dev/urandom > "$file"
+    fi
+    for rep in $(seq 1 "$REPS"); do
+        drop_all
+        sample big-cold native "$rep" "$(dd_seconds "$file")"
+        drop_all
+        mount_default "$src"
+        sample big-cold coorfs "$rep" "$(dd_seconds "$mnt/big.bin")"
+        dd_seconds "$mnt/big.bin" >/dev/null
+        dd_seconds "$file" >/dev/null
+        sample big-hot native "$rep" "$(dd_seconds "$file")"
+        sample big-hot coorfs "$rep" "$(dd_seconds "$mnt/big.bin")"
+        umount_default
+    done
+    summary big-cold "seconds" | tee -a "$work/tables"
+    summary big-hot "seconds" | tee -a "$work/tables"
+}
+
+# cpu_ticks: the machine's CPU time so far, in clock ticks (every mode but idle and iowait).
+cpu_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+
+# tree_ticks PID: CPU ticks PID and its children (those it waited for) have used.
+tree_ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"; }
+
+part_s3() {
+    local venv=target/moto src=$DATA/s3 endpoint=http://127.0.0.1:$PORT hz rep sys
+    if [ ! -x "$venv/bin/moto_server" ]; then
+        echo "bench-ops.sh: s3 needs moto's server in $venv: scripts/test.sh installs it" >&2
+        return 2
+    fi
+    mkdir -p "$src"
+    local i
+    for i in 0 1 2 3 4 5 6 7; do
+        [ "$(stat -c %s "$src/part$i.bin" 2>/dev/null || echo 0)" = $((64 << 20)) ] ||
+            head -c 64M /dev/urandom > "$src/part$i.bin"
+    done
+    export AWS_ENDPOINT_URL=$endpoint AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=bench \
+        AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+    "$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency 20ms > "$work/server.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 100); do
+        curl -s -o /dev/null "$endpoint" && break
+        sleep 0.1
+    done
+    "$venv/bin/python" - "$src" <<'PY'
+import os, sys, boto3
+s3 = boto3.client("s3")
+s3.create_bucket(Bucket="bench")
+for f in sorted(os.listdir(sys.argv[1])):
+    with open(os.path.join(sys.argv[1], f), "rb") as b:
+        s3.put_object(Bucket="bench", Key="ds/" + f, Body=b.read())
+PY
+    local systems="boto3 coorfs"
+    [ -x target/s3torch/bin/python ] && systems="boto3 s3torch coorfs"
+    hz=$(getconf CLK_TCK)
+    for rep in $(seq 1 "$REPS"); do
+        for sys in $systems; do
+            local c0 s0 t0 out c1 s1 t1 secs gib
+            [ "$sys" = coorfs ] && { mount_default s3://bench/ds; wait_scan "$mnt"; }
+            c0=$(cpu_ticks) s0=$(tree_ticks "$server") t0=$(date +%s.%N)
+            case $sys in
+                boto3) out=$("$venv/bin/python" scripts/s3-read.py --endpoint "$endpoint" --procs "$PROCS" --seed "$rep" bench ds) ;;
+                s3torch) out=$(target/s3torch/bin/python scripts/s3torch-read.py --endpoint "$endpoint" --procs "$PROCS" --seed "$rep" bench ds) ;;
+                coorfs) out=$("$coorfs" read --json --procs "$PROCS" --seed "$rep" "$mnt") ;;
+            esac
+            t1=$(date +%s.%N) c1=$(cpu_ticks) s1=$(tree_ticks "$server")
+            [ "$sys" = coorfs ] && umount_default
+            [ "$(json_field "$out" bytes)" = $((512 << 20)) ] || {
+                echo "bench-ops.sh: s3 $sys read $(json_field "$out" bytes) bytes, not 512 MiB" >&2
+                return 1
+            }
+            gib=0.5
+            secs=$(python3 -c "print(round($t1 - $t0, 3))")
+            sample s3-cpu "$sys" "$rep" "$(python3 -c "print(round(($c1 - $c0 - ($s1 - $s0)) / $hz / $gib, 3))")"
+            sample s3-seconds "$sys" "$rep" "$secs"
+        done
+    done
+    kill "$server"
+    server=
+    summary s3-cpu "CPU seconds per GiB (less the S3 server's)" cost | tee -a "$work/tables"
+    summary s3-seconds "seconds for 512 MiB" cost | tee -a "$work/tables"
+}
+
+: > "$work/tables"
+: > "$work/notes"
+for part in $PARTS; do "part_$part"; done
+echo
+echo "scripts/bench-ops.sh $PARTS (REPS=$REPS, PROCS=$PROCS) on $(nproc) CPUs, $(uname -r), $(date -u +%F), commit $(git rev-parse --short HEAD)"
+cat "$work/tables"
+echo
+cat "$work/notes"
