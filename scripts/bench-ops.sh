@@ -121,7 +121,7 @@ part_hot() {
         sample hot native "$rep" "$(read_epochs "$src" 5 "$rep")"
         sample hot coorfs "$rep" "$(read_epochs "$mnt" 5 "$rep")"
     done
-    echo "hot: $(coorfs_stat "$mnt" opens) opens; requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
+    echo "hot: opens by the $(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["opens"])'); requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
     umount_default
     summary hot "seconds for 5 epochs" | tee -a "$work/tables"
 }

@@ -333,7 +333,10 @@ fn without_passthrough_a_file_truncated_or_removed_while_open_reads_as_with_it()
             .set_len(KEEP as u64)
             .unwrap();
         f.read_to_end(&mut got).unwrap();
-        if policy == "minio" {
+        // The source is watched (the kernel may come to open files itself), so the kernel
+        // may learn the new size before the read ends: then the read ends there, as a local
+        // descriptor's would. Either way, only the opened version's bytes.
+        if policy == "minio" && got.len() != KEEP {
             assert!(
                 got == whole,
                 "{policy}: truncated, read {} bytes",

@@ -90,6 +90,11 @@ pub fn tmpfs(capacity: u64) -> io::Result<OwnedFd> {
     let size = capacity.div_ceil(PAGE).max(1) * PAGE;
     rustix::mount::fsconfig_set_string(&fs, "size", size.to_string())?;
     rustix::mount::fsconfig_set_string(&fs, "mode", "0700")?;
+    // Huge pages where a file covers them whole (no page beyond a file's size): the kernel's
+    // copies out of a big cached file go a huge folio at a time, as out of ext4's large
+    // folios, not 4 KiB at a time (a hot 1 GiB file by passthrough: 0.13-0.15 s with small
+    // pages, against 0.09 s native). A kernel without shmem THP refuses the option: none then.
+    let _ = rustix::mount::fsconfig_set_string(&fs, "huge", "within_size");
     rustix::mount::fsconfig_create(&fs)?;
     let attrs = MountAttrFlags::MOUNT_ATTR_NOEXEC
         | MountAttrFlags::MOUNT_ATTR_NOSUID

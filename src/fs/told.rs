@@ -396,6 +396,12 @@ impl KernelOpens {
         }
     }
 
+    /// True once the kernel was judged safe to open files itself (the switch may be still to
+    /// come), and while it is.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
     /// The kernel opens files itself.
     pub fn on(&self) -> bool {
         self.on.load(Ordering::Relaxed)

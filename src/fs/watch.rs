@@ -87,6 +87,11 @@ pub(super) struct SourceWatch {
     dirs: Mutex<HashMap<i32, NodeId>>,
     /// Why not every directory is watched, if one could not be.
     failed: Mutex<Option<String>>,
+    /// The watched directories.
+    watched: Mutex<std::collections::HashSet<NodeId>>,
+    /// Changes were lost once (the queue overflowed): the node table may be behind the source
+    /// for good.
+    lost: std::sync::atomic::AtomicBool,
 }
 
 impl SourceWatch {
@@ -97,6 +102,8 @@ impl SourceWatch {
             fd,
             dirs: Mutex::default(),
             failed: Mutex::default(),
+            watched: Mutex::default(),
+            lost: Default::default(),
         })
     }
 
@@ -106,6 +113,7 @@ impl SourceWatch {
         match inotify::add_watch(&self.fd, path, watch_flags()) {
             Ok(wd) => {
                 self.dirs.lock().insert(wd, node);
+                self.watched.lock().insert(node);
             }
             Err(e) => {
                 let why = if e == rustix::io::Errno::NOSPC {
@@ -120,6 +128,13 @@ impl SourceWatch {
                 }
             }
         }
+    }
+
+    /// True if the node table follows every change made in directory `dir`: it is watched
+    /// and no change was ever lost.
+    pub fn follows(&self, dir: NodeId) -> bool {
+        !self.lost.load(std::sync::atomic::Ordering::Relaxed)
+            && self.watched.lock().contains(&dir)
     }
 
     /// Why some directory of the source is not watched, if one is not.
@@ -142,6 +157,7 @@ impl SourceWatch {
             };
             let flags = event.events();
             if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                self.lost.store(true, std::sync::atomic::Ordering::Relaxed);
                 each(Change {
                     dir: 0,
                     name: None,
@@ -151,7 +167,11 @@ impl SourceWatch {
             }
             let wd = event.wd();
             let dir = if flags.contains(ReadFlags::IGNORED) {
-                self.dirs.lock().remove(&wd)
+                let dir = self.dirs.lock().remove(&wd);
+                if let Some(dir) = dir {
+                    self.watched.lock().remove(&dir);
+                }
+                dir
             } else {
                 self.dirs.lock().get(&wd).copied()
             };
