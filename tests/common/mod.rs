@@ -458,6 +458,14 @@ fn parse_xattr_records(mut rest: &[u8]) -> Result<Xattrs, i32> {
     Ok(attrs)
 }
 
+/// Asserts that `nobody` reads each `(path, bytes)` of the mount with `cat`, as the bytes.
+pub fn assert_nobody_reads(m: &Mount, files: &[(&str, &str)]) {
+    for (rel, want) in files {
+        let out = sh_as_nobody("cat \"$1\"", &[&m.path(rel)]);
+        assert_eq!(out.stdout, want.as_bytes(), "{rel}: {}", stderr(&out));
+    }
+}
+
 /// Runs the shell script `script` as nobody, with `args` as $1, $2, ...
 pub fn sh_as_nobody(script: &str, args: &[&Path]) -> Output {
     let mut all: Vec<&OsStr> = vec![OsStr::new("-c"), OsStr::new(script), OsStr::new("sh")];
