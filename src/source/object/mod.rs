@@ -54,7 +54,7 @@ mod tree;
 mod url;
 
 pub use counting::Counters;
-pub use url::{ObjectUrl, SCHEME};
+pub use url::{Cloud, ObjectUrl};
 
 use std::ffi::OsString;
 use std::future::Future;
@@ -184,7 +184,7 @@ impl ObjectSource {
     /// Connects to the store of `url`, lists the dataset (logging progress) and returns the
     /// source. `ttl` is how long a listing is trusted.
     pub fn open(url: ObjectUrl, ttl: Duration, counters: Arc<Counters>) -> io::Result<Self> {
-        let name = PathBuf::from(format!("{SCHEME}{}/{}", url.bucket, url.prefix));
+        let name = url.name();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("coorfs-s3")

@@ -1,0 +1,98 @@
+"""Writes to the test emulators with plain HTTP, for tests/common/stores.rs: a bucket (or
+Azure container) made, an object put (its bytes on stdin) or deleted, under any key, those
+object_store refuses to write too (a folder marker `a/`, a tab). Standard library only.
+
+    store_client.py KIND ENDPOINT mkbucket BUCKET
+    store_client.py KIND ENDPOINT put BUCKET KEY < bytes
+    store_client.py KIND ENDPOINT delete BUCKET KEY
+
+KIND: s3 (moto, which checks no signature), gcs (fake-gcs-server's JSON API, unsigned),
+azure (Azurite's well-known account, signed with its Shared Key).
+"""
+
+import base64
+import hashlib
+import hmac
+import sys
+import urllib.parse
+import urllib.request
+from email.utils import formatdate
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def request(method, url, data=None, headers=None):
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    with urllib.request.urlopen(req) as answer:
+        return answer.read()
+
+
+def azure(endpoint, method, path, query, data=b"", extra=None):
+    """A request to Azurite at ENDPOINT for PATH (account/container[/blob]), signed."""
+    headers = {"x-ms-date": formatdate(usegmt=True), "x-ms-version": "2021-08-06"}
+    headers.update(extra or {})
+    if data:
+        # Signed as sent: urllib would add a form's content type of its own.
+        headers["Content-Type"] = "application/octet-stream"
+    length = str(len(data)) if data else ""
+    canonical_headers = "".join(
+        f"{k}:{v}\n" for k, v in sorted(headers.items()) if k.startswith("x-ms-")
+    )
+    quoted = urllib.parse.quote(path)
+    resource = f"/{AZURITE_ACCOUNT}/{quoted}" + "".join(
+        f"\n{k}:{v}" for k, v in sorted(query.items())
+    )
+    sign = "\n".join(
+        [method, "", "", length, "", headers.get("Content-Type", ""), "", "", "", "", "", ""]
+    )
+    sign += "\n" + canonical_headers + resource
+    mac = hmac.new(base64.b64decode(AZURITE_KEY), sign.encode(), hashlib.sha256)
+    headers["Authorization"] = f"SharedKey {AZURITE_ACCOUNT}:{base64.b64encode(mac.digest()).decode()}"
+    url = f"{endpoint}/{quoted}" + ("?" + urllib.parse.urlencode(query) if query else "")
+    return request(method, url, data if data else None, headers)
+
+
+def main():
+    kind, endpoint, verb, bucket = sys.argv[1:5]
+    key = sys.argv[5] if len(sys.argv) > 5 else None
+    data = sys.stdin.buffer.read() if verb == "put" else b""
+    if kind == "s3":
+        url = f"{endpoint}/{bucket}" + (f"/{urllib.parse.quote(key, safe='/')}" if key else "")
+        method = {"mkbucket": "PUT", "put": "PUT", "delete": "DELETE"}[verb]
+        request(method, url, data if verb == "put" else None)
+    elif kind == "gcs":
+        if verb == "mkbucket":
+            request(
+                "POST",
+                f"{endpoint}/storage/v1/b",
+                f'{{"name": "{bucket}"}}'.encode(),
+                {"Content-Type": "application/json"},
+            )
+        elif verb == "put":
+            name = urllib.parse.quote(key, safe="")
+            request(
+                "POST",
+                f"{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}",
+                data,
+                {"Content-Type": "application/octet-stream"},
+            )
+        else:
+            name = urllib.parse.quote(key, safe="")
+            request("DELETE", f"{endpoint}/storage/v1/b/{bucket}/o/{name}")
+    elif kind == "azure":
+        path = f"{AZURITE_ACCOUNT}/{bucket}"
+        if verb == "mkbucket":
+            azure(endpoint, "PUT", path, {"restype": "container"})
+        elif verb == "put":
+            azure(endpoint, "PUT", f"{path}/{key}", {}, data, {"x-ms-blob-type": "BlockBlob"})
+        else:
+            azure(endpoint, "DELETE", f"{path}/{key}", {})
+    else:
+        sys.exit(f"store_client.py: unknown kind {kind}")
+
+
+if __name__ == "__main__":
+    main()
