@@ -164,6 +164,16 @@ coorfs run --mount /mnt/train -- torchrun --nproc-per-node 2 train.py\n  \
 for lr in 0.1 0.01 0.001; do coorfs run --group sweep-7 -- python train.py --lr $lr & done"
     )]
     Run(RunArgs),
+    /// Print the manifest of an object store's prefix: every object's key, size and ETag.
+    #[command(
+        long_about = "List all of URL (s3://, gs://, az:// or https://ACCOUNT.blob.core.windows.net/) \
+as 'coorfs mount' would, in parallel across its folders, and print its manifest on standard \
+output: a header line, then KEY<TAB>SIZE<TAB>ETAG<TAB>LAST_MODIFIED an object. 'coorfs mount \
+--manifest FILE URL MOUNTPOINT' then mounts it without listing anything.",
+        after_help = "Example:\n  coorfs manifest s3://datasets/imagenet/train > train.manifest\n  \
+coorfs mount --manifest train.manifest s3://datasets/imagenet/train /mnt/train"
+    )]
+    Manifest(ManifestArgs),
     /// Hand a coorfs mount the order of the files a job reads next (an order hint).
     #[command(
         long_about = "Hand the coorfs mount at MOUNTPOINT the order in which this job reads files \
@@ -187,7 +197,9 @@ coorfs hint /mnt/train epoch-7-order.txt"
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("membership").args(["peers", "cluster"])))]
 pub struct MountArgs {
-    /// The dataset directory to expose, or s3://BUCKET/PREFIX in an object store.
+    /// The dataset directory to expose, or an object store's prefix: s3://BUCKET/PREFIX,
+    /// gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or
+    /// https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX.
     pub source: PathBuf,
     /// The empty directory where it appears.
     pub mountpoint: PathBuf,
@@ -237,6 +249,13 @@ pub struct MountArgs {
     /// while training; a changed file is still detected when it is opened.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration, help_heading = "Mount")]
     pub metadata_ttl: Duration,
+    /// An object store's objects from FILE instead of a listing: KEY<TAB>SIZE<TAB>ETAG a
+    /// line (and optionally <TAB>LAST_MODIFIED, RFC 3339), KEY the object's whole key, as
+    /// 'coorfs manifest URL' writes it. The mount then lists nothing, at any size; the
+    /// manifest is trusted for --metadata-ttl like a listing, and an object changed since is
+    /// still detected at its first read (ESTALE, then the new version).
+    #[arg(long, value_name = "FILE", help_heading = "Mount")]
+    pub manifest: Option<PathBuf>,
 
     /// The cache budget. auto (the default) is elastic, like the page cache: the cache grows
     /// while the memory cgroup (a container's limit; without one, the host) has more free than
@@ -429,6 +448,13 @@ pub struct MountArgs {
     /// coorfs=debug [default: RUST_LOG, else info].
     #[arg(long, value_name = "LEVEL", value_parser = parse_log_level, help_heading = "Logging")]
     pub log_level: Option<String>,
+}
+
+/// `coorfs manifest`.
+#[derive(Debug, Args)]
+pub struct ManifestArgs {
+    /// The object store's prefix: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX.
+    pub url: PathBuf,
 }
 
 /// `coorfs hint`.
@@ -750,6 +776,11 @@ impl MountArgs {
             config.threads = threads as usize;
         }
         config.metadata_ttl = self.metadata_ttl;
+        // Absolute: the daemon's working directory is /.
+        config.manifest = (self.manifest.as_deref())
+            .map(std::path::absolute)
+            .transpose()
+            .map_err(|e| MountError::BadUrl(format!("--manifest: {e}")))?;
         config.allow_other = self.allow_other;
         config.acl = self.acl;
         config.fast_open = self.fast_open;

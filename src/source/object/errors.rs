@@ -52,10 +52,19 @@ pub(super) fn listing_error(name: &Path, e: &object_store::Error) -> String {
         );
     }
     let text = one_line(e);
-    let hint = if text.contains("169.254.169.254") {
-        "; no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
-    } else {
-        ""
+    // The instance metadata service answered, or did not: no credentials were found.
+    let scheme = name.to_string_lossy();
+    let hint = match () {
+        _ if !text.contains("169.254.169.254") => "",
+        _ if scheme.starts_with("gs://") => {
+            "; no credentials: set GOOGLE_APPLICATION_CREDENTIALS (a service account's key file), or run on a VM or pod with a service account"
+        }
+        _ if scheme.starts_with("s3://") => {
+            "; no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
+        }
+        _ => {
+            "; no credentials: set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN (or AZURE_STORAGE_CONNECTION_STRING), or run with a managed identity"
+        }
     };
     format!("listing {}: {text}{hint}", name.display())
 }

@@ -1,4 +1,5 @@
-//! Listing the store: every object beneath the prefix, and what a listing left out.
+//! Listing a whole prefix at once (`coorfs manifest`), and the warnings of what a listing
+//! left out.
 
 use std::io;
 use std::path::Path;
@@ -10,11 +11,9 @@ use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore};
 
+use super::LIST_PARALLEL;
 use super::errors::listing_error;
 use super::tree::Skipped;
-
-/// Directories listed at once at mount.
-const LIST_PARALLEL: usize = 16;
 
 /// Lists every object beneath `prefix`: the first levels one at a time with a delimiter
 /// until there are enough prefixes to list in parallel, then each of those in full.

@@ -1,53 +1,33 @@
-//! A dataset in an S3-compatible object store: `coorfs mount s3://BUCKET/PREFIX MOUNTPOINT`.
+//! A dataset in an object store: `coorfs mount s3://BUCKET/PREFIX` (or `gs://`, `az://`,
+//! `https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX`) `MOUNTPOINT`. One source for
+//! the three clouds: they differ only in their client's configuration ([`store`]).
 //!
-//! The store is reached with the `object_store` crate, configured the way the AWS tools are:
-//! `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
-//! `AWS_SESSION_TOKEN` (an `http://` endpoint is plain HTTP, as `AWS_ALLOW_HTTP=true` says
-//! for others), instance metadata
-//! when no key is given, and the profile `AWS_PROFILE` (else `default`) of
-//! `~/.aws/credentials` and `~/.aws/config` for what the environment leaves out
-//! ([`profile`]). Secrets are never logged: errors name the request's URL only.
-//!
-//! The namespace is a listing taken at mount ([`list_all`]): paginated, in parallel across
-//! the prefixes found in the first levels, with progress in the log. Keys become paths under
-//! the prefix, `/` separating directories. A key that is no safe path (an empty, `.` or `..`
-//! component) fails the listing (`object_store` refuses the page that holds it) with a
-//! message that says so: the mount is refused rather than shown without it. A key that is
-//! also a directory (`a` and `a/b`) is left out, named in the log: the directory wins. A
-//! "directory marker" (a key ending in `/`, as consoles make for folders) shows as an empty
-//! file unless something lies beneath it: the store's client drops the trailing `/`. A marker
-//! beside an object of the same name (`a.bin` and `a.bin/`, nothing else beneath) is left
-//! out, named in the log, and the object is the file with its bytes ([`drop_markers`]): the
-//! two list as one name, and the marker, listed second, replaced the object with its zero
-//! bytes. (mountpoint-s3 shows the directory and hides the object; a dataset's file is worth
-//! more than a console's folder.)
+//! The namespace is listed lazily ([`tree`]): the mount lists the prefix's first level (one
+//! delimiter listing) and returns; each directory is listed when first looked up, and the
+//! background scan (`crate::fs::scan`, [`DatasetSource::scan_threads`] at once) lists the
+//! rest. A directory asked for by two callers is listed once. `--manifest` gives the whole
+//! tree instead, with no listing ([`manifest`]). Keys become paths, `/` separating
+//! directories; a key that is no safe path fails its directory's listing with a message that
+//! names it ([`errors`]); a name that is an object and a prefix is the directory, unless the
+//! prefix holds only its folder marker, and a lone folder marker is an empty directory.
 //! Objects are files of mode 0444, directories 0555, owned by root.
 //!
-//! An object's version is its ETag, size and last-modified time ([`object_meta`]): the
-//! ETag's hash stands in for the inode number, so the cache, the disk tier (which keeps
-//! blocks across restarts by version) and the cluster tell two versions apart. The listing
-//! is trusted for `--metadata-ttl`; after that, an open asks the store again (HEAD), and a
-//! lookup of a name the listing lacks lists its directory again. Every read is a ranged GET
-//! conditional on the version the open saw (`If-Match` on its ETag): a changed object fails
-//! the read (ESTALE to the caller, and the entry is refreshed for the next open) instead of
-//! mixing bytes of two versions; nothing of a failed read is cached.
+//! An object's version is its ETag, size and time: the ETag's hash stands in for the inode
+//! number, so the cache, the disk tier and the cluster tell two versions apart. The listing
+//! is trusted for `--metadata-ttl`; after that an open asks the store again (HEAD). Every
+//! read is a ranged GET conditional on the version the open saw (`If-Match`), and its answer's
+//! ETag is checked too (an emulator may ignore `If-Match`): a changed object fails the read
+//! with ESTALE instead of mixing two versions, and nothing of a failed read is kept.
 //!
-//! Faults: throttling (503 SlowDown, 429), 5xx answers, timeouts and broken connections are
-//! retried with backoff and jitter by `object_store` for up to 45 s ([`retries`]); every
-//! request and every fault is counted here on the way ([`Counting`]) and shown in the stats
-//! (`source_requests`, `source_retried`, `source_throttled`). What still fails reaches the
-//! caller as an errno (403: EACCES, 404: ENOENT, the rest: EIO) with one log line; a failed
-//! read counts in `source_errors`.
-//!
-//! The store's client is async; the source's callers (FUSE and fetch threads) are not. Each
-//! call runs on the source's own small runtime and the caller waits for its answer
-//! ([`ObjectSource::wait`]), so many fetch threads keep many requests in flight: object
-//! stores are bound by latency, and the pacer (`crate::prefetch::pacer`) learns that and
-//! widens the prefetch window to the fetch threads' number.
+//! The client is async, the callers (FUSE and fetch threads) are not: each call runs on the
+//! source's runtime and its caller waits ([`ObjectSource::wait`]), so many threads keep many
+//! requests in flight. Faults are retried by the client ([`store`]) and counted
+//! ([`counting`]); what still fails reaches the caller as an errno with one log line.
 
 mod counting;
 mod errors;
 mod listing;
+pub mod manifest;
 pub mod profile;
 mod store;
 mod tree;
@@ -56,7 +36,7 @@ mod url;
 pub use counting::Counters;
 pub use url::{Cloud, ObjectUrl};
 
-use std::ffi::OsString;
+use std::collections::HashSet;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -65,21 +45,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::{Creds, DatasetSource, FsStats, Listing, Refusal, SourceFile};
 use crate::block::{Block, RunBlocks};
 use crate::namespace::{FileVersion, Kind, SourceMeta};
-use errors::{errno_of, one_line};
-use listing::{list_all, warn_skipped};
+use errors::{errno_of, listing_error, one_line};
+use listing::warn_skipped;
 use store::build_store;
-use tree::{Dir, Tree, drop_markers, object_meta};
+use tree::{Dir, Entry, Tree, drop_markers, object_meta, same_etag};
 use url::key_of;
 
-/// A dataset in an S3-compatible object store.
+/// A dataset in an object store.
 #[derive(Debug)]
 pub struct ObjectSource {
-    /// `s3://BUCKET/PREFIX`, for messages.
+    /// The URL, for messages.
     name: PathBuf,
     url: ObjectUrl,
     store: Arc<dyn ObjectStore>,
@@ -87,7 +67,15 @@ pub struct ObjectSource {
     tree: RwLock<Tree>,
     /// How long the listing (and a HEAD) is trusted.
     ttl: Duration,
+    /// Directories being listed now, so that a second caller waits for the first's listing
+    /// rather than asking the store again; `listed` wakes it.
+    listing: Mutex<HashSet<PathBuf>>,
+    listed: Condvar,
 }
+
+/// Directories the background scan lists at once: each listing waits on the store's
+/// latency, not on a CPU.
+pub const LIST_PARALLEL: usize = 16;
 
 impl ObjectSource {
     /// GETs `len` bytes of `rel` from `offset`, or to the end of the object, if it is still
@@ -104,12 +92,11 @@ impl ObjectSource {
         let (etag, last_modified) = {
             let tree = self.tree.read();
             // Gone (a read found it so), or another version now.
-            let o = (tree.objects.get(rel))
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-            if o.meta.version != *version {
+            let o = (tree.object(rel)).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+            if o.meta().version != *version {
                 return Err(io::Error::from_raw_os_error(libc::ESTALE));
             }
-            (o.etag.clone(), o.last_modified)
+            (o.etag.text(), o.last_modified())
         };
         let end = (offset + len as u64).min(version.size);
         if offset >= end {
@@ -118,17 +105,22 @@ impl ObjectSource {
         let options = GetOptions {
             // The version the open saw, or none: never bytes of two versions in one file.
             if_unmodified_since: etag.is_none().then_some(last_modified),
-            if_match: etag,
+            if_match: etag.clone(),
             range: Some(GetRange::Bounded(offset..end)),
             ..Default::default()
         };
         let (store, key) = (self.store.clone(), self.url.key(rel)?);
         let opened = self.wait(async move {
             let r = store.get_opts(&key, options).await?;
-            Ok::<_, object_store::Error>(r.into_stream())
+            Ok::<_, object_store::Error>((r.meta.e_tag.clone(), r.into_stream()))
         })?;
         let mut stream = match opened {
-            Ok(stream) => stream,
+            // A store that ignores If-Match (fake-gcs-server does) still names the version it
+            // sends: another one is refused here, before a byte of it is used.
+            Ok((Some(got), _)) if etag.as_deref().is_some_and(|want| !same_etag(want, &got)) => {
+                return self.gone_or_changed(rel, libc::ESTALE);
+            }
+            Ok((_, stream)) => stream,
             Err(e) => return self.get_failed(rel, &e),
         };
         let want = (end - offset) as usize;
@@ -181,60 +173,64 @@ impl ObjectSource {
         Ok(got)
     }
 
-    /// Connects to the store of `url`, lists the dataset (logging progress) and returns the
-    /// source. `ttl` is how long a listing is trusted.
-    pub fn open(url: ObjectUrl, ttl: Duration, counters: Arc<Counters>) -> io::Result<Self> {
+    /// Connects to the store of `url` and lists the prefix's first level, or reads the
+    /// `manifest` instead, and returns the source: the rest is listed when looked up, or by
+    /// the scan. `ttl` is how long a listing is trusted.
+    pub fn open(
+        url: ObjectUrl,
+        ttl: Duration,
+        counters: Arc<Counters>,
+        manifest: Option<&Path>,
+    ) -> io::Result<Self> {
         let name = url.name();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("coorfs-s3")
+            .thread_name("coorfs-store")
             .enable_all()
             .build()?;
-        let store = build_store(&url, counters.clone())?;
-        let listed = {
-            let (store, prefix) = (store.clone(), url.prefix.clone());
-            let name = name.clone();
-            run_on(
-                &runtime,
-                async move { list_all(store, &prefix, &name).await },
-            )??
-        };
-        let started = Instant::now();
-        let mut kept = Vec::with_capacity(listed.len());
-        let mut unsafe_keys = 0;
-        for o in listed {
-            match url.rel_of(o.location.as_ref()) {
-                Some(rel) => kept.push((rel, o)),
-                None => unsafe_keys += 1,
+        let store = build_store(&url, counters)?;
+        let now = Instant::now();
+        let tree = match manifest {
+            Some(file) => {
+                let objects = manifest::read(file, &url)?;
+                let (kept, markers) = drop_markers(objects);
+                let (tree, mut skipped) = Tree::build(kept, now, SystemTime::now());
+                skipped.markers = markers;
+                warn_skipped(&name, &skipped);
+                tracing::info!(
+                    "{}: {} objects from the manifest {}",
+                    name.display(),
+                    tree.objects,
+                    file.display()
+                );
+                tree
             }
-        }
-        let (kept, markers) = drop_markers(kept);
-        let (tree, mut skipped) = Tree::build(kept, started, SystemTime::now());
-        skipped.unsafe_keys = unsafe_keys;
-        // A marker with something beneath it is a directory's, which took the object's name.
-        skipped.markers = (markers.into_iter())
-            .filter(|m| tree.objects.contains_key(m))
-            .collect();
-        warn_skipped(&name, &skipped);
-        tracing::info!(
-            "{}: {} objects, {} directories",
-            name.display(),
-            tree.objects.len(),
-            tree.dirs.len()
-        );
-        Ok(ObjectSource {
+            None => Tree::new(SystemTime::now()),
+        };
+        let source = ObjectSource {
             name,
             url,
             store,
             runtime,
             tree: RwLock::new(tree),
             ttl,
-        })
+            listing: Mutex::new(HashSet::new()),
+            listed: Condvar::new(),
+        };
+        if manifest.is_none() {
+            // The first level: a store that cannot be listed refuses the mount here.
+            source.list_dir(Path::new("")).map_err(|e| match e {
+                ListError::Store(e) => io::Error::other(listing_error(&source.name, &e)),
+                ListError::Io(e) => e,
+            })?;
+        }
+        Ok(source)
     }
 
-    /// Objects the listing holds.
-    pub fn objects(&self) -> usize {
-        self.tree.read().objects.len()
+    /// Entries of the dataset's root: none is most often a typo in the prefix.
+    pub fn root_entries(&self) -> usize {
+        let tree = self.tree.read();
+        tree.dirs.get(Path::new("")).map_or(0, |d| d.entries.len())
     }
 
     /// Runs `f` on the source's runtime and waits for it.
@@ -270,17 +266,12 @@ impl ObjectSource {
     }
 
     /// The error of a GET the store refused because object `rel` changed since it was listed
-    /// (`ESTALE`: some stores check If-Match first) or is gone (`ENOENT`).
-    fn gone_or_changed(&self, rel: &Path, errno: i32) -> io::Result<usize> {
-        match errno {
-            libc::ESTALE => match self.head(rel) {
-                Err(gone) if gone.raw_os_error() == Some(libc::ENOENT) => Err(gone),
-                _ => Err(io::Error::from_raw_os_error(libc::ESTALE)),
-            },
-            _ => {
-                self.tree.write().remove(rel);
-                Err(io::Error::from_raw_os_error(libc::ENOENT))
-            }
+    /// or is gone: the store is asked again (HEAD), and the caller gets ESTALE if the object
+    /// is there in another version, ENOENT if it is gone.
+    fn gone_or_changed(&self, rel: &Path, _errno: i32) -> io::Result<usize> {
+        match self.head(rel) {
+            Err(gone) if gone.raw_os_error() == Some(libc::ENOENT) => Err(gone),
+            _ => Err(io::Error::from_raw_os_error(libc::ESTALE)),
         }
     }
 
@@ -291,8 +282,7 @@ impl ObjectSource {
         let now = Instant::now();
         match answer {
             Ok(o) => {
-                let mut tree = self.tree.write();
-                tree.insert_object(rel.to_path_buf(), &o, now);
+                self.tree.write().insert_object(rel, &o, now);
                 Ok(object_meta(o.size, o.last_modified, o.e_tag.as_deref()))
             }
             Err(object_store::Error::NotFound { .. }) => {
@@ -303,41 +293,87 @@ impl ObjectSource {
         }
     }
 
-    /// Lists directory `rel` again (one level) and keeps what it finds.
+    /// Lists directory `rel` (one level, all its pages) and keeps what it finds, unless
+    /// another caller is listing it now: then waits for that listing instead.
     fn relist(&self, rel: &Path) -> io::Result<()> {
+        {
+            let mut busy = self.listing.lock();
+            if busy.contains(rel) {
+                while busy.contains(rel) {
+                    self.listed.wait(&mut busy);
+                }
+                let tree = self.tree.read();
+                if tree.dirs.get(rel).is_some_and(|d| !self.stale(d)) {
+                    return Ok(());
+                }
+            }
+            busy.insert(rel.to_path_buf());
+        }
+        let done = self.list_dir(rel);
+        self.listing.lock().remove(rel);
+        self.listed.notify_all();
+        done.map_err(|e| match e {
+            ListError::Store(object_store::Error::NotFound { .. })
+                if !rel.as_os_str().is_empty() =>
+            {
+                self.tree.write().remove(rel);
+                io::Error::from_raw_os_error(libc::ENOENT)
+            }
+            ListError::Store(e) => {
+                // A key no path may hold says which: the line names it.
+                tracing::warn!("{}", listing_error(&self.name.join(rel), &e));
+                io::Error::from_raw_os_error(errno_of(&e))
+            }
+            ListError::Io(e) => e,
+        })
+    }
+
+    /// One delimiter listing of directory `rel`, put in the tree.
+    fn list_dir(&self, rel: &Path) -> Result<(), ListError> {
         let prefix = self.url.dir_prefix(rel);
         let prefix = if prefix.is_empty() {
             None
         } else {
-            Some(key_of(prefix.trim_end_matches('/'))?)
+            Some(key_of(prefix.trim_end_matches('/')).map_err(ListError::Io)?)
         };
         let store = self.store.clone();
-        let answer = self.wait(async move { store.list_with_delimiter(prefix.as_ref()).await })?;
-        let listed = match answer {
-            Ok(l) => l,
-            Err(object_store::Error::NotFound { .. }) if !rel.as_os_str().is_empty() => {
-                self.tree.write().remove(rel);
-                return Err(io::Error::from_raw_os_error(libc::ENOENT));
-            }
-            Err(e) => return Err(self.failed("LIST", rel, &e)),
-        };
-        let name_of = |key: &str| {
+        let listed = self
+            .wait(async move { store.list_with_delimiter(prefix.as_ref()).await })
+            .map_err(ListError::Io)?
+            .map_err(ListError::Store)?;
+        let name_of = |key: &str| -> Option<Box<str>> {
             let r = self.url.rel_of(key)?;
-            (r.parent() == Some(rel)).then(|| r.file_name().map(|n| n.to_os_string()))?
+            (r.parent() == Some(rel)).then(|| r.file_name()?.to_str().map(Box::from))?
         };
-        let files: Vec<(OsString, ObjectMeta)> = (listed.objects.into_iter())
+        let files: Vec<(Box<str>, ObjectMeta)> = (listed.objects.into_iter())
             .filter_map(|o| Some((name_of(o.location.as_ref())?, o)))
             .collect();
-        let mut subdirs: Vec<OsString> = (listed.common_prefixes.iter())
+        let mut subdirs: Vec<Box<str>> = (listed.common_prefixes.iter())
             .filter_map(|p| name_of(p.as_ref()))
             .collect();
         // A name that is an object and a prefix whose one key is its folder marker: the
-        // object is the file, as at mount (`drop_markers`); else the directory wins.
-        subdirs
-            .retain(|d| !(files.iter().any(|(f, _)| f == d) && self.only_a_marker(&rel.join(d))));
+        // object is the file ([`drop_markers`]); else the directory wins.
+        subdirs.retain(|d| {
+            let beside = files.iter().any(|(f, _)| f == d);
+            let marker_only = beside && self.only_a_marker(&rel.join(&**d));
+            if marker_only {
+                tracing::warn!(
+                    "{}: left out the folder marker {}/ (an empty key ending in '/') beside the object of its name, which is the file",
+                    self.name.display(),
+                    rel.join(&**d).display()
+                );
+            } else if beside {
+                tracing::warn!(
+                    "{}: left out the object {} whose name is also a directory's (the directory wins)",
+                    self.name.display(),
+                    rel.join(&**d).display()
+                );
+            }
+            !marker_only
+        });
         let mut tree = self.tree.write();
         if rel.as_os_str().is_empty() || tree.dirs.contains_key(rel) {
-            tree.relisted(rel, files, subdirs, Instant::now(), SystemTime::now());
+            tree.set_listing(rel, files, subdirs, Instant::now(), SystemTime::now());
         }
         Ok(())
     }
@@ -360,24 +396,25 @@ impl ObjectSource {
         d.listed.is_none_or(|at| at.elapsed() >= self.ttl)
     }
 
-    /// What the listing says of `rel` now: a directory listed within the TTL is trusted, an
-    /// object checked within it too; else the store is asked again.
+    /// What the listing says of `rel` now: a directory is trusted, an object checked within
+    /// the TTL too; else the store is asked again. A name its directory's listing lacks is
+    /// asked of the store by listing that directory if its names are older than the TTL (or
+    /// not read yet: the first lookup in a directory lists it).
     fn current(&self, rel: &Path) -> io::Result<SourceMeta> {
-        {
+        let known = {
             let tree = self.tree.read();
             if let Some(d) = tree.dirs.get(rel) {
                 return Ok(d.meta);
             }
-            if let Some(o) = tree.objects.get(rel)
-                && o.checked.elapsed() < self.ttl
-            {
-                return Ok(o.meta);
+            match tree.object(rel) {
+                Some(o) if tree.age(o) < self.ttl => return Ok(o.meta()),
+                Some(_) => true,
+                None => false,
             }
-        }
-        if self.tree.read().objects.contains_key(rel) {
+        };
+        if known {
             return self.head(rel);
         }
-        // Unknown: new since the parent was listed, if that was longer ago than the TTL.
         let parent = rel.parent().unwrap_or(Path::new(""));
         let stale = (self.tree.read().dirs.get(parent)).is_some_and(|d| self.stale(d));
         if stale {
@@ -386,12 +423,18 @@ impl ObjectSource {
             if let Some(d) = tree.dirs.get(rel) {
                 return Ok(d.meta);
             }
-            if let Some(o) = tree.objects.get(rel) {
-                return Ok(o.meta);
+            if let Some(o) = tree.object(rel) {
+                return Ok(o.meta());
             }
         }
         Err(io::Error::from_raw_os_error(libc::ENOENT))
     }
+}
+
+/// Why a listing failed: the store's answer, or the source's own.
+enum ListError {
+    Store(object_store::Error),
+    Io(io::Error),
 }
 
 /// Runs `f` on `runtime` and waits for its output, from any thread (a runtime's own too).
@@ -430,14 +473,13 @@ impl DatasetSource for ObjectSource {
         }
         let tree = self.tree.read();
         let dir = (tree.dirs.get(rel)).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-        let entries = (dir.children.iter())
-            .filter_map(|(name, kind)| {
-                let path = rel.join(name);
-                let meta = match kind {
-                    Kind::Dir => tree.dirs.get(&path)?.meta,
-                    _ => tree.objects.get(&path)?.meta,
+        let entries = (dir.entries.iter())
+            .filter_map(|(name, entry)| {
+                let meta = match entry {
+                    Entry::Dir => tree.dirs.get(&rel.join(&**name))?.meta,
+                    Entry::File(o) => o.meta(),
                 };
-                Some((name.clone(), meta))
+                Some((name.to_string().into(), meta))
             })
             .collect();
         Ok(Listing::known(dir.meta, entries))
@@ -524,6 +566,10 @@ impl DatasetSource for ObjectSource {
         self.tree.read().memory
     }
 
+    fn scan_threads(&self) -> Option<usize> {
+        Some(LIST_PARALLEL)
+    }
+
     fn statfs(&self) -> io::Result<FsStats> {
         let tree = self.tree.read();
         let blocks = tree.bytes.div_ceil(4096);
@@ -531,7 +577,7 @@ impl DatasetSource for ObjectSource {
             blocks,
             bfree: 0,
             bavail: 0,
-            files: (tree.objects.len() + tree.dirs.len()) as u64,
+            files: tree.objects + tree.dirs.len() as u64,
             ffree: 0,
             bsize: 4096,
             namelen: 1024,

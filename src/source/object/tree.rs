@@ -1,7 +1,10 @@
-//! The namespace as listed: objects and directories by path, their attributes and versions.
+//! The namespace as listed: each directory's entries, sorted by name, with each object's
+//! size, time and version (its ETag), compact: about 100 bytes an object with its name
+//! ([`Tree::memory`] counts them). Directories are listed one at a time, when first looked
+//! up or by the background scan ([`Tree::set_listing`]); a directory a listing of its parent
+//! found but that is not listed yet has no entries and `listed: None`.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ffi::{OsStr, OsString};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -9,51 +12,164 @@ use object_store::ObjectMeta;
 
 use crate::namespace::{Attr, FileVersion, Kind, NodeId, SourceMeta};
 
+/// An ETag as the store gave it, an MD5's quoted hex (S3's and GCS's usual) in 16 bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Etag {
+    None,
+    /// `"` + these 16 bytes in lowercase hex + `"`.
+    Md5([u8; 16]),
+    Text(Box<str>),
+}
+
+impl Etag {
+    pub(super) fn new(tag: Option<&str>) -> Etag {
+        let Some(tag) = tag else {
+            return Etag::None;
+        };
+        let hex = (tag.strip_prefix('"').and_then(|t| t.strip_suffix('"'))).filter(|h| {
+            h.len() == 32
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        match hex {
+            Some(h) => {
+                let mut md5 = [0u8; 16];
+                for (i, byte) in md5.iter_mut().enumerate() {
+                    *byte = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap_or(0);
+                }
+                Etag::Md5(md5)
+            }
+            None => Etag::Text(tag.into()),
+        }
+    }
+
+    /// The ETag as the store wrote it.
+    pub(super) fn text(&self) -> Option<String> {
+        match self {
+            Etag::None => None,
+            Etag::Md5(md5) => {
+                let hex: String = md5.iter().map(|b| format!("{b:02x}")).collect();
+                Some(format!("\"{hex}\""))
+            }
+            Etag::Text(t) => Some(t.to_string()),
+        }
+    }
+
+    /// Bytes beside the entry: a text ETag's allocation.
+    fn heap(&self) -> u64 {
+        match self {
+            Etag::Text(t) => heap(t.len()),
+            _ => 0,
+        }
+    }
+}
+
+/// True if two ETags name one version: quotes and a weak mark (`W/`) aside, as stores write
+/// the same tag quoted in one answer and bare in another (fake-gcs-server's listing).
+pub(super) fn same_etag(a: &str, b: &str) -> bool {
+    let bare = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_string();
+    bare(a) == bare(b)
+}
+
 /// An object of the listing.
 #[derive(Clone, Debug)]
 pub(super) struct Object {
-    pub(super) meta: SourceMeta,
-    pub(super) etag: Option<String>,
-    pub(super) last_modified: chrono::DateTime<chrono::Utc>,
-    /// When the store last vouched for it (listing or HEAD).
-    pub(super) checked: Instant,
+    pub(super) size: u64,
+    pub(super) mtime_ns: i64,
+    pub(super) etag: Etag,
+    /// When the store last vouched for it (listing or HEAD), in seconds since the tree began.
+    checked: u32,
 }
 
-/// A directory of the listing: its names, and when they were last listed.
+impl Object {
+    fn new(o: &ObjectMeta, checked: u32) -> Object {
+        Object {
+            size: o.size,
+            mtime_ns: o.last_modified.timestamp_nanos_opt().unwrap_or(0),
+            etag: Etag::new(o.e_tag.as_deref()),
+            checked,
+        }
+    }
+
+    /// Its attributes and version.
+    pub(super) fn meta(&self) -> SourceMeta {
+        object_meta_ns(self.size, self.mtime_ns, self.etag.text().as_deref())
+    }
+
+    /// Its last-modified time, for a store without ETags (`If-Unmodified-Since`).
+    pub(super) fn last_modified(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp_nanos(self.mtime_ns)
+    }
+}
+
+/// An entry of a directory.
+#[derive(Clone, Debug)]
+pub(super) enum Entry {
+    Dir,
+    File(Object),
+}
+
+/// A directory of the listing: its entries sorted by name, and when they were last listed.
 #[derive(Clone, Debug)]
 pub(super) struct Dir {
     pub(super) meta: SourceMeta,
-    pub(super) children: BTreeMap<OsString, Kind>,
-    /// None for a directory a relisting of its parent found: its names are not read yet.
+    pub(super) entries: Vec<(Box<str>, Entry)>,
+    /// None for a directory a listing of its parent found: its names are not read yet.
     pub(super) listed: Option<Instant>,
 }
 
-/// The namespace as listed: every object and directory by path.
-#[derive(Debug, Default)]
+impl Dir {
+    /// The entry `name`, if any.
+    pub(super) fn get(&self, name: &str) -> Option<&Entry> {
+        let at = self
+            .entries
+            .binary_search_by(|(n, _)| (**n).cmp(name))
+            .ok()?;
+        Some(&self.entries[at].1)
+    }
+}
+
+/// The namespace as listed: every directory by path, each with its entries.
+#[derive(Debug)]
 pub(super) struct Tree {
-    pub(super) objects: HashMap<PathBuf, Object>,
     pub(super) dirs: HashMap<PathBuf, Dir>,
+    /// Objects in all directories.
+    pub(super) objects: u64,
     /// Bytes of all objects, for `statfs`.
     pub(super) bytes: u64,
-    /// Bytes of memory the tree takes, about ([`object_cost`], [`dir_cost`]).
+    /// Bytes of memory the tree takes, about ([`entry_cost`], [`dir_cost`]).
     pub(super) memory: u64,
+    /// When the tree began: objects' check times count from it.
+    began: Instant,
 }
 
-/// Memory an entry of the tree takes beside its path: the map's slot and the parent's child
-/// entry, with their allocator headers.
-const ENTRY: u64 = (std::mem::size_of::<(PathBuf, Object)>()
-    + std::mem::size_of::<(OsString, Kind)>()
-    + 64) as u64;
-
-/// Memory object `rel` takes in the tree: its entry, its path (and its name in its parent),
-/// its ETag.
-pub(super) fn object_cost(rel: &Path, etag: Option<&str>) -> u64 {
-    ENTRY + 2 * rel.as_os_str().len() as u64 + etag.map_or(0, |t| t.len() as u64)
+/// Bytes an allocation of `n` bytes takes from the allocator: rounded up to 16, with its
+/// 8-byte header (glibc's malloc), none for nothing.
+fn heap(n: usize) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        (n as u64 + 8).div_ceil(16) * 16
+    }
 }
 
-/// Memory directory `rel` takes in the tree, without its children.
+/// Memory entry `name` takes in its directory: its slot in the entries, its name, its ETag.
+pub(super) fn entry_cost(name: &str, entry: &Entry) -> u64 {
+    let etag = match entry {
+        Entry::File(o) => o.etag.heap(),
+        Entry::Dir => 0,
+    };
+    std::mem::size_of::<(Box<str>, Entry)>() as u64 + heap(name.len()) + etag
+}
+
+/// Memory directory `rel` takes in the tree, without its entries: its map slot and path.
 pub(super) fn dir_cost(rel: &Path) -> u64 {
-    (std::mem::size_of::<(PathBuf, Dir)>() + 64) as u64 + 2 * rel.as_os_str().len() as u64
+    (std::mem::size_of::<(PathBuf, Dir)>() + 8) as u64 + heap(rel.as_os_str().len())
+}
+
+/// `rel`'s parent and name, if it has them and the name is UTF-8 (every key is).
+fn split(rel: &Path) -> Option<(&Path, &str)> {
+    Some((rel.parent()?, rel.file_name()?.to_str()?))
 }
 
 /// Hashes an ETag (or, without one, the last-modified time) into the version's inode field.
@@ -70,7 +186,11 @@ pub(super) fn object_meta(
     last_modified: chrono::DateTime<chrono::Utc>,
     etag: Option<&str>,
 ) -> SourceMeta {
-    let mtime_ns = last_modified.timestamp_nanos_opt().unwrap_or(0);
+    object_meta_ns(size, last_modified.timestamp_nanos_opt().unwrap_or(0), etag)
+}
+
+/// [`object_meta`] of a time in nanoseconds since the epoch.
+fn object_meta_ns(size: u64, mtime_ns: i64, etag: Option<&str>) -> SourceMeta {
     let mtime = SystemTime::UNIX_EPOCH + Duration::from_nanos(mtime_ns.max(0) as u64);
     SourceMeta {
         attr: Attr {
@@ -170,152 +290,228 @@ pub(super) fn drop_markers(
 }
 
 impl Tree {
-    /// The tree of `objects` (relative paths with their store metadata), listed at `now`.
+    /// A tree of the root alone, not listed yet.
+    pub(super) fn new(at: SystemTime) -> Tree {
+        let mut tree = Tree {
+            dirs: HashMap::new(),
+            objects: 0,
+            bytes: 0,
+            memory: 0,
+            began: Instant::now(),
+        };
+        tree.add_dir(Path::new(""), None, at);
+        tree
+    }
+
+    /// Seconds from the tree's start to `now`, as objects keep their check time.
+    fn secs(&self, now: Instant) -> u32 {
+        now.saturating_duration_since(self.began).as_secs() as u32
+    }
+
+    /// How long ago the store last vouched for `o`.
+    pub(super) fn age(&self, o: &Object) -> Duration {
+        let now = self.began.elapsed().as_secs();
+        Duration::from_secs(now.saturating_sub(o.checked as u64))
+    }
+
+    /// Object `rel`, if the tree has it.
+    pub(super) fn object(&self, rel: &Path) -> Option<&Object> {
+        let (parent, name) = split(rel)?;
+        match self.dirs.get(parent)?.get(name)? {
+            Entry::File(o) => Some(o),
+            Entry::Dir => None,
+        }
+    }
+
+    /// The tree of `objects` (relative paths with their store metadata), every directory
+    /// listed at `now`: a manifest's. A path that is also a directory's is left out.
     pub(super) fn build(
         objects: Vec<(PathBuf, ObjectMeta)>,
         now: Instant,
         at: SystemTime,
     ) -> (Tree, Skipped) {
-        let mut tree = Tree::default();
+        let mut tree = Tree::new(at);
         let mut skipped = Skipped::default();
-        tree.add_dir(Path::new(""), now, at);
+        let mut listing: HashMap<PathBuf, (Vec<(Box<str>, ObjectMeta)>, Vec<Box<str>>)> =
+            HashMap::new();
+        listing.entry(PathBuf::new()).or_default();
         for (rel, _) in &objects {
             let mut dir = PathBuf::new();
             for c in rel.parent().into_iter().flat_map(|p| p.components()) {
-                let name = c.as_os_str();
-                tree.child(&dir, name, Kind::Dir);
-                dir.push(name);
-                if !tree.dirs.contains_key(&dir) {
-                    tree.add_dir(&dir, now, at);
+                let name = c.as_os_str().to_string_lossy();
+                let child = dir.join(&*name);
+                if !listing.contains_key(&child) {
+                    listing.entry(dir.clone()).or_default().1.push(name.into());
+                    listing.entry(child.clone()).or_default();
                 }
+                dir = child;
             }
         }
         for (rel, o) in objects {
-            if tree.dirs.contains_key(&rel) {
+            if listing.contains_key(&rel) {
                 skipped.shadowed.push(rel);
                 continue;
             }
-            tree.insert_object(rel, &o, now);
+            if let Some((parent, name)) = split(&rel) {
+                listing
+                    .entry(parent.to_path_buf())
+                    .or_default()
+                    .0
+                    .push((name.into(), o));
+            }
+        }
+        // Parents first, so that each directory is in the tree before its listing is set.
+        let mut dirs: Vec<_> = listing.into_iter().collect();
+        dirs.sort_by_key(|(rel, _)| rel.components().count());
+        for (rel, (files, subdirs)) in dirs {
+            tree.set_listing(&rel, files, subdirs, now, at);
         }
         (tree, skipped)
     }
 
-    fn add_dir(&mut self, rel: &Path, now: Instant, at: SystemTime) {
-        self.memory += dir_cost(rel);
-        let old = self.dirs.insert(
-            rel.to_path_buf(),
-            Dir {
-                meta: dir_meta(rel, at),
-                children: BTreeMap::new(),
-                listed: Some(now),
-            },
-        );
-        if old.is_some() {
-            self.memory -= dir_cost(rel);
+    fn add_dir(&mut self, rel: &Path, listed: Option<Instant>, at: SystemTime) {
+        let dir = Dir {
+            meta: dir_meta(rel, at),
+            entries: Vec::new(),
+            listed,
+        };
+        if self.dirs.insert(rel.to_path_buf(), dir).is_none() {
+            self.memory += dir_cost(rel);
         }
     }
 
-    fn child(&mut self, dir: &Path, name: &OsStr, kind: Kind) {
-        if let Some(d) = self.dirs.get_mut(dir) {
-            d.children.insert(name.to_os_string(), kind);
+    /// Counts `entry` in or out of the tree's totals.
+    fn count(&mut self, name: &str, entry: &Entry, sign: i64) {
+        let apply = |total: &mut u64, n: u64| {
+            *total = if sign > 0 {
+                *total + n
+            } else {
+                total.saturating_sub(n)
+            };
+        };
+        apply(&mut self.memory, entry_cost(name, entry));
+        if let Entry::File(o) = entry {
+            apply(&mut self.objects, 1);
+            apply(&mut self.bytes, o.size);
         }
     }
 
-    pub(super) fn insert_object(&mut self, rel: PathBuf, o: &ObjectMeta, now: Instant) {
-        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+    /// Puts object `rel` as a HEAD found it; nothing if its directory is not in the tree.
+    pub(super) fn insert_object(&mut self, rel: &Path, o: &ObjectMeta, now: Instant) {
+        let Some((parent, name)) = split(rel) else {
             return;
         };
-        let (parent, name) = (parent.to_path_buf(), name.to_os_string());
-        self.child(&parent, &name, Kind::File);
-        let object = Object {
-            meta: object_meta(o.size, o.last_modified, o.e_tag.as_deref()),
-            etag: o.e_tag.clone(),
-            last_modified: o.last_modified,
-            checked: now,
+        let entry = Entry::File(Object::new(o, self.secs(now)));
+        let Some(dir) = self.dirs.get_mut(parent) else {
+            return;
         };
-        self.bytes += o.size;
-        self.memory += object_cost(&rel, o.e_tag.as_deref());
-        if let Some(old) = self.objects.insert(rel.clone(), object) {
-            self.bytes -= old.meta.attr.size;
-            self.memory -= object_cost(&rel, old.etag.as_deref());
+        let old = match dir.entries.binary_search_by(|(n, _)| (**n).cmp(name)) {
+            Ok(at) => match &dir.entries[at].1 {
+                // A directory wins over an object of its name.
+                Entry::Dir => return,
+                Entry::File(_) => Some(std::mem::replace(&mut dir.entries[at].1, entry.clone())),
+            },
+            Err(at) => {
+                dir.entries.insert(at, (name.into(), entry.clone()));
+                None
+            }
+        };
+        if let Some(old) = old {
+            self.count(name, &old, -1);
         }
+        self.count(name, &entry, 1);
     }
 
     /// Forgets `rel` and everything beneath it.
     pub(super) fn remove(&mut self, rel: &Path) {
-        if let Some(o) = self.objects.remove(rel) {
-            self.bytes -= o.meta.attr.size;
-            self.memory -= object_cost(rel, o.etag.as_deref());
-        }
-        if self.dirs.remove(rel).is_some() {
-            self.memory -= dir_cost(rel);
-            let gone: Vec<PathBuf> = (self.objects.keys().chain(self.dirs.keys()))
-                .filter(|p| p.starts_with(rel))
-                .cloned()
-                .collect();
-            for p in gone {
-                self.remove(&p);
+        let Some((parent, name)) = split(rel) else {
+            return;
+        };
+        let gone = (self.dirs.get_mut(parent)).and_then(|d| {
+            let at = d.entries.binary_search_by(|(n, _)| (**n).cmp(name)).ok()?;
+            Some(d.entries.remove(at))
+        });
+        if let Some((name, entry)) = gone {
+            self.count(&name, &entry, -1);
+            if let Entry::Dir = entry {
+                self.remove_dir(rel);
             }
         }
-        if let (Some(parent), Some(name)) = (rel.parent(), rel.file_name())
-            && let Some(d) = self.dirs.get_mut(parent)
-        {
-            d.children.remove(name);
+    }
+
+    /// Forgets directory `rel`'s own record and those of everything beneath it.
+    fn remove_dir(&mut self, rel: &Path) {
+        let beneath: Vec<PathBuf> = (self.dirs.keys())
+            .filter(|p| p.starts_with(rel))
+            .cloned()
+            .collect();
+        for p in beneath {
+            if let Some(d) = self.dirs.remove(&p) {
+                self.memory = self.memory.saturating_sub(dir_cost(&p));
+                for (name, entry) in &d.entries {
+                    self.count(name, entry, -1);
+                }
+            }
         }
     }
 
     /// Puts what a listing of directory `rel` found in place of what it held: `files` (by
-    /// name) and subdirectory names `subdirs`. Returns whether its names changed.
-    pub(super) fn relisted(
+    /// name) and subdirectory names `subdirs`; a name that is both is the directory's. New
+    /// subdirectories are listed when first read. Returns whether its names changed.
+    pub(super) fn set_listing(
         &mut self,
         rel: &Path,
-        files: Vec<(OsString, ObjectMeta)>,
-        subdirs: Vec<OsString>,
+        files: Vec<(Box<str>, ObjectMeta)>,
+        subdirs: Vec<Box<str>>,
         now: Instant,
         at: SystemTime,
     ) -> bool {
-        let before = self
-            .dirs
-            .get(rel)
-            .map(|d| d.children.clone())
-            .unwrap_or_default();
-        let mut after: BTreeMap<OsString, Kind> = BTreeMap::new();
-        for name in &subdirs {
-            after.insert(name.clone(), Kind::Dir);
+        let checked = self.secs(now);
+        let mut after: Vec<(Box<str>, Entry)> = Vec::with_capacity(files.len() + subdirs.len());
+        after.extend(subdirs.into_iter().map(|n| (n, Entry::Dir)));
+        after.extend(
+            files
+                .into_iter()
+                .map(|(n, o)| (n, Entry::File(Object::new(&o, checked)))),
+        );
+        // Directories first, then a stable sort: of a name listed twice the first is kept.
+        after.sort_by(|a, b| a.0.cmp(&b.0));
+        after.dedup_by(|later, first| later.0 == first.0);
+        after.shrink_to_fit();
+        if !self.dirs.contains_key(rel) {
+            self.add_dir(rel, None, at);
         }
-        for (name, _) in &files {
-            after.entry(name.clone()).or_insert(Kind::File);
-        }
-        for (name, kind) in &before {
-            if after.get(name) != Some(kind) {
-                self.remove(&rel.join(name));
+        let before = std::mem::take(&mut self.dirs.get_mut(rel).expect("added above").entries);
+        let kinds = |e: &[(Box<str>, Entry)]| -> Vec<(Box<str>, bool)> {
+            e.iter()
+                .map(|(n, e)| (n.clone(), matches!(e, Entry::Dir)))
+                .collect()
+        };
+        let changed = kinds(&before) != kinds(&after);
+        for (name, entry) in &before {
+            self.count(name, entry, -1);
+            let still_dir = matches!(entry, Entry::Dir)
+                && after
+                    .binary_search_by(|(n, _)| n.cmp(name))
+                    .is_ok_and(|i| matches!(after[i].1, Entry::Dir));
+            if matches!(entry, Entry::Dir) && !still_dir {
+                self.remove_dir(&rel.join(&**name));
             }
         }
-        if !self.dirs.contains_key(rel) {
-            self.add_dir(rel, now, at);
-        }
-        for name in &subdirs {
-            let path = rel.join(name);
-            if !self.dirs.contains_key(&path) {
-                // Listed when first read.
-                self.add_dir(&path, now, at);
-                if let Some(d) = self.dirs.get_mut(&path) {
-                    d.listed = None;
+        for (name, entry) in &after {
+            self.count(name, entry, 1);
+            if let Entry::Dir = entry {
+                let path = rel.join(&**name);
+                if !self.dirs.contains_key(&path) {
+                    self.add_dir(&path, None, at);
                 }
             }
         }
-        for (name, o) in files {
-            if after.get(&name) == Some(&Kind::File) {
-                self.insert_object(rel.join(&name), &o, now);
-            }
-        }
-        let changed = before != after;
-        if let Some(d) = self.dirs.get_mut(rel) {
-            d.children = after;
-            d.listed = Some(now);
-            if changed {
-                d.meta = dir_meta(rel, at);
-            }
+        let d = self.dirs.get_mut(rel).expect("added above");
+        d.entries = after;
+        d.listed = Some(now);
+        if changed {
+            d.meta = dir_meta(rel, at);
         }
         changed
     }
@@ -336,6 +532,22 @@ mod tests {
         }
     }
 
+    /// The names of directory `rel`, each with true for a directory.
+    fn names(tree: &Tree, rel: &str) -> Vec<(String, bool)> {
+        (tree.dirs[Path::new(rel)].entries.iter())
+            .map(|(n, e)| (n.to_string(), matches!(e, Entry::Dir)))
+            .collect()
+    }
+
+    /// The tree's memory counted afresh.
+    fn fresh_memory(tree: &Tree) -> u64 {
+        (tree.dirs.iter())
+            .map(|(p, d)| {
+                dir_cost(p) + d.entries.iter().map(|(n, e)| entry_cost(n, e)).sum::<u64>()
+            })
+            .sum()
+    }
+
     #[test]
     fn the_tree_holds_every_object_and_directory_wins_over_a_file() {
         let objects = vec![
@@ -346,18 +558,42 @@ mod tests {
         ];
         let (tree, skipped) = Tree::build(objects, Instant::now(), SystemTime::now());
         assert_eq!(skipped.shadowed, [PathBuf::from("a")]);
-        assert_eq!(tree.objects.len(), 3);
+        assert_eq!(tree.objects, 3);
         assert_eq!(tree.bytes, 15);
-        let root: Vec<_> = tree.dirs[Path::new("")].children.iter().collect();
+        assert_eq!(names(&tree, ""), [("a".into(), true), ("z".into(), false)]);
+        assert_eq!(names(&tree, "a"), [("b".into(), true), ("x".into(), false)]);
         assert_eq!(
-            root,
-            [
-                (&OsString::from("a"), &Kind::Dir),
-                (&OsString::from("z"), &Kind::File)
-            ]
+            tree.object(Path::new("a/b/y")).unwrap().meta().attr.perm,
+            0o444
         );
-        assert_eq!(tree.dirs[Path::new("a")].children.len(), 2);
-        assert_eq!(tree.objects[Path::new("a/b/y")].meta.attr.perm, 0o444);
+        assert!(tree.dirs[Path::new("a/b")].listed.is_some());
+        assert_eq!(tree.memory, fresh_memory(&tree));
+    }
+
+    #[test]
+    fn an_etag_of_an_md5_is_kept_in_16_bytes_and_given_back_as_written() {
+        for tag in [
+            "\"0123456789abcdef0123456789abcdef\"",
+            "\"abc-2\"",
+            "Eidv1C/Evav==",
+        ] {
+            let e = Etag::new(Some(tag));
+            assert_eq!(e.text().as_deref(), Some(tag));
+            assert_eq!(matches!(e, Etag::Md5(_)), tag.len() == 34);
+        }
+        assert_eq!(Etag::new(None).text(), None);
+        assert!(same_etag("\"Eidv1C==\"", "Eidv1C=="));
+        assert!(!same_etag("\"a\"", "\"b\""));
+    }
+
+    #[test]
+    fn an_object_costs_about_100_bytes_with_its_name() {
+        let o = Entry::File(Object::new(
+            &object("d/n", 1, "\"0123456789abcdef0123456789abcdef\""),
+            0,
+        ));
+        let cost = entry_cost("n01234567.JPEG", &o);
+        assert!((64..=112).contains(&cost), "{cost} bytes");
     }
 
     #[test]
@@ -397,34 +633,29 @@ mod tests {
         ];
         let now = Instant::now();
         let (mut tree, _) = Tree::build(objects, now, SystemTime::now());
-        let changed = tree.relisted(
-            Path::new("d"),
-            vec![(OsString::from("new"), object("d/new", 4, "\"3\""))],
-            vec![OsString::from("sub2")],
-            now,
-            SystemTime::now(),
-        );
-        assert!(changed);
-        assert!(!tree.objects.contains_key(Path::new("d/old")));
-        assert!(!tree.objects.contains_key(Path::new("d/sub/f")));
+        let listing = || {
+            (
+                vec![("new".into(), object("d/new", 4, "\"3\""))],
+                vec!["sub2".into()],
+            )
+        };
+        let (files, subdirs) = listing();
+        assert!(tree.set_listing(Path::new("d"), files, subdirs, now, SystemTime::now()));
+        assert!(tree.object(Path::new("d/old")).is_none());
         assert!(!tree.dirs.contains_key(Path::new("d/sub")));
-        assert_eq!(tree.objects[Path::new("d/new")].meta.attr.size, 4);
+        assert_eq!(tree.object(Path::new("d/new")).unwrap().size, 4);
         // A directory found by the relisting has its names read when it is first listed.
         assert_eq!(tree.dirs[Path::new("d/sub2")].listed, None);
-        assert_eq!(tree.bytes, 4);
+        assert_eq!((tree.objects, tree.bytes), (1, 4));
         // What is forgotten gives its memory back: the tree's count equals a fresh count.
-        let fresh: u64 = (tree.objects.iter())
-            .map(|(p, o)| object_cost(p, o.etag.as_deref()))
-            .chain(tree.dirs.keys().map(|p| dir_cost(p)))
-            .sum();
-        assert_eq!(tree.memory, fresh);
-        let same = tree.relisted(
-            Path::new("d"),
-            vec![(OsString::from("new"), object("d/new", 4, "\"3\""))],
-            vec![OsString::from("sub2")],
-            now,
-            SystemTime::now(),
-        );
-        assert!(!same);
+        assert_eq!(tree.memory, fresh_memory(&tree));
+        let (files, subdirs) = listing();
+        assert!(!tree.set_listing(Path::new("d"), files, subdirs, now, SystemTime::now()));
+        // A HEAD's answer replaces the object; a removal forgets it.
+        tree.insert_object(Path::new("d/new"), &object("d/new", 9, "\"4\""), now);
+        assert_eq!((tree.objects, tree.bytes), (1, 9));
+        tree.remove(Path::new("d"));
+        assert_eq!((tree.objects, tree.bytes), (0, 0));
+        assert_eq!(tree.memory, fresh_memory(&tree));
     }
 }
