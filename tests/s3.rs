@@ -479,12 +479,14 @@ fn an_object_beside_a_folder_marker_of_its_name_is_the_file_with_its_bytes() {
             .lines()
             .any(|l| l.contains("WARN") && l.contains(what))
     };
-    assert!(
-        warned(
-            "left out the folder marker a.bin/ (an empty key ending in '/') beside the object a.bin, which is the file (and 1 more)"
-        ),
-        "{logged}"
-    );
+    for marker in ["a.bin", "sub/b.bin"] {
+        assert!(
+            warned(&format!(
+                "left out the folder marker {marker}/ (an empty key ending in '/') beside the object {marker}, which is the file"
+            )),
+            "{logged}"
+        );
+    }
     assert!(
         warned("left out the object c whose name is also a directory's (the directory wins)"),
         "{logged}"
@@ -1064,30 +1066,56 @@ fn a_key_with_a_control_character_is_refused_saying_so_and_an_empty_prefix_mount
     let server = S3Server::start();
     let bucket = Bucket::create(&server, "names");
     bucket.put("fine/a.bin", b"1");
-    bucket.put_raw(&server, "tabbed/ok.bin", b"2");
+    bucket.put("tabbed/ok.bin", b"2");
     bucket.put_raw(&server, "tabbed/sub/a\tb.bin", b"3");
+    bucket.put_raw(&server, "tabtop/top\tb.bin", b"3");
     bucket.put("other/x", b"4");
     let env = aws_env(&server.endpoint());
     let dir = common::open_tempdir();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
+    let log = dir.path().join("log");
     let run = |url: &str| {
         let mut cmd = Command::new(common::bin());
         cmd.args([OsStr::new("mount"), OsStr::new(url), mnt.as_os_str()]);
+        cmd.args([OsStr::new("--log-file"), log.as_os_str()]);
         cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         common::output_within(&mut cmd, Duration::from_secs(120))
     };
-    // The store's client refuses a listing that holds a key with a control character: the
-    // mount is refused, and the line names the key and the character (it blamed an empty,
-    // '.' or '..' component).
-    let out = run("s3://names/tabbed");
+    // The store's client refuses a listing that holds a key with a control character. In
+    // the first level, which the mount lists, the mount is refused, and the line names the
+    // key and the character (it blamed an empty, '.' or '..' component).
+    let out = run("s3://names/tabtop");
     common::fails_with_line(
         &out,
         1,
-        "listing s3://names/tabbed: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
+        "listing s3://names/tabtop: the key \"tabtop/top\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
         "a key with a tab",
     );
     assert!(!common::is_mounted(&mnt));
+    // Deeper, in a folder listed when looked up: listing that folder fails with EIO, and the
+    // log's line names the key; the rest of the mount reads.
+    let out = run("s3://names/tabbed/sub");
+    common::fails_with_line(
+        &out,
+        1,
+        "listing s3://names/tabbed/sub: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
+        "a key with a tab, one level down",
+    );
+    let out = run("s3://names/tabbed");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(std::fs::read(mnt.join("ok.bin")).unwrap(), b"2");
+    let e = std::fs::read_dir(mnt.join("sub")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let out = common::coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.lines().any(|l| l.contains("WARN") && l.contains(
+            "listing s3://names/tabbed/sub: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab)"
+        )),
+        "{logged}"
+    );
 
     // A prefix with no object beneath it (a typo, most often: keys are case-sensitive) is
     // mounted, empty, with one warning line.

@@ -62,7 +62,9 @@ def main():
     if kind == "s3":
         url = f"{endpoint}/{bucket}" + (f"/{urllib.parse.quote(key, safe='/')}" if key else "")
         method = {"mkbucket": "PUT", "put": "PUT", "delete": "DELETE"}[verb]
-        request(method, url, data if verb == "put" else None)
+        # A body sent as a form (urllib's default type) is stored empty by moto.
+        headers = {"Content-Type": "application/octet-stream"}
+        request(method, url, data if verb == "put" else None, headers)
     elif kind == "gcs":
         if verb == "mkbucket":
             request(

@@ -358,7 +358,7 @@ impl ObjectSource {
             let marker_only = beside && self.only_a_marker(&rel.join(&**d));
             if marker_only {
                 tracing::warn!(
-                    "{}: left out the folder marker {}/ (an empty key ending in '/') beside the object of its name, which is the file",
+                    "{}: left out the folder marker {1}/ (an empty key ending in '/') beside the object {1}, which is the file",
                     self.name.display(),
                     rel.join(&**d).display()
                 );
