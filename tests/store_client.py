@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import sys
+import urllib.error
 import urllib.parse
 import urllib.request
 from email.utils import formatdate
@@ -63,7 +64,13 @@ def main():
         url = f"{endpoint}/{bucket}" + (f"/{urllib.parse.quote(key, safe='/')}" if key else "")
         method = {"mkbucket": "PUT", "put": "PUT", "delete": "DELETE"}[verb]
         # A body sent as a form (urllib's default type) is stored empty by moto.
-        headers = {"Content-Type": "application/octet-stream"}
+        # moto refuses an anonymous overwrite (403): a request of the tests' key, unsigned,
+        # as moto checks no signature.
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Authorization": "AWS4-HMAC-SHA256 Credential=AKIATESTKEY/20260101/us-east-1/s3/"
+            "aws4_request, SignedHeaders=host, Signature=00",
+        }
         request(method, url, data if verb == "put" else None, headers)
     elif kind == "gcs":
         if verb == "mkbucket":
@@ -97,4 +104,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except urllib.error.HTTPError as e:
+        sys.exit(f"store_client.py {' '.join(sys.argv[1:])}: {e.code} {e.reason}: {e.read()[:300]!r}")

@@ -378,7 +378,7 @@ impl ObjectSource {
         Ok(())
     }
 
-    /// True if the one key beneath directory `rel` is its folder marker (`rel/`).
+    /// True if the only key beneath directory `rel`, if any, is its folder marker (`rel/`).
     fn only_a_marker(&self, rel: &Path) -> bool {
         let Ok(key) = self.url.key(rel) else {
             return false;
@@ -386,9 +386,9 @@ impl ObjectSource {
         let store = self.store.clone();
         let marker = key.clone();
         let answer = self.wait(async move { store.list_with_delimiter(Some(&key)).await });
+        // Azure's client leaves the marker out of the listing of its own prefix.
         matches!(answer, Ok(Ok(l)) if l.common_prefixes.is_empty()
-            && l.objects.len() == 1
-            && l.objects[0].location == marker)
+            && l.objects.iter().all(|o| o.location == marker))
     }
 
     /// True if directory `d`'s names are older than the TTL, or were never read.
