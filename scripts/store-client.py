@@ -5,6 +5,7 @@ object_store refuses to write too (a folder marker `a/`, a tab). Standard librar
     store-client.py KIND ENDPOINT mkbucket BUCKET
     store-client.py KIND ENDPOINT put BUCKET KEY < bytes
     store-client.py KIND ENDPOINT delete BUCKET KEY
+    store-client.py KIND ENDPOINT put-dir BUCKET PREFIX DIR   # every file of DIR, 16 at once
 
 KIND: s3 (moto, which checks no signature), gcs (fake-gcs-server's JSON API, unsigned),
 azure (Azurite's well-known account, signed with its Shared Key).
@@ -56,8 +57,29 @@ def azure(endpoint, method, path, query, data=b"", extra=None):
     return request(method, url, data if data else None, headers)
 
 
+def put_dir(kind, endpoint, bucket, prefix, root):
+    """Puts every file beneath `root` as PREFIX/its path, 16 at a time."""
+    import concurrent.futures
+    import os
+    import subprocess
+
+    files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+
+    def put(path):
+        key = f"{prefix}/{os.path.relpath(path, root)}"
+        with open(path, "rb") as f:
+            subprocess.run(
+                [sys.executable, __file__, kind, endpoint, "put", bucket, key], stdin=f, check=True
+            )
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, files))
+
+
 def main():
     kind, endpoint, verb, bucket = sys.argv[1:5]
+    if verb == "put-dir":
+        return put_dir(kind, endpoint, bucket, sys.argv[5], sys.argv[6])
     key = sys.argv[5] if len(sys.argv) > 5 else None
     data = sys.stdin.buffer.read() if verb == "put" else b""
     if kind == "s3":
