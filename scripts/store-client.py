@@ -61,16 +61,13 @@ def put_dir(kind, endpoint, bucket, prefix, root):
     """Puts every file beneath `root` as PREFIX/its path, 16 at a time."""
     import concurrent.futures
     import os
-    import subprocess
 
     files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
 
     def put(path):
-        key = f"{prefix}/{os.path.relpath(path, root)}"
         with open(path, "rb") as f:
-            subprocess.run(
-                [sys.executable, __file__, kind, endpoint, "put", bucket, key], stdin=f, check=True
-            )
+            data = f.read()
+        act(kind, endpoint, "put", bucket, f"{prefix}/{os.path.relpath(path, root)}", data)
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(put, files))
@@ -82,12 +79,17 @@ def main():
         return put_dir(kind, endpoint, bucket, sys.argv[5], sys.argv[6])
     key = sys.argv[5] if len(sys.argv) > 5 else None
     data = sys.stdin.buffer.read() if verb == "put" else b""
+    act(kind, endpoint, verb, bucket, key, data)
+
+
+def act(kind, endpoint, verb, bucket, key, data):
+    """Makes `bucket`, puts `data` as `key` or deletes `key` (`verb`)."""
     if kind == "s3":
         url = f"{endpoint}/{bucket}" + (f"/{urllib.parse.quote(key, safe='/')}" if key else "")
         method = {"mkbucket": "PUT", "put": "PUT", "delete": "DELETE"}[verb]
-        # A body sent as a form (urllib's default type) is stored empty by moto.
-        # moto refuses an anonymous overwrite (403): a request of the tests' key, unsigned,
-        # as moto checks no signature.
+        # Not a form's content type (urllib's default: moto stores such a body empty), and
+        # the tests' key, unsigned (moto refuses an anonymous overwrite, and checks no
+        # signature).
         headers = {
             "Content-Type": "application/octet-stream",
             "Authorization": "AWS4-HMAC-SHA256 Credential=AKIATESTKEY/20260101/us-east-1/s3/"

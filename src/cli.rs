@@ -50,12 +50,19 @@ pub enum Command {
 answers, leaving a daemon that serves it until 'coorfs umount MOUNTPOINT', 'umount MOUNTPOINT' \
 or a SIGTERM/SIGINT to the daemon. With --foreground it stays attached, logs to stderr and \
 unmounts on Ctrl-C.\n\nEvery write (write, create, mkdir, rename, unlink, truncate, chmod, \
-setxattr, ...) fails with EROFS; the source is never written to.\n\nSOURCE may be \
-s3://BUCKET/PREFIX, a dataset in an S3-compatible object store. The store is configured the \
-way the AWS tools are: AWS_ENDPOINT_URL (AWS_ALLOW_HTTP=true for a plain-HTTP endpoint), \
-AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else the profile \
-AWS_PROFILE (default: default) of ~/.aws/credentials and ~/.aws/config, else instance \
-metadata. The mount lists the prefix first (progress in the log); keys become paths, '/' \
+setxattr, ...) fails with EROFS; the source is never written to.\n\nSOURCE may be a prefix of \
+an object store: s3://BUCKET/PREFIX (AWS S3 or an S3-compatible store), gs://BUCKET/PREFIX \
+(Google Cloud Storage), az://CONTAINER/PREFIX or https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX \
+(Azure Blob Storage). Each is configured the way its cloud's tools are: S3 by AWS_ENDPOINT_URL \
+(AWS_ALLOW_HTTP=true for a plain-HTTP endpoint), AWS_REGION, AWS_ACCESS_KEY_ID, \
+AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else the profile AWS_PROFILE (default: default) of \
+~/.aws/credentials and ~/.aws/config, else instance metadata; GCS by \
+GOOGLE_APPLICATION_CREDENTIALS, else gcloud's application default credentials, else the metadata \
+server (STORAGE_EMULATOR_HOST: an emulator); Azure by AZURE_STORAGE_ACCOUNT with \
+AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or AZURE_STORAGE_CONNECTION_STRING, else a \
+service principal or managed identity (AZURE_STORAGE_USE_EMULATOR=true: Azurite). The mount \
+returns once the prefix's first level is listed; each folder is listed when first looked up, \
+and the rest in the background (--manifest: no listing at all). Keys become paths, '/' \
 separating directories; objects are files of mode 0444 owned by root. An object's version is \
 its ETag: the listing is trusted for --metadata-ttl, then an open asks the store again, and \
 every read is a ranged GET on the version the open saw (If-Match), so bytes of two versions \
@@ -66,7 +73,10 @@ source_throttled); 403 gives EACCES, 404 ENOENT, at once. A prefix no object has
 mounted empty, with a warning on stderr.",
         after_help = "Examples:\n  coorfs mount /data/imagenet /mnt/train\n  coorfs mount \
 --foreground --log-level debug /data/imagenet /mnt/train\n  AWS_PROFILE=training coorfs mount \
---cache-dir /var/cache/coorfs --disk-cache-size 500G s3://datasets/imagenet/train /mnt/train"
+--cache-dir /var/cache/coorfs --disk-cache-size 500G s3://datasets/imagenet/train /mnt/train\n  \
+GOOGLE_APPLICATION_CREDENTIALS=/etc/coorfs/sa.json coorfs mount gs://datasets/train /mnt/train\n  \
+coorfs manifest az://datasets/train > train.manifest && coorfs mount --manifest train.manifest \
+az://datasets/train /mnt/train"
     )]
     Mount(MountArgs),
     /// Unmount a coorfs mount and wait for its daemon to exit.

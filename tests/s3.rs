@@ -764,6 +764,8 @@ fn a_key_with_a_control_character_is_refused_saying_so_and_an_empty_prefix_mount
     let dir = common::open_tempdir();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
+    // A mount this test leaves, failing, goes with it.
+    let _gone = common::UnmountOnDrop(mnt.clone());
     let log = dir.path().join("log");
     let run = |url: &str| {
         let mut cmd = Command::new(common::bin());

@@ -3,8 +3,8 @@
 //! environment its cloud's own tools read. Bytes equal to the store's (small files, a 64 MiB
 //! object, odd keys, folder markers), an object changed while read is never two versions,
 //! faults retried and counted, lazy listing (the mount returns once the first level is
-//! listed, each folder is listed once), a manifest that lists nothing, the disk tier, and
-//! bad input as one line.
+//! listed, each folder is listed once), a manifest that lists nothing, the disk tier, the
+//! keeper, and bad input as one line.
 
 mod common;
 
@@ -342,6 +342,35 @@ fn the_disk_tier_serves_a_restarted_mount_without_the_store(kind: Kind) {
     }
 }
 
+fn a_daemon_killed_mid_epoch_is_replaced_and_every_read_gets_the_stores_bytes(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let bucket = server.create_bucket("kept");
+    let want = put_dataset(&bucket, "d", 12);
+    let m = mount(&server, &server.url("kept", "d"), &["--no-prefetch"]);
+    // Half read, a file held open, then the daemon is killed: its successor takes over the
+    // nodes and the open file, lists the store again as it is looked up, and serves the rest.
+    for (rel, data) in &want[..6] {
+        assert!(std::fs::read(m.path(rel)).unwrap() == *data, "{rel}");
+    }
+    let held = &want[4];
+    let open = std::fs::File::open(m.path(&held.0)).unwrap();
+    let old = m.pid();
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(old as i32, libc::SIGKILL) }, 0);
+    for (rel, data) in &want {
+        assert!(
+            std::fs::read(m.path(rel)).unwrap() == *data,
+            "{rel}, after the kill"
+        );
+    }
+    let mut again = Vec::new();
+    std::io::Read::read_to_end(&mut &open, &mut again).unwrap();
+    assert!(again == held.1, "the file held open across the kill");
+    assert_ne!(m.pid(), old);
+    assert_eq!(num(&stats(&m.mnt), "daemon_restarts"), 1);
+    m.unmount();
+}
+
 macro_rules! for_each_store {
     ($($case:ident),* $(,)?) => {
         mod gcs {
@@ -364,6 +393,7 @@ for_each_store!(
     the_mount_returns_once_the_first_level_is_listed_and_each_folder_is_listed_once,
     a_manifest_mounts_with_no_listing,
     the_disk_tier_serves_a_restarted_mount_without_the_store,
+    a_daemon_killed_mid_epoch_is_replaced_and_every_read_gets_the_stores_bytes,
 );
 
 /// `coorfs mount URL MNT` with `env` (and nothing of the machine's own cloud setup).

@@ -53,7 +53,7 @@ use crate::namespace::{FileVersion, Kind, SourceMeta};
 use errors::{errno_of, listing_error, one_line};
 use listing::warn_skipped;
 use store::build_store;
-use tree::{Dir, Entry, Tree, drop_markers, object_meta, same_etag};
+use tree::{Dir, Entry, Tree, object_meta, same_etag};
 use url::key_of;
 
 /// A dataset in an object store.
@@ -71,6 +71,8 @@ pub struct ObjectSource {
     /// rather than asking the store again; `listed` wakes it.
     listing: Mutex<HashSet<PathBuf>>,
     listed: Condvar,
+    /// The tree came whole from a manifest: the scan reads memory, not the store.
+    from_manifest: bool,
 }
 
 /// Directories the background scan lists at once: each listing waits on the store's
@@ -192,10 +194,8 @@ impl ObjectSource {
         let now = Instant::now();
         let tree = match manifest {
             Some(file) => {
-                let objects = manifest::read(file, &url)?;
-                let (kept, markers) = drop_markers(objects);
-                let (tree, mut skipped) = Tree::build(kept, now, SystemTime::now());
-                skipped.markers = markers;
+                let folders = manifest::read(file, &url)?;
+                let (tree, skipped) = Tree::from_folders(folders, now, SystemTime::now());
                 warn_skipped(&name, &skipped);
                 tracing::info!(
                     "{}: {} objects from the manifest {}",
@@ -216,6 +216,7 @@ impl ObjectSource {
             ttl,
             listing: Mutex::new(HashSet::new()),
             listed: Condvar::new(),
+            from_manifest: manifest.is_some(),
         };
         if manifest.is_none() {
             // The first level: a store that cannot be listed refuses the mount here.
@@ -352,7 +353,7 @@ impl ObjectSource {
             .filter_map(|p| name_of(p.as_ref()))
             .collect();
         // A name that is an object and a prefix whose one key is its folder marker: the
-        // object is the file ([`drop_markers`]); else the directory wins.
+        // object is the file (as [`tree::drop_markers`] keeps it); else the directory wins.
         subdirs.retain(|d| {
             let beside = files.iter().any(|(f, _)| f == d);
             let marker_only = beside && self.only_a_marker(&rel.join(&**d));
@@ -567,7 +568,8 @@ impl DatasetSource for ObjectSource {
     }
 
     fn scan_threads(&self) -> Option<usize> {
-        Some(LIST_PARALLEL)
+        // From a manifest the scan is the CPU's work: a thread a CPU, as for a directory.
+        (!self.from_manifest).then_some(LIST_PARALLEL)
     }
 
     fn statfs(&self) -> io::Result<FsStats> {

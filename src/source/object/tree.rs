@@ -82,6 +82,17 @@ pub(super) struct Object {
 }
 
 impl Object {
+    /// An object of `size` bytes, last modified `mtime_ns` after the epoch, as a manifest
+    /// gives it; the store vouched for it when the tree began.
+    pub(super) fn of(size: u64, mtime_ns: i64, etag: Option<&str>) -> Object {
+        Object {
+            size,
+            mtime_ns,
+            etag: Etag::new(etag),
+            checked: 0,
+        }
+    }
+
     fn new(o: &ObjectMeta, checked: u32) -> Object {
         Object {
             size: o.size,
@@ -324,47 +335,65 @@ impl Tree {
     }
 
     /// The tree of `objects` (relative paths with their store metadata), every directory
-    /// listed at `now`: a manifest's. A path that is also a directory's is left out.
+    /// listed at `now`. A path that is also a directory's is left out.
+    #[cfg(test)]
     pub(super) fn build(
         objects: Vec<(PathBuf, ObjectMeta)>,
         now: Instant,
         at: SystemTime,
     ) -> (Tree, Skipped) {
+        let mut folders: HashMap<PathBuf, Vec<(Box<str>, Object)>> = HashMap::new();
+        for (rel, o) in objects {
+            if let Some((parent, name)) = split(&rel) {
+                let entry = (name.into(), Object::new(&o, 0));
+                folders.entry(parent.to_path_buf()).or_default().push(entry);
+            }
+        }
+        Tree::from_folders(folders, now, at)
+    }
+
+    /// The tree of `files` by folder (a manifest's), every folder listed at `now`, each
+    /// ancestor of a folder a folder too. A file whose path is also a folder's is left out.
+    pub(super) fn from_folders(
+        mut files: HashMap<PathBuf, Vec<(Box<str>, Object)>>,
+        now: Instant,
+        at: SystemTime,
+    ) -> (Tree, Skipped) {
         let mut tree = Tree::new(at);
         let mut skipped = Skipped::default();
-        let mut listing: HashMap<PathBuf, (Vec<(Box<str>, ObjectMeta)>, Vec<Box<str>>)> =
-            HashMap::new();
-        listing.entry(PathBuf::new()).or_default();
-        for (rel, _) in &objects {
-            let mut dir = PathBuf::new();
-            for c in rel.parent().into_iter().flat_map(|p| p.components()) {
-                let name = c.as_os_str().to_string_lossy();
-                let child = dir.join(&*name);
-                if !listing.contains_key(&child) {
-                    listing.entry(dir.clone()).or_default().1.push(name.into());
-                    listing.entry(child.clone()).or_default();
-                }
-                dir = child;
-            }
-        }
-        for (rel, o) in objects {
-            if listing.contains_key(&rel) {
-                skipped.shadowed.push(rel);
-                continue;
-            }
-            if let Some((parent, name)) = split(&rel) {
-                listing
+        let mut subdirs: HashMap<PathBuf, Vec<Box<str>>> = HashMap::new();
+        subdirs.insert(PathBuf::new(), Vec::new());
+        let folders: Vec<PathBuf> = files.keys().cloned().collect();
+        for folder in folders {
+            let mut d = folder.as_path();
+            while !subdirs.contains_key(d) {
+                let (Some(parent), Some(name)) =
+                    (d.parent(), d.file_name().and_then(|n| n.to_str()))
+                else {
+                    break;
+                };
+                subdirs.insert(d.to_path_buf(), Vec::new());
+                subdirs
                     .entry(parent.to_path_buf())
                     .or_default()
-                    .0
-                    .push((name.into(), o));
+                    .push(name.into());
+                d = parent;
             }
         }
-        // Parents first, so that each directory is in the tree before its listing is set.
-        let mut dirs: Vec<_> = listing.into_iter().collect();
-        dirs.sort_by_key(|(rel, _)| rel.components().count());
-        for (rel, (files, subdirs)) in dirs {
-            tree.set_listing(&rel, files, subdirs, now, at);
+        // Parents first, so that each folder is in the tree before its listing is set.
+        let mut order: Vec<(PathBuf, Vec<Box<str>>)> = subdirs.into_iter().collect();
+        order.sort_by_key(|(rel, _)| rel.components().count());
+        for (rel, dirs) in order {
+            let mut entries: Vec<(Box<str>, Entry)> = Vec::new();
+            for (name, o) in files.remove(&rel).unwrap_or_default() {
+                if dirs.contains(&name) {
+                    skipped.shadowed.push(rel.join(&*name));
+                } else {
+                    entries.push((name, Entry::File(o)));
+                }
+            }
+            entries.extend(dirs.into_iter().map(|n| (n, Entry::Dir)));
+            tree.put_listing(&rel, entries, now, at);
         }
         (tree, skipped)
     }
@@ -474,6 +503,18 @@ impl Tree {
                 .into_iter()
                 .map(|(n, o)| (n, Entry::File(Object::new(&o, checked)))),
         );
+        self.put_listing(rel, after, now, at)
+    }
+
+    /// [`Tree::set_listing`] of `after`, the folder's entries in any order, its folders
+    /// before its files of the same name.
+    fn put_listing(
+        &mut self,
+        rel: &Path,
+        mut after: Vec<(Box<str>, Entry)>,
+        now: Instant,
+        at: SystemTime,
+    ) -> bool {
         // Directories first, then a stable sort: of a name listed twice the first is kept.
         after.sort_by(|a, b| a.0.cmp(&b.0));
         after.dedup_by(|later, first| later.0 == first.0);
