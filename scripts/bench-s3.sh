@@ -20,6 +20,9 @@
 # AZURE_STORAGE_CONNECTION_STRING), and SYSTEMS defaults to "coorfs hint" (the other readers
 # speak S3 only). The same figures, to set beside STORE=s3's:
 #   STORE=gcs SYSTEMS=coorfs scripts/bench-s3.sh
+# VIA_PROXY=1 puts moto behind the same proxy (s3-server.py adding no latency of its own), so
+# that the three stores are measured through one path:
+#   VIA_PROXY=1 STORE=s3 SYSTEMS=coorfs scripts/bench-s3.sh
 #
 # The store: moto's S3 server (scripts/s3-server.py, from the venv scripts/test.sh installs
 # into target/moto) answering every request after LATENCY (20 ms: first byte from a store in
@@ -75,6 +78,7 @@ esac
 SHARDS=${SHARDS:-}
 SHARD_SIZE=${SHARD_SIZE:-24M}
 PACE=${PACE:-0}
+VIA_PROXY=${VIA_PROXY:-}
 if [ -n "$SHARDS" ]; then
     DATA=${DATA:-/var/tmp/coorfs-bench/s3-shards-$SHARDS-$SHARD_SIZE}
 else
@@ -129,10 +133,15 @@ chmod 600 "$work/s3fs.passwd"
 upstream=$((PORT + 1))
 case $STORE in
 s3)
-    "$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency "$LATENCY" --pace "$PACE" > "$work/server.log" 2>&1 &
+    if [ -n "$VIA_PROXY" ]; then
+        "$venv/bin/python" scripts/s3-server.py --port "$upstream" --latency 0 > "$work/server.log" 2>&1 &
+        store_name="moto behind scripts/delay-proxy.py"
+    else
+        "$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency "$LATENCY" --pace "$PACE" > "$work/server.log" 2>&1 &
+        store_name=moto
+    fi
     servers=$!
     url=s3://bench/ds
-    store_name=moto
     ;;
 gcs)
     target/fakegcs/bin/fake-gcs-server -scheme http -backend memory -host 127.0.0.1 -port "$upstream" \
@@ -152,7 +161,7 @@ azure)
     store_name="Azurite behind scripts/delay-proxy.py"
     ;;
 esac
-if [ "$STORE" != s3 ]; then
+if [ "$STORE" != s3 ] || [ -n "$VIA_PROXY" ]; then
     python3 scripts/delay-proxy.py --port "$PORT" --upstream "127.0.0.1:$upstream" --latency "$LATENCY" --pace "$PACE" \
         > "$work/proxy.log" 2>&1 &
     servers="$servers $!"
@@ -175,7 +184,13 @@ if [ "$STORE" != s3 ]; then
     python3 scripts/store-client.py "$STORE" "http://127.0.0.1:$upstream" mkbucket bench
     python3 scripts/store-client.py "$STORE" "http://127.0.0.1:$upstream" put-dir bench ds "$DATA"
 else
-    "$venv/bin/python" - "$DATA" "$endpoint" <<'PY'
+    store_at=$endpoint
+    [ -z "$VIA_PROXY" ] || store_at=http://127.0.0.1:$upstream
+    for _ in $(seq 1 100); do
+        curl -s -o /dev/null "$store_at" && break
+        sleep 0.1
+    done
+    "$venv/bin/python" - "$DATA" "$store_at" <<'PY'
 import concurrent.futures, os, sys, boto3
 root, endpoint = sys.argv[1], sys.argv[2]
 s3 = boto3.client("s3", endpoint_url=endpoint)

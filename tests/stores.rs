@@ -345,7 +345,12 @@ fn the_disk_tier_serves_a_restarted_mount_without_the_store(kind: Kind) {
 fn a_daemon_killed_mid_epoch_is_replaced_and_every_read_gets_the_stores_bytes(kind: Kind) {
     let server = StoreServer::start(kind);
     let bucket = server.create_bucket("kept");
-    let want = put_dataset(&bucket, "d", 12);
+    let mut want = put_dataset(&bucket, "d", 12);
+    // Two levels down: the successor has listed only the first level when the kernel asks
+    // for this path's node.
+    let deep = bytes(77, 5000);
+    bucket.put("d/deep/er/x.bin", &deep);
+    want.insert(0, ("deep/er/x.bin".into(), deep));
     let m = mount(&server, &server.url("kept", "d"), &["--no-prefetch"]);
     // Half read, a file held open, then the daemon is killed: its successor takes over the
     // nodes and the open file, lists the store again as it is looked up, and serves the rest.
@@ -366,6 +371,7 @@ fn a_daemon_killed_mid_epoch_is_replaced_and_every_read_gets_the_stores_bytes(ki
     let mut again = Vec::new();
     std::io::Read::read_to_end(&mut &open, &mut again).unwrap();
     assert!(again == held.1, "the file held open across the kill");
+    drop(open);
     assert_ne!(m.pid(), old);
     assert_eq!(num(&stats(&m.mnt), "daemon_restarts"), 1);
     m.unmount();

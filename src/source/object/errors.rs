@@ -54,17 +54,14 @@ pub(super) fn listing_error(name: &Path, e: &object_store::Error) -> String {
     let text = one_line(e);
     // The instance metadata service answered, or did not: no credentials were found.
     let scheme = name.to_string_lossy();
-    let hint = match () {
-        _ if !text.contains("169.254.169.254") => "",
-        _ if scheme.starts_with("gs://") => {
-            "; no credentials: set GOOGLE_APPLICATION_CREDENTIALS (a service account's key file), or run on a VM or pod with a service account"
-        }
-        _ if scheme.starts_with("s3://") => {
-            "; no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
-        }
-        _ => {
-            "; no credentials: set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN (or AZURE_STORAGE_CONNECTION_STRING), or run with a managed identity"
-        }
+    let hint = if !text.contains("169.254.169.254") {
+        ""
+    } else if scheme.starts_with("gs://") {
+        "; no credentials: set GOOGLE_APPLICATION_CREDENTIALS (a service account's key file), or run on a VM or pod with a service account"
+    } else if scheme.starts_with("s3://") {
+        "; no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
+    } else {
+        "; no credentials: set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN (or AZURE_STORAGE_CONNECTION_STRING), or run with a managed identity"
     };
     format!("listing {}: {text}{hint}", name.display())
 }
@@ -160,6 +157,28 @@ mod tests {
                 source: "503".into()
             }),
             libc::EIO
+        );
+    }
+
+    #[test]
+    fn no_credentials_names_each_clouds_variables() {
+        let e = || object_store::Error::Generic {
+            store: "X",
+            source: "GET http://169.254.169.254/latest/api/token: refused".into(),
+        };
+        let hint = |url: &str| listing_error(Path::new(url), &e());
+        assert!(hint("s3://b/p").ends_with(
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)"
+        ));
+        assert!(hint("gs://b/p").contains("; no credentials: set GOOGLE_APPLICATION_CREDENTIALS"));
+        assert!(hint("az://b/p").contains("; no credentials: set AZURE_STORAGE_KEY"));
+        let other = object_store::Error::Generic {
+            store: "X",
+            source: "503".into(),
+        };
+        assert_eq!(
+            listing_error(Path::new("gs://b/p"), &other),
+            "listing gs://b/p: Generic X error: 503"
         );
     }
 }

@@ -417,6 +417,14 @@ impl ObjectSource {
             return self.head(rel);
         }
         let parent = rel.parent().unwrap_or(Path::new(""));
+        // A path whose folder this daemon has not listed yet, though the kernel knows it (a
+        // successor daemon's, or a folder the scan has not reached): its folder first, and so
+        // up to one the tree has.
+        if !self.tree.read().dirs.contains_key(parent)
+            && self.current(parent)?.attr.kind != Kind::Dir
+        {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
         let stale = (self.tree.read().dirs.get(parent)).is_some_and(|d| self.stale(d));
         if stale {
             self.relist(parent)?;
@@ -461,12 +469,15 @@ impl DatasetSource for ObjectSource {
     }
 
     fn open_dir(&self, rel: &Path, _who: &Creds) -> io::Result<Listing> {
-        let stale = match self.tree.read().dirs.get(rel) {
-            Some(d) => self.stale(d),
+        let known = self.tree.read().dirs.get(rel).map(|d| self.stale(d));
+        let stale = match known {
+            Some(stale) => stale,
+            // A folder whose parent this daemon has not listed (a successor's): found first.
             None => {
-                return Err(self
-                    .current(rel)
-                    .and(Err(io::Error::from_raw_os_error(libc::ENOTDIR)))?);
+                if self.current(rel)?.attr.kind != Kind::Dir {
+                    return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+                }
+                (self.tree.read().dirs.get(rel)).is_none_or(|d| self.stale(d))
             }
         };
         if stale {

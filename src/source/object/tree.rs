@@ -363,16 +363,20 @@ impl Tree {
         let mut skipped = Skipped::default();
         let mut subdirs: HashMap<PathBuf, Vec<Box<str>>> = HashMap::new();
         subdirs.insert(PathBuf::new(), Vec::new());
+        // Folders named in their parent already (a child may have made a folder's entry
+        // first, so the entry is no sign of it).
+        let mut named: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
         let folders: Vec<PathBuf> = files.keys().cloned().collect();
         for folder in folders {
             let mut d = folder.as_path();
-            while !subdirs.contains_key(d) {
+            while !named.contains(d) {
                 let (Some(parent), Some(name)) =
                     (d.parent(), d.file_name().and_then(|n| n.to_str()))
                 else {
                     break;
                 };
-                subdirs.insert(d.to_path_buf(), Vec::new());
+                named.insert(d.to_path_buf());
+                subdirs.entry(d.to_path_buf()).or_default();
                 subdirs
                     .entry(parent.to_path_buf())
                     .or_default()
