@@ -49,7 +49,10 @@
 #   coorfs - coorfs mount s3://bench/ds, default options (the elastic memory cache, prefetch)
 #            and the same local disk as rclone: --cache-dir with --disk-cache-size DISK;
 #   hint   - the same mount, and `coorfs read --hint` hands each epoch's order to it first;
-#   memory - coorfs with its memory cache only (no --cache-dir; not in the default SYSTEMS).
+#   memory - coorfs with its memory cache only (no --cache-dir; not in the default SYSTEMS);
+#   raw    - no reader but scripts/store-client.py get-dir: every object GET whole, 16 at
+#            once, as fast as the store answers (any STORE; not in the default SYSTEMS): the
+#            store's own speed, beside which a mount's is read.
 # The mounts are read with `coorfs read --procs PROCS`. Per epoch: seconds; for coorfs the hit
 # rate. Every reader reports the bytes it read; an epoch that did not read the whole dataset is
 # named in the summary. The summary gives each system's median epoch times, and coorfs's ratio
@@ -243,10 +246,13 @@ mount_side() {
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
         cg_create "$cg" "$POD" 0 0
-        [ "$sys" = boto3 ] || [ "$sys" = s3torch ] || mount_side "$sys"
+        [ "$sys" = boto3 ] || [ "$sys" = s3torch ] || [ "$sys" = raw ] || mount_side "$sys"
         for epoch in $(seq 1 "$EPOCHS"); do
             seed=$((rep * 100 + epoch))
-            if [ "$sys" = boto3 ]; then
+            if [ "$sys" = raw ]; then
+                out=$(python3 scripts/store-client.py "$STORE" "$endpoint" get-dir bench ds "$DATA" |
+                    awk '{printf "{\"seconds\": %s, \"bytes\": %s}", $1, $3}')
+            elif [ "$sys" = boto3 ]; then
                 out=$(cg_run "$cg" "$venv/bin/python" scripts/s3-read.py --endpoint "$endpoint" \
                     --procs "$PROCS" --seed "$seed" bench ds)
             elif [ "$sys" = s3torch ]; then
@@ -273,7 +279,9 @@ for rep in $(seq 1 "$REPS"); do
             echo "$sys $rep $epoch $secs 0 $hit" | tee -a "$samples" >&2
         done
         note="  $sys rep $rep: peak $(($(cat "$CG_MEM/$cg/memory.max_usage_in_bytes") >> 20)) MiB"
-        if [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
+        if [ "$sys" = raw ]; then
+            :
+        elif [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
             note="$note; cache $(($(coorfs_stat "$mnt" cache_capacity) >> 20)) MiB, disk $(($(coorfs_stat "$mnt" disk_cached_bytes) >> 20)) MiB, $(coorfs_stat "$mnt" source_requests) requests, $(coorfs_stat "$mnt" source_retried) retried"
             "$coorfs" umount "$mnt"
         else

@@ -1,11 +1,15 @@
 """Writes to the test emulators with plain HTTP, for tests/common/stores.rs: a bucket (or
 Azure container) made, an object put (its bytes on stdin) or deleted, under any key, those
-object_store refuses to write too (a folder marker `a/`, a tab). Standard library only.
+object_store refuses to write too (a folder marker `a/`, a tab); for the benchmarks, a tree
+put or read back. Standard library only.
 
     store-client.py KIND ENDPOINT mkbucket BUCKET
     store-client.py KIND ENDPOINT put BUCKET KEY < bytes
     store-client.py KIND ENDPOINT delete BUCKET KEY
+    store-client.py KIND ENDPOINT get BUCKET KEY > bytes
     store-client.py KIND ENDPOINT put-dir BUCKET PREFIX DIR   # every file of DIR, 16 at once
+    store-client.py KIND ENDPOINT get-dir BUCKET PREFIX DIR   # GET them back, 16 at once:
+                                                              # prints seconds and bytes
 
 KIND: s3 (moto, which checks no signature), gcs (fake-gcs-server's JSON API, unsigned),
 azure (Azurite's well-known account, signed with its Shared Key).
@@ -15,6 +19,7 @@ import base64
 import hashlib
 import hmac
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -73,20 +78,47 @@ def put_dir(kind, endpoint, bucket, prefix, root):
         list(pool.map(put, files))
 
 
+def get_dir(kind, endpoint, bucket, prefix, root):
+    """GETs the objects PREFIX/(each file's path beneath `root`), 16 at a time, checks each
+    against the file and prints the seconds it took and the bytes: a store's own speed,
+    with no mount."""
+    import concurrent.futures
+    import os
+
+    files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+
+    def get(path):
+        key = f"{prefix}/{os.path.relpath(path, root)}"
+        got = act(kind, endpoint, "get", bucket, key, b"")
+        with open(path, "rb") as f:
+            if f.read() != got:
+                raise SystemExit(f"store-client.py: {key}: the bytes differ")
+        return len(got)
+
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        total = sum(pool.map(get, files))
+    print(f"{time.monotonic() - start:.2f} s {total} bytes {len(files)} objects")
+
+
 def main():
     kind, endpoint, verb, bucket = sys.argv[1:5]
     if verb == "put-dir":
         return put_dir(kind, endpoint, bucket, sys.argv[5], sys.argv[6])
+    if verb == "get-dir":
+        return get_dir(kind, endpoint, bucket, sys.argv[5], sys.argv[6])
     key = sys.argv[5] if len(sys.argv) > 5 else None
     data = sys.stdin.buffer.read() if verb == "put" else b""
-    act(kind, endpoint, verb, bucket, key, data)
+    got = act(kind, endpoint, verb, bucket, key, data)
+    if verb == "get":
+        sys.stdout.buffer.write(got)
 
 
 def act(kind, endpoint, verb, bucket, key, data):
-    """Makes `bucket`, puts `data` as `key` or deletes `key` (`verb`)."""
+    """Makes `bucket`, puts `data` as `key`, deletes `key` or returns its bytes (`verb`)."""
     if kind == "s3":
         url = f"{endpoint}/{bucket}" + (f"/{urllib.parse.quote(key, safe='/')}" if key else "")
-        method = {"mkbucket": "PUT", "put": "PUT", "delete": "DELETE"}[verb]
+        method = {"mkbucket": "PUT", "put": "PUT", "delete": "DELETE", "get": "GET"}[verb]
         # Not a form's content type (urllib's default: moto stores such a body empty), and
         # the tests' key, unsigned (moto refuses an anonymous overwrite, and checks no
         # signature).
@@ -95,7 +127,7 @@ def act(kind, endpoint, verb, bucket, key, data):
             "Authorization": "AWS4-HMAC-SHA256 Credential=AKIATESTKEY/20260101/us-east-1/s3/"
             "aws4_request, SignedHeaders=host, Signature=00",
         }
-        request(method, url, data if verb == "put" else None, headers)
+        return request(method, url, data if verb == "put" else None, headers)
     elif kind == "gcs":
         if verb == "mkbucket":
             request(
@@ -112,6 +144,11 @@ def act(kind, endpoint, verb, bucket, key, data):
                 data,
                 {"Content-Type": "application/octet-stream"},
             )
+        elif verb == "get":
+            # The JSON API's media download: fake-gcs-server answers it with the handler of
+            # the XML API's GET /BUCKET/KEY, which object_store's client sends.
+            name = urllib.parse.quote(key, safe="")
+            return request("GET", f"{endpoint}/storage/v1/b/{bucket}/o/{name}?alt=media")
         else:
             name = urllib.parse.quote(key, safe="")
             request("DELETE", f"{endpoint}/storage/v1/b/{bucket}/o/{name}")
@@ -121,6 +158,8 @@ def act(kind, endpoint, verb, bucket, key, data):
             azure(endpoint, "PUT", path, {"restype": "container"})
         elif verb == "put":
             azure(endpoint, "PUT", f"{path}/{key}", {}, data, {"x-ms-blob-type": "BlockBlob"})
+        elif verb == "get":
+            return azure(endpoint, "GET", f"{path}/{key}", {})
         else:
             azure(endpoint, "DELETE", f"{path}/{key}", {})
     else:
