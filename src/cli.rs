@@ -227,12 +227,17 @@ pub struct MountArgs {
     /// FUSE file).
     #[arg(long, help_heading = "Mount")]
     pub acl: bool,
-    /// Let the kernel open files without asking the daemon: it checks permissions from the
-    /// mode bits it caches, and a file whose pages it holds costs no round trip (a million
-    /// tiny files read hot at page-cache speed). A chmod or change on the source then takes
-    /// effect within --metadata-ttl, ACL entries only with --acl, order hints are refused,
-    /// and reads the page cache serves are not counted.
-    #[arg(long, help_heading = "Mount")]
+    /// Who opens files. auto: every open asks the daemon until the scan at mount shows that
+    /// the kernel may open them itself (as root, a dataset of files under 4 MiB on average, a
+    /// source it can watch, no POSIX ACLs unless --acl), then the kernel does, checking the
+    /// source's live modes, and tells the daemon of each open (hits, epochs, prefetch): a file
+    /// whose pages it holds costs no round trip. daemon: every open asks the daemon, which
+    /// opens the source file as the caller. kernel: the kernel from the first open, even
+    /// where the daemon cannot be told of them.
+    #[arg(long, value_enum, value_name = "WHO", default_value_t = OpensArg::Auto, help_heading = "Mount")]
+    pub opens: OpensArg,
+    /// The same as --opens kernel.
+    #[arg(long, help_heading = "Mount", conflicts_with = "opens")]
     pub fast_open: bool,
     /// Serve every read through the daemon. By default, where the kernel offers FUSE
     /// passthrough (Linux 6.9+) and the daemon has CAP_SYS_ADMIN, the kernel reads cached
@@ -584,6 +589,14 @@ impl RunArgs {
     }
 }
 
+/// `--opens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OpensArg {
+    Auto,
+    Daemon,
+    Kernel,
+}
+
 /// `--job-key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum JobKeyArg {
@@ -793,7 +806,11 @@ impl MountArgs {
             .map_err(|e| MountError::BadUrl(format!("--manifest: {e}")))?;
         config.allow_other = self.allow_other;
         config.acl = self.acl;
-        config.fast_open = self.fast_open;
+        config.opens = match (self.fast_open, self.opens) {
+            (true, _) | (_, OpensArg::Kernel) => crate::config::Opens::Kernel,
+            (_, OpensArg::Daemon) => crate::config::Opens::Daemon,
+            (_, OpensArg::Auto) => crate::config::Opens::Auto,
+        };
         config.passthrough = !self.no_passthrough;
         config.keeper = !self.no_keeper;
         config.allow_non_empty = self.allow_non_empty;

@@ -9,6 +9,18 @@ use crate::cache::{CacheConfig, PolicyKind};
 use crate::jobs::{HintLimits, JobConfig};
 use crate::prefetch::PrefetchConfig;
 
+/// Who opens the mount's files (`--opens`; see `crate::fs`'s `told.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Opens {
+    /// The daemon until the scan shows it safe, then the kernel, which tells the daemon.
+    #[default]
+    Auto,
+    /// Every open asks the daemon.
+    Daemon,
+    /// The kernel from the first open (`--fast-open`).
+    Kernel,
+}
+
 /// How a mount serves its source.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -26,8 +38,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// The kernel evaluates the source's POSIX ACLs (FUSE_POSIX_ACL).
     pub acl: bool,
-    /// The kernel opens files without asking the daemon (`--fast-open`).
-    pub fast_open: bool,
+    /// Who opens the mount's files: the daemon, or the kernel by itself (`--opens`).
+    pub opens: Opens,
     /// The kernel may read files from backing files by itself (FUSE passthrough; off with
     /// `--no-passthrough`).
     pub passthrough: bool,
@@ -91,7 +103,7 @@ impl MountConfig {
             manifest: None,
             allow_other: false,
             acl: false,
-            fast_open: false,
+            opens: Opens::Auto,
             passthrough: true,
             keeper: true,
             allow_non_empty: false,

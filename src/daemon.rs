@@ -935,11 +935,16 @@ fn serve(
         let _ = crate::handover::handoff::send(h.keeper.as_fd(), crate::keeper::SERVING, &[]);
     }
     log_mounted(&config);
+    start_control(&fs, &config.mountpoint).map_err(mount_err)?;
     let member = fs.clone();
     let scanned = fs.clone();
+    fs.start_watching();
     std::thread::Builder::new()
         .name("coorfs-scan".into())
-        .spawn(move || scanned.scan())
+        .spawn(move || {
+            scanned.scan();
+            scanned.open_in_kernel_if_safe();
+        })
         .map_err(mount_err)?;
     let mut unmounter = session.unmounter();
     let under_keeper = handed.is_some();
@@ -985,6 +990,35 @@ fn serve(
     member.leave_cluster();
     member.close_disk();
     served
+}
+
+/// Serves the mount's control socket (`fs/control.rs`) once the mount answers (its device
+/// number names the socket), on a thread of its own. A predecessor that hands the mount over
+/// may hold the name for a moment longer: the bind is tried again for a few seconds.
+fn start_control(fs: &Arc<DatasetFs>, mountpoint: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let (fs, mountpoint) = (fs.clone(), mountpoint.to_path_buf());
+    std::thread::Builder::new()
+        .name("coorfs-control".into())
+        .spawn(move || {
+            let mut last = None;
+            for _ in 0..50 {
+                if answers(&mountpoint)
+                    && let Ok(meta) = std::fs::metadata(&mountpoint)
+                {
+                    match fs.serve_control(meta.dev()) {
+                        Ok(()) => return,
+                        Err(e) => last = Some(e),
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            match last {
+                Some(e) => warn!("no control socket ({e}): hints come through the order file"),
+                None => warn!("no control socket: the mount did not answer"),
+            }
+        })?;
+    Ok(())
 }
 
 /// How the daemon's report to `coorfs mount` marks a warning for the user: lines before

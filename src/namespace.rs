@@ -639,6 +639,20 @@ impl Namespace {
         files.into_iter().map(|(_, id)| id).collect()
     }
 
+    /// Every node id.
+    pub fn all_nodes(&self) -> Vec<NodeId> {
+        (ROOT..self.table.read().nodes.len() as NodeId).collect()
+    }
+
+    /// Every directory's node id.
+    pub fn dirs(&self) -> Vec<NodeId> {
+        let table = self.table.read();
+        (table.nodes.iter().enumerate().skip(ROOT as usize))
+            .filter(|(_, n)| Kind::from_mode(n.mode) == Kind::Dir)
+            .map(|(id, _)| id as NodeId)
+            .collect()
+    }
+
     /// How many regular files have been seen so far.
     pub fn file_count(&self) -> usize {
         self.table.read().files.len()

@@ -79,10 +79,25 @@ pub fn write_hint(mount: &Path, order: &[PathBuf]) -> io::Result<()> {
     send_hint(mount, &text)
 }
 
-/// Hands hint `text` (relative paths, one per line) to the coorfs mount at `mount`: opens
-/// its order file, sends the text in chunks and commits it (see `fs/order.rs`). The error
-/// is the mount's verdict on a rejected hint.
+/// Hands hint `text` (relative paths, one per line) to the coorfs mount at `mount`: over its
+/// control socket (`fs/control.rs`), or where this process cannot reach it, through its order
+/// file: the text in chunks, then a commit (`fs/order.rs`). The error is the mount's verdict
+/// on a rejected hint.
 pub fn send_hint(mount: &Path, text: &[u8]) -> io::Result<()> {
+    let daemon = xattr::get(mount, crate::stats::xattr_name(crate::stats::Stat::Pid))
+        .ok()
+        .flatten()
+        .and_then(|v| String::from_utf8(v).ok()?.trim().parse::<u32>().ok());
+    if let Some(pid) = daemon
+        && let Some(verdict) = crate::fs::control::send(mount, pid, text)
+    {
+        return verdict;
+    }
+    send_hint_by_file(mount, text)
+}
+
+/// [`send_hint`] through the order file.
+pub fn send_hint_by_file(mount: &Path, text: &[u8]) -> io::Result<()> {
     use crate::fs::order::{HINT_CHUNK, HINT_COMMIT, chunks};
     use std::os::fd::AsRawFd;
     let file = std::fs::File::open(mount.join(ORDER_FILE))?;

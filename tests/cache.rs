@@ -43,8 +43,13 @@ fn four_epochs(policy: &str, extra: &[&str]) -> (Value, Vec<u64>) {
     let rels = make_dataset(&src, FILES, SIZE, 20);
     // 20 KiB is a multiple of the arena's 64-byte alignment, so exactly half the files fit.
     let capacity = (FILES / 2 * SIZE).to_string();
+    // Opens asked of the daemon: the policies' arithmetic, with each miss read from the
+    // source by the daemon (where the kernel opens files itself, one opened again right after
+    // its last read may come from the pages it has not dropped yet: tests/fastopen.rs).
     let mut options = vec![
         "--no-prefetch",
+        "--opens",
+        "daemon",
         "--policy",
         policy,
         "--cache-size",
@@ -407,7 +412,11 @@ fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, FILES, SIZE, 8);
-    let m = Mount::new(&src, &["--no-prefetch", "--cache-size", "64M"]);
+    // The gauge decides how the daemon answers opens.
+    let m = Mount::new(
+        &src,
+        &["--no-prefetch", "--cache-size", "64M", "--opens", "daemon"],
+    );
     wait_for_scan(&m.mnt);
     let kernel = |m: &Mount| {
         let s = stats(&m.mnt);

@@ -1,12 +1,14 @@
-//! `--fast-open`: the kernel opens files without asking the daemon. Real mounts: the bytes
-//! are the source's, a file the kernel holds costs the daemon nothing (its counters do not
-//! move), the kernel checks the mode bits (as nobody), a change on the source shows within
-//! `--metadata-ttl`, and order hints are refused with the error a user sees.
+//! `--opens kernel` (`--fast-open`): the kernel opens files without asking the daemon, and
+//! tells it of each open. Real mounts: the bytes are the source's, a file the kernel holds
+//! costs the daemon no request but its open is counted all the same, the kernel checks the
+//! mode bits (as nobody), a change on the source shows within `--metadata-ttl`, and order
+//! hints reach the daemon through the control socket and the order file.
 
 mod common;
 
 use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::Path;
+use std::process::Command;
 
 use common::*;
 
@@ -15,7 +17,7 @@ fn mode(path: &Path, mode: u32) {
 }
 
 #[test]
-fn files_read_whole_are_the_source_and_a_second_epoch_never_reaches_the_daemon() {
+fn files_read_whole_are_the_source_and_a_second_epoch_is_counted_with_no_request() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 300, 700, 3);
@@ -28,7 +30,9 @@ fn files_read_whole_are_the_source_and_a_second_epoch_never_reaches_the_daemon()
         &["--fast-open", "--no-prefetch", "--block-size", "1M"],
     );
     wait_for_scan(&m.mnt);
+    wait_for_kernel_opens(&m.mnt);
 
+    let mut reads_after_epoch_1 = 0;
     for epoch in 0..2 {
         for rel in &rels {
             assert_eq!(
@@ -40,15 +44,23 @@ fn files_read_whole_are_the_source_and_a_second_epoch_never_reaches_the_daemon()
         }
         assert!(std::fs::read(m.path("big.bin")).unwrap() == big, "big.bin");
         let s = stats(&m.mnt);
-        // Epoch 1: every file once, all misses. Epoch 2: the kernel held every page, and
-        // the daemon saw nothing at all.
-        assert_eq!(num(&s, "reads"), 301, "after epoch {epoch}: {s}");
+        // Epoch 1: every file once, all misses, read by the daemon. Epoch 2: the kernel held
+        // every page and sent no READ, but told the daemon of every open: all hits.
+        let n = 301 * (epoch + 1);
+        assert_eq!(num(&s, "reads"), n, "after epoch {epoch}: {s}");
+        assert_eq!(num(&s, "told_opens"), n, "after epoch {epoch}: {s}");
         assert_eq!(num(&s, "misses"), 301, "after epoch {epoch}: {s}");
+        assert_eq!(num(&s, "hits"), 301 * epoch, "after epoch {epoch}: {s}");
         assert_eq!(
             num(&s, "bytes_from_source"),
             300 * 700 + big.len() as u64,
             "after epoch {epoch}: {s}"
         );
+        // big.bin's 3 blocks in READs of at most 1 MiB, and one READ each small file.
+        if epoch == 1 {
+            assert_eq!(num(&s, "read_requests"), reads_after_epoch_1, "{s}");
+        }
+        reads_after_epoch_1 = num(&s, "read_requests");
     }
     m.unmount();
 }
@@ -128,16 +140,204 @@ fn a_file_changed_on_the_source_is_read_anew_once_its_attributes_expire() {
 }
 
 #[test]
-fn order_hints_are_refused_with_a_clear_error() {
+fn order_hints_reach_the_daemon_without_an_open_of_the_order_file() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 4, 100, 1);
     let m = Mount::new(&src, &["--fast-open"]);
-    // A file opened first: the kernel has stopped sending OPEN by the time the hint comes.
+    wait_for_kernel_opens(&m.mnt);
+    // A file opened first: the kernel has stopped sending OPEN by the time the hints come.
     std::fs::read(m.path(&rels[0])).unwrap();
-    let err = coorfs::reader::send_hint(&m.mnt, format!("{}\n", rels[1].display()).as_bytes())
-        .unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EOPNOTSUPP), "{err}");
-    assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 0);
+    assert_eq!(num(&stats(&m.mnt), "kernel_opens"), 1);
+    let hint = format!("{}\n{}\n", rels[1].display(), rels[2].display());
+    // Over the control socket, and through the order file (its ioctls keyed by the process).
+    coorfs::reader::send_hint(&m.mnt, hint.as_bytes()).unwrap();
+    coorfs::reader::send_hint_by_file(&m.mnt, hint.as_bytes()).unwrap();
+    assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 2);
+    // A refused hint says why, both ways.
+    for send in [coorfs::reader::send_hint, coorfs::reader::send_hint_by_file] {
+        let err = send(&m.mnt, b"no/such/file\n").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    }
+    assert_eq!(num(&stats(&m.mnt), "hints_rejected"), 2);
+    m.unmount();
+}
+
+#[test]
+fn by_default_the_kernel_takes_the_opens_over_once_they_come_fast_and_every_open_is_counted() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 2500, 300, 5);
+    // No prefetch: every file of epoch 1 a miss.
+    let m = Mount::new(&src, &["--no-prefetch"]);
+    wait_for_scan(&m.mnt);
+    // A few opens a second: each asks the daemon.
+    for rel in &rels[..3] {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap()
+        );
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(
+        (s["opens"].as_str(), num(&s, "kernel_opens")),
+        (Some("daemon"), 0),
+        "{s}"
+    );
+    // Two epochs at thousands of opens a second: the kernel takes over during the first.
+    for _ in 0..2 {
+        for rel in &rels {
+            assert_eq!(
+                std::fs::read(m.path(rel)).unwrap(),
+                std::fs::read(src.join(rel)).unwrap(),
+                "{}",
+                rel.display()
+            );
+        }
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(s["opens"], "kernel", "{s}");
+    assert_eq!(s["opens_why"], "told by fanotify", "{s}");
+    // Every open counted once, asked or told; all of the second epoch's told.
+    assert_eq!(num(&s, "reads"), 3 + 2 * 2500, "{s}");
+    assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"), "{s}");
+    let told = num(&s, "told_opens");
+    assert!((2500..2 * 2500).contains(&told), "{s}");
+    // The second epoch: every file a hit (the cache holds them all).
+    assert_eq!(num(&s, "misses"), 2500, "{s}");
+    m.unmount();
+}
+
+#[test]
+fn with_kernel_opens_a_change_of_modes_owners_or_names_on_the_source_takes_effect_at_once() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    mode(&src, 0o755);
+    std::fs::create_dir(src.join("d")).unwrap();
+    mode(&src.join("d"), 0o755);
+    for (rel, text) in [("f", "file f"), ("d/g", "file g"), ("h", "file h")] {
+        std::fs::write(src.join(rel), text).unwrap();
+        mode(&src.join(rel), 0o644);
+    }
+    chown(src.join("h"), Some(NOBODY), Some(NOBODY)).unwrap();
+    mode(&src.join("h"), 0o600);
+    // Attributes cached for a day: only the watch of the source can tell the kernel.
+    let m = Mount::new(&src, &["--opens", "kernel", "--allow-other"]);
+    wait_for_kernel_opens(&m.mnt);
+    let cat = |rel: &str| sh_as_nobody("cat \"$1\"", &[&m.path(rel)]);
+    for (rel, want) in [("f", "file f"), ("d/g", "file g"), ("h", "file h")] {
+        assert_eq!(
+            cat(rel).stdout,
+            want.as_bytes(),
+            "{rel}: {}",
+            stderr(&cat(rel))
+        );
+    }
+    mode(&src.join("f"), 0o600);
+    mode(&src.join("d"), 0o700);
+    chown(src.join("h"), Some(0), Some(0)).unwrap();
+    for rel in ["f", "d/g", "h"] {
+        let out = cat(rel);
+        assert!(
+            stderr(&out).contains("Permission denied"),
+            "{rel} still readable: {}",
+            stderr(&out)
+        );
+    }
+    mode(&src.join("d"), 0o755);
+    assert_eq!(cat("d/g").stdout, b"file g", "{}", stderr(&cat("d/g")));
+    // A name removed, one added, one replaced: the next open sees the source as it is.
+    std::fs::remove_file(src.join("d/g")).unwrap();
+    std::fs::write(src.join("new"), b"new file").unwrap();
+    std::fs::write(src.join("f.tmp"), b"replaced").unwrap();
+    std::fs::rename(src.join("f.tmp"), src.join("f")).unwrap();
+    mode(&src.join("f"), 0o644);
+    let gone = cat("d/g");
+    assert!(stderr(&gone).contains("No such file"), "{}", stderr(&gone));
+    assert_eq!(std::fs::read(m.path("new")).unwrap(), b"new file");
+    assert_eq!(cat("f").stdout, b"replaced", "{}", stderr(&cat("f")));
+    m.unmount();
+}
+
+#[test]
+fn with_kernel_opens_and_acl_an_acl_set_on_the_source_takes_effect_at_the_next_open() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    mode(&src, 0o755);
+    std::fs::write(src.join("f"), b"shared").unwrap();
+    mode(&src.join("f"), 0o644);
+    let m = Mount::new(&src, &["--opens", "kernel", "--allow-other", "--acl"]);
+    wait_for_kernel_opens(&m.mnt);
+    let cat = || sh_as_nobody("cat \"$1\"", &[&m.path("f")]);
+    assert_eq!(cat().stdout, b"shared", "{}", stderr(&cat()));
+    let set = Command::new("setfacl")
+        .args(["-m", "u:nobody:---"])
+        .arg(src.join("f"))
+        .status()
+        .expect("setfacl (apt-get install acl)");
+    assert!(set.success());
+    let denied = cat();
+    assert!(
+        stderr(&denied).contains("Permission denied"),
+        "{}",
+        stderr(&denied)
+    );
+    m.unmount();
+}
+
+#[test]
+fn with_kernel_opens_minio_hits_the_cached_half_in_every_later_epoch() {
+    const FILES: usize = 2000;
+    const SIZE: usize = 20 << 10;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, FILES, SIZE, 8);
+    let capacity = (FILES / 2 * SIZE).to_string();
+    let m = Mount::new(
+        &src,
+        &[
+            "--opens",
+            "kernel",
+            "--no-prefetch",
+            "--cache-size",
+            &capacity,
+        ],
+    );
+    wait_for_kernel_opens(&m.mnt);
+    for epoch in 0..4u64 {
+        // A fresh order each epoch, as a sampler draws it.
+        let mut order: Vec<&std::path::PathBuf> = rels.iter().collect();
+        order.sort_by_key(|r| {
+            let h = r.to_string_lossy().bytes().fold(epoch * 7919, |h, b| {
+                h.wrapping_mul(31).wrapping_add(u64::from(b))
+            });
+            h.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        });
+        for rel in order {
+            assert_eq!(std::fs::read(m.path(rel)).unwrap().len(), SIZE);
+        }
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "cached_files"), FILES as u64 / 2, "{s}");
+    let epochs = s["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 4, "{s}");
+    for (i, e) in epochs.iter().enumerate() {
+        let hits = if i == 0 { 0 } else { FILES as u64 / 2 };
+        assert_eq!(
+            (num(e, "reads"), num(e, "hits")),
+            (FILES as u64, hits),
+            "{e}"
+        );
+        // Each miss from the source, but for one opened again within milliseconds of its
+        // last read, whose pages the kernel may still hold.
+        let want = (FILES as u64 - hits) * SIZE as u64;
+        let got = num(e, "bytes_from_source");
+        assert!(
+            got <= want && got + 8 * SIZE as u64 >= want,
+            "{got} of {want}: {e}"
+        );
+    }
     m.unmount();
 }

@@ -137,6 +137,21 @@ fn through_a_mount(cached: usize, extra: &[&str]) -> Value {
     s
 }
 
+/// Checks bytes read from the source, `got`, against `want`: exactly, where opens ask the
+/// daemon; where the kernel opens files itself, a file the cache does not keep that is opened
+/// again within milliseconds of its last read (the last files of an epoch, the first of the
+/// next) may be served from pages the kernel has not dropped yet, without the source: a few
+/// files an epoch at most.
+fn assert_from_source(s: &Value, got: u64, want: u64, what: &str) {
+    match s["opens"] == "kernel" {
+        true => assert!(
+            got <= want && got + (8 * EPOCHS * SIZE) as u64 >= want,
+            "{what}: {got} bytes from the source, {want} expected"
+        ),
+        false => assert_eq!(got, want, "{what}"),
+    }
+}
+
 /// Checks that the stats account for `EPOCHS` epochs of reading every file once, with
 /// `cached` files held by the cache from epoch 1 on.
 fn assert_every_read_accounted(s: &Value, cached: usize) {
@@ -165,13 +180,11 @@ fn assert_every_read_accounted(s: &Value, cached: usize) {
         assert_eq!(num(e, "misses"), files - hits, "{what}");
         assert_eq!(e["hit_rate"].as_f64().unwrap(), hits as f64 / files as f64);
         assert_eq!(num(e, "bytes_from_cache"), from_cache, "{what}");
-        assert_eq!(num(e, "bytes_from_source"), dataset - from_cache, "{what}");
+        assert_from_source(s, num(e, "bytes_from_source"), dataset - from_cache, &what);
     }
     let uncached = dataset - cached_bytes;
-    assert_eq!(
-        num(s, "bytes_from_source"),
-        dataset + (EPOCHS as u64 - 1) * uncached
-    );
+    let whole = dataset + (EPOCHS as u64 - 1) * uncached;
+    assert_from_source(s, num(s, "bytes_from_source"), whole, "all epochs");
     assert_eq!(
         num(s, "bytes_from_cache"),
         (EPOCHS as u64 - 1) * cached_bytes
@@ -401,9 +414,17 @@ fn a_job_that_opens_every_sample_twice_has_one_epoch_an_epoch() {
     // 4 workers. It once made an "epoch" of every two files.
     let run = job_run(FILES / 2, &["--workers", "4", "--double-open"]);
     run.assert_epochs_follow_the_script(0, true);
+    // Where the kernel opens files itself, two opens of a file by one worker told before the
+    // daemon took the first are one event, and one read: the same access either way.
+    let told = run.stats["opens"] == "kernel";
     for r in &run.records {
         assert_eq!(num(r, "files"), FILES as u64, "{r}");
-        assert!(num(r, "reads") >= 2 * FILES as u64 - 8, "{r}");
+        let least = if told {
+            FILES as u64
+        } else {
+            2 * FILES as u64 - 8
+        };
+        assert!((least..=2 * FILES as u64).contains(&num(r, "reads")), "{r}");
     }
     assert!(num(&run.stats, "staging_hits") > 0, "{}", run.stats);
     // Measured: 61-98% of the 1,435 stageable files (a second open finds the first's copy).

@@ -370,8 +370,9 @@ fn the_log_says_what_each_daemon_did_and_how_it_ended() {
     // Each FUSE operation and each fetch ends with a line: what, and how long it took.
     let name = rels[0].file_name().unwrap().to_str().unwrap();
     assert!(
-        text.lines()
-            .any(|l| l.contains("fuse{op=\"read\"") && l.contains("close time.busy")),
+        text.lines().any(|l| l.contains("fuse{")
+            && l.contains("op=\"read\"")
+            && l.contains("close time.busy")),
         "{text}"
     );
     assert!(

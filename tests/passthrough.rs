@@ -146,7 +146,7 @@ fn without_passthrough_every_read_goes_through_the_daemon_as_before() {
     let rels = make_dataset(&src, 20, SIZE, 2);
     for (extra, why) in [
         ("--no-passthrough", "passthrough: off (--no-passthrough)"),
-        ("--fast-open", "passthrough: off (--fast-open"),
+        ("--fast-open", "passthrough: off (--opens kernel"),
     ] {
         let log = dir.path().join(format!("log{extra}"));
         let m = Mount::new(

@@ -4,12 +4,14 @@
 //!   outside the source, watched with inotify, sees no access);
 //! - permissions changed on the source take effect at the next open; ACLs are honoured;
 //! - a file rewritten, truncated, replaced or removed never yields stale bytes;
-//! - order hints are bounded in memory and name only files their writer may read.
+//! - order hints are bounded in memory and name only files their writer may read, by the
+//!   order file and by the control socket, which bounds its clients and cannot be squatted.
 
 mod common;
 
 use std::io::Read;
 use std::os::unix::fs::{FileExt, PermissionsExt, chown};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -464,4 +466,150 @@ fn with_one_job_for_everybody_only_the_owner_may_hint() {
     coorfs::reader::send_hint(&m.mnt, b"a\n").unwrap();
     assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 1);
     m.unmount();
+}
+
+/// Python for nobody: opens `argv[2]` connections to the control socket of the mount at
+/// argv[1] and sends nothing; prints, for each, "busy" if the daemon refused it at once, or
+/// "held"; then (argv[3] given) sends argv[3] as a hint on the last held one and prints the
+/// daemon's answer.
+const CONTROL_CLIENTS_PY: &str = r#"
+import os, socket, sys, time
+dev = os.stat(sys.argv[1]).st_dev
+conns, out = [], []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(("\0coorfs-control-%x" % dev).encode())
+    conns.append(s)
+time.sleep(0.3)
+held = []
+for s in conns:
+    s.setblocking(False)
+    try:
+        got = s.recv(100)
+        out.append("busy" if got.startswith(b"16 ") else "other:%r" % got)
+    except BlockingIOError:
+        out.append("held")
+        held.append(s)
+if len(sys.argv) > 3 and held:
+    s = held[-1]
+    s.setblocking(True)
+    s.sendall(sys.argv[3].encode())
+    s.shutdown(socket.SHUT_WR)
+    out.append(s.recv(200).decode().split()[0])
+print(" ".join(out))
+"#;
+
+#[test]
+fn the_control_socket_acts_as_its_client_and_bounds_each_user() {
+    let (_dir, src) = source();
+    std::fs::write(src.join("public.jpg"), b"x").unwrap();
+    mode(&src.join("public.jpg"), 0o644);
+    std::fs::write(src.join("secret.jpg"), b"y").unwrap();
+    mode(&src.join("secret.jpg"), 0o600);
+    let m = Mount::new(&src, &["--allow-other"]);
+    wait_for_scan(&m.mnt);
+    let mnt = m.mnt.as_os_str();
+    // Ten idle connections of nobody's: four are held, the rest refused at once (EBUSY); a
+    // hint on a held one names only what nobody may read.
+    let run = |hint: &str| {
+        let out = as_nobody(
+            "python3",
+            &[
+                std::ffi::OsStr::new("-c"),
+                std::ffi::OsStr::new(CONTROL_CLIENTS_PY),
+                mnt,
+                std::ffi::OsStr::new("10"),
+                std::ffi::OsStr::new(hint),
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let words = run("secret.jpg\n");
+    let said: Vec<&str> = words.split(' ').collect();
+    assert_eq!(said.iter().filter(|w| **w == "held").count(), 4, "{words}");
+    assert_eq!(said.iter().filter(|w| **w == "busy").count(), 6, "{words}");
+    assert_eq!(
+        said.last(),
+        Some(&"2"),
+        "ENOENT for a file nobody may read: {words}"
+    );
+    assert!(
+        run("public.jpg\n").ends_with(" 0"),
+        "nobody may hint a file it reads"
+    );
+    // Nobody's connections are gone; root's hint goes over the socket.
+    coorfs::reader::send_hint(&m.mnt, b"secret.jpg\n").unwrap();
+    assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 2);
+    m.unmount();
+}
+
+/// Python for nobody: binds the abstract name argv[1], accepts connections on it for argv[2]
+/// seconds, and writes how many bytes clients sent it to argv[3].
+const SQUAT_PY: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(("\0" + sys.argv[1]).encode())
+s.listen(8)
+s.settimeout(0.2)
+got, end = 0, time.time() + float(sys.argv[2])
+while time.time() < end:
+    try:
+        c, _ = s.accept()
+    except socket.timeout:
+        continue
+    c.settimeout(0.5)
+    try:
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            got += len(b)
+    except OSError:
+        pass
+    c.close()
+open(sys.argv[3], "w").write(str(got))
+"#;
+
+#[test]
+fn a_control_socket_name_taken_by_another_user_never_gets_a_hint() {
+    use std::os::unix::fs::MetadataExt;
+    let (dir, src) = source();
+    std::fs::write(src.join("a"), b"x").unwrap();
+    let got = dir.path().join("got");
+    // A mount's socket is named after its device number; the kernel gives a new mount the
+    // lowest free one, so nobody can take the name of the next mount's beforehand: that of
+    // a mount just gone. Other tests mount meanwhile, so it may take a few tries.
+    for _ in 0..5 {
+        let m = Mount::new(&src, &[]);
+        let dev = std::fs::metadata(&m.mnt).unwrap().dev();
+        m.unmount();
+        std::fs::write(&got, "").unwrap();
+        std::fs::set_permissions(&got, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let name = coorfs::fs::control::control_name(dev);
+        let mut squatter = Command::new("python3")
+            .args(["-c", SQUAT_PY, &name, "3"])
+            .arg(&got)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let m = Mount::new(&src, &[]);
+        if std::fs::metadata(&m.mnt).unwrap().dev() != dev {
+            squatter.kill().unwrap();
+            squatter.wait().unwrap();
+            m.unmount();
+            continue;
+        }
+        // The hint still reaches the daemon (through the order file), and the squatter none
+        // of it.
+        coorfs::reader::send_hint(&m.mnt, b"a\n").unwrap();
+        assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 1);
+        squatter.wait().unwrap();
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "0");
+        m.unmount();
+        return;
+    }
+    panic!("no mount got the device number of the one before it in 5 tries");
 }

@@ -1,9 +1,11 @@
 """Order hints: tell a coorfs mount the order in which a job reads its files next.
 
 A job hands the coming epoch's order, one path per line relative to the mount root, to the
-order file MOUNT/.coorfs-order: it opens the file read-only (the mount is read-only), sends the
-text in fixed-size chunks with one ioctl each and ends it with a commit ioctl, whose result is
-the daemon's verdict: a hint it rejects raises OSError with its errno (ENOENT: a path that is
+mount's control socket (an abstract unix socket named after the mount's device number, owned by
+the mount's daemon: the text, then one line back with the verdict), or where it cannot reach
+it, to the order file MOUNT/.coorfs-order: it opens the file read-only (the mount is read-only),
+sends the text in fixed-size chunks with one ioctl each and ends it with a commit ioctl, whose
+result is the daemon's verdict: a hint it rejects raises OSError with its errno (ENOENT: a path that is
 no file of the mount, or not one the writer may read; EINVAL: garbage or nothing; EFBIG: too
 large; EDQUOT: past the mount's hint memory). With the order known, the prefetcher follows it
 exactly, as far ahead as its staging area allows. Standard library only: torch's sampler is in
@@ -14,6 +16,8 @@ import fcntl
 import hashlib
 import os
 import random
+import socket
+import struct
 import warnings
 
 ORDER_FILE = ".coorfs-order"
@@ -25,11 +29,57 @@ HINT_CHUNK = (1 << 30) | (CHUNK_BYTES << 16) | (ord("C") << 8) | 1
 HINT_COMMIT = (ord("C") << 8) | 2
 
 
+def _send_over_socket(mount, data):
+    """The verdict of the mount's control socket on hint `data` (None: no socket to reach)."""
+    try:
+        pid = int(os.getxattr(mount, "user.coorfs.pid").decode())
+        dev = os.stat(mount).st_dev
+    except (OSError, ValueError):
+        return None
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        try:
+            s.connect(("\0coorfs-control-%x" % dev).encode())
+        except OSError:
+            return None
+        # Only the mount's daemon may take the hint: another user could hold the name.
+        cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", cred)[0] != pid:
+            return None
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            # A hint refused part way (too large): its verdict is still there to read.
+            pass
+        answer = b""
+        while True:
+            part = s.recv(4096)
+            if not part:
+                break
+            answer += part
+    finally:
+        s.close()
+    errno, _, message = answer.decode(errors="replace").strip().partition(" ")
+    try:
+        errno = int(errno)
+    except ValueError:
+        raise OSError("the mount's control socket answered %r" % answer) from None
+    return (errno, message)
+
+
 def send_hint(mount, data):
     """Hands hint `data` (bytes: relative paths, one per line) to the coorfs mount at `mount`.
 
     Raises OSError with the mount's errno if it rejects the hint.
     """
+    mount = os.fspath(mount)
+    verdict = _send_over_socket(mount, data)
+    if verdict is not None:
+        errno, message = verdict
+        if errno:
+            raise OSError(errno, message or os.strerror(errno))
+        return
     fd = os.open(os.path.join(os.fspath(mount), ORDER_FILE), os.O_RDONLY | os.O_CLOEXEC)
     try:
         room = CHUNK_BYTES - 4

@@ -91,7 +91,6 @@ REFUSALS = {
     errno.EINVAL: "a path the mount cannot take",
     errno.EFBIG: "larger than any order of the dataset",
     errno.EDQUOT: "past the mount's --hint-memory",
-    errno.EOPNOTSUPP: "the mount was made with --fast-open",
     errno.EACCES: "the mount takes hints only from its owner (--job-key none)",
 }
 

@@ -198,6 +198,9 @@ pub(super) struct FileHandle {
     /// (silent: its access was counted then). Its release ends the inode's open as the
     /// previous daemon granted it.
     pub adopted: bool,
+    /// Made for an open the kernel made itself and told of (`told.rs`): the kernel holds no
+    /// handle of it, so no successor daemon is told of it.
+    pub told: bool,
 }
 
 impl FileHandle {
@@ -429,7 +432,7 @@ impl HandleTable {
     pub fn insert_file(&self, fh: u64, handle: FileHandle) -> bool {
         let window = self.window_of(&handle);
         (self.windows).open(handle.pid, window, self.stream());
-        if let Some(slots) = self.slots.get() {
+        if let Some(slots) = self.slots.get().filter(|_| !handle.told) {
             let backing = match handle.kernel_io {
                 super::passthrough::KernelIo::Passthrough(id) => id,
                 _ => 0,

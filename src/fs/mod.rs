@@ -34,6 +34,7 @@
 mod attrs;
 mod callers;
 mod cluster;
+pub mod control;
 mod handles;
 mod kernel_cache;
 mod open;
@@ -43,7 +44,9 @@ mod plan;
 mod read;
 mod scan;
 mod takeover;
+mod told;
 mod views;
+mod watch;
 pub use takeover::TakenOver;
 
 use std::ffi::OsStr;
@@ -55,7 +58,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::cache::BlockCache;
-use crate::config::MountConfig;
+use crate::config::{MountConfig, Opens};
 use crate::jobs::ledger::Ledger;
 use crate::jobs::{JobKeyKind, Jobs};
 use crate::namespace::{Attr, Kind, Namespace, NodeId};
@@ -114,6 +117,29 @@ impl FsError {
     fn from_errno(errno: i32) -> Self {
         FsError::Source(io::Error::from_raw_os_error(errno))
     }
+
+    /// The errno a caller sees for it: the one map from errors to errnos, exhaustive, so
+    /// that a new variant forces a decision.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotSymlink => libc::EINVAL,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::Access => libc::EACCES,
+            FsError::BadHandle => libc::EBADF,
+            FsError::NoAttr => libc::ENODATA,
+            FsError::Range => libc::ERANGE,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::NotSupported => libc::ENOTSUP,
+            FsError::TooLarge => libc::EFBIG,
+            FsError::NotTty => libc::ENOTTY,
+            FsError::Stale => libc::ESTALE,
+            FsError::Source(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            FsError::Read(failed) => failed.error.errno(),
+        }
+    }
 }
 
 /// Who asks: what a FUSE request says of its process.
@@ -124,9 +150,19 @@ pub struct Caller {
     pub gid: u32,
 }
 
-/// Tells the kernel to forget what it cached of a node (attributes and pages). Set by the
-/// FUSE adapter; called whenever the core finds that a source entry changed.
-pub type Invalidator = Box<dyn Fn(NodeId) + Send + Sync>;
+/// What the kernel is to forget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invalidation {
+    /// What it cached of a node: its attributes and pages.
+    Inode(NodeId),
+    /// A name in a directory (the directory's node, the name).
+    Entry(NodeId, std::ffi::OsString),
+}
+
+/// Tells the kernel to forget what it cached: at once (from a thread that is no FUSE thread)
+/// or soon (from one, which must not wait on the kernel). Set by the FUSE adapter; called
+/// whenever the core finds that a source entry changed.
+pub type Invalidator = Box<dyn Fn(Invalidation, bool) + Send + Sync>;
 
 /// The answer to a lookup: the entry's attributes.
 #[derive(Clone, Copy, Debug)]
@@ -197,11 +233,12 @@ pub struct DatasetFs {
     invalidator: std::sync::OnceLock<Invalidator>,
     /// Nodes whose source entry changed while the kernel was not told (see `open`).
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
-    /// `--fast-open`: the kernel opens files without asking (see [`DatasetFs::fast_open`]).
-    fast_open: bool,
+    /// Who opens files, and what the daemon is told of the opens it does not see
+    /// (`told.rs`).
+    opens: told::KernelOpens,
     /// Opens the kernel reads by itself (`passthrough.rs`).
     passthrough: passthrough::Passthrough,
-    /// Neither `--no-passthrough`, `--fast-open` nor `--read-delay` was given.
+    /// Neither `--no-passthrough`, `--opens kernel` nor `--read-delay` was given.
     passthrough_wanted: bool,
     /// `--read-delay` was given.
     read_delay: bool,
@@ -269,7 +306,7 @@ impl DatasetFs {
         };
         // --read-delay delays the daemon's reads of the source: the kernel must not read it.
         let passthrough_wanted =
-            config.passthrough && !config.fast_open && config.read_delay.is_zero();
+            config.passthrough && config.opens != Opens::Kernel && config.read_delay.is_zero();
         if passthrough_wanted && cache.caches() && !cache.evicts() {
             // Cached files the kernel can read itself; without them, passthrough is still
             // used for files the cache will not keep.
@@ -345,7 +382,11 @@ impl DatasetFs {
             info,
             invalidator: std::sync::OnceLock::new(),
             stale_in_kernel: Default::default(),
-            fast_open: config.fast_open,
+            opens: told::KernelOpens::new(
+                config.opens,
+                config.mountpoint.clone(),
+                config.allow_other && !config.acl,
+            ),
             passthrough: Default::default(),
             passthrough_wanted,
             read_delay: !config.read_delay.is_zero(),
@@ -374,12 +415,17 @@ impl DatasetFs {
         self.ttl
     }
 
-    /// `--fast-open`: OPEN and FLUSH are answered `ENOSYS`, so the kernel stops sending them
-    /// (and RELEASE): it checks permissions itself from the attributes it caches
-    /// (`default_permissions`) and keeps every file's pages. A hot file then costs no round
-    /// trip at all; each READ opens its file for itself ([`DatasetFs::read_unopened`]).
-    pub fn fast_open(&self) -> bool {
-        self.fast_open
+    /// OPEN is answered `ENOSYS`, so that the kernel stops sending it (and FLUSH and RELEASE):
+    /// it checks permissions itself from the attributes it caches (`default_permissions`)
+    /// and keeps every file's pages. A hot file then costs no round trip at all (`told.rs`).
+    pub fn kernel_opens(&self) -> bool {
+        self.opens.refuse_open()
+    }
+
+    /// The kernel may come to open files itself (`--opens` other than `daemon`): it should
+    /// drop a file's pages when fresh attributes show a change.
+    pub fn kernel_may_open(&self) -> bool {
+        self.opens.mode != Opens::Daemon
     }
 
     /// Why the adapter is not to offer the kernel passthrough at INIT, if it is not: the
@@ -387,8 +433,8 @@ impl DatasetFs {
     pub fn passthrough_refusal(&self) -> Option<&'static str> {
         if self.passthrough_wanted {
             None
-        } else if self.fast_open {
-            Some("--fast-open: there is no open to answer with a backing file")
+        } else if self.opens.mode == Opens::Kernel {
+            Some("--opens kernel: there is no open to answer with a backing file")
         } else if self.read_delay {
             Some("--read-delay: the daemon delays every read of the source")
         } else {
@@ -427,8 +473,8 @@ impl DatasetFs {
     /// forgets what it cached of it. Returns true if it changed.
     fn refresh(&self, ino: NodeId, meta: crate::namespace::SourceMeta) -> bool {
         let changed = self.ns.refresh(ino, meta);
-        if changed && let Some(invalidate) = self.invalidator.get() {
-            invalidate(ino);
+        if changed {
+            self.invalidate(ino);
         }
         changed
     }

@@ -68,7 +68,7 @@ use crate::tier::staging::Claimed;
 
 /// A source file opened for a caller.
 #[derive(Debug)]
-struct SourceOpen {
+pub(super) struct SourceOpen {
     rel: PathBuf,
     file: SourceFile,
     /// Its metadata, fresh from the open descriptor (an object's: from the listing, or from
@@ -79,9 +79,27 @@ struct SourceOpen {
     changed: bool,
 }
 
+/// What an access is of: the file's path, version and dense id.
+#[derive(Debug)]
+pub(super) struct Accessed<'a> {
+    pub rel: &'a std::path::Path,
+    pub version: crate::namespace::FileVersion,
+    pub file_id: Option<FileId>,
+}
+
+impl SourceOpen {
+    fn accessed(&self) -> Accessed<'_> {
+        Accessed {
+            rel: &self.rel,
+            version: self.meta.version,
+            file_id: self.file_id,
+        }
+    }
+}
+
 /// How an open was counted, for its handle and the prefetcher.
 #[derive(Debug)]
-struct Counted {
+pub(super) struct Counted {
     /// The dataset-wide epoch and the job's epoch the open counts in.
     epoch: u64,
     /// The job that opened the file.
@@ -161,6 +179,8 @@ impl DatasetFs {
         if self.handles.insert_file(opened.fh, handle) {
             self.elastic.state.wake.wake();
         }
+        // Last before the reply, after which the opener queues its event, if any.
+        self.opens.asked(ino, self.ns.parent(ino), caller.pid);
         Ok(opened)
     }
 
@@ -182,8 +202,8 @@ impl DatasetFs {
         let job = self.jobs.get(caller.pid, caller.uid, now);
         let (counted, reading) = match access {
             Access::Counted => {
-                let counted = self.count_access(job, &opened, hit, caller, now);
-                self.tell_prefetcher(&opened, &counted, hit);
+                let counted = self.count_access(job, &opened.accessed(), hit, caller, now);
+                self.tell_prefetcher(&opened.accessed(), &counted, hit);
                 let reading = self.kernel_reading(ino, &opened, in_memory, hit, &counted);
                 (counted, reading)
             }
@@ -344,12 +364,12 @@ impl DatasetFs {
 
     /// Tells the prefetcher of the access that `counted` counted. What the open took from the
     /// staging area stays there for the jobs that still need it.
-    fn tell_prefetcher(&self, opened: &SourceOpen, counted: &Counted, hit: bool) {
+    pub(super) fn tell_prefetcher(&self, accessed: &Accessed, counted: &Counted, hit: bool) {
         self.prefetcher
             .on_open(&counted.job, counted.step, counted.staged, hit);
-        if let Some(f) = opened.file_id {
+        if let Some(f) = accessed.file_id {
             self.prefetcher
-                .share(f, counted.read_by(), &opened.meta.version, &counted.claimed);
+                .share(f, counted.read_by(), &accessed.version, &counted.claimed);
         }
     }
 
@@ -357,7 +377,7 @@ impl DatasetFs {
     /// every directory's search permission now, whatever the kernel's cached attributes said.
     /// If the file changed since the kernel was told, the kernel is told to forget what it
     /// cached.
-    fn open_source(&self, ino: NodeId, caller: Caller) -> Result<SourceOpen, FsError> {
+    pub(super) fn open_source(&self, ino: NodeId, caller: Caller) -> Result<SourceOpen, FsError> {
         let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind == Kind::Dir {
             return Err(FsError::IsDir);
@@ -381,8 +401,8 @@ impl DatasetFs {
         };
         let pending = self.stale_in_kernel.lock().remove(&ino);
         let changed = (meta.version != info.version && self.ns.refresh(ino, meta)) || pending;
-        if changed && let Some(invalidate) = self.invalidator.get() {
-            invalidate(ino);
+        if changed {
+            self.invalidate(ino);
         }
         Ok(SourceOpen {
             rel,
@@ -397,22 +417,22 @@ impl DatasetFs {
     /// from taking the file's staged blocks to counting the access: of two opens of a file
     /// by one job (a check and a decode, two workers sharing it), the one its epoch counts
     /// first takes them, and the other finds them among the recent blocks.
-    fn count_access(
+    pub(super) fn count_access(
         &self,
         job: Arc<Mutex<Job>>,
-        opened: &SourceOpen,
+        opened: &Accessed,
         hit: bool,
         caller: Caller,
         now: f64,
     ) -> Counted {
-        let version = opened.meta.version;
+        let version = opened.version;
         let mut j = job.lock();
         let job_key = j.key;
         // The prefetcher's blocks of this file are now this open's.
         let claimed = if hit {
             Claimed::default()
         } else {
-            self.prefetcher.claim(&opened.rel, &version, job_key)
+            self.prefetcher.claim(opened.rel, &version, job_key)
         };
         let blocks = self.tiers.memory.blocks().count(version.size);
         let staged = !claimed.blocks.is_empty() && claimed.blocks.len() as u64 == blocks;
@@ -497,12 +517,11 @@ impl DatasetFs {
         }
         // A streamed miss's pages are the kernel's copy of bytes the cache keeps or does not
         // want: left there, they would push out what the cache serves (LRU again).
-        if handle.drop_pages_at_release
-            && let Some(invalidate) = self.invalidator.get()
-        {
-            invalidate(handle.ino);
+        if handle.drop_pages_at_release {
+            self.invalidate(handle.ino);
         }
-        if !handle.silent || handle.adopted {
+        // A told open never went through the passthrough table.
+        if (!handle.silent || handle.adopted) && !handle.told {
             let memory = &self.tiers.memory;
             (self.passthrough)
                 .release(handle.ino, handle.kernel_io, |v| memory.holds_for_kernel(v));
@@ -512,7 +531,7 @@ impl DatasetFs {
 
 /// How the kernel reads an open file, and what for.
 #[derive(Debug)]
-struct KernelReading {
+pub(super) struct KernelReading {
     io: KernelIo,
     /// It may keep the pages it cached of the file (`KernelIo::PageCache` only).
     keep_cache: bool,
@@ -525,7 +544,20 @@ struct KernelReading {
 }
 
 impl KernelReading {
-    /// A read under `--fast-open`: there is no OPEN, and the kernel keeps the pages.
+    /// A file the kernel opened itself and told of (`told.rs`): through its page cache. A
+    /// miss's reads all reach the daemon (the pages it had of the file went when it was
+    /// last read) and count what they move; a hit's may be served from the pages.
+    pub(super) fn told(hit: bool) -> KernelReading {
+        KernelReading {
+            io: KernelIo::PageCache,
+            keep_cache: hit,
+            drop_at_release: false,
+            watch: None,
+            backing: None,
+        }
+    }
+
+    /// A read the kernel opened for itself, not told: the kernel keeps the pages.
     const UNOPENED: KernelReading = KernelReading {
         io: KernelIo::PageCache,
         keep_cache: true,
@@ -536,7 +568,7 @@ impl KernelReading {
 }
 
 /// The handle of the open of node `ino` by `caller`, counted as `counted` says.
-fn file_handle(
+pub(super) fn file_handle(
     ino: NodeId,
     caller: Caller,
     opened: SourceOpen,
@@ -583,6 +615,7 @@ fn file_handle(
         cached_at_open: false,
         silent: access == Access::Silent,
         adopted: false,
+        told: false,
     }
 }
 

@@ -27,7 +27,6 @@
 //!   than `--hint-memory` allows (at a chunk or the commit);
 //! - `EACCES` at `open`: under `--job-key none` (one job for everybody) only the user who
 //!   mounted, or root, may hint;
-//! - `EOPNOTSUPP`: under `--fast-open`, where no open reaches the daemon to hold a hint.
 //!
 //! After a rejection the descriptor refuses every chunk until the next commit, which reports
 //! the rejection again and starts afresh; after an accepted commit the next chunk starts the
@@ -44,7 +43,10 @@
 //! of a job's order), by `--hint-memory` in total and by half of it per user
 //! ([`crate::jobs::HintBudget`]).
 //!
-//! The hint belongs to the job of the process that opened the order file.
+//! The hint belongs to the job of the process that opened the order file. Where the kernel
+//! opens files itself (`told.rs`), no OPEN reaches the daemon and every descriptor's ioctls
+//! come with handle 0: a hint is then the writing process's, from its first chunk to its
+//! commit. The control socket (`control.rs`) takes hints without any file.
 //!
 //! A rejected hint changes nothing: the job keeps its previous hint (or none), and reads are
 //! served as before.
@@ -108,6 +110,18 @@ impl OrderWriter {
     }
 }
 
+/// The writers of descriptors the kernel opened itself (handle 0) are keyed by their process:
+/// this bit, and the pid.
+const UNOPENED: u64 = 1 << 63;
+
+/// The key of the writer of order file `fh` written by `caller` (see [`UNOPENED`]).
+fn writer_key(fh: u64, caller: Caller) -> u64 {
+    match fh {
+        0 => UNOPENED | u64::from(caller.pid),
+        fh => fh,
+    }
+}
+
 /// The open order files of a mount, and the memory hints may hold.
 #[derive(Debug)]
 pub(super) struct OrderFiles {
@@ -149,23 +163,30 @@ impl OrderFiles {
         }
     }
 
+    /// `caller` may hint (see `--job-key none`).
+    fn may_hint(&self, caller: Caller) -> Result<(), FsError> {
+        match self.one_job && caller.uid != 0 && caller.uid != self.owner {
+            true => Err(FsError::Access),
+            false => Ok(()),
+        }
+    }
+
+    fn writer(&self, caller: Caller) -> OrderWriter {
+        OrderWriter {
+            buf: Vec::new(),
+            charge: self.hints.charge(caller.uid),
+            caller,
+            refused: None,
+        }
+    }
+
     /// Opens the order file as `fh` for `caller`; only for reading (it takes hints by ioctl).
     pub fn open(&self, fh: u64, flags: i32, caller: Caller) -> Result<Opened, FsError> {
         if flags & libc::O_ACCMODE != libc::O_RDONLY {
             return Err(FsError::ReadOnly);
         }
-        if self.one_job && caller.uid != 0 && caller.uid != self.owner {
-            return Err(FsError::Access);
-        }
-        self.writers.lock().insert(
-            fh,
-            OrderWriter {
-                buf: Vec::new(),
-                charge: self.hints.charge(caller.uid),
-                caller,
-                refused: None,
-            },
-        );
+        self.may_hint(caller)?;
+        self.writers.lock().insert(fh, self.writer(caller));
         Ok(Opened {
             fh,
             keep_cache: false,
@@ -182,6 +203,7 @@ impl OrderFiles {
     pub fn append(
         &self,
         fh: u64,
+        caller: Caller,
         chunk: &[u8],
         limit: u64,
         ledger: &Ledger,
@@ -191,8 +213,26 @@ impl OrderFiles {
                 "a hint chunk is {CHUNK_BYTES} bytes, a count and bytes"
             ))
         })?;
+        self.append_bytes(writer_key(fh, caller), fh == 0, caller, data, limit, ledger)
+    }
+
+    /// Appends `data` to the hint of writer `key` (made for `caller` if `new` allows and there
+    /// is none), as [`OrderFiles::append`] says.
+    pub fn append_bytes(
+        &self,
+        key: u64,
+        new: bool,
+        caller: Caller,
+        data: &[u8],
+        limit: u64,
+        ledger: &Ledger,
+    ) -> Result<(), FsError> {
         let mut writers = self.writers.lock();
-        let w = writers.get_mut(&fh).ok_or(FsError::BadHandle)?;
+        if new && !writers.contains_key(&key) {
+            self.may_hint(caller)?;
+            writers.insert(key, self.writer(caller));
+        }
+        let w = writers.get_mut(&key).ok_or(FsError::BadHandle)?;
         if let Some(errno) = w.refused {
             return Err(FsError::from_errno(errno));
         }
@@ -225,9 +265,31 @@ impl OrderFiles {
 
     /// Ends the hint of open order file `fh`: the hint to apply, with the caller that opened
     /// the file, or the errno that refused it. Either way the next chunk starts a new hint.
-    pub fn commit(&self, fh: u64) -> Result<(Vec<u8>, Caller), FsError> {
+    pub fn commit(&self, fh: u64, caller: Caller) -> Result<(Vec<u8>, Caller), FsError> {
+        self.commit_key(writer_key(fh, caller), fh == 0, caller)
+    }
+
+    /// Ends the hint of writer `key`; a writer with no handle (`once`) ends with it.
+    pub fn commit_key(
+        &self,
+        key: u64,
+        once: bool,
+        caller: Caller,
+    ) -> Result<(Vec<u8>, Caller), FsError> {
         let mut writers = self.writers.lock();
-        let w = writers.get_mut(&fh).ok_or(FsError::BadHandle)?;
+        if once {
+            // A descriptor the kernel opened itself: its hint ends with the commit.
+            self.may_hint(caller)?;
+            let Some(mut w) = writers.remove(&key) else {
+                return Ok((Vec::new(), caller));
+            };
+            if let Some(errno) = w.refused.take() {
+                return Err(FsError::from_errno(errno));
+            }
+            w.charge.resize(0);
+            return Ok((std::mem::take(&mut w.buf), w.caller));
+        }
+        let w = writers.get_mut(&key).ok_or(FsError::BadHandle)?;
         if let Some(errno) = w.refused.take() {
             return Err(FsError::from_errno(errno));
         }
@@ -402,20 +464,56 @@ impl OrderNode {
 impl DatasetFs {
     /// An ioctl on node `ino`, open as `fh`, with `data` from the caller: the order file's
     /// [`HINT_CHUNK`] and [`HINT_COMMIT`]; `ENOTTY` for everything else (`isatty` included).
-    pub fn ioctl(&self, ino: NodeId, fh: u64, cmd: u32, data: &[u8]) -> Result<(), FsError> {
+    /// Where the kernel opened the order file itself (handle 0), the hint is the writing
+    /// process's.
+    pub fn ioctl(
+        &self,
+        ino: NodeId,
+        fh: u64,
+        cmd: u32,
+        data: &[u8],
+        caller: Caller,
+    ) -> Result<(), FsError> {
         if control(ino).is_none() || (cmd != HINT_CHUNK && cmd != HINT_COMMIT) {
             return Err(FsError::NotTty);
         }
-        // Without opens no handle holds a hint.
-        if self.fast_open {
-            return Err(FsError::NotSupported);
-        }
         if cmd == HINT_CHUNK {
-            let limit = MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64;
-            return self.orders.append(fh, data, limit, &self.ledger);
+            let limit = self.hint_limit();
+            return self.orders.append(fh, caller, data, limit, &self.ledger);
         }
-        let (buf, caller) = self.orders.commit(fh)?;
+        let (buf, caller) = self.orders.commit(fh, caller)?;
         self.apply_hint(&buf, caller)
+    }
+
+    /// The most bytes one hint of this dataset may take.
+    fn hint_limit(&self) -> u64 {
+        MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64
+    }
+
+    /// Takes hint `text` (paths, one a line) from `caller` (the control socket's client),
+    /// bounded as the order file's hints are; the verdict as the commit's.
+    pub fn hint_from(&self, caller: Caller, text: &mut dyn std::io::Read) -> Result<(), FsError> {
+        // A key no order-file writer has: a fresh handle number, with the unopened bit.
+        let key = UNOPENED | (self.handles.next_fh() << 32);
+        let limit = self.hint_limit();
+        let mut buf = vec![0u8; CHUNK_PAYLOAD];
+        let appended = loop {
+            let n = match text.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => break Err(FsError::Source(e)),
+            };
+            let appended =
+                (self.orders).append_bytes(key, true, caller, &buf[..n], limit, &self.ledger);
+            if let Err(e) = appended {
+                break Err(e);
+            }
+        };
+        let committed = self.orders.commit_key(key, true, caller);
+        appended?;
+        let (hint, caller) = committed?;
+        self.apply_hint(&hint, caller)
     }
 
     /// Applies hint `buf` of `caller`: resolves its paths, charges its order, hands it to

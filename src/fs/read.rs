@@ -103,8 +103,8 @@ impl DatasetFs {
         crate::stats::Counters::add(&self.ledger.stats().counters.read_requests, 1);
     }
 
-    /// A READ of node `ino`, open as `fh`: the order file reads as empty; under
-    /// `--fast-open` (no OPEN, so no handle) the file is opened for this read alone; a handle
+    /// A READ of node `ino`, open as `fh`: the order file reads as empty; where the kernel
+    /// opens files itself (no OPEN, so no handle), through the open it told of (`told.rs`); a handle
     /// an earlier daemon of the mount gave out is opened again at its first read
     /// (`takeover.rs`).
     pub fn read_node(
@@ -119,23 +119,44 @@ impl DatasetFs {
         if let Some(order) = order::control(ino) {
             return done(Ok(order.read()));
         }
-        if self.fast_open {
-            return self.read_unopened(ino, offset, size, caller, done);
+        // Handle 0: the kernel opened the file itself (`told.rs`).
+        if fh == 0 {
+            return self.read_told(ino, offset, size, caller, done);
         }
         self.adopt_file(fh, ino, caller);
         self.read(fh, offset, size, done);
     }
 
-    /// A read under `--fast-open`, where the kernel sends no OPEN: the file is opened for
-    /// this read alone, as the caller (the source still checks its permissions), and the read
-    /// at offset 0 is the job's access of the file (see [`Access`]).
-    fn read_unopened(&self, ino: NodeId, offset: u64, size: u32, caller: Caller, done: ReadDone) {
-        self.count_read_request();
+    /// A read of a file the kernel opened itself and did not tell of (see `told.rs`): the
+    /// file is opened for this read alone, as the caller (the source still checks its
+    /// permissions), and the read at offset 0 is the job's access of the file (see [`Access`]).
+    pub(super) fn read_unopened(
+        &self,
+        ino: NodeId,
+        offset: u64,
+        size: u32,
+        caller: Caller,
+        done: ReadDone,
+    ) {
         let access = if offset == 0 {
             Access::Counted
         } else {
             Access::Silent
         };
+        self.read_once(ino, offset, size, caller, access, done)
+    }
+
+    /// One read of a file opened for it alone, accounted as `access` says.
+    pub(super) fn read_once(
+        &self,
+        ino: NodeId,
+        offset: u64,
+        size: u32,
+        caller: Caller,
+        access: Access,
+        done: ReadDone,
+    ) {
+        self.count_read_request();
         // The handle is this read's alone: it never enters the handle table, and the version
         // the open just took needs no second look.
         let h = match self.open_handle(ino, caller, access) {
@@ -289,9 +310,7 @@ impl DatasetFs {
         // After the reply (see the module header): its short read ends the kernel's file.
         if !h.changed_while_open.swap(true, Ordering::Relaxed) {
             tracing::debug!("{}: changed while open", h.rel.display());
-            if let Some(invalidate) = self.invalidator.get() {
-                invalidate(h.ino);
-            }
+            self.invalidate(h.ino);
         }
     }
 

@@ -106,6 +106,8 @@ impl DatasetFs {
     /// Enters the entries of directory `rel` (node `node`) into the namespace and returns its
     /// subdirectories.
     fn scan_dir(&self, node: NodeId, rel: &Path) -> Vec<(NodeId, PathBuf)> {
+        // Watched before it is read: a change after the read is seen.
+        self.watch_dir(node, rel);
         let read_at = Instant::now();
         let (dir_meta, items) = match self.source.read_dir(rel, &Creds::DAEMON) {
             Ok(read) => read,

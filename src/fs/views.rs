@@ -23,8 +23,15 @@ struct Sample {
 }
 
 impl DatasetFs {
-    /// Every stat, now.
+    /// Where the FUSE adapter counts the requests it answers.
+    pub fn requests(&self) -> &crate::stats::Requests {
+        &self.ledger.stats().requests
+    }
+
+    /// Every stat, now: the opens the kernel told of so far counted first, so that what a
+    /// reader did before it asked shows.
     pub fn snapshot(&self) -> Snapshot {
+        self.drain_told();
         let stats = self.ledger.stats();
         let mut jobs = self.jobs.summaries(stats.now());
         for j in jobs.iter_mut().filter(|j| j.active) {
@@ -54,6 +61,10 @@ impl DatasetFs {
                 .iter()
                 .cloned()
                 .chain([("cache_budget_why", self.elastic.state.why.lock().clone())])
+                .chain({
+                    let (who, why) = self.opens.state();
+                    [("opens", who.to_string()), ("opens_why", why)]
+                })
                 .chain(
                     (self.daemons().restarts.last_cause)
                         .map(|c| ("daemon_last_end", c.to_string())),
@@ -62,6 +73,7 @@ impl DatasetFs {
                 .collect(),
             epochs: records,
             jobs: serde_json::to_value(jobs).unwrap_or_default(),
+            requests: self.ledger.stats().requests.json(),
         }
     }
 
@@ -173,6 +185,8 @@ impl DatasetFs {
                 Value::Count(Counters::get(&c.passthrough_source_opens))
             }
             Stat::ReadRequests => Value::Count(Counters::get(&c.read_requests)),
+            Stat::KernelOpens => Value::Count(self.kernel_opens() as u64),
+            Stat::ToldOpens => Value::Count(Counters::get(&c.told_opens)),
             Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
             Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
             Stat::ActiveJobs => Value::Count(self.jobs.live().len() as u64),

@@ -89,8 +89,9 @@ use tracing::{debug, warn};
 
 pub mod session;
 
-use crate::fs::{BackingFiles, Caller, DatasetFs, FsError};
+use crate::fs::{BackingFiles, Caller, DatasetFs, FsError, Invalidation};
 use crate::namespace::{Attr, Kind};
+use crate::stats::{Op, Requests};
 
 /// The fuser `Filesystem` of a mount.
 #[derive(Debug)]
@@ -167,24 +168,25 @@ impl FuseAdapter {
         // the kernel may need that thread to answer a request before a notification
         // completes. One thread, not one per change: a listing after a `chmod -R` of the
         // source finds a million changes.
-        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        // A thread that is no FUSE thread (the source's watcher) tells the kernel itself, at
+        // once: a chmod on the source is to reach the kernel before the next open.
+        let (tx, rx) = std::sync::mpsc::channel::<Invalidation>();
+        let direct = notifier.clone();
         let spawned = std::thread::Builder::new()
             .name("coorfs-inval".into())
             .spawn(move || {
-                for ino in rx {
-                    if let Some(notifier) = notifier.get()
-                        && let Err(e) = notifier.inval_inode(INodeNo(ino), 0, -1)
-                    {
-                        debug!("invalidating inode {ino}: {e}");
-                    }
+                for what in rx {
+                    notify(&notifier, &what);
                 }
             });
         match spawned {
             Ok(_) => {
                 let tx = std::sync::Mutex::new(tx);
-                fs.set_invalidator(Box::new(move |ino| {
-                    if let Ok(tx) = tx.lock() {
-                        let _ = tx.send(ino);
+                fs.set_invalidator(Box::new(move |what, at_once| {
+                    if at_once {
+                        notify(&direct, &what);
+                    } else if let Ok(tx) = tx.lock() {
+                        let _ = tx.send(what);
                     }
                 }));
             }
@@ -194,11 +196,56 @@ impl FuseAdapter {
     }
 }
 
-/// The span of one FUSE operation on node `ino`, at debug level: with `--log-level debug`
-/// the log has a line for each as it ends (the daemon's logging prints span closes), with its
-/// time, so that the log of a daemon that died shows what it was doing.
-fn op(op: &'static str, ino: u64) -> tracing::span::EnteredSpan {
-    tracing::debug_span!("fuse", op, ino).entered()
+/// Tells the kernel to forget `what`.
+fn notify(notifier: &OnceLock<Notifier>, what: &Invalidation) {
+    let Some(notifier) = notifier.get() else {
+        return;
+    };
+    let sent = match what {
+        Invalidation::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, -1),
+        Invalidation::Entry(dir, name) => notifier.inval_entry(INodeNo(*dir), name),
+    };
+    // The kernel knows no such node or name: nothing of it to forget.
+    if let Err(e) = sent {
+        debug!("invalidating {what:?}: {e}");
+    }
+}
+
+/// One request being answered: its span, and its count and time in the stats when it ends.
+struct Req<'a> {
+    requests: &'a Requests,
+    op: Op,
+    start: std::time::Instant,
+    _span: tracing::span::EnteredSpan,
+}
+
+impl Drop for Req<'_> {
+    fn drop(&mut self) {
+        let nanos = self.start.elapsed().as_nanos() as u64;
+        self.requests.record(self.op, nanos);
+    }
+}
+
+impl FuseAdapter {
+    /// Request `req` of kind `op` on node `ino` begins: its span (request id, op, node, pid),
+    /// at debug level, is entered until it is answered; with `--log-level debug` the log has a
+    /// line for each as it ends, with its time, so that the log of a daemon that died shows
+    /// what it was doing.
+    fn begin(&self, req: &Request, op: Op, ino: u64) -> Req<'_> {
+        Req {
+            requests: self.fs.requests(),
+            op,
+            start: std::time::Instant::now(),
+            _span: tracing::debug_span!(
+                "fuse",
+                req = req.unique().0,
+                op = op.name(),
+                ino,
+                pid = req.pid()
+            )
+            .entered(),
+        }
+    }
 }
 
 fn caller(req: &Request) -> Caller {
@@ -209,26 +256,9 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
-/// The errno a caller sees for each core error.
+/// The errno a caller sees for each core error ([`FsError::errno`]).
 pub fn errno(err: &FsError) -> Errno {
-    match err {
-        FsError::NotFound => Errno::ENOENT,
-        FsError::NotDir => Errno::ENOTDIR,
-        FsError::IsDir => Errno::EISDIR,
-        FsError::NotSymlink => Errno::EINVAL,
-        FsError::ReadOnly => Errno::EROFS,
-        FsError::Access => Errno::EACCES,
-        FsError::BadHandle => Errno::EBADF,
-        FsError::NoAttr => Errno::NO_XATTR,
-        FsError::Range => Errno::ERANGE,
-        FsError::Invalid(_) => Errno::EINVAL,
-        FsError::NotSupported => Errno::ENOTSUP,
-        FsError::TooLarge => Errno::EFBIG,
-        FsError::NotTty => Errno::ENOTTY,
-        FsError::Stale => Errno::ESTALE,
-        FsError::Source(e) => e.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO),
-        FsError::Read(failed) => Errno::from_i32(failed.error.errno()),
-    }
+    Errno::from_i32(err.errno())
 }
 
 /// A reply that can carry an error.
@@ -349,11 +379,11 @@ impl Filesystem for FuseAdapter {
         if self.acl {
             wanted |= InitFlags::FUSE_POSIX_ACL;
         }
-        // Under --fast-open no open tells the daemon a file was opened, so a change on the
-        // source shows only in the attributes: the kernel drops a file's pages itself when a
+        // Where the kernel may open files itself, no open finds a file changed, so a change on
+        // the source shows in the attributes: the kernel drops a file's pages itself when a
         // fresh GETATTR or LOOKUP brings a new mtime or size (a change the notifier thread
         // would report only after the open that races it).
-        if self.fs.fast_open() {
+        if self.fs.kernel_may_open() {
             wanted |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
         let passthrough = match self.fs.passthrough_refusal() {
@@ -395,15 +425,15 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _op = op("lookup", parent.0);
+        let _req = self.begin(req, Op::Lookup, parent.0);
         match self.fs.lookup(parent.0, name, caller(req)) {
             Ok(e) => reply.entry(&self.fs.ttl(), &file_attr(&e.attr), Generation(0)),
             Err(e) => fail("lookup", e, reply),
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _op = op("getattr", ino.0);
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _req = self.begin(req, Op::Getattr, ino.0);
         let attr = match fh {
             Some(fh) => self.fs.getattr_open(ino.0, fh.0),
             None => self.fs.getattr(ino.0),
@@ -414,8 +444,8 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let _op = op("readlink", ino.0);
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _req = self.begin(req, Op::Readlink, ino.0);
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(target.as_os_str().as_encoded_bytes()),
             Err(e) => fail("readlink", e, reply),
@@ -423,9 +453,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _op = op("open", ino.0);
-        if self.fs.fast_open() {
-            // The kernel stops sending OPEN (and RELEASE) on this connection.
+        let _req = self.begin(req, Op::Open, ino.0);
+        if self.fs.kernel_opens() {
+            // The kernel stops sending OPEN (and RELEASE) on this connection (fs/told.rs).
             return reply.error(Errno::ENOSYS);
         }
         match self.fs.open(ino.0, flags.0, caller(req)) {
@@ -465,8 +495,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _op = tracing::debug_span!("fuse", op = "read", ino = ino.0, fh = fh.0, offset, size)
-            .entered();
+        let _req = self.begin(req, Op::Read, ino.0);
         let done = Box::new(move |result: Result<&[u8], FsError>| match result {
             Ok(bytes) => reply.data(bytes),
             Err(e) => fail("read", e, reply),
@@ -476,27 +505,28 @@ impl Filesystem for FuseAdapter {
 
     fn release(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = tracing::debug_span!("fuse", op = "release", fh = fh.0).entered();
+        let _req = self.begin(req, Op::Release, ino.0);
         self.fs.release(fh.0);
         reply.ok();
     }
 
     fn flush(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _req = self.begin(req, Op::Flush, ino.0);
         // Every file is opened with NOFLUSH, so a FLUSH comes only from a kernel that ignores
         // it; ENOSYS and the kernel stops sending it.
         reply.error(Errno::ENOSYS);
@@ -507,7 +537,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _op = op("opendir", ino.0);
+        let _req = self.begin(req, Op::Opendir, ino.0);
         match self.fs.opendir(ino.0, caller(req)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => fail("opendir", e, reply),
@@ -522,7 +552,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _op = op("readdir", ino.0);
+        let _req = self.begin(req, Op::Readdir, ino.0);
         self.fs.adopt_dir(fh.0, ino.0, caller(req));
         let result = self.fs.readdir(fh.0, offset, false, |e| {
             reply.add(INodeNo(e.ino), e.next, file_type(e.kind), e.name)
@@ -541,7 +571,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let _op = op("readdirplus", ino.0);
+        let _req = self.begin(req, Op::Readdirplus, ino.0);
         self.fs.adopt_dir(fh.0, ino.0, caller(req));
         let ttl = self.fs.ttl();
         let result = self.fs.readdir(fh.0, offset, true, |e| match e.attr {
@@ -563,12 +593,13 @@ impl Filesystem for FuseAdapter {
 
     fn releasedir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _req = self.begin(req, Op::Releasedir, ino.0);
         self.fs.releasedir(fh.0);
         reply.ok();
     }
@@ -584,8 +615,8 @@ impl Filesystem for FuseAdapter {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let _op = op("statfs", 1);
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _req = self.begin(req, Op::Statfs, 1);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -595,15 +626,15 @@ impl Filesystem for FuseAdapter {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let _op = op("access", ino.0);
+        let _req = self.begin(req, Op::Access, ino.0);
         match self.fs.access(ino.0, mask.bits(), caller(req)) {
             Ok(()) => reply.ok(),
             Err(e) => fail("access", e, reply),
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _op = op("getxattr", ino.0);
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _req = self.begin(req, Op::Getxattr, ino.0);
         match self.fs.getxattr(ino.0, name) {
             Ok(value) => {
                 let live = name
@@ -615,8 +646,8 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let _op = op("listxattr", ino.0);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _req = self.begin(req, Op::Listxattr, ino.0);
         match self.fs.listxattr(ino.0) {
             Ok(names) => reply_xattr(names, size, false, reply),
             Err(e) => fail("listxattr", e, reply),
@@ -628,7 +659,7 @@ impl Filesystem for FuseAdapter {
 
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: IoctlFlags,
@@ -637,10 +668,11 @@ impl Filesystem for FuseAdapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _req = self.begin(req, Op::Ioctl, ino.0);
         // The order file takes hints (fs/order.rs). No other ioctl applies to a dataset
         // file: TCGETS (isatty) and the rest get "not a terminal", quietly. The kernel
         // answers FIONREAD, FIGETBSZ and the like for regular files itself, without asking.
-        match self.fs.ioctl(ino.0, fh.0, cmd, in_data) {
+        match self.fs.ioctl(ino.0, fh.0, cmd, in_data, caller(req)) {
             Ok(()) => reply.ioctl(0, &[]),
             Err(FsError::NotTty) => reply.error(Errno::ENOTTY),
             Err(e) => {

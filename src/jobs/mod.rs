@@ -30,6 +30,7 @@
 //! What every access, byte and prefetch counts for, in the mount's, the dataset's and the
 //! job's books, is decided in one place: [`ledger`].
 
+pub mod forks;
 pub mod ledger;
 pub mod tree;
 
@@ -108,6 +109,18 @@ impl std::fmt::Display for JobKey {
 }
 
 /// The job of process `pid` (run by `uid`) under `kind`.
+/// [`job_of`] where it can be told from the live process: None for a process that is gone
+/// (where ids of the process are needed).
+fn job_of_live(kind: JobKeyKind, pid: u32, uid: u32) -> Option<JobKey> {
+    // SAFETY: getpgid reads another process's ids; no memory is involved.
+    let alive = || unsafe { libc::getpgid(pid as libc::pid_t) } >= 0;
+    match kind {
+        JobKeyKind::Uid | JobKeyKind::None => Some(job_of(kind, pid, uid)),
+        _ if alive() => Some(job_of(kind, pid, uid)),
+        _ => None,
+    }
+}
+
 pub fn job_of(kind: JobKeyKind, pid: u32, uid: u32) -> JobKey {
     // SAFETY: getpgid and getsid read another process's ids; no memory is involved.
     // They answer -1 when the process is gone; 0 is a real answer (a process in the
@@ -527,12 +540,34 @@ impl Jobs {
     /// The job of a caller, created on its first access (see the module header for the
     /// bounds).
     pub fn get(&self, pid: u32, uid: u32, now: f64) -> Arc<Mutex<Job>> {
-        let key = match self.config.key {
-            JobKeyKind::Auto => self.tree.job(&tree::ProcFs, pid, now),
-            _ => None,
+        self.get_after(pid, uid, now, None)
+    }
+
+    /// [`Jobs::get`] for an open told after the fact (`crate::fs`'s `told.rs`): a process
+    /// gone by then is placed through the parent `forks` saw fork it (see [`forks`]).
+    pub fn get_after(
+        &self,
+        pid: u32,
+        uid: u32,
+        now: f64,
+        forks: Option<&forks::Forks>,
+    ) -> Arc<Mutex<Job>> {
+        let mut at = pid;
+        // A few generations: a worker of a job's process, forked by a shell.
+        for _ in 0..4 {
+            let key = match self.config.key {
+                JobKeyKind::Auto => self.tree.job(&tree::ProcFs, at, now),
+                kind => job_of_live(kind, at, uid),
+            };
+            if let Some(key) = key {
+                return self.join(key, uid, now);
+            }
+            match forks.and_then(|f| f.parent(at)) {
+                Some(parent) => at = parent,
+                None => break,
+            }
         }
-        .unwrap_or_else(|| job_of(self.config.key, pid, uid));
-        self.join(key, uid, now)
+        self.join(job_of(self.config.key, pid, uid), uid, now)
     }
 
     /// Job `key`, begun by `uid` if it is new: the user's catch-all job if the user or

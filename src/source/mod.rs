@@ -434,6 +434,16 @@ impl LocalSource {
 /// True if the page cache holds every page of bytes `offset..offset + len` of `file`
 /// (`cachestat`, Linux 6.5; false where the kernel lacks it). Asking brings nothing in.
 fn resident(file: &File, offset: u64, len: u64) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let pages = (offset + len).div_ceil(ALIGN as u64) - offset / ALIGN as u64;
+    cached_pages(file, offset, len).is_some_and(|n| n >= pages)
+}
+
+/// How many pages of bytes `offset..offset + len` of `file` the page cache holds
+/// (`cachestat`, Linux 6.5; None where the kernel lacks it). Asking brings nothing in.
+pub fn cached_pages(file: &File, offset: u64, len: u64) -> Option<u64> {
     /// `struct cachestat_range` and `struct cachestat` (linux/mman.h).
     #[repr(C)]
     struct Range {
@@ -451,9 +461,6 @@ fn resident(file: &File, offset: u64, len: u64) -> bool {
     }
     /// The system call's number on x86_64 and aarch64 (and every architecture since 6.5).
     const SYS_CACHESTAT: libc::c_long = 451;
-    if len == 0 {
-        return true;
-    }
     let range = Range { off: offset, len };
     let mut stat = Stat::default();
     // SAFETY: `range` and `stat` are live, properly laid out structs for the call's length;
@@ -467,8 +474,7 @@ fn resident(file: &File, offset: u64, len: u64) -> bool {
             0,
         )
     };
-    let pages = (offset + len).div_ceil(ALIGN as u64) - offset / ALIGN as u64;
-    rc == 0 && stat.nr_cache >= pages
+    (rc == 0).then_some(stat.nr_cache)
 }
 
 /// True if the page cache holds every page of the first `len` bytes of an open source file

@@ -131,10 +131,12 @@ stats! {
     PrefetchMemory => "prefetch_memory", Bytes, "The staging budget in bytes now: --prefetch-memory (in a memory cgroup, by default a sixteenth of its limit), lowered beside an elastic cache that shrank to an eighth of its size (8 MiB at least); 0 with --no-prefetch.";
     KernelCache => "kernel_cache", Count, "1 while hits may be served from the kernel's page cache (keep_cache); 0 once sentinel files showed that the kernel does not keep their pages until they are read again (hits of files over 64 KiB then use direct I/O, where passthrough does not read them).";
     KernelRefills => "kernel_refills", Count, "Reopened sentinel files whose pages the kernel had dropped and read again.";
-    Passthrough => "passthrough", Count, "1 while the kernel may read files by itself (FUSE passthrough); 0 with --no-passthrough or --fast-open, on a kernel without it, or when the kernel refused the daemon a backing file (no CAP_SYS_ADMIN).";
+    Passthrough => "passthrough", Count, "1 while the kernel may read files by itself (FUSE passthrough); 0 with --no-passthrough or --opens kernel, on a kernel without it, or when the kernel refused the daemon a backing file (no CAP_SYS_ADMIN).";
     PassthroughOpens => "passthrough_opens", Count, "Opens whose reads the kernel served from a backing file without the daemon: cached files over 64 KiB (from the cache's own files), and files the cache would not keep or the page cache holds whole (from the source).";
     PassthroughSourceOpens => "passthrough_source_opens", Count, "Of those, opens of files the cache would not keep, or of 4 MiB or more that the page cache holds whole, read from the source by the kernel: misses whose whole size counts in bytes_from_source at open.";
     ReadRequests => "read_requests", Count, "Read requests that reached the daemon (a passthrough open sends none).";
+    KernelOpens => "kernel_opens", Count, "1 once the kernel opens files itself (--opens: no OPEN reaches the daemon, which is told of each open after the fact; opens in the JSON document says who opens, opens_why why the daemon does), else 0.";
+    ToldOpens => "told_opens", Count, "Opens the kernel made by itself and told the daemon of (fanotify): each counted as an access, as an OPEN is.";
     HintsAccepted => "hints_accepted", Count, "Order hints accepted (commits to the .coorfs-order file).";
     HintsRejected => "hints_rejected", Count, "Order hints rejected (unknown paths, garbage, too large).";
     ActiveJobs => "active_jobs", Count, "Jobs (process groups, or the trials of a sweep script, by default) that read the mount and were not idle long enough to be forgotten.";
@@ -177,6 +179,112 @@ impl Value {
     }
 }
 
+/// The kinds of FUSE request a mount answers, for the table of requests (`requests` in the
+/// stats document): how many of each came and how long the daemon's handler took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Getattr,
+    Open,
+    Read,
+    Release,
+    Flush,
+    Opendir,
+    Readdir,
+    Readdirplus,
+    Releasedir,
+    Statfs,
+    Access,
+    Getxattr,
+    Listxattr,
+    Ioctl,
+    Readlink,
+    Other,
+}
+
+impl Op {
+    /// Every kind, in the order the table lists them.
+    pub const ALL: [Op; 17] = [
+        Op::Lookup,
+        Op::Getattr,
+        Op::Open,
+        Op::Read,
+        Op::Release,
+        Op::Flush,
+        Op::Opendir,
+        Op::Readdir,
+        Op::Readdirplus,
+        Op::Releasedir,
+        Op::Statfs,
+        Op::Access,
+        Op::Getxattr,
+        Op::Listxattr,
+        Op::Ioctl,
+        Op::Readlink,
+        Op::Other,
+    ];
+
+    /// The request's name, lower case, as the kernel's FUSE_ opcode names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Getattr => "getattr",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Release => "release",
+            Op::Flush => "flush",
+            Op::Opendir => "opendir",
+            Op::Readdir => "readdir",
+            Op::Readdirplus => "readdirplus",
+            Op::Releasedir => "releasedir",
+            Op::Statfs => "statfs",
+            Op::Access => "access",
+            Op::Getxattr => "getxattr",
+            Op::Listxattr => "listxattr",
+            Op::Ioctl => "ioctl",
+            Op::Readlink => "readlink",
+            Op::Other => "other",
+        }
+    }
+}
+
+/// How many requests of each kind came, and the nanoseconds their handlers took on the FUSE
+/// threads (a read's fetch, done on another thread, not included).
+#[derive(Debug, Default)]
+pub struct Requests {
+    count: [AtomicU64; Op::ALL.len()],
+    nanos: [AtomicU64; Op::ALL.len()],
+}
+
+impl Requests {
+    /// One request of kind `op` took `nanos`.
+    pub fn record(&self, op: Op, nanos: u64) {
+        self.count[op as usize].fetch_add(1, Ordering::Relaxed);
+        self.nanos[op as usize].fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// How many requests of kind `op` came.
+    pub fn count(&self, op: Op) -> u64 {
+        self.count[op as usize].load(Ordering::Relaxed)
+    }
+
+    /// `{"lookup": {"count": N, "seconds": S}, ...}` for every kind that came.
+    pub fn json(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        for op in Op::ALL {
+            let n = self.count(op);
+            if n > 0 {
+                let seconds = self.nanos[op as usize].load(Ordering::Relaxed) as f64 / 1e9;
+                out.insert(
+                    op.name().into(),
+                    serde_json::json!({"count": n, "seconds": (seconds * 1e6).round() / 1e6}),
+                );
+            }
+        }
+        out.into()
+    }
+}
+
 /// The live counters of a mount (what is not read off the cache or the namespace).
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -214,6 +322,7 @@ pub struct Counters {
     pub passthrough_opens: AtomicU64,
     pub passthrough_source_opens: AtomicU64,
     pub read_requests: AtomicU64,
+    pub told_opens: AtomicU64,
 }
 
 impl Counters {
@@ -548,6 +657,8 @@ pub struct Stats {
     /// An object store source's request counters (zero for a directory).
     pub store: std::sync::Arc<crate::source::object::Counters>,
     pub epochs: Mutex<EpochLog>,
+    /// The FUSE requests answered.
+    pub requests: Requests,
 }
 
 impl Default for Stats {
@@ -557,6 +668,7 @@ impl Default for Stats {
             counters: Counters::default(),
             store: Default::default(),
             epochs: Mutex::new(EpochLog::new(Boundary::AllRead)),
+            requests: Requests::default(),
         }
     }
 }
@@ -579,6 +691,8 @@ pub struct Snapshot {
     pub epochs: Vec<EpochRecord>,
     /// Every job with its epochs (an array of `JobSummary`).
     pub jobs: serde_json::Value,
+    /// The FUSE requests answered, by kind ([`Requests::json`]).
+    pub requests: serde_json::Value,
 }
 
 impl Snapshot {
@@ -637,6 +751,7 @@ impl Snapshot {
             }
         }
         doc.insert("jobs".into(), jobs);
+        doc.insert("requests".into(), self.requests.clone());
         doc.insert("epochs_omitted".into(), omitted.into());
         serde_json::Value::Object(doc).to_string()
     }
@@ -762,6 +877,7 @@ mod tests {
             info: vec![("policy", "minio".into())],
             epochs: vec![EpochRecord::new(1, 0.0)],
             jobs: serde_json::json!([{"job": "pgid 1"}]),
+            requests: serde_json::json!({}),
         };
         let doc: serde_json::Value = serde_json::from_str(&snap.to_json(XATTR_SIZE_MAX)).unwrap();
         for s in Stat::ALL {
@@ -783,6 +899,7 @@ mod tests {
             info: vec![],
             epochs,
             jobs: serde_json::Value::Array(vec![job; 20]),
+            requests: serde_json::json!({}),
         };
         let text = snap.to_json(XATTR_SIZE_MAX);
         assert!(text.len() <= XATTR_SIZE_MAX, "{}", text.len());
@@ -806,6 +923,7 @@ mod tests {
         let small = Snapshot {
             epochs: vec![EpochRecord::new(1, 0.0)],
             jobs: serde_json::json!([]),
+            requests: serde_json::json!({}),
             ..snap
         };
         let doc: serde_json::Value = serde_json::from_str(&small.to_json(XATTR_SIZE_MAX)).unwrap();

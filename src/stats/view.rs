@@ -137,6 +137,16 @@ pub fn render(doc: &Json) -> String {
             show(stat.unit(), number(doc, stat.name()))
         );
     }
+    if let Some(requests) = doc.get("requests").and_then(Json::as_object)
+        && !requests.is_empty()
+    {
+        out.push_str("\nFUSE requests answered (count, and the daemon's time on each)\n");
+        for (op, r) in requests {
+            let (n, secs) = (number(r, "count"), number(r, "seconds"));
+            let each = if n > 0.0 { secs / n * 1e6 } else { 0.0 };
+            let _ = writeln!(out, "  {op:<12} {:>12} {each:>9.1} us", n as u64);
+        }
+    }
     let records = doc
         .get("epochs")
         .and_then(Json::as_array)

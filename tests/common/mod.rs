@@ -318,6 +318,22 @@ pub fn wait_for_scan(mnt: &Path) {
     );
 }
 
+/// Waits until the kernel opens the files of the mount at `mnt` itself and the daemon is told
+/// of each open (`--opens kernel` once the scan is done; `--opens auto` once opens came fast).
+pub fn wait_for_kernel_opens(mnt: &Path) {
+    let limit = Duration::from_secs(30);
+    let told = || {
+        let s = stats(mnt);
+        s["opens"] == "kernel" && s["opens_why"] == "told by fanotify"
+    };
+    assert!(
+        wait_for(limit, told),
+        "the kernel does not open the files of {} after {limit:?}: {}",
+        mnt.display(),
+        stats(mnt)
+    );
+}
+
 /// Last line of stderr, trimmed.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).trim().to_string()

@@ -1,0 +1,1139 @@
+//! Opens the kernel makes by itself, told to the daemon after the fact.
+//!
+//! A hot small file costs what its round trips cost: a 100 KiB file the kernel's page cache
+//! holds is read natively in about 30 us, and an OPEN that asks the daemon costs 30-80 us of
+//! wake-ups and switches before the daemon does anything (docs/BENCHMARKS.md, "Where a hot
+//! file's time goes"). So where it is safe, the kernel opens files itself: the daemon answers
+//! one OPEN with `ENOSYS` and the kernel sends no OPEN, FLUSH or RELEASE on the connection
+//! again (FUSE's no-open mode). What an OPEN gave the daemon comes another way:
+//! - **Permissions**: the kernel checks each open against the modes it cached
+//!   (`default_permissions`), and the source is watched (`watch.rs`), so a `chmod` reaches it
+//!   at once. It is safe where modes say everything: no POSIX ACL in the source (the scan
+//!   looks, on a mount other users may use), or `--acl`, with which the kernel reads them.
+//! - **Accounting** (hits, epochs, the prefetcher's view of what a job has still to read): the
+//!   kernel *tells* the daemon of every open, with fanotify. Each directory of the mount has
+//!   an inode mark for `FAN_OPEN` of its children, and an event carries the file's FUSE node
+//!   id (its file handle, `FAN_REPORT_FID`) and the opening thread (`FAN_REPORT_TID`, the id
+//!   FUSE requests carry too). Nobody waits for it: the events queue in the kernel and a
+//!   thread counts them in batches, exactly as an OPEN was counted ([`DatasetFs::told_open`]).
+//!   A mount mark would be one mark, but fanotify reports file handles only of inode marks on
+//!   a FUSE mount (its fsid is 0), and without handles each event opens a descriptor in the
+//!   daemon: 6,000 files of 100 KiB read hot by 2 processes ran at 0.74x native with a mount
+//!   mark and descriptors, 0.93x with inode marks and handles, 1.0x with neither.
+//! - **Reads**: a READ of a file nobody opened through the daemon comes with handle 0. The
+//!   open it belongs to was queued before the READ was sent, so a READ that finds no told open
+//!   of its file and thread first takes every queued event ([`DatasetFs::drain_told`]). The
+//!   told open becomes a handle at the file's first READ, which its later READs use; it ends
+//!   when the kernel has asked for the whole file, or after [`TOLD_IDLE`] without a READ.
+//! - **Order hints** come over the mount's control socket, or by ioctl on the order file
+//!   keyed by the process (`order.rs`).
+//!
+//! It is not safe, and every open keeps asking the daemon, for a daemon that is not root
+//! (fanotify needs `CAP_SYS_ADMIN`), an object store (its opens are a small part of a read, and
+//! nothing watches it), `--read-delay`, a dataset of big files (shards: the kernel reads them by
+//! passthrough, which needs an OPEN, and they are opened a few times a second), POSIX ACLs
+//! without `--acl`, a source that cannot be watched whole, and while the scan runs.
+//!
+//! Nor is it worth it while opens are few: an asked open costs its reader a round trip, which
+//! at a few hundred opens a second is a percent of a CPU, and gives what the kernel's opens
+//! cannot: the source's own check as the caller at every open (ACLs, LSMs), passthrough for
+//! cached files, and a file removed from the source while it is open still reads as the file
+//! opened (the daemon holds it; a file the kernel opened is first opened in the source at its
+//! first READ). So under `--opens auto` the daemon gets ready after the scan (every directory
+//! marked) and the kernel takes the opens over once they come [`SWITCH_RATE`] a second: a
+//! training job's first second. The switch happens once: the kernel cannot be asked to send
+//! OPEN again. `--opens kernel` switches at the first open.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::open::{Accessed, Counted, KernelReading};
+use super::watch::SourceWatch;
+use super::{Access, Caller, DatasetFs, FsError, ReadDone};
+use crate::config::Opens;
+use crate::namespace::{Kind, NodeId};
+
+/// A told open left without a READ this long is over (its unread bytes are taken back).
+pub const TOLD_IDLE: Duration = Duration::from_secs(30);
+/// How long after the reply to a told open's last READ the kernel is told to drop the file's
+/// pages: for its reader to copy them (a page dropped before its
+/// reader took it is read again, in a READ of the same access: [`ENDED_KEEP`]).
+const DROP_DELAY: Duration = Duration::from_millis(10);
+/// Tries to drop a file's pages, each after twice the wait of the one before.
+const DROP_TRIES: u32 = 6;
+/// How long a READ waits for another READ of its open to make the open's handle.
+const BUSY_WAIT: Duration = Duration::from_millis(50);
+/// How long a told open read whole is remembered, for READs of it that come late.
+const ENDED_KEEP: Duration = Duration::from_secs(2);
+/// Told opens not read through the daemon remembered at most (a hundred bytes or so each):
+/// past it, the oldest go. A file's first READ comes right after its open.
+const TOLD_MAX: usize = 16_384;
+/// How long a told open waits for its first READ (one that comes later counts as a read of
+/// its own). Until then it holds what it took from the staging area.
+const TOLD_WAIT: Duration = Duration::from_secs(2);
+/// The told-open thread's pause after it took at least [`BATCH_MIN`] events, so that it takes
+/// them in batches while opens come fast (each wake-up is a switch on a CPU the readers
+/// need): 5 ms of opens at 100,000 a second is 500 events, well inside the kernel's queue
+/// of 16,384.
+const BATCH_PAUSE: Duration = Duration::from_millis(5);
+/// Events taken at once from which the told-open thread pauses before the next.
+const BATCH_MIN: usize = 32;
+/// An open asked of the daemon is told of within this long: its event is queued as the open
+/// returns, and the told-open thread takes the queue every [`BATCH_PAUSE`] or so.
+const SWITCH_WINDOW: Duration = Duration::from_millis(200);
+/// Opens a second from which the kernel opens files itself (under `--opens auto`): an asked
+/// open costs its reader 30-80 us of round trip and the daemon some 20 us, so 1,000 a second
+/// cost the readers 3-8% of a CPU's time; fewer cost them too little to give up what an
+/// asked open gives (the source's own check as the caller, passthrough).
+pub const SWITCH_RATE: u64 = 1000;
+/// Asked opens remembered at most while the daemon is ready to be told of opens.
+const ASKED_MAX: usize = 65_536;
+
+/// A told open, counted, waiting for a READ (most never get one: the kernel holds their pages).
+#[derive(Debug)]
+struct Waiting {
+    counted: Counted,
+    hit: bool,
+    in_memory: bool,
+    /// Which insertion of its key it is (see [`ToldTable::order`]).
+    seq: u64,
+}
+
+/// A told open that READs reach.
+#[derive(Clone, Copy, Debug)]
+enum Reading {
+    /// Its first READ is making its handle.
+    Opening { at: f64 },
+    /// Read through the daemon as handle `fh`.
+    Open { fh: u64, at: f64 },
+    /// Read whole: a READ of it now (the kernel dropped a page before its reader took it)
+    /// is part of the same access.
+    Ended { at: f64 },
+}
+
+impl Reading {
+    fn at(self) -> f64 {
+        match self {
+            Reading::Opening { at } | Reading::Open { at, .. } | Reading::Ended { at } => at,
+        }
+    }
+}
+
+/// What a READ of a file the kernel opened does next.
+enum Next {
+    /// Read through handle `fh`.
+    Read(u64),
+    /// Make the handle of the told open counted thus.
+    Make {
+        counted: Counted,
+        hit: bool,
+        in_memory: bool,
+    },
+    /// Another READ is making it.
+    Busy,
+    /// It was read whole: this READ is a late one of the same open.
+    Late,
+    /// No told open: read as one.
+    Untold,
+}
+
+/// Told opens by (node, thread): those counted and not read yet (most are never read through
+/// the daemon: the kernel holds their pages), oldest first, at most [`TOLD_MAX`] and for
+/// [`TOLD_WAIT`]; and those being read, until they end.
+#[derive(Debug, Default)]
+struct ToldTable {
+    counted: hashbrown::HashMap<(NodeId, u32), Waiting>,
+    order: std::collections::VecDeque<((NodeId, u32), u64, f64)>,
+    reading: hashbrown::HashMap<(NodeId, u32), Reading>,
+    seq: u64,
+}
+
+impl ToldTable {
+    /// A told open of `key` at `now`; the handle of the open of `key` before it, if one is
+    /// still read, ends (returned).
+    fn counted(
+        &mut self,
+        key: (NodeId, u32),
+        c: Counted,
+        hit: bool,
+        in_memory: bool,
+        now: f64,
+    ) -> Option<u64> {
+        self.seq += 1;
+        let seq = self.seq;
+        self.order.push_back((key, seq, now));
+        self.counted.insert(
+            key,
+            Waiting {
+                counted: c,
+                hit,
+                in_memory,
+                seq,
+            },
+        );
+        while self.order.len() > TOLD_MAX {
+            self.pop_oldest();
+        }
+        match self.reading.remove(&key) {
+            Some(Reading::Open { fh, .. }) => Some(fh),
+            _ => None,
+        }
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((key, seq, _)) = self.order.pop_front()
+            && self.counted.get(&key).is_some_and(|c| c.seq == seq)
+        {
+            self.counted.remove(&key);
+        }
+    }
+
+    /// What a READ of `key` at `now` does next.
+    fn next_for(&mut self, key: (NodeId, u32), now: f64) -> Next {
+        let ended = match self.reading.get_mut(&key) {
+            Some(Reading::Open { fh, at }) => {
+                *at = now;
+                return Next::Read(*fh);
+            }
+            Some(Reading::Opening { .. }) => return Next::Busy,
+            Some(Reading::Ended { .. }) => true,
+            None => false,
+        };
+        // A newer open of the file by the thread than the one read whole.
+        match self.counted.remove(&key) {
+            Some(c) => {
+                self.reading.insert(key, Reading::Opening { at: now });
+                Next::Make {
+                    counted: c.counted,
+                    hit: c.hit,
+                    in_memory: c.in_memory,
+                }
+            }
+            None if ended => Next::Late,
+            None => Next::Untold,
+        }
+    }
+
+    /// Ends what waited too long: counted opens after [`TOLD_WAIT`], reads idle for
+    /// [`TOLD_IDLE`] (their handles are returned, to release).
+    fn sweep(&mut self, now: f64) -> Vec<u64> {
+        while self
+            .order
+            .front()
+            .is_some_and(|(_, _, at)| now - at > TOLD_WAIT.as_secs_f64())
+        {
+            self.pop_oldest();
+        }
+        let mut ended = Vec::new();
+        self.reading.retain(|_, r| {
+            let keep = match r {
+                Reading::Ended { at } => now - *at < ENDED_KEEP.as_secs_f64(),
+                _ => now - r.at() < TOLD_IDLE.as_secs_f64(),
+            };
+            if !keep && let Reading::Open { fh, .. } = r {
+                ended.push(*fh);
+            }
+            keep
+        });
+        ended
+    }
+}
+
+/// Files whose pages the kernel is to drop (see [`DatasetFs::drop_pages`]): files the cache
+/// does not keep, each with its version and when its last READ was answered; and an eventfd
+/// that wakes the told-open thread, which may be asleep for a second, when one comes.
+#[derive(Debug)]
+pub(super) struct DropQueue {
+    queue: Mutex<Vec<PageDrop>>,
+    wake: OwnedFd,
+}
+
+/// A file whose pages are to go.
+#[derive(Clone, Copy, Debug)]
+struct PageDrop {
+    ino: NodeId,
+    version: crate::namespace::FileVersion,
+    /// When to try.
+    due: std::time::Instant,
+    /// Tries so far: pages still in use by their reader stay, and are tried again later.
+    tries: u32,
+}
+
+impl DropQueue {
+    fn new() -> std::io::Result<DropQueue> {
+        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
+        Ok(DropQueue {
+            queue: Mutex::default(),
+            wake: rustix::event::eventfd(0, flags)?,
+        })
+    }
+
+    /// The last READ of file `ino` at `version` was answered now.
+    fn push(&self, ino: NodeId, version: crate::namespace::FileVersion) {
+        self.again(PageDrop {
+            ino,
+            version,
+            due: std::time::Instant::now() + DROP_DELAY,
+            tries: 0,
+        });
+    }
+
+    fn again(&self, drop: PageDrop) {
+        let mut queue = self.queue.lock();
+        queue.push(drop);
+        if queue.len() == 1 {
+            let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// The drops due now.
+    fn due(&self) -> Vec<PageDrop> {
+        let now = std::time::Instant::now();
+        let mut queue = self.queue.lock();
+        let (due, later) = queue.drain(..).partition(|d| d.due <= now);
+        *queue = later;
+        due
+    }
+
+    /// How long until the next drop is due, if one is queued.
+    fn next_in(&self) -> Option<Duration> {
+        let now = std::time::Instant::now();
+        (self.queue.lock().iter())
+            .map(|d| d.due.saturating_duration_since(now))
+            .min()
+    }
+}
+
+/// Who opens the mount's files, and what the daemon is told of the opens it does not see.
+#[derive(Debug)]
+pub(super) struct KernelOpens {
+    pub mode: Opens,
+    /// The mount point, through which the directories are marked.
+    mountpoint: PathBuf,
+    /// The mount is one other users may use (`--allow-other`), and without `--acl`.
+    check_acls: bool,
+    /// The kernel opens files itself: set once, never cleared.
+    on: AtomicBool,
+    /// The scan found it safe for the kernel to open files: opens are counted for the switch.
+    ready: AtomicBool,
+    /// The switch has begun.
+    switching: AtomicBool,
+    /// The mount, for the thread that makes the switch (`--opens auto`).
+    switcher: OnceLock<Weak<DatasetFs>>,
+    /// Opens asked of the daemon in the current second, and when it began.
+    rate: Mutex<(u64, Option<std::time::Instant>)>,
+    /// Why it does not (yet), for the stats and the log.
+    why: Mutex<String>,
+    /// The source's watches (`watch.rs`), where the kernel may open files.
+    pub watch: OnceLock<Arc<SourceWatch>>,
+    /// The fanotify group that tells opens, once the directories are marked.
+    events: OnceLock<OpenEvents>,
+    /// Held while events are read and counted (so that a READ that drains knows its open was
+    /// counted when it gets the lock); its buffer.
+    drain: Mutex<Vec<u8>>,
+    /// Told opens by (node, thread).
+    told: Mutex<ToldTable>,
+    /// Opens asked of the daemon while it was ready to be told of them: their events are not
+    /// counted again (with when they were asked).
+    asked: Mutex<HashMap<(NodeId, u32), std::time::Instant>>,
+    /// The directories marked so far.
+    marked: Mutex<std::collections::HashSet<NodeId>>,
+    /// Directories to mark, found after the switch (made in the source later).
+    unmarked: Mutex<Vec<NodeId>>,
+    /// Files whose pages the kernel is to drop.
+    drops: Arc<DropQueue>,
+    /// The told-open thread, whose own opens (to drop pages) are not a job's.
+    own_tid: std::sync::atomic::AtomicU32,
+    /// Who forked whom, for readers gone before their opens were counted.
+    forks: OnceLock<Option<Arc<crate::jobs::forks::Forks>>>,
+    /// Threads' uids, for their jobs, with when they were read.
+    uids: Mutex<HashMap<u32, (u32, f64)>>,
+}
+
+impl KernelOpens {
+    pub fn new(mode: Opens, mountpoint: PathBuf, check_acls: bool) -> Self {
+        KernelOpens {
+            mode,
+            mountpoint,
+            check_acls,
+            on: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+            switching: AtomicBool::new(false),
+            switcher: OnceLock::new(),
+            rate: Mutex::default(),
+            why: Mutex::new(match mode {
+                Opens::Daemon => "--opens daemon".into(),
+                _ => "the scan has not finished".into(),
+            }),
+            watch: OnceLock::new(),
+            events: OnceLock::new(),
+            drain: Mutex::new(vec![0; 256 << 10]),
+            told: Mutex::default(),
+            asked: Mutex::default(),
+            unmarked: Mutex::default(),
+            marked: Mutex::default(),
+            drops: Arc::new(DropQueue::new().expect("an eventfd")),
+            own_tid: Default::default(),
+            forks: OnceLock::new(),
+            uids: Mutex::default(),
+        }
+    }
+
+    /// The kernel opens files itself.
+    pub fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Where `OPEN` is answered `ENOSYS`: from the first under `--opens kernel`.
+    pub fn refuse_open(&self) -> bool {
+        self.mode == Opens::Kernel || self.on()
+    }
+
+    /// "kernel" or "daemon", and why, for the stats.
+    pub fn state(&self) -> (&'static str, String) {
+        if self.refuse_open() {
+            let told = if self.events.get().is_some() {
+                "told by fanotify"
+            } else {
+                "not told: reads the page cache serves are not counted"
+            };
+            ("kernel", told.into())
+        } else {
+            ("daemon", self.why.lock().clone())
+        }
+    }
+
+    /// An open of `ino` by `pid` the daemon answered. Once the daemon is ready to be told of
+    /// opens, its told event is not counted again; and once they come [`SWITCH_RATE`] a
+    /// second, the kernel opens files itself from the next open on.
+    pub fn asked(&self, ino: NodeId, dir: Option<NodeId>, pid: u32) {
+        if !self.ready.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = std::time::Instant::now();
+        // Its open is told if its directory is marked (the opener queues the event after the
+        // reply, which comes after this).
+        if dir.is_some_and(|d| self.marked.lock().contains(&d)) {
+            let mut asked = self.asked.lock();
+            if asked.len() >= ASKED_MAX {
+                asked.retain(|_, at| now.duration_since(*at) < SWITCH_WINDOW);
+            }
+            asked.insert((ino, pid), now);
+        }
+        let mut rate = self.rate.lock();
+        let begun = *rate.1.get_or_insert(now);
+        rate.0 += 1;
+        let elapsed = now.duration_since(begun);
+        if elapsed >= Duration::from_secs(1) {
+            let per_second = rate.0 as f64 / elapsed.as_secs_f64();
+            *rate = (0, Some(now));
+            if per_second >= SWITCH_RATE as f64 {
+                drop(rate);
+                self.switch_soon(&format!("{per_second:.0} a second"));
+            }
+        } else if rate.0 >= SWITCH_RATE {
+            // As many as a second should bring, sooner.
+            *rate = (0, Some(now));
+            drop(rate);
+            self.switch_soon(&format!("{SWITCH_RATE} in {:.2} s", elapsed.as_secs_f64()));
+        }
+    }
+
+    /// Opens came `how` fast: the switch begins (once), on a thread of its own.
+    fn switch_soon(&self, how: &str) {
+        if self.switching.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::info!(
+            "opens: {how}: the kernel takes the opens over once every directory is marked"
+        );
+        if let Some(fs) = self.switcher.get().cloned() {
+            let spawned = std::thread::Builder::new()
+                .name("coorfs-told".into())
+                .spawn(move || switch_and_count(fs));
+            if let Err(e) = spawned {
+                tracing::warn!("no thread to count told opens: {e}");
+            }
+        }
+    }
+
+    /// The kernel opens files itself from the next open on.
+    fn switch_on(&self) {
+        self.on.store(true, Ordering::Relaxed);
+    }
+
+    /// An event of an open of `ino` by `pid` that the daemon answered (so counted already).
+    fn was_asked(&self, ino: NodeId, pid: u32) -> bool {
+        let mut asked = self.asked.lock();
+        match asked.remove(&(ino, pid)) {
+            Some(at) => at.elapsed() < SWITCH_WINDOW,
+            None => false,
+        }
+    }
+
+    /// Directory `node` appeared after the switch: it is marked by the told-open thread.
+    pub fn mark_later(&self, node: NodeId) {
+        if self.events.get().is_some() {
+            self.unmarked.lock().push(node);
+        }
+    }
+
+    /// What a READ of `key` (node, thread) at `now` does next.
+    fn next_for(&self, key: (NodeId, u32), now: f64) -> Next {
+        self.told.lock().next_for(key, now)
+    }
+
+    fn uid_of(&self, tid: u32, now: f64) -> u32 {
+        if let Some((uid, at)) = self.uids.lock().get(&tid)
+            && now - at < 1.0
+        {
+            return *uid;
+        }
+        use std::os::unix::fs::MetadataExt;
+        // A process's /proc directory belongs to its effective uid; a thread's too. One gone
+        // already is its parent's user.
+        let forks = self.forks.get().and_then(Option::as_deref);
+        let mut at = tid;
+        let mut uid = u32::MAX;
+        for _ in 0..4 {
+            match std::fs::metadata(format!("/proc/{at}")) {
+                Ok(m) => {
+                    uid = m.uid();
+                    break;
+                }
+                Err(_) => match forks.and_then(|f| f.parent(at)) {
+                    Some(parent) => at = parent,
+                    None => break,
+                },
+            }
+        }
+        let mut uids = self.uids.lock();
+        if uids.len() >= 4096 {
+            uids.clear();
+        }
+        uids.insert(tid, (uid, now));
+        uid
+    }
+}
+
+/// A fanotify group that reports opens of files by node id and thread.
+#[derive(Debug)]
+struct OpenEvents {
+    fd: OwnedFd,
+}
+
+impl OpenEvents {
+    fn new() -> std::io::Result<OpenEvents> {
+        let flags = libc::FAN_CLASS_NOTIF
+            | libc::FAN_CLOEXEC
+            | libc::FAN_NONBLOCK
+            | libc::FAN_REPORT_FID
+            | libc::FAN_REPORT_TID;
+        // SAFETY: a plain system call with flag arguments.
+        let fd = unsafe { libc::fanotify_init(flags, (libc::O_RDONLY | libc::O_LARGEFILE) as u32) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fanotify_init returned a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(OpenEvents { fd })
+    }
+
+    /// Tells opens of the files in directory `path` (not of its subdirectories').
+    fn mark(&self, path: &Path) -> std::io::Result<()> {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        let rc = unsafe {
+            libc::fanotify_mark(
+                self.fd.as_raw_fd(),
+                libc::FAN_MARK_ADD,
+                libc::FAN_OPEN | libc::FAN_EVENT_ON_CHILD,
+                libc::AT_FDCWD,
+                c.as_ptr(),
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Reads the queued events into `buf` and hands each open's (node, thread) to `each`;
+    /// returns false once the queue is empty. An overflow (events lost) is logged.
+    fn read(&self, buf: &mut [u8], mut each: impl FnMut(NodeId, u32)) -> bool {
+        // SAFETY: `buf` is valid for writes of its length.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            return false;
+        }
+        for event in parse_events(&buf[..n as usize]) {
+            match event {
+                Event::Open { node, tid } => each(node, tid),
+                Event::Overflow => tracing::warn!(
+                    "opens came faster than they could be counted: some hits are not counted"
+                ),
+            }
+        }
+        true
+    }
+}
+
+/// One fanotify event, as far as it concerns the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    Open { node: NodeId, tid: u32 },
+    Overflow,
+}
+
+/// FUSE's file handle type: node id (two 32-bit halves, high first) and generation.
+const FILEID_INO64_GEN: i32 = 0x81;
+/// `FAN_EVENT_INFO_TYPE_FID`.
+const INFO_TYPE_FID: u8 = 1;
+
+/// The events in `buf`, a read of a fanotify group with `FAN_REPORT_FID`: a 24-byte
+/// metadata header (length, version, reserved, header length, mask, fd, pid), then info
+/// records (type, padding, length; for a FID: the fsid's 8 bytes, then a `file_handle`:
+/// its byte count, its type and the handle).
+fn parse_events(buf: &[u8]) -> Vec<Event> {
+    let u32_at = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(len) = u32_at(buf, at) {
+        let len = len as usize;
+        let Some(event) = buf.get(at..at + len).filter(|_| len >= 24) else {
+            break;
+        };
+        at += len;
+        let mask = u64::from_ne_bytes(event[8..16].try_into().unwrap_or_default());
+        let pid = u32_at(event, 20).unwrap_or(0);
+        if mask & libc::FAN_Q_OVERFLOW != 0 {
+            out.push(Event::Overflow);
+            continue;
+        }
+        let header = u16::from_ne_bytes([event[6], event[7]]) as usize;
+        let mut info = header;
+        while info + 4 <= event.len() {
+            let (kind, size) = (
+                event[info],
+                u16::from_ne_bytes([event[info + 2], event[info + 3]]),
+            );
+            let record = &event[info..(info + size as usize).min(event.len())];
+            info += (size as usize).max(4);
+            if kind != INFO_TYPE_FID || record.len() < 4 + 8 + 8 + 12 {
+                continue;
+            }
+            let handle = &record[12..];
+            let (bytes, kind) = (u32_at(handle, 0), u32_at(handle, 4).map(|k| k as i32));
+            if bytes == Some(12) && kind == Some(FILEID_INO64_GEN) {
+                let (hi, lo) = (u32_at(handle, 8), u32_at(handle, 12));
+                if let (Some(hi), Some(lo)) = (hi, lo) {
+                    let node = (u64::from(hi) << 32) | u64::from(lo);
+                    out.push(Event::Open { node, tid: pid });
+                }
+            }
+        }
+    }
+    out
+}
+
+impl DatasetFs {
+    /// Where the kernel may open files, why not, if not (see the module header): `None` once
+    /// the scan is complete and nothing stands in the way.
+    fn kernel_opens_refusal(&self, acls: bool) -> Option<String> {
+        let mean = {
+            let files = self.scan.files.load(Ordering::Relaxed).max(1);
+            self.scan.bytes.load(Ordering::Relaxed) / files
+        };
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let why = match self.opens.mode {
+            Opens::Daemon => "--opens daemon".into(),
+            Opens::Kernel => return None,
+            Opens::Auto if !root => "the daemon is not root: it cannot be told of opens".into(),
+            Opens::Auto if crate::source::object::ObjectUrl::is_url(self.source.root()) => {
+                "an object store: an open is a small part of a read".into()
+            }
+            Opens::Auto if self.read_delay => "--read-delay".into(),
+            Opens::Auto if mean >= super::open::STREAMED_MISS_MIN => format!(
+                "a dataset of big files ({} a file): their reads, not their opens, are what \
+                 they cost",
+                crate::units::format_size(mean)
+            ),
+            Opens::Auto if acls => {
+                "the source has POSIX ACLs, which only --acl lets the kernel check".into()
+            }
+            Opens::Auto => match self.opens.watch.get().map(|w| w.failed()) {
+                None => "the source cannot be watched".into(),
+                Some(Some(why)) => format!("the source cannot be watched: {why}"),
+                Some(None) => return None,
+            },
+        };
+        Some(why)
+    }
+
+    /// After the scan: if the kernel may open files itself (see the module header), the
+    /// daemon gets ready to be told of opens (every directory marked, the told-open thread
+    /// started); under `--opens auto` the kernel then opens files itself once opens come
+    /// [`SWITCH_RATE`] a second ([`KernelOpens::opened`]), under `--opens kernel` it already
+    /// does.
+    pub fn open_in_kernel_if_safe(self: &Arc<Self>) {
+        if self.opens.mode == Opens::Daemon {
+            return;
+        }
+        let acls =
+            self.opens.check_acls && self.opens.mode == Opens::Auto && self.source_has_acls();
+        if let Some(why) = self.kernel_opens_refusal(acls) {
+            tracing::info!("opens: every open asks the daemon ({why})");
+            *self.opens.why.lock() = why;
+            return;
+        }
+        if self.opens.mode == Opens::Auto {
+            // Marks are placed when the switch comes (they take a lookup of every directory
+            // through the mount): a mount that is never read fast never makes them.
+            tracing::info!(
+                "opens: the kernel will open files itself once they come {SWITCH_RATE} a second"
+            );
+            *self.opens.why.lock() = format!(
+                "ready for the kernel to open files, once they come {SWITCH_RATE} a second"
+            );
+            let _ = self.opens.switcher.set(Arc::downgrade(self));
+            self.opens.ready.store(true, Ordering::Relaxed);
+            return;
+        }
+        // SAFETY: geteuid has no preconditions.
+        let told = match unsafe { libc::geteuid() } == 0 {
+            true => self.mark_directories(),
+            false => Err("the daemon is not root".into()),
+        };
+        if let Err(why) = told {
+            tracing::info!(
+                "opens: the kernel opens files itself (--opens kernel), and the daemon is not \
+                 told of them ({why}): reads the page cache serves are not counted"
+            );
+            return;
+        }
+        tracing::info!("opens: the kernel opens files itself; the daemon is told of each");
+        self.opens.ready.store(true, Ordering::Relaxed);
+        self.opens.switch_on();
+        let _ = self.opens.forks.set(crate::jobs::forks::Forks::listen());
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("coorfs-told".into())
+            .spawn(move || told_thread(weak));
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to count told opens: {e}");
+        }
+    }
+
+    /// Marks every directory of the mount for told opens. The group is in place before the
+    /// first mark, so that an open asked meanwhile in a marked directory is known for one (its
+    /// event is not counted again).
+    fn mark_directories(&self) -> Result<(), String> {
+        let events = OpenEvents::new().map_err(|e| format!("fanotify: {e}"))?;
+        let events = match self.opens.events.set(events) {
+            Ok(()) => self.opens.events.get().expect("just set"),
+            Err(_) => return Err("marked twice".into()),
+        };
+        let dirs = self.ns.dirs();
+        for dir in &dirs {
+            let Some(rel) = self.ns.path(*dir) else {
+                continue;
+            };
+            events
+                .mark(&self.opens.mountpoint.join(&rel))
+                .map_err(|e| format!("fanotify mark of {}: {e}", rel.display()))?;
+            self.opens.marked.lock().insert(*dir);
+        }
+        tracing::debug!("opens: {} directories marked", dirs.len());
+        Ok(())
+    }
+
+    /// True if a file or directory of the source has a POSIX access ACL (an `lgetxattr` each,
+    /// on mounts other users may use without `--acl`).
+    fn source_has_acls(&self) -> bool {
+        let acl = crate::stats::ACL_XATTRS[0];
+        (self.ns.all_nodes().into_iter())
+            .filter_map(|node| self.ns.path(node))
+            .any(|rel| matches!(self.source.acl(&rel, acl), Ok(Some(_))))
+    }
+
+    /// Counts the told opens queued so far (see the module header).
+    /// Returns how many there were.
+    pub(super) fn drain_told(&self) -> usize {
+        let Some(events) = self.opens.events.get() else {
+            return 0;
+        };
+        let mut buf = self.opens.drain.lock();
+        let mut n = 0;
+        while events.read(&mut buf, |node, tid| {
+            n += 1;
+            // Before the kernel opens files itself every open is asked, and counted then.
+            if self.opens.on() {
+                self.told_open(node, tid)
+            } else {
+                self.opens.was_asked(node, tid);
+            }
+        }) {}
+        n
+    }
+
+    /// The kernel told of an open of node `ino` by thread `tid`: counted as its OPEN would
+    /// have been ([`DatasetFs::count_access`]), and kept for its READs.
+    fn told_open(&self, ino: NodeId, tid: u32) {
+        if tid == self.opens.own_tid.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(info) = self.ns.info(ino) else {
+            return;
+        };
+        if info.attr.kind != Kind::File {
+            return;
+        }
+        if self.opens.was_asked(ino, tid) {
+            return;
+        }
+        let now = self.ledger.now();
+        let uid = self.opens.uid_of(tid, now);
+        let caller = Caller {
+            pid: tid,
+            uid,
+            gid: 0,
+        };
+        let version = info.version;
+        let in_memory = self.tiers.memory.holds_file(&version);
+        // The path is needed for a miss (its staged blocks are claimed by it) or the disk
+        // tier's look: a hit in memory, the hot path, does without.
+        let rel = match (in_memory, &self.tiers.disk) {
+            (true, None) => PathBuf::new(),
+            _ => match self.ns.path(ino) {
+                Some(rel) => rel,
+                None => return,
+            },
+        };
+        let hit =
+            in_memory || (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&rel, &version));
+        let forks = self.opens.forks.get().and_then(Option::as_deref);
+        let job = self.jobs.get_after(tid, uid, now, forks);
+        let accessed = Accessed {
+            rel: &rel,
+            version,
+            file_id: info.file_id,
+        };
+        let counted = self.count_access(job, &accessed, hit, caller, now);
+        self.tell_prefetcher(&accessed, &counted, hit);
+        crate::stats::Counters::add(&self.ledger.stats().counters.told_opens, 1);
+        let ended = (self.opens.told.lock()).counted((ino, tid), counted, hit, in_memory, now);
+        if let Some(fh) = ended {
+            self.release(fh);
+        }
+    }
+
+    /// A READ with no handle (the kernel opened the file itself): through the handle of its
+    /// told open, made at its first READ; else (an open that was not told) as one read.
+    pub(super) fn read_told(
+        &self,
+        ino: NodeId,
+        offset: u64,
+        size: u32,
+        caller: Caller,
+        done: ReadDone,
+    ) {
+        let key = (ino, caller.pid);
+        let now = self.ledger.now();
+        let mut next = self.opens.next_for(key, now);
+        // The open this READ belongs to may still be queued (an earlier open of the file by
+        // the thread, read whole, is no proof it is not).
+        if matches!(next, Next::Untold | Next::Late) && self.opens.events.get().is_some() {
+            self.drain_told();
+            next = self.opens.next_for(key, now);
+        }
+        // Another READ of the open (readahead sends several) is making its handle, which takes
+        // an open of the source file: this one waits for it, so that the handle sees every
+        // byte asked (its end drops the file's pages).
+        let waited = std::time::Instant::now();
+        while matches!(next, Next::Busy) && waited.elapsed() < BUSY_WAIT {
+            std::thread::yield_now();
+            next = self.opens.next_for(key, now);
+        }
+        let fh = match next {
+            Next::Read(fh) => fh,
+            Next::Make {
+                counted,
+                hit,
+                in_memory,
+            } => match self.told_handle(ino, caller, counted, hit, in_memory) {
+                Ok(fh) => {
+                    (self.opens.told.lock().reading).insert(key, Reading::Open { fh, at: now });
+                    fh
+                }
+                Err(e) => {
+                    self.opens.told.lock().reading.remove(&key);
+                    return done(Err(e));
+                }
+            },
+            // Read whole, or still making its handle: this one is a read of the same open.
+            Next::Late | Next::Busy => {
+                return self.read_once(ino, offset, size, caller, Access::Silent, done);
+            }
+            Next::Untold => return self.read_unopened(ino, offset, size, caller, done),
+        };
+        let Some(h) = self.handles.file(fh) else {
+            return self.read_once(ino, offset, size, caller, Access::Silent, done);
+        };
+        // A miss's pages go once the kernel has asked for the whole file and the reply that
+        // completed it is out (readahead sends several READs at once: whichever ends last).
+        let done: ReadDone = match h.reads_reach_daemon {
+            true => {
+                let (drops, handle) = (self.opens.drops.clone(), h.clone());
+                Box::new(move |result| {
+                    done(result);
+                    if handle.asked.load(Ordering::Relaxed) >= handle.version.size {
+                        drops.push(ino, handle.version);
+                    }
+                })
+            }
+            false => done,
+        };
+        self.read(fh, offset, size, done);
+        let whole = match h.reads_reach_daemon {
+            true => h.asked.load(Ordering::Relaxed) >= h.version.size,
+            false => offset + size as u64 >= h.version.size,
+        };
+        if whole {
+            let mut told = self.opens.told.lock();
+            if matches!(told.reading.get(&key), Some(Reading::Open { fh: f, .. }) if *f == fh) {
+                told.reading.insert(key, Reading::Ended { at: now });
+            }
+            drop(told);
+            self.release(fh);
+        }
+    }
+
+    /// The handle of a told open, at its first READ: the source file opened as the caller
+    /// (the source still checks), entered in the handle table for the open's later READs.
+    fn told_handle(
+        &self,
+        ino: NodeId,
+        caller: Caller,
+        counted: Counted,
+        hit: bool,
+        in_memory: bool,
+    ) -> Result<u64, FsError> {
+        let opened = self.open_source(ino, caller)?;
+        let reading = KernelReading::told(hit);
+        let mut handle =
+            super::open::file_handle(ino, caller, opened, counted, hit, Access::Counted, reading);
+        handle.cached_at_open = in_memory;
+        handle.told = true;
+        let fh = self.handles.next_fh();
+        self.handles.insert_file(fh, handle);
+        Ok(fh)
+    }
+
+    /// Drops the kernel's pages of the files answered [`DROP_DELAY`] ago or more: an open of
+    /// each (the kernel opens it without asking) and `POSIX_FADV_DONTNEED`, which drops its
+    /// clean pages and, unlike an invalidation of the node, keeps its attributes (whose loss
+    /// would cost the next open a GETATTR). The delay lets the reader take the pages first:
+    /// pages in use stay.
+    ///
+    /// The kernel's page cache is LRU: left there, the pages of files the cache does not keep
+    /// would push out those of files it does, and serve the file's next open without the
+    /// daemon (which then reads it from the source when the kernel drops them). An open the
+    /// daemon answers keeps them out with direct I/O.
+    fn drop_pages(&self) {
+        for mut drop in self.opens.drops.due() {
+            // A file the cache took meanwhile keeps its pages: they are a hit's.
+            if self.tiers.memory.holds_file(&drop.version) {
+                continue;
+            }
+            let Some(rel) = self.ns.path(drop.ino) else {
+                continue;
+            };
+            let path = self.opens.mountpoint.join(&rel);
+            let opened = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOATIME | libc::O_NONBLOCK)
+                .open(&path);
+            let file = match opened {
+                Ok(file) => file,
+                Err(e) => {
+                    tracing::debug!("dropping the pages of {}: {e}", rel.display());
+                    continue;
+                }
+            };
+            let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
+            let size = drop.version.size.max(1);
+            tracing::trace!(
+                "dropped the pages of {} (try {}): {:?} left",
+                rel.display(),
+                drop.tries,
+                crate::source::cached_pages(&file, 0, size)
+            );
+            if crate::source::cached_pages(&file, 0, size).is_some_and(|n| n > 0)
+                && drop.tries < DROP_TRIES
+            {
+                // Its reader has not taken them yet (a busy CPU): later.
+                drop.tries += 1;
+                drop.due = std::time::Instant::now() + DROP_DELAY * (1 << drop.tries);
+                self.opens.drops.again(drop);
+            }
+        }
+    }
+
+    /// Ends told opens that waited too long (see [`ToldTable::sweep`]).
+    fn sweep_told(&self) {
+        let ended = self.opens.told.lock().sweep(self.ledger.now());
+        for fh in ended {
+            self.release(fh);
+        }
+    }
+}
+
+/// Under `--opens auto`, once opens came fast: every directory marked, the kernel opens files
+/// itself from the next open on, and this thread goes on to count the opens it tells of.
+fn switch_and_count(fs: Weak<DatasetFs>) {
+    {
+        let Some(fs) = fs.upgrade() else { return };
+        if let Err(why) = fs.mark_directories() {
+            tracing::info!("opens: every open asks the daemon (not told of opens: {why})");
+            *fs.opens.why.lock() = format!("not told of opens: {why}");
+            fs.opens.ready.store(false, Ordering::Relaxed);
+            return;
+        }
+        let _ = fs.opens.forks.set(crate::jobs::forks::Forks::listen());
+        fs.opens.switch_on();
+    }
+    told_thread(fs)
+}
+
+/// The told-open thread: counts told opens in batches, ends idle ones, marks directories made
+/// after the switch; ends with the mount.
+fn told_thread(fs: Weak<DatasetFs>) {
+    let fd = match fs
+        .upgrade()
+        .and_then(|fs| (fs.opens.events.get()).and_then(|e| e.fd.try_clone().ok()))
+    {
+        Some(fd) => fd,
+        None => return,
+    };
+    // The pages this thread drops it drops through opens of its own, which are told too.
+    if let Some(fs) = fs.upgrade() {
+        fs.opens.own_tid.store(
+            rustix::thread::gettid().as_raw_nonzero().get() as u32,
+            Ordering::Relaxed,
+        );
+    }
+    let Some(woken) = fs
+        .upgrade()
+        .and_then(|fs| fs.opens.drops.wake.try_clone().ok())
+    else {
+        return;
+    };
+    let mut swept = std::time::Instant::now();
+    loop {
+        let mut fds = [
+            rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(&woken, rustix::event::PollFlags::IN),
+        ];
+        let wait = (fs.upgrade())
+            .and_then(|fs| fs.opens.drops.next_in())
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        let wait = rustix::time::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: wait.subsec_nanos() as i64,
+        };
+        let _ = rustix::event::poll(&mut fds, Some(&wait));
+        if !fds[1].revents().is_empty() {
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(&woken, &mut count);
+        }
+        let Some(fs) = fs.upgrade() else { return };
+        // A few opens are counted at once, while their processes still run (a job is told
+        // by its process tree, which a process that exits takes with it); many, in batches.
+        if fs.drain_told() >= BATCH_MIN {
+            std::thread::sleep(BATCH_PAUSE);
+        }
+        fs.drop_pages();
+        if swept.elapsed() >= Duration::from_secs(1) {
+            swept = std::time::Instant::now();
+            fs.sweep_told();
+            let unmarked = std::mem::take(&mut *fs.opens.unmarked.lock());
+            if let Some(events) = fs.opens.events.get() {
+                for dir in unmarked {
+                    let Some(rel) = fs.ns.path(dir) else { continue };
+                    match events.mark(&fs.opens.mountpoint.join(&rel)) {
+                        Ok(()) => {
+                            fs.opens.marked.lock().insert(dir);
+                        }
+                        Err(e) => tracing::debug!("fanotify mark of {}: {e}", rel.display()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An event as the kernel writes it: metadata, then a FID record with FUSE's handle.
+    fn event(node: u64, pid: u32, mask: u64) -> Vec<u8> {
+        let mut fid = Vec::new();
+        fid.extend_from_slice(&[INFO_TYPE_FID, 0]);
+        fid.extend_from_slice(&(4u16 + 8 + 8 + 12).to_ne_bytes());
+        fid.extend_from_slice(&[0; 8]); // fsid
+        fid.extend_from_slice(&12u32.to_ne_bytes());
+        fid.extend_from_slice(&FILEID_INO64_GEN.to_ne_bytes());
+        fid.extend_from_slice(&((node >> 32) as u32).to_ne_bytes());
+        fid.extend_from_slice(&(node as u32).to_ne_bytes());
+        fid.extend_from_slice(&0u32.to_ne_bytes()); // generation
+        let len = 24 + fid.len() as u32;
+        let mut e = Vec::new();
+        e.extend_from_slice(&len.to_ne_bytes());
+        e.extend_from_slice(&[3, 0]); // version, reserved
+        e.extend_from_slice(&24u16.to_ne_bytes());
+        e.extend_from_slice(&mask.to_ne_bytes());
+        e.extend_from_slice(&(-1i32).to_ne_bytes());
+        e.extend_from_slice(&pid.to_ne_bytes());
+        e.extend(fid);
+        e
+    }
+
+    #[test]
+    fn events_give_the_node_and_thread_of_each_open_and_an_overflow() {
+        let mut buf = event(3189, 77, libc::FAN_OPEN);
+        buf.extend(event((5 << 32) | 9, 78, libc::FAN_OPEN));
+        let mut overflow = event(0, 0, libc::FAN_Q_OVERFLOW);
+        overflow.truncate(24);
+        overflow[0..4].copy_from_slice(&24u32.to_ne_bytes());
+        buf.extend(overflow);
+        assert_eq!(
+            parse_events(&buf),
+            vec![
+                Event::Open {
+                    node: 3189,
+                    tid: 77
+                },
+                Event::Open {
+                    node: (5 << 32) | 9,
+                    tid: 78
+                },
+                Event::Overflow
+            ]
+        );
+        // A torn read ends where the whole events end.
+        assert_eq!(parse_events(&buf[..buf.len() - 30]).len(), 1);
+    }
+}
