@@ -13,6 +13,17 @@
 # With PACE (e.g. 100M), the server sends each answer at most at PACE bytes a second, about
 # what one S3 stream gives.
 #
+# With STORE=gcs or STORE=azure the dataset is in Google Cloud Storage's or Azure Blob
+# Storage's emulator instead (fake-gcs-server, Azurite: what scripts/test.sh installs under
+# target/), behind scripts/delay-proxy.py, which adds the same LATENCY and PACE; the mount is
+# gs://bench/ds or az://bench/ds, configured as those clouds' tools are (STORAGE_EMULATOR_HOST,
+# AZURE_STORAGE_CONNECTION_STRING), and SYSTEMS defaults to "coorfs hint" (the other readers
+# speak S3 only). The same figures, to set beside STORE=s3's:
+#   STORE=gcs SYSTEMS=coorfs scripts/bench-s3.sh
+# VIA_PROXY=1 puts moto behind the same proxy (s3-server.py adding no latency of its own), so
+# that the three stores are measured through one path:
+#   VIA_PROXY=1 STORE=s3 SYSTEMS=coorfs scripts/bench-s3.sh
+#
 # The store: moto's S3 server (scripts/s3-server.py, from the venv scripts/test.sh installs
 # into target/moto) answering every request after LATENCY (20 ms: first byte from a store in
 # another zone). This kernel has no netem, so the server adds it. The dataset: FILES files of
@@ -38,7 +49,10 @@
 #   coorfs - coorfs mount s3://bench/ds, default options (the elastic memory cache, prefetch)
 #            and the same local disk as rclone: --cache-dir with --disk-cache-size DISK;
 #   hint   - the same mount, and `coorfs read --hint` hands each epoch's order to it first;
-#   memory - coorfs with its memory cache only (no --cache-dir; not in the default SYSTEMS).
+#   memory - coorfs with its memory cache only (no --cache-dir; not in the default SYSTEMS);
+#   raw    - no reader but scripts/store-client.py get-dir: every object GET whole, 16 at
+#            once, as fast as the store answers (any STORE; not in the default SYSTEMS): the
+#            store's own speed, beside which a mount's is read.
 # The mounts are read with `coorfs read --procs PROCS`. Per epoch: seconds; for coorfs the hit
 # rate. Every reader reports the bytes it read; an epoch that did not read the whole dataset is
 # named in the summary. The summary gives each system's median epoch times, and coorfs's ratio
@@ -55,10 +69,19 @@ POD=${POD:-$((192 << 20))}
 DISK=${DISK:-$POD}
 PROCS=${PROCS:-2}
 LATENCY=${LATENCY:-20ms}
-SYSTEMS=${SYSTEMS:-"boto3 s3torch s3fs rclone coorfs hint"}
+STORE=${STORE:-s3}
+case $STORE in
+s3) SYSTEMS=${SYSTEMS:-"boto3 s3torch s3fs rclone coorfs hint"} ;;
+gcs | azure) SYSTEMS=${SYSTEMS:-"coorfs hint"} ;;
+*)
+    echo "bench-s3.sh: STORE is s3, gcs or azure, not $STORE" >&2
+    exit 2
+    ;;
+esac
 SHARDS=${SHARDS:-}
 SHARD_SIZE=${SHARD_SIZE:-24M}
 PACE=${PACE:-0}
+VIA_PROXY=${VIA_PROXY:-}
 if [ -n "$SHARDS" ]; then
     DATA=${DATA:-/var/tmp/coorfs-bench/s3-shards-$SHARDS-$SHARD_SIZE}
 else
@@ -67,7 +90,7 @@ fi
 PORT=${PORT:-$((20000 + $$ % 10000))}
 
 for tool in rclone s3fs; do
-    if ! command -v "$tool" >/dev/null; then
+    if [[ " $SYSTEMS " == *" $tool "* ]] && ! command -v "$tool" >/dev/null; then
         echo "bench-s3.sh: needs $tool: apt-get install -y rclone s3fs" >&2
         exit 2
     fi
@@ -110,10 +133,44 @@ export AWS_ENDPOINT_URL=$endpoint AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=bench \
 echo "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" > "$work/s3fs.passwd"
 chmod 600 "$work/s3fs.passwd"
 
-"$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency "$LATENCY" --pace "$PACE" > "$work/server.log" 2>&1 &
-server=$!
-# Ends the server with the rest of the clean-up.
-trap 'unmount_any; kill $server 2>/dev/null || true; cg_kill "$cg"; bench_cleanup' EXIT
+upstream=$((PORT + 1))
+case $STORE in
+s3)
+    if [ -n "$VIA_PROXY" ]; then
+        "$venv/bin/python" scripts/s3-server.py --port "$upstream" --latency 0 > "$work/server.log" 2>&1 &
+        store_name="moto behind scripts/delay-proxy.py"
+    else
+        "$venv/bin/python" scripts/s3-server.py --port "$PORT" --latency "$LATENCY" --pace "$PACE" > "$work/server.log" 2>&1 &
+        store_name=moto
+    fi
+    servers=$!
+    url=s3://bench/ds
+    ;;
+gcs)
+    target/fakegcs/bin/fake-gcs-server -scheme http -backend memory -host 127.0.0.1 -port "$upstream" \
+        -public-host "127.0.0.1:$upstream" -external-url "http://127.0.0.1:$upstream" -log-level error \
+        > "$work/server.log" 2>&1 &
+    servers=$!
+    export STORAGE_EMULATOR_HOST=$endpoint
+    url=gs://bench/ds
+    store_name="fake-gcs-server behind scripts/delay-proxy.py"
+    ;;
+azure)
+    target/azurite/node_modules/.bin/azurite-blob --blobHost 127.0.0.1 --blobPort "$upstream" \
+        --inMemoryPersistence --silent --skipApiVersionCheck > "$work/server.log" 2>&1 &
+    servers=$!
+    export AZURE_STORAGE_CONNECTION_STRING="DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=$endpoint/devstoreaccount1;"
+    url=az://bench/ds
+    store_name="Azurite behind scripts/delay-proxy.py"
+    ;;
+esac
+if [ "$STORE" != s3 ] || [ -n "$VIA_PROXY" ]; then
+    python3 scripts/delay-proxy.py --port "$PORT" --upstream "127.0.0.1:$upstream" --latency "$LATENCY" --pace "$PACE" \
+        > "$work/proxy.log" 2>&1 &
+    servers="$servers $!"
+fi
+# Ends the servers with the rest of the clean-up.
+trap 'unmount_any; kill $servers 2>/dev/null || true; cg_kill "$cg"; bench_cleanup' EXIT
 unmount_any() {
     if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" 2>/dev/null || umount -l "$mnt"; fi
 }
@@ -121,8 +178,22 @@ for _ in $(seq 1 100); do
     curl -s -o /dev/null "$endpoint" && break
     sleep 0.1
 done
-echo "uploading $FILES files ($((dataset_bytes >> 20)) MiB) to s3://bench/ds ..." >&2
-"$venv/bin/python" - "$DATA" "$endpoint" <<'PY'
+echo "uploading $FILES files ($((dataset_bytes >> 20)) MiB) to $url ..." >&2
+if [ "$STORE" != s3 ]; then
+    for _ in $(seq 1 100); do
+        curl -s -o /dev/null "http://127.0.0.1:$upstream" && break
+        sleep 0.1
+    done
+    python3 scripts/store-client.py "$STORE" "http://127.0.0.1:$upstream" mkbucket bench
+    python3 scripts/store-client.py "$STORE" "http://127.0.0.1:$upstream" put-dir bench ds "$DATA"
+else
+    store_at=$endpoint
+    [ -z "$VIA_PROXY" ] || store_at=http://127.0.0.1:$upstream
+    for _ in $(seq 1 100); do
+        curl -s -o /dev/null "$store_at" && break
+        sleep 0.1
+    done
+    "$venv/bin/python" - "$DATA" "$store_at" <<'PY'
 import concurrent.futures, os, sys, boto3
 root, endpoint = sys.argv[1], sys.argv[2]
 s3 = boto3.client("s3", endpoint_url=endpoint)
@@ -134,6 +205,7 @@ def put(path):
 with concurrent.futures.ThreadPoolExecutor(16) as pool:
     list(pool.map(put, files))
 PY
+fi
 
 # mount_side SYSTEM: mounts s3://bench/ds at $mnt for SYSTEM, its daemon in the cgroup.
 mount_side() {
@@ -153,11 +225,11 @@ mount_side() {
     coorfs | hint)
         rm -rf "$work/coorfs-cache"
         cg_run "$cg" "$coorfs" mount --job-key pgid --cache-dir "$work/coorfs-cache" \
-            --disk-cache-size "$DISK" ${COORFS_OPTS:-} s3://bench/ds "$mnt"
+            --disk-cache-size "$DISK" ${COORFS_OPTS:-} "$url" "$mnt"
         wait_scan "$mnt"
         ;;
     memory)
-        cg_run "$cg" "$coorfs" mount --job-key pgid s3://bench/ds "$mnt"
+        cg_run "$cg" "$coorfs" mount --job-key pgid "$url" "$mnt"
         wait_scan "$mnt"
         ;;
     esac
@@ -174,10 +246,13 @@ mount_side() {
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
         cg_create "$cg" "$POD" 0 0
-        [ "$sys" = boto3 ] || [ "$sys" = s3torch ] || mount_side "$sys"
+        [ "$sys" = boto3 ] || [ "$sys" = s3torch ] || [ "$sys" = raw ] || mount_side "$sys"
         for epoch in $(seq 1 "$EPOCHS"); do
             seed=$((rep * 100 + epoch))
-            if [ "$sys" = boto3 ]; then
+            if [ "$sys" = raw ]; then
+                out=$(python3 scripts/store-client.py "$STORE" "$endpoint" get-dir bench ds "$DATA" |
+                    awk '{printf "{\"seconds\": %s, \"bytes\": %s}", $1, $3}')
+            elif [ "$sys" = boto3 ]; then
                 out=$(cg_run "$cg" "$venv/bin/python" scripts/s3-read.py --endpoint "$endpoint" \
                     --procs "$PROCS" --seed "$seed" bench ds)
             elif [ "$sys" = s3torch ]; then
@@ -204,7 +279,9 @@ for rep in $(seq 1 "$REPS"); do
             echo "$sys $rep $epoch $secs 0 $hit" | tee -a "$samples" >&2
         done
         note="  $sys rep $rep: peak $(($(cat "$CG_MEM/$cg/memory.max_usage_in_bytes") >> 20)) MiB"
-        if [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
+        if [ "$sys" = raw ]; then
+            :
+        elif [ "$sys" = coorfs ] || [ "$sys" = hint ] || [ "$sys" = memory ]; then
             note="$note; cache $(($(coorfs_stat "$mnt" cache_capacity) >> 20)) MiB, disk $(($(coorfs_stat "$mnt" disk_cached_bytes) >> 20)) MiB, $(coorfs_stat "$mnt" source_requests) requests, $(coorfs_stat "$mnt" source_retried) retried"
             "$coorfs" umount "$mnt"
         else
@@ -219,7 +296,7 @@ done
 
 echo
 echo "scripts/bench-s3.sh (REPS=$REPS) on $(nproc) CPUs, $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD): $FILES files," \
-    "$((dataset_bytes >> 20)) MiB in s3://bench/ds (moto, $LATENCY per request, answers paced at $PACE/s (0: unpaced));" \
+    "$((dataset_bytes >> 20)) MiB in $url ($store_name, $LATENCY per request, answers paced at $PACE/s (0: unpaced));" \
     "a $((POD >> 20)) MiB memory cgroup for each system, $((DISK >> 20)) MiB of local disk for rclone's and coorfs's caches;" \
     "$PROCS reader processes"
 echo

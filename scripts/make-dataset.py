@@ -39,10 +39,12 @@ def main():
         d = os.path.join(a.dir, f"class{i % a.classes:04d}")
         path = os.path.join(d, f"sample{i:07d}.bin")
         total += n
+        # Drawn for every file, kept or written: the sizes after it must not depend on which
+        # files a former run left (they did, and each run rewrote a different dataset).
+        start = rng.randrange(0, len(pool) - n)
         if os.path.exists(path) and os.path.getsize(path) == n:
             continue
         os.makedirs(d, exist_ok=True)
-        start = rng.randrange(0, len(pool) - n)
         with open(path, "wb") as f:
             # The first 8 bytes make every file unique even where the pool overlaps.
             f.write(i.to_bytes(8, "little") + pool[start : start + n - 8] if n > 8 else pool[:n])

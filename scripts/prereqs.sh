@@ -30,6 +30,7 @@ prereqs_table() {
     prereq test      prometheus   prometheus        # tests/metrics.rs: a real scrape
     prereq test      openssl      openssl           # tests/cluster.rs: certificates for TLS
     prereq test,ci   py:ensurepip python3-venv      # tests/s3.rs's moto server; .ci/run's package check
+    prereq test      npm          npm               # tests/stores.rs's Azure emulator (Azurite, from npm)
 }
 
 # prereq STEPS CHECK PACKAGE: one row of the table; adds CHECK to prereqs_missing and PACKAGE

@@ -50,12 +50,19 @@ pub enum Command {
 answers, leaving a daemon that serves it until 'coorfs umount MOUNTPOINT', 'umount MOUNTPOINT' \
 or a SIGTERM/SIGINT to the daemon. With --foreground it stays attached, logs to stderr and \
 unmounts on Ctrl-C.\n\nEvery write (write, create, mkdir, rename, unlink, truncate, chmod, \
-setxattr, ...) fails with EROFS; the source is never written to.\n\nSOURCE may be \
-s3://BUCKET/PREFIX, a dataset in an S3-compatible object store. The store is configured the \
-way the AWS tools are: AWS_ENDPOINT_URL (AWS_ALLOW_HTTP=true for a plain-HTTP endpoint), \
-AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else the profile \
-AWS_PROFILE (default: default) of ~/.aws/credentials and ~/.aws/config, else instance \
-metadata. The mount lists the prefix first (progress in the log); keys become paths, '/' \
+setxattr, ...) fails with EROFS; the source is never written to.\n\nSOURCE may be a prefix of \
+an object store: s3://BUCKET/PREFIX (AWS S3 or an S3-compatible store), gs://BUCKET/PREFIX \
+(Google Cloud Storage), az://CONTAINER/PREFIX or https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX \
+(Azure Blob Storage). Each is configured the way its cloud's tools are: S3 by AWS_ENDPOINT_URL \
+(AWS_ALLOW_HTTP=true for a plain-HTTP endpoint), AWS_REGION, AWS_ACCESS_KEY_ID, \
+AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else the profile AWS_PROFILE (default: default) of \
+~/.aws/credentials and ~/.aws/config, else instance metadata; GCS by \
+GOOGLE_APPLICATION_CREDENTIALS, else gcloud's application default credentials, else the metadata \
+server (STORAGE_EMULATOR_HOST: an emulator); Azure by AZURE_STORAGE_ACCOUNT with \
+AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or AZURE_STORAGE_CONNECTION_STRING, else a \
+service principal or managed identity (AZURE_STORAGE_USE_EMULATOR=true: Azurite). The mount \
+returns once the prefix's first level is listed; each folder is listed when first looked up, \
+and the rest in the background (--manifest: no listing at all). Keys become paths, '/' \
 separating directories; objects are files of mode 0444 owned by root. An object's version is \
 its ETag: the listing is trusted for --metadata-ttl, then an open asks the store again, and \
 every read is a ranged GET on the version the open saw (If-Match), so bytes of two versions \
@@ -66,7 +73,10 @@ source_throttled); 403 gives EACCES, 404 ENOENT, at once. A prefix no object has
 mounted empty, with a warning on stderr.",
         after_help = "Examples:\n  coorfs mount /data/imagenet /mnt/train\n  coorfs mount \
 --foreground --log-level debug /data/imagenet /mnt/train\n  AWS_PROFILE=training coorfs mount \
---cache-dir /var/cache/coorfs --disk-cache-size 500G s3://datasets/imagenet/train /mnt/train"
+--cache-dir /var/cache/coorfs --disk-cache-size 500G s3://datasets/imagenet/train /mnt/train\n  \
+GOOGLE_APPLICATION_CREDENTIALS=/etc/coorfs/sa.json coorfs mount gs://datasets/train /mnt/train\n  \
+coorfs manifest az://datasets/train > train.manifest && coorfs mount --manifest train.manifest \
+az://datasets/train /mnt/train"
     )]
     Mount(MountArgs),
     /// Unmount a coorfs mount and wait for its daemon to exit.
@@ -164,6 +174,16 @@ coorfs run --mount /mnt/train -- torchrun --nproc-per-node 2 train.py\n  \
 for lr in 0.1 0.01 0.001; do coorfs run --group sweep-7 -- python train.py --lr $lr & done"
     )]
     Run(RunArgs),
+    /// Print the manifest of an object store's prefix: every object's key, size and ETag.
+    #[command(
+        long_about = "List all of URL (s3://, gs://, az:// or https://ACCOUNT.blob.core.windows.net/) \
+as 'coorfs mount' would, in parallel across its folders, and print its manifest on standard \
+output: a header line, then KEY<TAB>SIZE<TAB>ETAG<TAB>LAST_MODIFIED an object. 'coorfs mount \
+--manifest FILE URL MOUNTPOINT' then mounts it without listing anything.",
+        after_help = "Example:\n  coorfs manifest s3://datasets/imagenet/train > train.manifest\n  \
+coorfs mount --manifest train.manifest s3://datasets/imagenet/train /mnt/train"
+    )]
+    Manifest(ManifestArgs),
     /// Hand a coorfs mount the order of the files a job reads next (an order hint).
     #[command(
         long_about = "Hand the coorfs mount at MOUNTPOINT the order in which this job reads files \
@@ -187,7 +207,9 @@ coorfs hint /mnt/train epoch-7-order.txt"
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("membership").args(["peers", "cluster"])))]
 pub struct MountArgs {
-    /// The dataset directory to expose, or s3://BUCKET/PREFIX in an object store.
+    /// The dataset directory to expose, or an object store's prefix: s3://BUCKET/PREFIX,
+    /// gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or
+    /// https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX.
     pub source: PathBuf,
     /// The empty directory where it appears.
     pub mountpoint: PathBuf,
@@ -242,6 +264,13 @@ pub struct MountArgs {
     /// while training; a changed file is still detected when it is opened.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration, help_heading = "Mount")]
     pub metadata_ttl: Duration,
+    /// An object store's objects from FILE instead of a listing: KEY<TAB>SIZE<TAB>ETAG a
+    /// line (and optionally <TAB>LAST_MODIFIED, RFC 3339), KEY the object's whole key, as
+    /// 'coorfs manifest URL' writes it. The mount then lists nothing, at any size; the
+    /// manifest is trusted for --metadata-ttl like a listing, and an object changed since is
+    /// still detected at its first read (ESTALE, then the new version).
+    #[arg(long, value_name = "FILE", help_heading = "Mount")]
+    pub manifest: Option<PathBuf>,
 
     /// The cache budget. auto (the default) is elastic, like the page cache: the cache grows
     /// while the memory cgroup (a container's limit; without one, the host) has more free than
@@ -434,6 +463,13 @@ pub struct MountArgs {
     /// coorfs=debug [default: RUST_LOG, else info].
     #[arg(long, value_name = "LEVEL", value_parser = parse_log_level, help_heading = "Logging")]
     pub log_level: Option<String>,
+}
+
+/// `coorfs manifest`.
+#[derive(Debug, Args)]
+pub struct ManifestArgs {
+    /// The object store's prefix: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX.
+    pub url: PathBuf,
 }
 
 /// `coorfs hint`.
@@ -763,6 +799,11 @@ impl MountArgs {
             config.threads = threads as usize;
         }
         config.metadata_ttl = self.metadata_ttl;
+        // Absolute: the daemon's working directory is /.
+        config.manifest = (self.manifest.as_deref())
+            .map(std::path::absolute)
+            .transpose()
+            .map_err(|e| MountError::BadUrl(format!("--manifest: {e}")))?;
         config.allow_other = self.allow_other;
         config.acl = self.acl;
         config.opens = match (self.fast_open, self.opens) {

@@ -32,6 +32,8 @@ pub struct MountConfig {
     pub threads: usize,
     /// How long the kernel may cache entries and attributes.
     pub metadata_ttl: Duration,
+    /// An object store's objects from this manifest file instead of a listing.
+    pub manifest: Option<std::path::PathBuf>,
     /// Let users other than the mounting one use the mount (`allow_other`).
     pub allow_other: bool,
     /// The kernel evaluates the source's POSIX ACLs (FUSE_POSIX_ACL).
@@ -98,6 +100,7 @@ impl MountConfig {
             // The dataset is immutable while a job trains on it; a day is "forever" for the
             // kernel's caches while still letting a changed tree show up eventually.
             metadata_ttl: Duration::from_secs(24 * 3600),
+            manifest: None,
             allow_other: false,
             acl: false,
             opens: Opens::Auto,

@@ -161,6 +161,13 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
         return Err(MountError::CacheSizeZero);
     }
     let object = crate::source::object::ObjectUrl::is_url(&config.source);
+    if let (Some(m), false) = (&config.manifest, object) {
+        return Err(MountError::BadUrl(format!(
+            "{}: --manifest {} is for an object store's source (s3://, gs://, az://)",
+            config.source.display(),
+            m.display()
+        )));
+    }
     let source = if object {
         // An object store: the URL is checked here, the store when the mount lists it.
         crate::source::object::ObjectUrl::parse(&config.source).map_err(MountError::BadUrl)?;
@@ -1039,10 +1046,11 @@ fn open_core(
             url,
             config.metadata_ttl,
             stats.store.clone(),
+            config.manifest.as_deref(),
         )
         .map_err(unreadable)?;
         // Mounted all the same (the prefix may be filled later), but most often a typo.
-        if store.objects() == 0 {
+        if store.root_entries() == 0 {
             warnings.push(format!(
                     "source {}: no object has this prefix (keys are case-sensitive): mounted empty; objects put there show once --metadata-ttl ({}) has passed",
                     config.source.display(),

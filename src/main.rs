@@ -50,6 +50,7 @@ fn main() -> ExitCode {
         Command::Read(args) => read(&args),
         Command::Stats(args) => stats(&args),
         Command::Hint(args) => hint(&args),
+        Command::Manifest(args) => manifest(&args),
         Command::Analyze(args) => analyze(args),
         // CMD's own exit status, passed through.
         Command::Run(args) => match coorfs::run::run(&args.into_config()) {
@@ -176,5 +177,18 @@ fn stats(args: &coorfs::cli::StatsArgs) -> Result<(), CommandError> {
 
 fn analyze(args: coorfs::cli::AnalyzeArgs) -> Result<(), CommandError> {
     coorfs::analyze::run(&args.into_config(), &mut std::io::stdout().lock())?;
+    Ok(())
+}
+
+/// `coorfs manifest URL`: the prefix's manifest on standard output, its count on stderr.
+fn manifest(args: &coorfs::cli::ManifestArgs) -> Result<(), CommandError> {
+    use coorfs::daemon::MountError;
+    use coorfs::source::object::{ObjectUrl, manifest};
+    let url = ObjectUrl::parse(&args.url).map_err(MountError::BadUrl)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let n = manifest::list_and_write(&url, &mut out)
+        .and_then(|n| std::io::Write::flush(&mut out).map(|()| n))
+        .map_err(|e| MountError::SourceUnreadable(args.url.clone(), e))?;
+    eprintln!("{}: {n} objects", args.url.display());
     Ok(())
 }

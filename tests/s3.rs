@@ -8,100 +8,21 @@ mod common;
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Mount, TestCgroup, bytes, files_under, free_ports, num, stats, wait_for};
+use common::proxy::{Fault, FaultProxy, Served, most_at_once};
+use common::stores::{self, KEY_ID, Kind, SECRET, StoreServer};
+use common::{Mount, TestCgroup, bytes, files_under, free_ports, num, stats};
 use object_store::ObjectStoreExt;
 
-/// A moto S3 server on a free port, killed when dropped.
-struct S3Server {
-    child: Child,
-    port: u16,
-}
+/// The S3 server of these tests: moto.
+type S3Server = StoreServer;
 
-/// The moto_server to run: $COORFS_MOTO_SERVER, else target/moto/bin/moto_server (what
-/// scripts/test.sh installs), else one on PATH.
-fn moto_server() -> PathBuf {
-    if let Some(p) = std::env::var_os("COORFS_MOTO_SERVER") {
-        return p.into();
-    }
-    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/moto/bin/moto_server");
-    if local.exists() {
-        return local;
-    }
-    PathBuf::from("moto_server")
-}
-
-impl S3Server {
-    /// Starts moto on a free port: once it answers HTTP, it is this server (a port another
-    /// test's server took between the choice and the bind makes this one exit: try another).
-    fn start() -> S3Server {
-        let bin = moto_server();
-        for _ in 0..5 {
-            let port = free_ports(1)[0];
-            let child = Command::new(&bin)
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "{}: {e}: the S3 tests need moto's server; scripts/test.sh installs it \
-                         (python3 -m venv target/moto && target/moto/bin/pip install 'moto[server]')",
-                        bin.display()
-                    )
-                });
-            let mut server = S3Server { child, port };
-            let answers = || {
-                let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else {
-                    return false;
-                };
-                let mut reply = Vec::new();
-                c.write_all(b"GET / HTTP/1.0\r\n\r\n").is_ok()
-                    && c.read_to_end(&mut reply).is_ok()
-                    && reply.starts_with(b"HTTP/1.")
-            };
-            let up = wait_for(Duration::from_secs(30), || {
-                answers() || server.child.try_wait().ok().flatten().is_some()
-            });
-            if up && server.child.try_wait().ok().flatten().is_none() {
-                return server;
-            }
-        }
-        panic!("moto_server did not start (5 tries)");
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-const KEY_ID: &str = "AKIATESTKEY";
-const SECRET: &str = "s3cr3t-never-shown";
-
-/// The environment a mount of the store at `endpoint` gets.
+/// The environment a mount of the S3 store at `endpoint` gets.
 fn aws_env(endpoint: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("AWS_ENDPOINT_URL", endpoint.to_string()),
-        ("AWS_ALLOW_HTTP", "true".into()),
-        ("AWS_ACCESS_KEY_ID", KEY_ID.into()),
-        ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
-        ("AWS_REGION", "us-east-1".into()),
-        // Nothing of the machine's own AWS setup.
-        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent".into()),
-        ("AWS_CONFIG_FILE", "/nonexistent".into()),
-    ]
+    stores::env_of(Kind::S3, endpoint)
 }
 
 /// Mounts `url` from the store at `endpoint`.
@@ -247,7 +168,7 @@ fn read_epoch(m: &Mount) {
 
 #[test]
 fn listing_and_bytes_equal_the_bucket_and_a_second_epoch_hits() {
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "datasets");
     let mut want = put_dataset(&bucket, "train", 24);
     bucket.put("train/README", b"read me\n");
@@ -318,7 +239,7 @@ fn listing_and_bytes_equal_the_bucket_and_a_second_epoch_hits() {
 
 #[test]
 fn a_changed_object_is_never_mixed_and_is_seen_after_the_ttl() {
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "changing");
     // 3 MiB, read block by block (`--part-size 1M`): a part read at the head would hold
     // the whole object, and a file of 4 MiB or more is read through the kernel's page
@@ -377,7 +298,7 @@ fn keys_with_characters_urls_escape_read_as_the_bytes_stored() {
     // directory: listed, read (each GET names the key once encoded: it asked for
     // `q%253Fx.bin`, encoded twice, and the reader got ENOENT), and listed again once the
     // listing is older than --metadata-ttl.
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "odd-keys");
     let names = [
         "q?x.bin",
@@ -431,7 +352,7 @@ fn an_object_beside_a_folder_marker_of_its_name_is_the_file_with_its_bytes() {
     // says the marker was left out; with something beneath the marker the directory wins
     // (as for any key that is also a directory), and the log says that too. The same after
     // the TTL, when the directories are listed again.
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "markers");
     let a = bytes(70, 300_000);
     let b = bytes(71, 5000);
@@ -479,247 +400,18 @@ fn an_object_beside_a_folder_marker_of_its_name_is_the_file_with_its_bytes() {
             .lines()
             .any(|l| l.contains("WARN") && l.contains(what))
     };
-    assert!(
-        warned(
-            "left out the folder marker a.bin/ (an empty key ending in '/') beside the object a.bin, which is the file (and 1 more)"
-        ),
-        "{logged}"
-    );
+    for marker in ["a.bin", "sub/b.bin"] {
+        assert!(
+            warned(&format!(
+                "left out the folder marker {marker}/ (an empty key ending in '/') beside the object {marker}, which is the file"
+            )),
+            "{logged}"
+        );
+    }
     assert!(
         warned("left out the object c whose name is also a directory's (the directory wins)"),
         "{logged}"
     );
-}
-
-/// What the proxy does to a request.
-#[derive(Clone, Copy, Debug)]
-enum Fault {
-    /// Answers with this status and an S3 error body.
-    Status(u16, &'static str),
-    /// Resets the connection without an answer.
-    Reset,
-    /// Holds the connection for this long without an answer, then closes it.
-    Stall(Duration),
-}
-
-/// Faults to inject: a request whose first line contains `matching` gets `fault`, `times`
-/// times (u32::MAX: always); and until `down_until`, every connection is reset before its
-/// request is read (a store that is down).
-#[derive(Default)]
-struct Faults {
-    rules: Vec<(String, Fault, u32)>,
-    down_until: Option<std::time::Instant>,
-}
-
-impl Faults {
-    fn take(&mut self, line: &str) -> Option<Fault> {
-        let rule = self
-            .rules
-            .iter_mut()
-            .find(|(m, _, n)| *n > 0 && line.contains(m.as_str()))?;
-        if rule.2 != u32::MAX {
-            rule.2 -= 1;
-        }
-        Some(rule.1)
-    }
-}
-
-/// An HTTP proxy in front of `upstream` that forwards each request on its own connection
-/// (and closes the client's after the answer), unless a fault is due.
-struct FaultProxy {
-    port: u16,
-    faults: Arc<Mutex<Faults>>,
-    /// Each request forwarded: its first line, when it came and when its answer was sent.
-    log: Arc<Mutex<Vec<Served>>>,
-}
-
-/// A request the proxy forwarded: its first line, from its arrival to its answer's end.
-#[derive(Clone, Debug)]
-struct Served {
-    line: String,
-    came: std::time::Instant,
-    answered: std::time::Instant,
-}
-
-/// The most of `served` that were in flight at once.
-fn most_at_once(served: &[Served]) -> usize {
-    served
-        .iter()
-        .map(|a| {
-            served
-                .iter()
-                .filter(|b| b.came <= a.came && a.came < b.answered)
-                .count()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
-impl FaultProxy {
-    fn start(upstream: u16) -> FaultProxy {
-        FaultProxy::delayed(upstream, Duration::ZERO)
-    }
-
-    /// A proxy that also holds every request `delay` before forwarding it: a store across
-    /// a network.
-    fn delayed(upstream: u16, delay: Duration) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let faults = Arc::new(Mutex::new(Faults::default()));
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (rules, served) = (faults.clone(), log.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let (rules, served) = (rules.clone(), served.clone());
-                std::thread::spawn(move || serve(client, upstream, &rules, &served, delay));
-            }
-        });
-        FaultProxy { port, faults, log }
-    }
-
-    /// The requests forwarded so far whose first line contains `matching`.
-    fn served(&self, matching: &str) -> Vec<Served> {
-        let log = self.log.lock().unwrap();
-        log.iter()
-            .filter(|s| s.line.contains(matching))
-            .cloned()
-            .collect()
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn inject(&self, matching: &str, fault: Fault, times: u32) {
-        self.faults
-            .lock()
-            .unwrap()
-            .rules
-            .push((matching.into(), fault, times));
-    }
-
-    /// Resets every connection for the next `outage`, before its request is read.
-    fn down_for(&self, outage: Duration) {
-        self.faults.lock().unwrap().down_until = Some(std::time::Instant::now() + outage);
-    }
-
-    fn clear(&self) {
-        self.faults.lock().unwrap().rules.clear();
-    }
-}
-
-/// Reads one request (head and body) from `client`; None at the end of the stream.
-fn read_request(client: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut raw = Vec::new();
-    let mut byte = [0u8; 1];
-    while !raw.ends_with(b"\r\n\r\n") {
-        if client.read(&mut byte).ok()? == 0 {
-            return None;
-        }
-        raw.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&raw).into_owned();
-    let len = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    client.read_exact(&mut body).ok()?;
-    Some((head, body))
-}
-
-/// Closes `client` with a reset (SO_LINGER 0), answering nothing.
-fn reset(client: TcpStream) {
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket and a linger struct of the size passed.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &linger as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as u32,
-        );
-    }
-}
-
-fn serve(
-    mut client: TcpStream,
-    upstream: u16,
-    faults: &Mutex<Faults>,
-    log: &Mutex<Vec<Served>>,
-    delay: Duration,
-) {
-    let down = faults.lock().unwrap().down_until;
-    if down.is_some_and(|until| std::time::Instant::now() < until) {
-        return reset(client);
-    }
-    let Some((head, body)) = read_request(&mut client) else {
-        return;
-    };
-    let came = std::time::Instant::now();
-    std::thread::sleep(delay);
-    let line = head.lines().next().unwrap_or("").to_string();
-    // Taken before the match, which would hold the lock through a stall.
-    let fault = faults.lock().unwrap().take(&line);
-    match fault {
-        Some(Fault::Status(code, s3code)) => {
-            let body = format!("<Error><Code>{s3code}</Code><Message>injected</Message></Error>");
-            let answer = format!(
-                "HTTP/1.1 {code} Injected\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = client.write_all(answer.as_bytes());
-            return;
-        }
-        Some(Fault::Reset) => return reset(client),
-        Some(Fault::Stall(hold)) => {
-            std::thread::sleep(hold);
-            return;
-        }
-        None => {}
-    }
-    let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else {
-        return;
-    };
-    // One request per connection, both ways.
-    let mut forwarded: String = head
-        .split("\r\n")
-        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
-        .take_while(|l| !l.is_empty())
-        .map(|l| format!("{l}\r\n"))
-        .collect();
-    forwarded.push_str("Connection: close\r\n\r\n");
-    if up.write_all(forwarded.as_bytes()).is_err() || up.write_all(&body).is_err() {
-        return;
-    }
-    let mut answer = Vec::new();
-    let _ = up.read_to_end(&mut answer);
-    // The client must not reuse this connection either.
-    if let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") {
-        let head = String::from_utf8_lossy(&answer[..end]).into_owned();
-        let kept: String = head
-            .split("\r\n")
-            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
-            .map(|l| format!("{l}\r\n"))
-            .collect();
-        let _ = client.write_all(format!("{kept}Connection: close\r\n\r\n").as_bytes());
-        let _ = client.write_all(&answer[end + 4..]);
-    }
-    let _ = client.shutdown(Shutdown::Both);
-    log.lock().unwrap().push(Served {
-        line,
-        came,
-        answered: std::time::Instant::now(),
-    });
 }
 
 #[test]
@@ -727,7 +419,7 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
     // A shard read as a tar reader reads it (16 KiB at a time, in order) from a store 30 ms
     // away: one ranged GET per 8 MiB part, several in flight while the reader reads on. Block
     // by block, one at a time, it was 48 GETs in a row.
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "shards");
     let shard = bytes(40, 48 << 20);
     bucket.put("wds/shard-000.tar", &shard);
@@ -781,7 +473,7 @@ fn big_s3_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cach
         Ok(cg) => cg,
         Err(why) => return println!("SKIP: {why}"),
     };
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "pod");
     let sizes = [256 << 20, 256 << 20, 16 << 20];
     for (i, size) in sizes.iter().enumerate() {
@@ -816,7 +508,7 @@ fn a_reader_that_seeks_in_a_big_object_reads_the_blocks_it_asks_for_not_their_pa
     // Random 4 KiB reads of a 64 MiB object (an index's records, a Parquet footer) with no
     // cache to keep the rest: one GET of one block each. Each read as the start of a stream,
     // it was 8 MiB a read, and two parts more read ahead.
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "seek");
     let object = bytes(11, 64 << 20);
     bucket.put("big/index.bin", &object);
@@ -851,7 +543,7 @@ fn a_reader_that_seeks_in_a_big_object_reads_the_blocks_it_asks_for_not_their_pa
 
 #[test]
 fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach_the_reader() {
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "faulty");
     let want = put_dataset(&bucket, "p", 6);
     bucket.put("p/secret.bin", b"forbidden");
@@ -946,7 +638,7 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
 fn a_read_outlasts_a_store_down_for_8_seconds_and_a_403_still_fails_at_once() {
     // Every connection reset for 8 s: the read's retries, backing off with jitter for up to
     // 45 s, reach the store once it is back (10 retries took 2.9 s, and the reader got EIO).
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "outage");
     let data = bytes(80, 200_000);
     bucket.put("p/a.bin", &data);
@@ -985,7 +677,7 @@ fn a_read_outlasts_a_store_down_for_8_seconds_and_a_403_still_fails_at_once() {
 
 #[test]
 fn the_disk_tier_serves_a_restarted_mount_without_reading_the_store_again() {
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "restart");
     let want = put_dataset(&bucket, "ds", 9);
     let cache = tempfile::tempdir().unwrap();
@@ -1019,7 +711,7 @@ fn the_disk_tier_serves_a_restarted_mount_without_reading_the_store_again() {
 
 #[test]
 fn bad_urls_and_unreachable_or_unlistable_stores_get_one_clear_line() {
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "odd");
     bucket.put("x/fine", b"1");
     let env = aws_env(&server.endpoint());
@@ -1061,33 +753,61 @@ fn bad_urls_and_unreachable_or_unlistable_stores_get_one_clear_line() {
 
 #[test]
 fn a_key_with_a_control_character_is_refused_saying_so_and_an_empty_prefix_mounts_with_a_warning() {
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "names");
     bucket.put("fine/a.bin", b"1");
-    bucket.put_raw(&server, "tabbed/ok.bin", b"2");
+    bucket.put("tabbed/ok.bin", b"2");
     bucket.put_raw(&server, "tabbed/sub/a\tb.bin", b"3");
+    bucket.put_raw(&server, "tabtop/top\tb.bin", b"3");
     bucket.put("other/x", b"4");
     let env = aws_env(&server.endpoint());
     let dir = common::open_tempdir();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
+    // A mount this test leaves, failing, goes with it.
+    let _gone = common::UnmountOnDrop(mnt.clone());
+    let log = dir.path().join("log");
     let run = |url: &str| {
         let mut cmd = Command::new(common::bin());
         cmd.args([OsStr::new("mount"), OsStr::new(url), mnt.as_os_str()]);
+        cmd.args([OsStr::new("--log-file"), log.as_os_str()]);
         cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         common::output_within(&mut cmd, Duration::from_secs(120))
     };
-    // The store's client refuses a listing that holds a key with a control character: the
-    // mount is refused, and the line names the key and the character (it blamed an empty,
-    // '.' or '..' component).
-    let out = run("s3://names/tabbed");
+    // The store's client refuses a listing that holds a key with a control character. In
+    // the first level, which the mount lists, the mount is refused, and the line names the
+    // key and the character (it blamed an empty, '.' or '..' component).
+    let out = run("s3://names/tabtop");
     common::fails_with_line(
         &out,
         1,
-        "listing s3://names/tabbed: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
+        "listing s3://names/tabtop: the key \"tabtop/top\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
         "a key with a tab",
     );
     assert!(!common::is_mounted(&mnt));
+    // Deeper, in a folder listed when looked up: listing that folder fails with EIO, and the
+    // log's line names the key; the rest of the mount reads.
+    let out = run("s3://names/tabbed/sub");
+    common::fails_with_line(
+        &out,
+        1,
+        "listing s3://names/tabbed/sub: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab), which no path may hold: mount a prefix beside that key",
+        "a key with a tab, one level down",
+    );
+    let out = run("s3://names/tabbed");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(std::fs::read(mnt.join("ok.bin")).unwrap(), b"2");
+    let e = std::fs::read_dir(mnt.join("sub")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let out = common::coorfs([OsStr::new("umount"), mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.lines().any(|l| l.contains("WARN") && l.contains(
+            "listing s3://names/tabbed/sub: the key \"tabbed/sub/a\\tb.bin\" holds a control character (U+0009, a tab)"
+        )),
+        "{logged}"
+    );
 
     // A prefix with no object beneath it (a typo, most often: keys are case-sensitive) is
     // mounted, empty, with one warning line.
@@ -1111,7 +831,7 @@ fn a_key_with_a_control_character_is_refused_saying_so_and_an_empty_prefix_mount
 #[test]
 fn an_fstab_line_mounts_a_bucket_with_credentials_from_roots_profile_files() {
     let _helper = common::MountHelper::install();
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "fstab");
     let want = put_dataset(&bucket, "ds", 6);
     // mount(8) hands its helper no environment but PATH: the keys, region and endpoint come
@@ -1187,7 +907,7 @@ fn a_first_epoch_from_a_remote_store_is_prefetched_while_the_cache_has_room() {
     // of from the middle of the epoch; nothing is read twice, nothing staged is wasted. (With
     // 20 ms, moto's own time a request, which grows with the requests in flight on a loaded
     // machine, can pass for storage that serves one read at a time.)
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "remote");
     put_files(&bucket, "ds", REMOTE_FILES, 8192, 4);
     let proxy = FaultProxy::delayed(server.port, Duration::from_millis(50));
@@ -1228,7 +948,7 @@ fn past_a_full_memory_cache_a_remote_first_epoch_is_prefetched_into_the_disk_tie
     // and the first epoch is still prefetched from its 32nd file. The next epoch, by another
     // process, reads nothing from the store.
     const FILES: usize = REMOTE_FILES;
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "remote");
     let want = put_files(&bucket, "ds", FILES, 8192, 4);
     let proxy = FaultProxy::delayed(server.port, Duration::from_millis(50));
@@ -1265,7 +985,7 @@ fn coorfs_run_hands_a_jobs_order_to_an_s3_mount_every_epoch() {
     const FILES: usize = 120;
     const EPOCHS: u64 = 2;
     let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tests");
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "hinted");
     let want = put_files(&bucket, "ds", FILES, 4096, 4);
     let dir = common::open_tempdir();
@@ -1320,7 +1040,7 @@ fn two_members_over_one_bucket_read_each_object_from_the_store_once() {
     // A cluster (--peers) over an s3:// source: each object is read from the store by the
     // member that owns it, and served to the other over the peer protocol.
     const FILES: usize = 40;
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "shared");
     let want = put_files(&bucket, "ds", FILES, 20_000, 2);
     let dir = common::open_tempdir();
@@ -1370,7 +1090,7 @@ fn webdataset_and_tfrecord_readers_read_an_s3_mount_as_the_directory_it_came_fro
     let dir = tempfile::tempdir().unwrap();
     common::shard_readers(&["make".as_ref(), dir.path().as_os_str()]);
     let want = common::shard_readers(&["read".as_ref(), dir.path().as_os_str(), "1".as_ref()]);
-    let server = S3Server::start();
+    let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "wds");
     let mut dataset = 0;
     for e in std::fs::read_dir(dir.path()).unwrap() {

@@ -44,9 +44,9 @@ impl DatasetFs {
     /// CPU busy. 128,000 files in 100 directories, 2 CPUs: 0.98 s from mount to complete
     /// on one thread, 0.70 s on two.
     pub fn scan(&self) {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, SCAN_THREADS);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // An object store's listings wait on its latency: as many as it says at once.
+        let threads = (self.source.scan_threads()).unwrap_or(cpus.clamp(1, SCAN_THREADS));
         let queue = Mutex::new(ScanQueue {
             dirs: vec![(ROOT, PathBuf::new())],
             busy: 0,

@@ -317,6 +317,11 @@ pub trait DatasetSource: Send + Sync + 'static {
     fn memory(&self) -> u64 {
         0
     }
+    /// Threads the scan lists directories on, if not one per CPU: a source whose listings
+    /// wait on a network's latency (an object store) keeps many in flight.
+    fn scan_threads(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A directory on a local or kernel-mounted filesystem, every path resolved beneath a
@@ -889,6 +894,9 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
     }
     fn memory(&self) -> u64 {
         self.inner.memory()
+    }
+    fn scan_threads(&self) -> Option<usize> {
+        self.inner.scan_threads()
     }
 }
 

@@ -2,6 +2,9 @@
 //! as root).
 #![allow(dead_code)]
 
+pub mod proxy;
+pub mod stores;
+
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
