@@ -76,7 +76,7 @@ use crate::units::format_size;
 const MIB: u64 = 1 << 20;
 
 /// Readahead windows of open files from which readers stream shards: a shard's (the kernel's
-/// windows of a file of `fs/open.rs`'s `STREAMED_MISS_MIN`), not a few small files'. The
+/// windows of a file of `fs/plan.rs`'s `STREAMED_MISS_MIN`), not a few small files'. The
 /// open of one wakes the watcher, and while they are open it looks at [`TICK_NEAR`].
 pub const STREAM_MIN: u64 = 4 << 20;
 

@@ -2,7 +2,9 @@
 //! cache, the cluster's wire and the source, with `jobs` and `prefetch` told of what happens.
 //! A module that reaches back up to one that uses it makes the two one tangle that must be
 //! read (and changed) together. This test fails on any circle between the crate's top-level
-//! modules (a folder of src/ or a file of it), and names the `use` that closes it.
+//! modules (a folder of src/ or a file of it), and on one between the files of a folder
+//! (`super::NAME`; the folder's `mod.rs`, which declares them, aside), and names the `use`
+//! that closes it.
 //!
 //! What counts is a `crate::NAME` path in code: not in comments (doc links included) or
 //! literals, nor in an item under `#[cfg(test)]` (the `mod tests` block, a test-only field,
@@ -166,20 +168,97 @@ fn without_test_items(mut code: Vec<char>) -> Vec<char> {
 /// The top-level modules that `text` names as `crate::NAME` in its code (not in comments,
 /// literals or items under `#[cfg(test)]`), each with the first line that names it.
 fn named_modules(text: &str) -> Vec<(String, usize)> {
+    named_after(text, &["crate::"])
+}
+
+/// The names that follow one of `prefixes` in `text`'s code (as [`named_modules`]), each with
+/// the first line that names it; in a group (`super::{a::X, B}`) the names followed by `::`.
+fn named_after(text: &str, prefixes: &[&str]) -> Vec<(String, usize)> {
     let code: String = without_test_items(code_only(text)).into_iter().collect();
-    let mut out = Vec::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out: Vec<(String, usize)> = Vec::new();
+    let mut add = |name: String, line: usize| {
+        if !name.is_empty() && !out.iter().any(|(n, _)| *n == name) {
+            out.push((name, line));
+        }
+    };
     for (i, code) in code.lines().enumerate() {
-        for (at, _) in code.match_indices("crate::") {
-            let name: String = code[at + "crate::".len()..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() && !out.iter().any(|(n, _)| *n == name) {
-                out.push((name, i + 1));
+        for prefix in prefixes {
+            for (at, _) in code.match_indices(prefix) {
+                let rest = &code[at + prefix.len()..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    for part in group.split(',') {
+                        let part = part.trim();
+                        let name = ident(part);
+                        if part[name.len()..].starts_with("::") {
+                            add(name, i + 1);
+                        }
+                    }
+                } else {
+                    add(ident(rest), i + 1);
+                }
             }
         }
     }
     out
+}
+
+/// Within each folder of src/, the uses of one file by its siblings (`super::NAME`,
+/// `crate::FOLDER::NAME`), keyed `FOLDER/FILE`; the folder's `mod.rs`, which declares and
+/// dispatches to them, is not one of them.
+fn sibling_uses() -> Uses {
+    let mut uses = Uses::new();
+    for entry in std::fs::read_dir(SRC).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let folder = dir.file_name().unwrap().to_string_lossy().to_string();
+        let mut files = Vec::new();
+        rust_files(&dir, &mut files);
+        let stem = |f: &Path| f.file_stem().unwrap().to_string_lossy().to_string();
+        let siblings: BTreeSet<String> = files
+            .iter()
+            .filter(|f| f.parent() == Some(dir.as_path()))
+            .map(|f| stem(f))
+            .filter(|s| s != "mod")
+            .collect();
+        for file in files.iter().filter(|f| f.parent() == Some(dir.as_path())) {
+            let from = stem(file);
+            if from == "mod" {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap();
+            let own = format!("crate::{folder}::");
+            for (to, line) in named_after(&text, &["super::", &own]) {
+                if to != from && siblings.contains(&to) {
+                    uses.entry(format!("{folder}/{from}"))
+                        .or_default()
+                        .entry(format!("{folder}/{to}"))
+                        .or_insert(format!("src/{folder}/{from}.rs:{line}"));
+                }
+            }
+        }
+    }
+    uses
+}
+
+/// Every circle in `uses`, each as the `use` that closes it and the way back.
+fn circles(uses: &Uses) -> Vec<String> {
+    let mut circles = Vec::new();
+    for (from, tos) in uses {
+        for (to, at) in tos {
+            if let Some(back) = path_back(uses, to, from, &mut BTreeSet::new()) {
+                circles.push(format!("{from} -> {} ({at})", back.join(" -> ")));
+            }
+        }
+    }
+    circles
 }
 
 fn crate_uses() -> Uses {
@@ -234,17 +313,27 @@ fn no_module_reaches_back_up() {
     // The graph is not empty: the parse found the crate's structure.
     assert!(uses.get("daemon").is_some_and(|m| m.contains_key("fs")));
     assert!(uses.get("fuse").is_some_and(|m| m.contains_key("fs")));
-    let mut circles = Vec::new();
-    for (from, tos) in &uses {
-        for (to, at) in tos {
-            if let Some(back) = path_back(&uses, to, from, &mut BTreeSet::new()) {
-                circles.push(format!("{from} -> {} ({at})", back.join(" -> ")));
-            }
-        }
-    }
+    let circles = circles(&uses);
     assert!(
         circles.is_empty(),
         "modules in a circle:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn no_file_reaches_back_to_a_sibling_that_uses_it() {
+    let uses = sibling_uses();
+    // The parse found the folders' files: the opener plans with plan.rs.
+    assert!(
+        uses.get("fs/open")
+            .is_some_and(|m| m.contains_key("fs/plan")),
+        "{uses:?}"
+    );
+    let circles = circles(&uses);
+    assert!(
+        circles.is_empty(),
+        "files of one folder in a circle:\n{}",
         circles.join("\n")
     );
 }

@@ -168,7 +168,7 @@ pub(super) struct FileHandle {
     pub same_access: bool,
     pub held: Mutex<Held>,
     /// Read through the kernel's page cache as a streamed miss: its pages are dropped when
-    /// the open is released (`open.rs`, `STREAMED_MISS_MIN`).
+    /// the open is released (`plan.rs`, `STREAMED_MISS_MIN`).
     pub drop_pages_at_release: bool,
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
     pub watch: Option<kernel_cache::Watch>,

@@ -69,9 +69,9 @@ use crate::stats::Stats;
 use crate::tier::Tiers;
 pub use attrs::FIRST_PLUS_ENTRIES;
 use handles::{FileHandle, HandleTable};
-pub use open::BUFFERED_MISS_MAX;
 use order::OrderFiles;
 pub use passthrough::BackingFiles;
+pub use plan::BUFFERED_MISS_MAX;
 use scan::ScanState;
 
 /// Everything that can go wrong in the core. `fuse.rs` maps each variant to an errno in one

@@ -16,8 +16,8 @@
 //!   That level is free only if the kernel keeps the pages until the file is read again;
 //!   when sentinel files show that it does not (memory too tight for a second copy), hits
 //!   use `direct_io` as well ([`kernel_cache`]), except small files (up to
-//!   [`BUFFERED_MISS_MAX`]): their pages are dropped at open and read again in one READ.
-//! - a small file (up to [`BUFFERED_MISS_MAX`]) that the cache will keep whole once it is
+//!   [`BUFFERED_MISS_MAX`](super::plan::BUFFERED_MISS_MAX)): their pages are dropped at open and read again in one READ.
+//! - a small file (up to [`BUFFERED_MISS_MAX`](super::plan::BUFFERED_MISS_MAX)) that the cache will keep whole once it is
 //!   read (a policy that never evicts, with room for it), while the kernel keeps pages: the
 //!   kernel's page cache, without `keep_cache`. The file is about to be one of the cache's,
 //!   so its pages are right; the read at its end needs no round trip, and the next epoch
@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 
 use super::handles::{FileHandle, Held};
 use super::passthrough::{Backing, BackingFiles, Granted, KernelIo};
-use super::plan::{DaemonRead, KernelFile, OpenFacts, OpenPolicy, open_plan};
+use super::plan::{DaemonRead, KernelFile, OpenFacts, OpenPolicy, STREAMED_MISS_MIN, open_plan};
 use super::{Access, Caller, DatasetFs, FsError, Opened, kernel_cache, order, source_error};
 use crate::cache::BlockKey;
 use crate::epoch::Step;
@@ -129,26 +129,6 @@ impl Counted {
         }
     }
 }
-
-/// Misses of files up to this size are read through the kernel's page cache while the cache
-/// has room to keep them whole (see [`DatasetFs::kernel_caching`]). Round trips are most of
-/// what a small file costs: 128,000 files of 200-600 B, `--cache-size 1G`, `coorfs read
-/// --procs 2`, 3 rounds of an A/B on this 2-CPU machine: the cold epoch took 10.2-14.8 s
-/// (median 11.6) against 14.1-14.5 s through direct I/O, and the first hot epoch 1.9-2.3 s
-/// against 3.2 s (its pages were in the kernel already). A larger file's bytes, not its
-/// round trips, are its cost, and the page cache would hold a second copy of them.
-pub const BUFFERED_MISS_MAX: u64 = 64 << 10;
-
-/// Misses of files of at least this size (shards: WebDataset and MDS tars, TFRecords, LitData
-/// chunks) are read through the kernel's page cache, whatever the cache keeps of them, and
-/// their pages are dropped when the open is released, so that they never outlive the read
-/// (see [`DatasetFs::kernel_caching`]). Shard readers read 8-64 KiB at a time (tarfile,
-/// TFRecord): through direct I/O each such read was a round trip to the daemon (8 shards of
-/// 12 MiB read by `webdataset`: 7,558 READs of 13 KiB on average, 7.2 s against 0.48 s
-/// natively); through the page cache the kernel's readahead asks for up to 1 MiB a READ, many
-/// in flight, and the small reads are served from its pages. Below this size (ImageNet-like
-/// files) a file is read whole in one or two READs, and direct I/O saves a second copy.
-pub const STREAMED_MISS_MIN: u64 = 4 << 20;
 
 impl DatasetFs {
     /// Opens file `ino` (or the order file) for reading. `flags` are the

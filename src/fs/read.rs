@@ -32,7 +32,7 @@
 //! its page cache without asking: bytes it already holds can still be read through a
 //! descriptor opened before the change (close-to-open consistency, as NFS has); every read
 //! that reaches the daemon, and every later open, sees the change. The same holds for big
-//! files read through the page cache as they stream (`open.rs`, `STREAMED_MISS_MIN`): what
+//! files read through the page cache as they stream (`plan.rs`, `STREAMED_MISS_MIN`): what
 //! the kernel read ahead before the change (up to `--readahead`) is still the version opened,
 //! and the read ends at the first READ that finds the change.
 

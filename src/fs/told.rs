@@ -690,7 +690,7 @@ impl DatasetFs {
                 "an object store: an open is a small part of a read".into()
             }
             Opens::Auto if self.read_delay => "--read-delay".into(),
-            Opens::Auto if mean >= super::open::STREAMED_MISS_MIN => format!(
+            Opens::Auto if mean >= super::plan::STREAMED_MISS_MIN => format!(
                 "a dataset of big files ({} a file): their reads, not their opens, are what \
                  they cost",
                 crate::units::format_size(mean)

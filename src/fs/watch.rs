@@ -133,8 +133,7 @@ impl SourceWatch {
     /// True if the node table follows every change made in directory `dir`: it is watched
     /// and no change was ever lost.
     pub fn follows(&self, dir: NodeId) -> bool {
-        !self.lost.load(std::sync::atomic::Ordering::Relaxed)
-            && self.watched.lock().contains(&dir)
+        !self.lost.load(std::sync::atomic::Ordering::Relaxed) && self.watched.lock().contains(&dir)
     }
 
     /// Why some directory of the source is not watched, if one is not.
