@@ -339,6 +339,16 @@ fn no_file_reaches_back_to_a_sibling_that_uses_it() {
 }
 
 #[test]
+fn a_sibling_is_found_alone_and_in_a_group() {
+    let text =
+        "use super::{DatasetFs, open::Accessed, plan::{A, B}};\nfn f() { super::read::x() }\n";
+    assert_eq!(
+        named_after(text, &["super::"]),
+        vec![("open".into(), 1), ("plan".into(), 1), ("read".into(), 2)]
+    );
+}
+
+#[test]
 fn a_circle_is_found() {
     let mut uses = Uses::new();
     let edge = |uses: &mut Uses, a: &str, b: &str| {
