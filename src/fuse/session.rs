@@ -24,10 +24,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::FuseAdapter;
-use crate::config::MountConfig;
+use crate::config::{IoUring, MountConfig};
 use crate::fs::DatasetFs;
 use crate::handover::state::Negotiated;
 use crate::mountinfo;
@@ -40,12 +40,46 @@ pub struct FuseSession {
     passthrough: bool,
 }
 
+/// Whether this daemon asks for FUSE over io_uring (`--io-uring`): root only (only root may
+/// turn the kernel's `enable_uring` on, and the kernel's ring lives as long as the
+/// connection); `auto` only where no keeper holds the connection.
+fn io_uring_wanted(config: &MountConfig, under_keeper: bool) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && match config.io_uring {
+        IoUring::Off => false,
+        IoUring::On => true,
+        IoUring::Auto => !under_keeper,
+    }
+}
+
+/// The fuse module's switch for FUSE over io_uring; the kernel offers it at INIT only while
+/// it is on.
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turns the kernel's `enable_uring` on before a mount that wants io_uring (root): INIT, which
+/// the kernel sends at mount, offers io_uring only then. A kernel without it (before 6.14, or
+/// built without `CONFIG_FUSE_IO_URING`) or a refusal leaves `/dev/fuse`, never the mount.
+fn enable_uring() {
+    match std::fs::read_to_string(ENABLE_URING) {
+        Ok(v) if v.trim() == "Y" => {}
+        Ok(_) => match std::fs::write(ENABLE_URING, "Y") {
+            Ok(()) => info!(
+                "io_uring: turned the fuse module's enable_uring on ({ENABLE_URING};                  --io-uring off leaves it)"
+            ),
+            Err(e) => warn!("io_uring: cannot turn {ENABLE_URING} on: {e}; using /dev/fuse"),
+        },
+        Err(e) => info!("io_uring: {ENABLE_URING}: {e}: this kernel has no FUSE over io_uring"),
+    }
+}
+
 impl FuseSession {
     /// Mounts `fs` at the mount point of `config`, with a connection of its own.
     pub fn mount(fs: Arc<DatasetFs>, config: &MountConfig) -> io::Result<FuseSession> {
         let (adapter, cells) = adapter(fs.clone(), config);
         let mut options = options(config);
         options.clone_fd = true;
+        options.io_uring = io_uring_wanted(config, false);
         // SAFETY: geteuid has no preconditions.
         let (session, unmounter) = if unsafe { libc::geteuid() } == 0 {
             let fd = kernel_mount(config)?;
@@ -78,6 +112,7 @@ impl FuseSession {
         let (adapter, cells) = adapter(fs.clone(), config);
         let mut options = options(config);
         options.clone_fd = false;
+        options.io_uring = io_uring_wanted(config, true);
         let unmounter = Unmounter::Own(config.mountpoint.clone());
         let session = match negotiated {
             None => fuser::Session::from_fd(adapter, fuse, options.acl, options)?,
@@ -86,7 +121,10 @@ impl FuseSession {
                 let _ = cells.device.set(fuse.try_clone()?);
                 adapter.resume(n.passthrough);
                 let abi = fuser::Version(n.abi.0, n.abi.1);
-                fuser::Session::from_fd_initialized(adapter, fuse, options.acl, options, abi)
+                // A connection whose first daemon took io_uring sends every request to the
+                // ring (the kernel never goes back): this daemon registers its own entries.
+                let ring = n.io_uring.map(|p| p as usize);
+                fuser::Session::from_fd_initialized(adapter, fuse, options.acl, options, abi, ring)
             }
         };
         Ok(FuseSession::ready(session, unmounter, cells, &fs))
@@ -100,6 +138,8 @@ impl FuseSession {
     ) -> FuseSession {
         let notifier = session.notifier();
         let _ = cells.notifier.set(notifier.clone());
+        let status = session.io_uring_status();
+        fs.set_transport(Box::new(move || status.registered()));
         if cells.device.get().is_none() {
             match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
                 Ok(fd) => {
@@ -122,6 +162,10 @@ impl FuseSession {
         Some(Negotiated {
             abi: (abi.0, abi.1),
             passthrough: self.passthrough,
+            io_uring: self
+                .session
+                .io_uring_payload()
+                .and_then(|p| u32::try_from(p).ok()),
         })
     }
 
@@ -206,6 +250,10 @@ pub fn unmount_detached(path: &Path) {
 /// Opens /dev/fuse and mounts it at the mount point with type `fuse.coorfs` (root only).
 pub fn kernel_mount(config: &MountConfig) -> io::Result<OwnedFd> {
     use std::os::unix::fs::MetadataExt;
+    // The keeper mounts when there is one (`config.keeper` as root), the daemon otherwise.
+    if io_uring_wanted(config, config.keeper) {
+        enable_uring();
+    }
     let dev: OwnedFd = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
