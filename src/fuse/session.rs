@@ -98,7 +98,7 @@ impl FuseSession {
             let unmounter = session.unmount_callable();
             (session, Unmounter::Fuser(unmounter))
         };
-        Ok(FuseSession::ready(session, unmounter, cells, &fs))
+        Ok(FuseSession::ready(session, unmounter, cells, &fs, &config.mountpoint))
     }
 
     /// Serves `fs` over `fuse`, a connection a keeper mounted and holds. `negotiated` is what
@@ -127,7 +127,7 @@ impl FuseSession {
                 fuser::Session::from_fd_initialized(adapter, fuse, options.acl, options, abi, ring)
             }
         };
-        Ok(FuseSession::ready(session, unmounter, cells, &fs))
+        Ok(FuseSession::ready(session, unmounter, cells, &fs, &config.mountpoint))
     }
 
     fn ready(
@@ -135,10 +135,14 @@ impl FuseSession {
         unmounter: Unmounter,
         cells: Cells,
         fs: &DatasetFs,
+        mountpoint: &Path,
     ) -> FuseSession {
         let notifier = session.notifier();
         let _ = cells.notifier.set(notifier.clone());
         let status = session.io_uring_status();
+        if session.io_uring_payload().is_some() {
+            drain_queues(status.clone(), mountpoint.to_path_buf());
+        }
         fs.set_transport(Box::new(move || status.registered()));
         if cells.device.get().is_none() {
             match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
@@ -229,6 +233,67 @@ impl Unmounter {
             }
         }
     }
+}
+
+/// Once the ring's queues have their entries, one STATFS from each CPU (a request the kernel
+/// never answers from its caches) through each CPU's queue. A request made while no daemon
+/// had entries (between a daemon's death and its successor's REGISTER) waits in its CPU's
+/// queue, and the kernel hands it out only when a reply is committed on that queue, not at
+/// REGISTER: measured on Linux 6.18, a `getfattr` made just after a SIGKILL waited 39 minutes,
+/// until a read on its CPU let it through. A first daemon has nothing waiting; this costs it
+/// one request per CPU.
+fn drain_queues(status: fuser::IoUringStatus, mountpoint: PathBuf) {
+    let spawned = std::thread::Builder::new()
+        .name("coorfs-ring-drain".into())
+        .spawn(move || {
+            let start = std::time::Instant::now();
+            while !status.registered() {
+                if start.elapsed() > std::time::Duration::from_secs(10) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            for cpu in online_cpus() {
+                let path = mountpoint.clone();
+                let pinned = std::thread::Builder::new()
+                    .name("coorfs-ring-drain".into())
+                    .spawn(move || {
+                        // SAFETY: a zeroed cpu_set_t is an empty set, `cpu` < CPU_SETSIZE, and
+                        // sched_setaffinity(0, ...) acts on this thread alone.
+                        let pinned = unsafe {
+                            let mut set: libc::cpu_set_t = std::mem::zeroed();
+                            libc::CPU_SET(cpu, &mut set);
+                            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0
+                        };
+                        if pinned {
+                            let _ = rustix::fs::statfs(&path);
+                        }
+                    });
+                if let Ok(h) = pinned {
+                    let _ = h.join();
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("io_uring: no thread to drain the queues: {e}");
+    }
+}
+
+/// The online CPUs (`/sys/devices/system/cpu/online`, e.g. `0-1,4`).
+fn online_cpus() -> Vec<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let max = libc::CPU_SETSIZE as usize - 1;
+    text.trim()
+        .split(',')
+        .flat_map(|range| {
+            let mut ends = range.split('-').filter_map(|n| n.parse::<usize>().ok());
+            match (ends.next(), ends.next()) {
+                (Some(a), Some(b)) => a.min(max)..=b.min(max),
+                (Some(a), None) => a.min(max)..=a.min(max),
+                _ => 1..=0,
+            }
+        })
+        .collect()
 }
 
 /// Detaches the mount at `path`: it disappears now, and its connection ends when the last
