@@ -98,7 +98,13 @@ impl FuseSession {
             let unmounter = session.unmount_callable();
             (session, Unmounter::Fuser(unmounter))
         };
-        Ok(FuseSession::ready(session, unmounter, cells, &fs, &config.mountpoint))
+        Ok(FuseSession::ready(
+            session,
+            unmounter,
+            cells,
+            &fs,
+            &config.mountpoint,
+        ))
     }
 
     /// Serves `fs` over `fuse`, a connection a keeper mounted and holds. `negotiated` is what
@@ -127,7 +133,13 @@ impl FuseSession {
                 fuser::Session::from_fd_initialized(adapter, fuse, options.acl, options, abi, ring)
             }
         };
-        Ok(FuseSession::ready(session, unmounter, cells, &fs, &config.mountpoint))
+        Ok(FuseSession::ready(
+            session,
+            unmounter,
+            cells,
+            &fs,
+            &config.mountpoint,
+        ))
     }
 
     fn ready(

@@ -224,22 +224,21 @@ impl RingQueue {
 
     /// Registers every slot as an entry of this queue. The kernel answers a REGISTER only
     /// with the entry's first request, or at once with an error: errors show in the CQ as
-    /// soon as the submit returns, so a queue that registered without one is serving.
-    fn register(&self) -> io::Result<()> {
+    /// soon as the submit returns, so a queue that registered without one is serving. What
+    /// the CQ held besides (a request may come as soon as the last queue registered) is
+    /// returned, to be served.
+    fn register(&self) -> io::Result<Vec<(usize, i32)>> {
         for slot in 0..self.slots.len() {
             self.push(&self.sqe(abi::FUSE_IO_URING_CMD_REGISTER, slot, 0))?;
         }
         self.ring.submit()?;
         // SAFETY: only the serving thread reads the CQ, and it is this one.
         let cq = unsafe { self.ring.completion_shared() };
-        for cqe in cq {
-            if cqe.result() < 0 {
-                return Err(io::Error::from_raw_os_error(-cqe.result()));
-            }
-            // A request already (cannot be before every queue has an entry, but the CQE
-            // must not be lost): there is none, since the ring is not ready before this.
+        let done: Vec<(usize, i32)> = cq.map(|c| (c.user_data() as usize, c.result())).collect();
+        if let Some(&(_, e)) = done.iter().find(|&&(_, r)| r < 0) {
+            return Err(io::Error::from_raw_os_error(-e));
         }
-        Ok(())
+        Ok(done)
     }
 
     /// Commits the reply written into `slot` and asks for the entry's next request.
@@ -342,26 +341,26 @@ pub(crate) fn serve(
     *queue.owner.lock() = Some(std::thread::current().id());
     pin_to_cpu(usize::from(queue.qid));
     let outcome = queue.register();
-    registered(&outcome);
-    outcome?;
+    registered(&outcome.as_ref().map(|_| ()).map_err(|e| io::Error::from(e.kind())));
+    let mut done = outcome?;
     // A request put back together: in_header, the operation's header, the payload. Aligned
     // for `fuse_in_header`, as the parser wants.
     let words = (size_of::<abi::fuse_uring_req_header>() + queue.payload_size).div_ceil(8);
     let mut buf = vec![0u64; words];
-    let mut done: Vec<(usize, i32)> = Vec::with_capacity(queue.slots.len());
     loop {
-        match queue.ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) => return Err(e),
+        if done.is_empty() {
+            match queue.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+            // SAFETY: this thread is the only reader of the CQ.
+            done.extend(
+                unsafe { queue.ring.completion_shared() }
+                    .map(|cqe| (cqe.user_data() as usize, cqe.result())),
+            );
         }
-        done.clear();
-        // SAFETY: this thread is the only reader of the CQ.
-        done.extend(
-            unsafe { queue.ring.completion_shared() }
-                .map(|cqe| (cqe.user_data() as usize, cqe.result())),
-        );
-        for &(slot, result) in &done {
+        for (slot, result) in std::mem::take(&mut done) {
             if result < 0 {
                 match -result {
                     // The connection ended (unmounted or aborted): the kernel ends every
