@@ -233,11 +233,13 @@ pub struct MountArgs {
     pub no_keeper: bool,
     /// How the kernel's requests reach the daemon. FUSE over io_uring (Linux 6.14+, as root)
     /// answers each request on the CPU that made it with one system call; /dev/fuse is the
-    /// read loop of every kernel. auto: io_uring where a daemon's death cannot cost a read
-    /// (without a keeper); on: under a keeper too; off: /dev/fuse only. As root, auto and
-    /// on turn the fuse module's enable_uring on at mount (and say so in the log); stat
-    /// transport says which is in use.
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = IoUringArg::Auto, help_heading = "Mount")]
+    /// read loop of every kernel. off (the default: on hot small files it measured no
+    /// faster, see docs/DESIGN.md): /dev/fuse only; auto: io_uring where a daemon's death
+    /// cannot cost a read (without a keeper); on: under a keeper too, where a daemon that
+    /// dies or hands over strands the reads its ring holds. As root, auto and on turn the
+    /// fuse module's enable_uring on at mount (and say so in the log); stat transport says
+    /// which is in use.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = IoUringArg::Off, help_heading = "Mount")]
     pub io_uring: IoUringArg,
     /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
     #[arg(long, help_heading = "Mount")]

@@ -105,7 +105,7 @@ impl MountConfig {
             opens: Opens::Auto,
             passthrough: true,
             keeper: true,
-            io_uring: IoUring::Auto,
+            io_uring: IoUring::Off,
             allow_non_empty: false,
             // Enough concurrent source reads to keep a network filesystem's pipe full (a
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough
@@ -199,11 +199,12 @@ mod tests {
 /// read from `/dev/fuse` (`--io-uring`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum IoUring {
-    /// Where it cannot cost a read (see `fuse/session.rs`).
-    #[default]
+    /// Where it cannot cost a read: without a keeper (see `fuse/session.rs`).
     Auto,
     /// Whenever the kernel offers it, under a keeper too.
     On,
-    /// Never: requests are read from `/dev/fuse`.
+    /// Never: requests are read from `/dev/fuse`. The default: io_uring measured no faster
+    /// on hot small files (docs/DESIGN.md).
+    #[default]
     Off,
 }
