@@ -376,7 +376,11 @@ fn a_read_held_by_a_killed_daemon_is_resent_over_dev_fuse_and_stranded_over_io_u
     kill(pid, libc::SIGKILL);
     next_daemon(&m, pid);
     let out = wait_within(held, Duration::from_secs(20), "the held read");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.stdout, std::fs::read(src.join(&rels[0])).unwrap());
     unmount_all(m);
 

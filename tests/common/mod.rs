@@ -862,7 +862,13 @@ print(f"OK {n}", flush=True)
 "#;
 
 /// Starts `procs` reader processes over `rels`, each its share, `rounds` times.
-pub fn readers(src: &Path, mnt: &Path, rels: &[PathBuf], procs: usize, rounds: usize) -> Vec<Child> {
+pub fn readers(
+    src: &Path,
+    mnt: &Path,
+    rels: &[PathBuf],
+    procs: usize,
+    rounds: usize,
+) -> Vec<Child> {
     (0..procs)
         .map(|p| {
             let mine = rels.iter().skip(p).step_by(procs);
