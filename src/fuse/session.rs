@@ -299,11 +299,13 @@ fn online_cpus() -> Vec<usize> {
         .split(',')
         .flat_map(|range| {
             let mut ends = range.split('-').filter_map(|n| n.parse::<usize>().ok());
-            match (ends.next(), ends.next()) {
-                (Some(a), Some(b)) => a.min(max)..=b.min(max),
-                (Some(a), None) => a.min(max)..=a.min(max),
-                _ => 1..=0,
-            }
+            // An unreadable range yields no CPU (an empty range, not a reversed one).
+            let (first, last) = match (ends.next(), ends.next()) {
+                (Some(a), Some(b)) => (a, b),
+                (Some(a), None) => (a, a),
+                _ => (1, 0),
+            };
+            first.min(max)..last.min(max).saturating_add(1)
         })
         .collect()
 }
