@@ -253,6 +253,16 @@ pub struct MountArgs {
     /// "Transport endpoint is not connected". Mounts by other users never have a keeper.
     #[arg(long, help_heading = "Mount")]
     pub no_keeper: bool,
+    /// How the kernel's requests reach the daemon. FUSE over io_uring (Linux 6.14+, as root)
+    /// answers each request on the CPU that made it with one system call; /dev/fuse is the
+    /// read loop of every kernel. off (the default: on hot small files it measured no
+    /// faster, see docs/DESIGN.md): /dev/fuse only; auto: io_uring where a daemon's death
+    /// cannot cost a read (without a keeper); on: under a keeper too, where a daemon that
+    /// dies or hands over strands the reads its ring holds. As root, auto and on turn the
+    /// fuse module's enable_uring on at mount (and say so in the log); stat transport says
+    /// which is in use.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = IoUringArg::Off, help_heading = "Mount")]
+    pub io_uring: IoUringArg,
     /// Mount even if MOUNTPOINT is not empty (its contents are hidden while mounted).
     #[arg(long, help_heading = "Mount")]
     pub allow_non_empty: bool,
@@ -597,6 +607,14 @@ pub enum OpensArg {
     Kernel,
 }
 
+/// `--io-uring`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoUringArg {
+    Auto,
+    On,
+    Off,
+}
+
 /// `--job-key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum JobKeyArg {
@@ -813,6 +831,11 @@ impl MountArgs {
         };
         config.passthrough = !self.no_passthrough;
         config.keeper = !self.no_keeper;
+        config.io_uring = match self.io_uring {
+            IoUringArg::Auto => crate::config::IoUring::Auto,
+            IoUringArg::On => crate::config::IoUring::On,
+            IoUringArg::Off => crate::config::IoUring::Off,
+        };
         config.allow_non_empty = self.allow_non_empty;
         if let Some(SizeOrAuto::Bytes(size)) = self.cache_size {
             config.cache.capacity = size;

@@ -46,6 +46,8 @@ pub struct MountConfig {
     /// A keeper process holds the FUSE connection and replaces a daemon that dies (root
     /// only; off with `--no-keeper`).
     pub keeper: bool,
+    /// Whether the kernel's requests come over io_uring (`--io-uring`).
+    pub io_uring: IoUring,
     /// Mount over a non-empty directory.
     pub allow_non_empty: bool,
     /// Threads that read the source for cache misses.
@@ -106,6 +108,7 @@ impl MountConfig {
             opens: Opens::Auto,
             passthrough: true,
             keeper: true,
+            io_uring: IoUring::Off,
             allow_non_empty: false,
             // Enough concurrent source reads to keep a network filesystem's pipe full (a
             // 2 ms round trip and 110 KiB files need ~30 in flight for 1.5 GiB/s), few enough
@@ -193,4 +196,18 @@ mod tests {
             assert!(size.abs_diff(want) < 64 << 20, "{size} vs {want}");
         }
     }
+}
+
+/// Whether the kernel's requests come over io_uring (FUSE over io_uring, Linux 6.14) or are
+/// read from `/dev/fuse` (`--io-uring`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IoUring {
+    /// Where it cannot cost a read: without a keeper (see `fuse/session.rs`).
+    Auto,
+    /// Whenever the kernel offers it, under a keeper too.
+    On,
+    /// Never: requests are read from `/dev/fuse`. The default: io_uring measured no faster
+    /// on hot small files (docs/DESIGN.md).
+    #[default]
+    Off,
 }

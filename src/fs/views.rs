@@ -28,6 +28,12 @@ impl DatasetFs {
         &self.ledger.stats().requests
     }
 
+    /// How the kernel's requests reach the daemon, for stat `transport`: `io_uring` says
+    /// whether they come over io_uring now (set once, by the FUSE session).
+    pub fn set_transport(&self, io_uring: Box<dyn Fn() -> bool + Send + Sync>) {
+        self.ledger.stats().transport.set(io_uring);
+    }
+
     /// Every stat, now: the opens the kernel told of so far counted first, so that what a
     /// reader did before it asked shows.
     pub fn snapshot(&self) -> Snapshot {
@@ -196,6 +202,7 @@ impl DatasetFs {
             Stat::Epoch => Value::Count(epoch),
             Stat::UptimeSeconds => Value::Count(stats.now() as u64),
             Stat::Pid => Value::Count(std::process::id() as u64),
+            Stat::Transport => Value::Text(stats.transport.name()),
             Stat::KeeperPid => Value::Count(self.daemons().keeper.unwrap_or(0).into()),
             Stat::Resends => Value::Count(u64::from(self.daemons().resends)),
             Stat::DaemonRestarts => Value::Count(self.daemons().restarts.count),

@@ -419,6 +419,10 @@ impl Filesystem for FuseAdapter {
         // memory a small pod lacks: 64 in flight (64 MiB) got a daemon OOM-killed in a pod of
         // 64 MiB.
         let _ = config.set_max_background(16);
+        // Nothing is written to a read-only mount: writes of 1 MiB at most (fuser's default is
+        // 16 MiB) keep each io_uring entry's payload buffer at the 1 MiB of the largest READ
+        // (the kernel sizes it by max_write and max_pages).
+        let _ = config.set_max_write(1 << 20);
         let _ = config.set_congestion_threshold(12);
         debug!("FUSE capabilities {:?}", config.capabilities());
         Ok(())

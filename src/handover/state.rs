@@ -174,6 +174,9 @@ pub struct Negotiated {
     pub abi: (u32, u32),
     /// The kernel accepted FUSE passthrough.
     pub passthrough: bool,
+    /// INIT negotiated FUSE over io_uring: the size of a ring entry's payload, which a
+    /// successor's entries must hold (the kernel sends requests to the ring for good).
+    pub io_uring: Option<u32>,
 }
 
 /// The meta page. Words (8 bytes each, after the 16-byte header):
@@ -184,6 +187,7 @@ const M_DIED_AT: usize = 40; // CLOCK_MONOTONIC ns of the last death (0: none ye
 const M_CAUSE: usize = 48; // why the last daemon ended: [`Cause`] encoded
 const M_LONGEST: usize = 56; // longest pause, ns
 const M_KEEPER: usize = 64; // the keeper's pid
+const M_URING: usize = 72; // io_uring entry payload bytes (0: /dev/fuse only; older daemons)
 
 /// Why a daemon ended, as the keeper saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,15 +286,19 @@ impl Meta {
             return None;
         }
         let abi = self.region.word(M_ABI).load(Ordering::Acquire);
+        let uring = self.region.word(M_URING).load(Ordering::Acquire);
         Some(Negotiated {
             abi: ((abi >> 32) as u32, abi as u32),
             passthrough: init & 2 != 0,
+            io_uring: u32::try_from(uring).ok().filter(|&n| n != 0),
         })
     }
 
     pub fn set_negotiated(&self, n: Negotiated) {
         let abi = (u64::from(n.abi.0) << 32) | u64::from(n.abi.1);
         self.region.word(M_ABI).store(abi, Ordering::Release);
+        let uring = u64::from(n.io_uring.unwrap_or(0));
+        self.region.word(M_URING).store(uring, Ordering::Release);
         let init = 1 | (u64::from(n.passthrough) << 1);
         self.region.word(M_INIT).fetch_or(init, Ordering::AcqRel);
     }
@@ -1058,6 +1066,7 @@ mod tests {
         let n = Negotiated {
             abi: (7, 45),
             passthrough: true,
+            io_uring: Some(1 << 20),
         };
         m.set_negotiated(n);
         assert_eq!(m.resends(), None);

@@ -103,11 +103,13 @@ impl Collector for Stats {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot: Snapshot = (self.0)();
         for (stat, value) in &snapshot.values {
-            let v = match *value {
-                Value::Count(n) => n as f64,
-                Value::Ratio(r) => r,
+            let (labels, v) = match *value {
+                Value::Count(n) => (Vec::new(), n as f64),
+                Value::Ratio(r) => (Vec::new(), r),
+                // A word: one series of 1, labelled with it (coorfs_transport{transport="io_uring"}).
+                Value::Text(t) => (vec![(stat.name(), t.to_string())], 1.0),
             };
-            gauge(&mut encoder, stat.name(), stat.help(), &[(Vec::new(), v)])?;
+            gauge(&mut encoder, stat.name(), stat.help(), &[(labels, v)])?;
         }
         let epochs: Vec<serde_json::Value> = snapshot
             .epochs

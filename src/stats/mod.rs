@@ -44,6 +44,8 @@ pub enum Unit {
     Bytes,
     Ratio,
     Seconds,
+    /// A word, not a number (`transport`).
+    Text,
 }
 
 macro_rules! stats {
@@ -150,6 +152,7 @@ stats! {
     KeeperPid => "keeper_pid", Count, "The keeper's process id: it holds the mount's FUSE connection and starts a new daemon when the daemon dies; 0 without a keeper (--no-keeper, or a mount by a user other than root).";
     Resends => "resends", Count, "1 if the kernel sends a successor daemon the requests a dead one had read (FUSE_NOTIFY_RESEND, Linux 6.9 and later), so that no read waits for ever; 0 on an older kernel or without a keeper.";
     DaemonRestarts => "daemon_restarts", Count, "Daemons started after the first: after a crash, a kill or the OOM killer, or a handover (coorfs restart, or coorfs mount again over the mount); why the last one ended is daemon_last_end in the JSON document.";
+    Transport => "transport", Text, "How the kernel's requests reach the daemon: io_uring (FUSE over io_uring, Linux 6.14 and later: one queue per CPU, each request answered on the CPU that made it) or dev_fuse (read from /dev/fuse). --io-uring says when io_uring is used; in Prometheus a gauge of 1 labelled with the word.";
     DaemonLongestPauseSeconds => "daemon_longest_pause_seconds", Seconds, "The longest time from a daemon's end to its successor serving: what a read waited at most for a restart.";
 }
 
@@ -158,6 +161,7 @@ stats! {
 pub enum Value {
     Count(u64),
     Ratio(f64),
+    Text(&'static str),
 }
 
 impl Value {
@@ -166,6 +170,7 @@ impl Value {
         match self {
             Value::Count(n) => n.to_string(),
             Value::Ratio(r) => format!("{r:.4}"),
+            Value::Text(t) => t.to_string(),
         }
     }
 
@@ -175,6 +180,7 @@ impl Value {
             Value::Ratio(r) => serde_json::Number::from_f64((r * 1e4).round() / 1e4)
                 .map(serde_json::Value::Number)
                 .unwrap_or(serde_json::Value::Null),
+            Value::Text(t) => t.into(),
         }
     }
 }
@@ -659,6 +665,8 @@ pub struct Stats {
     pub epochs: Mutex<EpochLog>,
     /// The FUSE requests answered.
     pub requests: Requests,
+    /// How requests reach the daemon (stat `transport`).
+    pub transport: Transport,
 }
 
 impl Default for Stats {
@@ -669,6 +677,35 @@ impl Default for Stats {
             store: Default::default(),
             epochs: Mutex::new(EpochLog::new(Boundary::AllRead)),
             requests: Requests::default(),
+            transport: Transport::default(),
+        }
+    }
+}
+
+/// How the kernel's requests reach the daemon: asked of the FUSE session (which knows, once
+/// its io_uring queues have their entries) whenever a view is taken.
+#[derive(Default)]
+pub struct Transport {
+    io_uring: std::sync::OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Transport {
+    /// Set once, by the FUSE session: true while requests come over io_uring.
+    pub fn set(&self, io_uring: Box<dyn Fn() -> bool + Send + Sync>) {
+        let _ = self.io_uring.set(io_uring);
+    }
+
+    /// The stat's value: `io_uring` or `dev_fuse`.
+    pub fn name(&self) -> &'static str {
+        match self.io_uring.get() {
+            Some(on) if on() => "io_uring",
+            _ => "dev_fuse",
         }
     }
 }

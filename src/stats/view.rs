@@ -45,6 +45,7 @@ fn show(unit: Unit, v: f64) -> String {
         Unit::Bytes => format!("{} ({})", v as u64, format_size(v as u64)),
         Unit::Ratio => format!("{v:.4} ({:.1}%)", v * 100.0),
         Unit::Seconds => format!("{v:.2}s"),
+        Unit::Text => String::new(),
     }
 }
 
@@ -134,7 +135,14 @@ pub fn render(doc: &Json) -> String {
             out,
             "  {:<width$}  {}",
             stat.name(),
-            show(stat.unit(), number(doc, stat.name()))
+            match stat.unit() {
+                Unit::Text => doc
+                    .get(stat.name())
+                    .and_then(Json::as_str)
+                    .unwrap_or("-")
+                    .to_string(),
+                unit => show(unit, number(doc, stat.name())),
+            }
         );
     }
     if let Some(requests) = doc.get("requests").and_then(Json::as_object)

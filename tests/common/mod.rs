@@ -798,3 +798,115 @@ pub fn shard_readers(args: &[&std::ffi::OsStr]) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null)
 }
+
+/// The fuse module's `enable_uring`, put back as it was when dropped: a mount that wants
+/// FUSE over io_uring turns it on (see `fuse/session.rs`), and a test leaves the machine as
+/// it found it.
+pub struct EnableUring(Option<String>);
+
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+impl EnableUring {
+    pub fn keep() -> EnableUring {
+        EnableUring(std::fs::read_to_string(ENABLE_URING).ok())
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        if let Some(v) = &self.0 {
+            let _ = std::fs::write(ENABLE_URING, v.trim());
+        }
+    }
+}
+
+/// The FUSE connection's directory under fusectl (`/sys/fs/fuse/connections/DEV`), mounting
+/// fusectl if it is not: its `waiting` counts the requests the daemon has not answered, and
+/// writing to its `abort` ends every one of them.
+pub fn fuse_connection(mnt: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let root = Path::new("/sys/fs/fuse/connections");
+    let dev = std::fs::metadata(mnt).unwrap().dev();
+    let dir = root.join(dev.to_string());
+    if !dir.exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(root)
+            .status();
+    }
+    assert!(dir.exists(), "no {}", dir.display());
+    dir
+}
+
+/// Requests of the connection at `conn` that wait for an answer.
+pub fn waiting(conn: &Path) -> u64 {
+    std::fs::read_to_string(conn.join("waiting"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A reader process: reads `rounds` times every file listed on its command line, each whole,
+/// and compares it with the source. The first error ends it with the errno's name, so that a
+/// failed read (EIO, ENOTCONN, EINTR...) is the test's failure, not a hang.
+pub const READER: &str = r#"
+import errno, os, sys
+src, mnt, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rels = sys.argv[4:]
+n = 0
+for r in range(rounds):
+    for rel in rels:
+        try:
+            with open(os.path.join(mnt, rel), "rb") as f:
+                got = f.read()
+        except OSError as e:
+            print(f"ERROR {errno.errorcode.get(e.errno, e.errno)} {rel} round {r}", flush=True)
+            sys.exit(1)
+        with open(os.path.join(src, rel), "rb") as f:
+            want = f.read()
+        if got != want:
+            print(f"WRONG BYTES {rel} round {r}: {len(got)} of {len(want)}", flush=True)
+            sys.exit(1)
+        n += 1
+print(f"OK {n}", flush=True)
+"#;
+
+/// Starts `procs` reader processes over `rels`, each its share, `rounds` times.
+pub fn readers(
+    src: &Path,
+    mnt: &Path,
+    rels: &[PathBuf],
+    procs: usize,
+    rounds: usize,
+) -> Vec<Child> {
+    (0..procs)
+        .map(|p| {
+            let mine = rels.iter().skip(p).step_by(procs);
+            Command::new("python3")
+                .arg("-c")
+                .arg(READER)
+                .arg(src)
+                .arg(mnt)
+                .arg(rounds.to_string())
+                .args(mine)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Waits for each reader and checks it read every file of its share without an error.
+pub fn assert_read_everything(children: Vec<Child>, what: &str) {
+    for child in children {
+        let out = wait_within(child, Duration::from_secs(120), "reader");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.starts_with("OK "),
+            "{what}: a reader failed: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

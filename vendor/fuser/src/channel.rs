@@ -47,6 +47,12 @@ impl Channel {
         }
     }
 
+    /// The device this channel reads.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn device(&self) -> Arc<DevFuse> {
+        self.0.clone()
+    }
+
     /// Returns a sender object for this channel. The sender object can be
     /// used to send to the channel. Multiple sender objects can be used
     /// and they can safely be sent to other threads.

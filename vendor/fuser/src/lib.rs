@@ -75,6 +75,7 @@ pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
+pub use crate::session::IoUringStatus;
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
@@ -99,6 +100,8 @@ mod rename_flags;
 mod reply;
 mod request;
 mod request_param;
+#[cfg(target_os = "linux")]
+mod ring;
 mod session;
 mod time;
 

@@ -34,6 +34,9 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// The io_uring entry the request came in, which takes the reply instead
+    #[cfg(target_os = "linux")]
+    ring: Option<crate::ring::RingReply>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +52,33 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            #[cfg(target_os = "linux")]
+            ring: None,
+            request,
+        })
+    }
+
+    /// A request that came through an io_uring entry, whose reply goes into the entry.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn from_ring(
+        ch: ChannelSender,
+        data: &'a [u8],
+        ring: crate::ring::RingReply,
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ch, data)?;
+        req.ring = Some(ring);
+        Some(req)
+    }
+
+    /// Where replies to this request go.
+    fn sender(&self) -> ReplySender {
+        #[cfg(target_os = "linux")]
+        if let Some(ring) = &self.ring {
+            return ReplySender::Ring(ring.clone(), self.ch.clone());
+        }
+        ReplySender::Channel(self.ch.clone())
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +333,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +508,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +581,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

@@ -139,6 +139,39 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// Set when INIT negotiated `FUSE_OVER_IO_URING`: the size of a ring entry's payload.
+    io_uring_payload: Option<usize>,
+    /// What the io_uring transport did, for [`IoUringStatus`].
+    #[cfg(target_os = "linux")]
+    ring_stats: Arc<crate::ring::RingStats>,
+}
+
+/// Whether requests come over io_uring: a handle that stays valid while the session runs.
+#[derive(Debug, Clone)]
+pub struct IoUringStatus {
+    #[cfg(target_os = "linux")]
+    stats: Arc<crate::ring::RingStats>,
+}
+
+impl IoUringStatus {
+    /// Every queue of the ring has its entries: the kernel sends requests over io_uring.
+    pub fn registered(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self
+            .stats
+            .registered
+            .load(std::sync::atomic::Ordering::Acquire);
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    /// Requests that came through a ring entry so far.
+    pub fn served(&self) -> u64 {
+        #[cfg(target_os = "linux")]
+        return self.stats.served.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(target_os = "linux"))]
+        0
+    }
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +219,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            io_uring_payload: None,
+            #[cfg(target_os = "linux")]
+            ring_stats: Arc::default(),
         };
 
         session.handshake()?;
@@ -214,6 +250,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            io_uring_payload: None,
+            #[cfg(target_os = "linux")]
+            ring_stats: Arc::default(),
         };
 
         session.handshake()?;
@@ -226,13 +265,16 @@ impl<FS: Filesystem> Session<FS> {
     /// connection from another (which held the descriptor, or passed it on) must not wait
     /// for one. `Filesystem::init` is not called; the caller knows what was negotiated.
     /// Requests the previous server read but did not answer come back after
-    /// [`Notifier::resend`].
+    /// [`Notifier::resend`]. `io_uring_payload` is what [`Session::io_uring_payload`] said of
+    /// the server that answered INIT: a connection that negotiated io_uring sends requests to
+    /// its ring queues, whatever this server's config says, so they are served here too.
     pub fn from_fd_initialized(
         filesystem: FS,
         fd: OwnedFd,
         acl: SessionACL,
         config: Config,
         kernel_abi: Version,
+        io_uring_payload: Option<usize>,
     ) -> Self {
         let ch = Channel::new(Arc::new(DevFuse(File::from(fd))));
         Session {
@@ -247,6 +289,23 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: Some(kernel_abi),
             config,
+            io_uring_payload,
+            #[cfg(target_os = "linux")]
+            ring_stats: Arc::default(),
+        }
+    }
+
+    /// The size of a ring entry's payload if INIT negotiated FUSE over io_uring (None: the
+    /// connection uses `/dev/fuse` alone), to keep for a successor.
+    pub fn io_uring_payload(&self) -> Option<usize> {
+        self.io_uring_payload
+    }
+
+    /// Whether requests come over io_uring, once the session runs.
+    pub fn io_uring_status(&self) -> IoUringStatus {
+        IoUringStatus {
+            #[cfg(target_os = "linux")]
+            stats: self.ring_stats.clone(),
         }
     }
 
@@ -286,6 +345,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            io_uring_payload,
+            #[cfg(target_os = "linux")]
+            ring_stats,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -303,6 +365,8 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut filesystem = Arc::new(filesystem);
 
+        #[cfg(target_os = "linux")]
+        let ring_channel = ch.clone();
         let mut channels = Vec::with_capacity(n_threads);
 
         for _ in 0..n_threads_minus_one {
@@ -340,7 +404,31 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        #[cfg(target_os = "linux")]
+        let ring_threads = match io_uring_payload {
+            Some(payload_size) => crate::ring::spawn(
+                payload_size,
+                n_threads,
+                &ring_channel,
+                &filesystem,
+                allowed,
+                session_owner,
+                &ring_stats,
+            ),
+            None => Vec::new(),
+        };
+        #[cfg(not(target_os = "linux"))]
+        let _ = io_uring_payload;
+
         let mut reply: io::Result<()> = Ok(());
+        #[cfg(target_os = "linux")]
+        for thread in ring_threads {
+            // The ring ends with the connection, as the read loop does; a ring that could
+            // not start left the requests to the read loop, and said so.
+            if thread.join().is_err() {
+                reply = Err(io::Error::other("io_uring thread panicked"));
+            }
+        }
         for thread in threads {
             let res = match thread.join() {
                 Ok(res) => res,
@@ -461,6 +549,18 @@ impl<FS: Filesystem> Session<FS> {
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                     .send_ll(&ResponseErrno(errno));
                 return Err(error);
+            }
+
+            // FUSE over io_uring, when asked for and offered (the kernel offers it only while
+            // the fuse module's `enable_uring` is set).
+            if self.config.io_uring
+                && cfg!(target_os = "linux")
+                && config
+                    .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                    .is_ok()
+            {
+                let pages = usize::from(config.max_pages()) * page_size::get();
+                self.io_uring_payload = Some(8192.max(config.max_write as usize).max(pages));
             }
 
             // Remember the ABI version supported by kernel and mark the session initialized.

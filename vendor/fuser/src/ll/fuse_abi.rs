@@ -762,3 +762,44 @@ pub(crate) struct fuse_copy_file_range_in {
     pub(crate) len: u64,
     pub(crate) flags: u64,
 }
+
+// FUSE over io_uring (ABI 7.42, Linux 6.14): what a ring entry's two buffers and a
+// `IORING_OP_URING_CMD` command carry.
+
+/// `fuse_uring_cmd`: the command of an SQE on the `/dev/fuse` descriptor.
+pub(crate) const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
+pub(crate) const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
+
+pub(crate) const FUSE_URING_IN_OUT_HEADER_SZ: usize = 128;
+pub(crate) const FUSE_URING_OP_IN_OUT_SZ: usize = 128;
+
+/// Part of [`fuse_uring_req_header`]: the id to commit a reply with, and the payload's size.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_uring_ent_in_out {
+    pub(crate) flags: u64,
+    pub(crate) commit_id: u64,
+    pub(crate) payload_sz: u32,
+    pub(crate) padding: u32,
+    pub(crate) reserved: u64,
+}
+
+/// A ring entry's header buffer (its first iovec): `fuse_in_header` of a request or
+/// `fuse_out_header` of its reply, the operation's own header (`in_args[0]`), and the rest.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_uring_req_header {
+    pub(crate) in_out: [u8; FUSE_URING_IN_OUT_HEADER_SZ],
+    pub(crate) op_in: [u8; FUSE_URING_OP_IN_OUT_SZ],
+    pub(crate) ring_ent_in_out: fuse_uring_ent_in_out,
+}
+
+/// The command area of a 128-byte SQE (80 bytes; the rest stays zero).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_uring_cmd_req {
+    pub(crate) flags: u64,
+    pub(crate) commit_id: u64,
+    pub(crate) qid: u16,
+    pub(crate) padding: [u8; 6],
+}

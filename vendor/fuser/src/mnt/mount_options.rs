@@ -18,6 +18,12 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Serve requests over io_uring (`FUSE_OVER_IO_URING`, Linux 6.14 and later) when the
+    /// kernel offers it at INIT: one queue per possible CPU, each served by a thread pinned
+    /// to that CPU. The `/dev/fuse` read loop keeps running (FORGET, INTERRUPT, and every
+    /// request until each queue has an entry). The kernel offers it only while the `fuse`
+    /// module's `enable_uring` parameter is set.
+    pub io_uring: bool,
 }
 
 /// Mount options accepted by the FUSE filesystem type
