@@ -398,17 +398,19 @@ fn a_read_held_by_a_killed_daemon_is_resent_over_dev_fuse_and_stranded_over_io_u
     assert_eq!(waiting(&conn), 1);
     let pid = m.pid();
     kill(pid, libc::SIGKILL);
-    // A request made as soon as the daemon is gone, before the successor has entries: it
-    // waits in its CPU's queue until the successor drains the queues (before, it waited for
-    // ever on an idle mount). Not before it is gone: a request the kernel hands to a dying
-    // daemon's entry is lost like the held read.
+    // A request made while no daemon has entries waits in its CPU's queue until the
+    // successor drains the queues (before, it waited for ever on an idle mount). Not at once:
+    // the dead daemon's free entries go only when the kernel tears its ring down, after the
+    // process is gone, and a request put in one meanwhile is lost like the held read.
     while process_alive(pid) {
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(Duration::from_millis(1));
     }
+    std::thread::sleep(Duration::from_millis(500));
     let asked = Instant::now();
     let successor = m.pid();
     assert_ne!(successor, pid);
     assert!(asked.elapsed() < Duration::from_secs(5));
+    let keeper = keeper_of(&m);
     assert_eq!(stats(&m.mnt)["transport"], "io_uring");
     // The successor serves reads over its ring...
     let fresh = cat(&m, &rels[2]);
@@ -434,5 +436,12 @@ fn a_read_held_by_a_killed_daemon_is_resent_over_dev_fuse_and_stranded_over_io_u
     std::fs::write(conn.join("abort"), "1").unwrap();
     let out = wait_within(held, Duration::from_secs(10), "the stranded read");
     assert!(!out.status.success());
-    m.kill();
+    // The mount is dead (its attributes with it): the keeper and the daemon go as for an
+    // unmount, and the mount point is detached when `m` is dropped.
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            !process_alive(keeper) && !process_alive(successor)
+        }),
+        "keeper {keeper} or daemon {successor} outlived the aborted connection"
+    );
 }
