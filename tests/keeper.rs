@@ -351,10 +351,11 @@ fn cat(m: &Mount, rel: &Path) -> Child {
 /// serves the ring (it registers entries of its own, and a request made in between gets
 /// through), but the read the dead daemon held in its ring entry is never sent again: on
 /// Linux 6.18 the kernel resends only requests read from /dev/fuse, and waits for the dead
-/// entry's commit for ever. Should a kernel resend those too, this test fails, and
-/// `--io-uring auto` may take io_uring under a keeper.
+/// entry's commit for ever (unless the read was still queued on its CPU, which the test
+/// accepts and says). Should a kernel resend entries' requests, `--io-uring auto` may take
+/// io_uring under a keeper.
 #[test]
-fn a_read_held_by_a_killed_daemon_is_resent_over_dev_fuse_and_stranded_over_io_uring() {
+fn a_read_held_by_a_killed_daemon_is_resent_over_dev_fuse_and_may_be_stranded_over_io_uring() {
     let _restore = EnableUring::keep();
     let dir = open_tempdir();
     let src = dir.path().join("src");
@@ -417,19 +418,24 @@ fn a_read_held_by_a_killed_daemon_is_resent_over_dev_fuse_and_stranded_over_io_u
     let out = wait_within(fresh, Duration::from_secs(20), "a read after the kill");
     assert!(out.status.success());
     assert_eq!(out.stdout, std::fs::read(src.join(&rels[2])).unwrap());
-    // ...but the read the dead daemon held is never answered (3 s of source delay is long
-    // past).
+    // ...but a read the dead daemon held in a ring entry is never answered (3 s of source
+    // delay is long past). Whether it was in an entry, or still queued on its CPU (both
+    // entries busy, then the successor takes it), is the kernel's choice: a queued one must
+    // come back right, an entry's stays until the connection is aborted.
     std::thread::sleep(Duration::from_secs(5));
     let mut held = held;
     if held.try_wait().unwrap().is_some() {
         let out = held.wait_with_output().unwrap();
-        panic!(
-            "the held read ended ({}, {} bytes, {}): this kernel answers io_uring requests a \
-             dead daemon held",
-            out.status,
-            out.stdout.len(),
+        eprintln!("the held read was queued, not in an entry: the successor answered it");
+        assert!(
+            out.status.success(),
+            "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        assert_eq!(out.stdout, std::fs::read(src.join(&rels[1])).unwrap());
+        m.unmount();
+        assert!(wait_for(Duration::from_secs(10), || !process_alive(keeper)));
+        return;
     }
     assert_eq!(waiting(&conn), 1, "the stranded read");
     // Only ending the connection frees it.
