@@ -116,10 +116,18 @@ fn prometheus_scrapes_every_stat_and_a_query_returns_the_hit_rate() {
     // Every stat, by the name of its attribute, and the epochs by label.
     let (status, text) = get(&addr, "/metrics");
     assert_eq!(status, 200, "{text}");
+    // A word (`transport`) is one series of 1 labelled with it.
     for stat in coorfs::stats::Stat::ALL {
-        let name = format!("\ncoorfs_{} ", stat.name());
-        assert!(text.contains(&name), "{name} in {text}");
+        let name = format!("\ncoorfs_{}", stat.name());
+        assert!(
+            text.contains(&format!("{name} ")) || text.contains(&format!("{name}{{")),
+            "{name} in {text}"
+        );
     }
+    assert!(
+        text.contains("\ncoorfs_transport{transport=\"dev_fuse\"} 1.0"),
+        "{text}"
+    );
     let line = |name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
