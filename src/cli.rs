@@ -227,13 +227,14 @@ pub struct MountArgs {
     /// FUSE file).
     #[arg(long, help_heading = "Mount")]
     pub acl: bool,
-    /// Who opens files. auto: every open asks the daemon until the scan at mount shows that
+    /// Who opens files. auto: every open asks the daemon; where the scan at mount shows that
     /// the kernel may open them itself (as root, a dataset of files under 4 MiB on average, a
-    /// source it can watch, no POSIX ACLs unless --acl), then the kernel does, checking the
-    /// source's live modes, and tells the daemon of each open (hits, epochs, prefetch): a file
-    /// whose pages it holds costs no round trip. daemon: every open asks the daemon, which
-    /// opens the source file as the caller. kernel: the kernel from the first open, even
-    /// where the daemon cannot be told of them.
+    /// source it can watch, no POSIX ACLs unless --acl) and opens come 1,000 a second, the
+    /// kernel does from then on, checking the source's live modes, and tells the daemon of
+    /// each open (hits, epochs, prefetch): a file whose pages it holds costs no round trip.
+    /// daemon: every open asks the daemon, which opens the source file as the caller. kernel:
+    /// the kernel from the first open, even where the daemon cannot be told of them. Stats
+    /// opens and opens_why say which and why.
     #[arg(long, value_enum, value_name = "WHO", default_value_t = OpensArg::Auto, help_heading = "Mount")]
     pub opens: OpensArg,
     /// The same as --opens kernel.
