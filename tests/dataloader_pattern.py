@@ -45,6 +45,7 @@ import os
 import random
 import sys
 import time
+import traceback
 
 # The coorfs package of this checkout (standard library only), for the order hint's protocol.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -121,6 +122,8 @@ def epoch(root, samples, order, workers, batch_size, double_open, shared, delay=
             try:
                 worker(root, samples, index_r, result_w, double_open, delay)
                 code = 0
+            except BaseException:
+                traceback.print_exc()  # why it died, before the exit below hides it
             finally:
                 os._exit(code)  # never run the parent's cleanup in a child
         os.close(index_r)

@@ -209,6 +209,57 @@ fn by_default_the_kernel_takes_the_opens_over_once_they_come_fast_and_every_open
 }
 
 #[test]
+fn a_file_passed_through_and_held_open_holds_the_switch_back_and_every_open_reads_it() {
+    // The kernel opens files through its page cache, which it refuses (EIO) for an inode
+    // read by passthrough: a file held open across the switch failed its next open.
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 2500, 300, 5);
+    // Nothing kept: every open of a file reads it from the source by passthrough.
+    let m = Mount::new(&src, &["--no-prefetch", "--policy", "none"]);
+    wait_for_scan(&m.mnt);
+    let held_rel = &rels[0];
+    let want = std::fs::read(src.join(held_rel)).unwrap();
+    let held = std::fs::File::open(m.path(held_rel)).unwrap();
+    assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), 1);
+    // Opens at thousands a second: the switch begins, and waits for the held file.
+    for rel in &rels {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    }
+    let waits = || {
+        let s = stats(&m.mnt);
+        s["opens"] == "daemon"
+            && s["opens_why"] == "the switch waits for 1 files passed through to close"
+    };
+    assert!(wait_for(std::time::Duration::from_secs(10), waits), "{}", stats(&m.mnt));
+    let s = stats(&m.mnt);
+    // No other file was passed through once the switch began.
+    assert_eq!(num(&s, "passthrough"), 0, "{s}");
+    let through = num(&s, "passthrough_opens");
+    assert!(through < 2500, "{s}");
+    // A second open of the held file shares its backing file, as the kernel demands.
+    assert_eq!(std::fs::read(m.path(held_rel)).unwrap(), want);
+    assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), through + 1);
+    drop(held);
+    wait_for_kernel_opens(&m.mnt);
+    for rel in &rels {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    }
+    assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), through + 1);
+    m.unmount();
+}
+
+#[test]
 fn with_kernel_opens_a_change_of_modes_owners_or_names_on_the_source_takes_effect_at_once() {
     let dir = open_tempdir();
     let src = dir.path().join("src");

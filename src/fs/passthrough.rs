@@ -45,7 +45,10 @@
 //! delays each read of the source, as slow storage would), a kernel that does not offer
 //! `FUSE_PASSTHROUGH` (before 6.9, or built without it), or a daemon the kernel refuses a
 //! backing file (it needs `CAP_SYS_ADMIN`): every open goes through the daemon as before. The
-//! daemon says which, once, in its log.
+//! daemon says which, once, in its log. Once the kernel opens files itself (`--opens`,
+//! `told.rs`): it opens them through its page cache, which it refuses (EIO) for an inode with
+//! a backing file, so before that switch no new inode is passed through and the switch waits
+//! for the last release of those that are ([`Passthrough::close`]).
 
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -126,6 +129,9 @@ pub struct InodeModes {
     /// The registrations of the cache's files, kept after their last release: the cache never
     /// drops a file, and its next open (next epoch) then costs no registration.
     kept: HashMap<FileVersion, u32>,
+    /// No inode takes up passthrough any more (the kernel is to open files itself): only
+    /// inodes with passthrough opens still give theirs.
+    closed: bool,
 }
 
 impl InodeModes {
@@ -148,7 +154,7 @@ impl InodeModes {
                     backing: *backing,
                 }
             }
-            (None, Some(b)) => {
+            (None, Some(b)) if !self.closed => {
                 let kept = match b {
                     Backing::Cached(v) => self.kept.get(&v).copied(),
                     Backing::Source(_) => None,
@@ -169,7 +175,7 @@ impl InodeModes {
                 *opens += 1;
                 Granted::Daemon(daemon())
             }
-            (None, None) => {
+            (None, _) => {
                 self.inodes.insert(ino, InodeMode::Daemon { opens: 1 });
                 Granted::Daemon(daemon())
             }
@@ -229,6 +235,12 @@ impl InodeModes {
         }
     }
 
+    /// Inodes open by passthrough.
+    pub fn passed_through(&self) -> usize {
+        let through = |m: &&InodeMode| matches!(m, InodeMode::Passthrough { .. });
+        self.inodes.values().filter(through).count()
+    }
+
     /// Inodes with open files.
     #[cfg(test)]
     pub fn len(&self) -> usize {
@@ -267,6 +279,8 @@ pub struct Passthrough {
     kernel: OnceLock<Box<dyn BackingFiles>>,
     /// Turned off after the kernel refused a backing file.
     refused: AtomicBool,
+    /// No new inode is passed through ([`Passthrough::close`]).
+    closed: AtomicBool,
     modes: Mutex<InodeModes>,
     /// Signalled at every release of a passthrough open.
     released: parking_lot::Condvar,
@@ -294,6 +308,11 @@ impl Passthrough {
     /// True while opens may be passed through.
     pub fn on(&self) -> bool {
         self.kernel.get().is_some() && !self.refused.load(Ordering::Relaxed)
+    }
+
+    /// True while new inodes may be passed through: [`Passthrough::on`] and not closed.
+    pub fn open_to_new(&self) -> bool {
+        self.on() && !self.closed.load(Ordering::Relaxed)
     }
 
     /// An open of `ino`: from `backing` by the kernel if it may (`register` registers the
@@ -352,7 +371,7 @@ impl Passthrough {
         if self.kernel.get().is_none() {
             return;
         }
-        let (registered, kept) = {
+        let (registered, kept, left) = {
             let mut modes = self.modes.lock();
             let backing = modes.backing_of(ino);
             let registered = modes.release(ino, io, holds);
@@ -360,15 +379,34 @@ impl Passthrough {
                 Some(Backing::Cached(v)) if registered.is_none() => modes.kept.get(&v).copied(),
                 _ => None,
             };
-            (registered, kept)
+            (registered, kept, backing.is_some() && modes.backing_of(ino).is_none())
         };
+        if left {
+            self.released.notify_all();
+        }
         if let (Some(id), Some(slots)) = (kept, self.slots.get()) {
             slots.open_handle(kept_registration(id));
         }
         if let (Some(id), Some(kernel)) = (registered, self.kernel.get()) {
             kernel.unregister(id);
-            self.released.notify_all();
         }
+    }
+
+    /// Passes no new inode through from now on, and waits up to `within` for the last release
+    /// of every inode open by passthrough; returns how many are still open so (0: none is,
+    /// and none will be). Before the kernel opens files itself: it opens them through its
+    /// page cache, which it refuses (EIO) for an inode that has a backing file.
+    pub fn close(&self, within: std::time::Duration) -> usize {
+        let deadline = std::time::Instant::now() + within;
+        let mut modes = self.modes.lock();
+        modes.closed = true;
+        self.closed.store(true, Ordering::Relaxed);
+        while modes.passed_through() > 0 {
+            if self.released.wait_until(&mut modes, deadline).timed_out() {
+                break;
+            }
+        }
+        modes.passed_through()
     }
 
     /// Keeps every backing file registration that outlives its opens in `slots` from now on,
@@ -495,6 +533,63 @@ mod tests {
             m.open(6, None, &mut reg, page),
             Granted::Daemon(KernelIo::PageCache)
         );
+    }
+
+    #[test]
+    fn once_closed_only_an_inode_still_open_by_passthrough_gives_its_registration() {
+        let mut m = InodeModes::default();
+        let (a, b) = (Backing::Source(version(1)), Backing::Source(version(2)));
+        let mut next = 30;
+        let mut reg = |_| {
+            next += 1;
+            Some(next)
+        };
+        let page = || KernelIo::PageCache;
+        assert_eq!(m.open(5, Some(a), &mut reg, page), pt(31, a));
+        m.closed = true;
+        assert_eq!(m.passed_through(), 1);
+        // Inode 5's next open must share its backing file (the kernel refuses any other)...
+        assert_eq!(m.open(5, None, &mut reg, page), pt(31, a));
+        // ...and another inode no longer takes one up.
+        assert_eq!(m.open(6, Some(b), &mut reg, page), Granted::Daemon(KernelIo::PageCache));
+        assert_eq!(m.release(5, KernelIo::Passthrough(31), |_| true), None);
+        assert_eq!(m.release(5, KernelIo::Passthrough(31), |_| true), Some(31));
+        assert_eq!(m.passed_through(), 0);
+        assert_eq!(m.open(5, Some(a), &mut reg, page), Granted::Daemon(KernelIo::PageCache));
+        assert_eq!(m.passed_through(), 0);
+    }
+
+    #[test]
+    fn closing_waits_for_the_last_release_of_a_passed_through_inode() {
+        struct Table;
+        impl BackingFiles for Table {
+            fn register(&self, _: BorrowedFd<'_>) -> std::io::Result<u32> {
+                Ok(7)
+            }
+            fn unregister(&self, _: u32) {}
+        }
+        let p = Arc::new(Passthrough::default());
+        p.start(Box::new(Table));
+        let v = version(1);
+        let (granted, _) = p.open(5, v, Some(Backing::Source(v)), |_, _| Ok(7), || ());
+        assert_eq!(granted, pt_unit(7, Backing::Source(v)));
+        // Still open: closing gives up after its time, with the inode counted.
+        assert_eq!(p.close(std::time::Duration::from_millis(10)), 1);
+        let releaser = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                p.release(5, KernelIo::Passthrough(7), |_| false);
+            })
+        };
+        assert_eq!(p.close(std::time::Duration::from_secs(10)), 0);
+        releaser.join().unwrap();
+        let (granted, _) = p.open(5, v, Some(Backing::Source(v)), |_, _| Ok(8), || ());
+        assert_eq!(granted, Granted::Daemon(()));
+    }
+
+    fn pt_unit(id: u32, backing: Backing) -> Granted<()> {
+        Granted::Passthrough { id, backing }
     }
 
     #[test]

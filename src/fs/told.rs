@@ -97,6 +97,9 @@ const SWITCH_WINDOW: Duration = Duration::from_secs(30);
 /// answered before the mark to have queued its event (microseconds after its reply; 20 ms
 /// leaves room for a loaded machine), short beside the second of opens that began the switch.
 const SWITCH_GRACE: Duration = Duration::from_millis(20);
+/// How long the switch waits at a time for passed-through files to close (then again, while
+/// the mount lives).
+const PASSTHROUGH_WAIT: Duration = Duration::from_millis(500);
 /// Opens a second from which the kernel opens files itself (under `--opens auto`): an asked
 /// open costs its reader 30-80 us of round trip and the daemon some 20 us, so 1,000 a second
 /// cost the readers 3-8% of a CPU's time; fewer cost them too little to give up what an
@@ -1029,6 +1032,22 @@ impl DatasetFs {
 /// Under `--opens auto`, once opens came fast: every directory marked, the kernel opens files
 /// itself from the next open on, and this thread goes on to count the opens it tells of.
 fn switch_and_count(fs: Weak<DatasetFs>) {
+    // The kernel opens files through its page cache, which it refuses (EIO) for an inode that
+    // has a backing file: no inode is passed through from now on, and the switch waits for
+    // the last release of those that are (a file held open holds the switch back).
+    let mut told_why = false;
+    loop {
+        let Some(fs) = fs.upgrade() else { return };
+        let left = fs.passthrough.close(PASSTHROUGH_WAIT);
+        if left == 0 {
+            break;
+        }
+        if !std::mem::replace(&mut told_why, true) {
+            tracing::info!("opens: the switch waits for {left} files passed through to close");
+            *fs.opens.why.lock() =
+                format!("the switch waits for {left} files passed through to close");
+        }
+    }
     {
         let Some(fs) = fs.upgrade() else { return };
         if let Err(why) = fs.mark_directories() {

@@ -185,7 +185,7 @@ impl DatasetFs {
             Stat::PrefetchMemory => Value::Count(self.prefetcher.staging_capacity()),
             Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),
             Stat::KernelRefills => Value::Count(self.kernel.refills()),
-            Stat::Passthrough => Value::Count(u64::from(self.passthrough.on())),
+            Stat::Passthrough => Value::Count(u64::from(self.passthrough.open_to_new())),
             Stat::PassthroughOpens => Value::Count(Counters::get(&c.passthrough_opens)),
             Stat::PassthroughSourceOpens => {
                 Value::Count(Counters::get(&c.passthrough_source_opens))
