@@ -2,7 +2,7 @@
 # Attacks a fresh coorfs mount the way a user of a shared machine could, and prints PASS or
 # FAIL per case (exit status 1 if any case fails). Run as root: the daemon runs as root with
 # --allow-other, the attacks run as nobody. Needs fuse3, attr, acl and python3; the same
-# cases are real-mount tests in tests/security.rs and tests/lifecycle.rs.
+# cases are real-mount tests in tests/it/security.rs and tests/it/lifecycle.rs.
 #
 #   scripts/audit-security.sh
 set -uo pipefail

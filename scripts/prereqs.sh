@@ -20,17 +20,17 @@
 prereqs_table() {
     prereq build     cc           gcc               # the linker rustc calls; ring's C (rustls)
     prereq build     protoc       protobuf-compiler # building etcd-client (gRPC)
-    prereq demo,test fusermount3  fuse3             # non-root mounts; tests/helper.rs's mount.fuse3
+    prereq demo,test fusermount3  fuse3             # non-root mounts; tests/it/helper.rs's mount.fuse3
     prereq demo,test python3      python3           # the demo; tests/*.rs (standard library only)
-    prereq test      mount        mount             # tests/helper.rs, tests/disk.rs: mount(8)
+    prereq test      mount        mount             # tests/it/helper.rs, tests/it/disk.rs: mount(8)
     prereq test      getfattr     attr              # the README's getfattr; no test or demo uses it
-    prereq test      setfacl      acl               # tests/security.rs: ACLs of the source
-    prereq test      unshare      util-linux        # tests/lifecycle.rs: a mount namespace
-    prereq test      etcd         etcd-server       # tests/cluster_etcd.rs starts a real etcd
-    prereq test      prometheus   prometheus        # tests/metrics.rs: a real scrape
-    prereq test      openssl      openssl           # tests/cluster.rs: certificates for TLS
-    prereq test,ci   py:ensurepip python3-venv      # tests/s3.rs's moto server; .ci/run's package check
-    prereq test      npm          npm               # tests/stores.rs's Azure emulator (Azurite, from npm)
+    prereq test      setfacl      acl               # tests/it/security.rs: ACLs of the source
+    prereq test      unshare      util-linux        # tests/it/lifecycle.rs: a mount namespace
+    prereq test      etcd         etcd-server       # tests/it/cluster_etcd.rs starts a real etcd
+    prereq test      prometheus   prometheus        # tests/it/metrics.rs: a real scrape
+    prereq test      openssl      openssl           # tests/it/cluster.rs: certificates for TLS
+    prereq test,ci   py:ensurepip python3-venv      # tests/it/s3.rs's moto server; .ci/run's package check
+    prereq test      npm          npm               # tests/it/stores.rs's Azure emulator (Azurite, from npm)
 }
 
 # prereq STEPS CHECK PACKAGE: one row of the table; adds CHECK to prereqs_missing and PACKAGE

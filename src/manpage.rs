@@ -1,6 +1,6 @@
 //! `man/coorfs.1` and `docs/OPTIONS.md`, generated from the clap definitions, so that
-//! `--help`, the man page and the option reference cannot disagree. `tests/manpage.rs` fails
-//! when either committed file is stale (`UPDATE_MAN=1 cargo test --test manpage` rewrites
+//! `--help`, the man page and the option reference cannot disagree. `tests/it/manpage.rs` fails
+//! when either committed file is stale (`UPDATE_MAN=1 cargo test --test it manpage::` rewrites
 //! both).
 //!
 //! clap_mangen renders one page per command; coorfs wants one page with a section per
@@ -349,8 +349,8 @@ pub fn options_markdown() -> String {
     out.push_str(
         "Every argument and option of every command, with the text `coorfs COMMAND --help` \
 prints for it. This file is generated from the command line's definitions (`src/cli.rs`) by \
-`src/manpage.rs`, as `man/coorfs.1` is, so do not edit it by hand: `UPDATE_MAN=1 cargo test \
---test manpage` rewrites it, and that test fails when it is stale. How the commands are used, \
+`src/manpage.rs`, as `man/coorfs.1` is, so do not edit it by hand: `UPDATE_MAN=1 cargo test --test it \
+manpage::` rewrites it, and that test fails when it is stale. How the commands are used, \
 with examples: [USAGE.md](USAGE.md); the options most mounts need: the \
 [README](../README.md#usage).\n\n",
     );

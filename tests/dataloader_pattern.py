@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A PyTorch DataLoader's access pattern with the standard library only, for tests/frameworks.rs
+"""A PyTorch DataLoader's access pattern with the standard library only, for tests/it/frameworks.rs
 (CI has python3 but no pip packages; scripts/check-frameworks.sh runs the real libraries).
 
 What torch.utils.data.DataLoader(ImageFolder(DIR), shuffle=True, num_workers=N) does to the
@@ -17,7 +17,7 @@ file system, every epoch:
   order-independent checksum (sum mod 2**64), as scripts/trainlib.py does.
 
 Variations that real jobs have, each of which must not confuse a file system that counts a
-job's epochs (tests/frameworks.rs):
+job's epochs (tests/it/frameworks.rs):
 - --double-open: every sample is opened and read twice in a row, as a dataset whose
   __getitem__ checks a file (open(p).read()) and then decodes it (PIL.Image.open(p)) does;
 - --shared: every batch is loaded by two workers at about the same time (pairs of workers:

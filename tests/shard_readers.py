@@ -1,4 +1,4 @@
-"""Shard datasets and the real readers users run on them, for tests/shards.rs.
+"""Shard datasets and the real readers users run on them, for tests/it/shards.rs.
 
     python shard_readers.py make DIR          # 6 WebDataset .tar shards and 3 TFRecord files
     python shard_readers.py read DIR [SEED]   # read them all: JSON of what was read

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A training job's input loop, for the tests of `coorfs run` (python/tests/test_run.py,
-tests/run.rs): torch.utils.data, the real one or python/tests/faketorch on PYTHONPATH, over a
+tests/it/run.rs): torch.utils.data, the real one or python/tests/faketorch on PYTHONPATH, over a
 folder of class folders, with the sampler and the kind of dataset chosen on the command line.
 
 Prints one JSON line per epoch with what the job saw: its samples (paths relative to DIR) in the

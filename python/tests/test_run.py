@@ -9,7 +9,7 @@ Every job runs with python/tests/faketorch as torch; with torch installed (the v
 scripts/check-frameworks.sh) the samplers run on the real torch too. Checked: the job prints the
 same lines with and without the hook (indices, bytes, the random numbers drawn in workers and
 after the last epoch), every epoch's hint names the paths of exactly the samples that epoch
-read, and a job that gets no hint says why in one line, once per run. tests/run.rs does the
+read, and a job that gets no hint says why in one line, once per run. tests/it/run.rs does the
 same through a real mount and `coorfs run`.
 """
 

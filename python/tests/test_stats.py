@@ -1,5 +1,5 @@
 """coorfs.stats without a mount: what it returns for an attribute, and its error elsewhere.
-(tests/hints.rs reads the statistics of a real mount with it.)"""
+(tests/it/hints.rs reads the statistics of a real mount with it.)"""
 
 import errno
 import json

@@ -1,4 +1,4 @@
-"""Driven by tests/hints.rs: exercises the torch-free parts of the coorfs package against a
+"""Driven by tests/it/hints.rs: exercises the torch-free parts of the coorfs package against a
 real coorfs mount (order hints, good and bad; its statistics), then reads two epochs in the
 hinted order. Prints one JSON line of results.
 

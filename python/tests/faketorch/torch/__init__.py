@@ -1,5 +1,5 @@
 """A stand-in for the parts of torch that `coorfs run`'s hook meets, with the standard library
-only, for python/tests/test_run.py and tests/run.rs (CI has no torch; with torch installed,
+only, for python/tests/test_run.py and tests/it/run.rs (CI has no torch; with torch installed,
 test_run.py runs the same jobs on the real one too).
 
 It keeps what the hook depends on where torch 2.x has it: `import torch` imports

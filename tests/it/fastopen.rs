@@ -1,0 +1,385 @@
+//! `--opens kernel` (`--fast-open`): the kernel opens files without asking the daemon, and
+//! tells it of each open. Real mounts: the bytes are the source's, a file the kernel holds
+//! costs the daemon no request but its open is counted all the same, the kernel checks the
+//! mode bits (as nobody), a change on the source shows within `--metadata-ttl`, and order
+//! hints reach the daemon through the control socket and the order file.
+
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::*;
+
+fn mode(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn files_read_whole_are_the_source_and_a_second_epoch_is_counted_with_no_request() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 300, 700, 3);
+    // A file of several blocks: read in many requests, counted as one read of the file.
+    let big = bytes(99, 3 << 20);
+    std::fs::write(src.join("big.bin"), &big).unwrap();
+    // Without prefetch, so that every file of epoch 1 is a miss of the read itself.
+    let m = Mount::new(
+        &src,
+        &["--fast-open", "--no-prefetch", "--block-size", "1M"],
+    );
+    wait_for_scan(&m.mnt);
+    wait_for_kernel_opens(&m.mnt);
+
+    let mut reads_after_epoch_1 = 0;
+    for epoch in 0..2 {
+        for rel in &rels {
+            assert_eq!(
+                std::fs::read(m.path(rel)).unwrap(),
+                std::fs::read(src.join(rel)).unwrap(),
+                "{} in epoch {epoch}",
+                rel.display()
+            );
+        }
+        assert!(std::fs::read(m.path("big.bin")).unwrap() == big, "big.bin");
+        let s = stats(&m.mnt);
+        // Epoch 1: every file once, all misses, read by the daemon. Epoch 2: the kernel held
+        // every page and sent no READ, but told the daemon of every open: all hits.
+        let n = 301 * (epoch + 1);
+        assert_eq!(num(&s, "reads"), n, "after epoch {epoch}: {s}");
+        assert_eq!(num(&s, "told_opens"), n, "after epoch {epoch}: {s}");
+        assert_eq!(num(&s, "misses"), 301, "after epoch {epoch}: {s}");
+        assert_eq!(num(&s, "hits"), 301 * epoch, "after epoch {epoch}: {s}");
+        assert_eq!(
+            num(&s, "bytes_from_source"),
+            300 * 700 + big.len() as u64,
+            "after epoch {epoch}: {s}"
+        );
+        // big.bin's 3 blocks in READs of at most 1 MiB, and one READ each small file.
+        if epoch == 1 {
+            assert_eq!(num(&s, "read_requests"), reads_after_epoch_1, "{s}");
+        }
+        reads_after_epoch_1 = num(&s, "read_requests");
+    }
+    m.unmount();
+}
+
+#[test]
+fn the_kernel_checks_the_mode_bits_and_a_chmod_shows_within_the_metadata_ttl() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    mode(&src, 0o755);
+    std::fs::write(src.join("open"), b"anyone").unwrap();
+    mode(&src.join("open"), 0o644);
+    std::fs::write(src.join("secret"), b"root only").unwrap();
+    mode(&src.join("secret"), 0o600);
+    std::fs::write(src.join("theirs"), b"nobody's").unwrap();
+    chown(src.join("theirs"), Some(NOBODY), Some(NOBODY)).unwrap();
+    mode(&src.join("theirs"), 0o600);
+
+    let m = Mount::new(
+        &src,
+        &["--fast-open", "--allow-other", "--metadata-ttl", "0"],
+    );
+    let cat = |rel: &str| sh_as_nobody("cat \"$1\"", &[&m.path(rel)]);
+    assert_eq!(cat("open").stdout, b"anyone");
+    assert_eq!(cat("theirs").stdout, b"nobody's");
+    let denied = cat("secret");
+    assert!(!denied.status.success());
+    assert!(
+        stderr(&denied).contains("Permission denied"),
+        "{}",
+        stderr(&denied)
+    );
+    // Root reads it; nobody still may not, though its pages are in the kernel now.
+    assert_eq!(std::fs::read(m.path("secret")).unwrap(), b"root only");
+    assert!(stderr(&cat("secret")).contains("Permission denied"));
+
+    // With --metadata-ttl 0 the kernel asks for the attributes at every open.
+    mode(&src.join("open"), 0o600);
+    let now = cat("open");
+    assert!(!now.status.success(), "a chmod 600 did not take effect");
+    assert!(
+        stderr(&now).contains("Permission denied"),
+        "{}",
+        stderr(&now)
+    );
+    mode(&src.join("open"), 0o644);
+    assert_eq!(cat("open").stdout, b"anyone", "{}", stderr(&cat("open")));
+    m.unmount();
+}
+
+#[test]
+fn a_file_changed_on_the_source_is_read_anew_once_its_attributes_expire() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), b"first version").unwrap();
+    std::fs::write(src.join("g"), b"same size: A").unwrap();
+    let m = Mount::new(&src, &["--fast-open", "--metadata-ttl", "0"]);
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), b"first version");
+    assert_eq!(std::fs::read(m.path("g")).unwrap(), b"same size: A");
+    // A new size, and the same size with new bytes (the kernel's pages must go for both).
+    std::fs::write(src.join("f"), b"second, longer version").unwrap();
+    std::fs::write(src.join("g"), b"same size: B").unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(src.join("g"))
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    assert_eq!(
+        std::fs::read(m.path("f")).unwrap(),
+        b"second, longer version"
+    );
+    assert_eq!(std::fs::read(m.path("g")).unwrap(), b"same size: B");
+    m.unmount();
+}
+
+#[test]
+fn order_hints_reach_the_daemon_without_an_open_of_the_order_file() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 4, 100, 1);
+    let m = Mount::new(&src, &["--fast-open"]);
+    wait_for_kernel_opens(&m.mnt);
+    // A file opened first: the kernel has stopped sending OPEN by the time the hints come.
+    std::fs::read(m.path(&rels[0])).unwrap();
+    assert_eq!(num(&stats(&m.mnt), "kernel_opens"), 1);
+    let hint = format!("{}\n{}\n", rels[1].display(), rels[2].display());
+    // Over the control socket, and through the order file (its ioctls keyed by the process).
+    coorfs::reader::send_hint(&m.mnt, hint.as_bytes()).unwrap();
+    coorfs::reader::send_hint_by_file(&m.mnt, hint.as_bytes()).unwrap();
+    assert_eq!(num(&stats(&m.mnt), "hints_accepted"), 2);
+    // A refused hint says why, both ways.
+    for send in [coorfs::reader::send_hint, coorfs::reader::send_hint_by_file] {
+        let err = send(&m.mnt, b"no/such/file\n").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    }
+    assert_eq!(num(&stats(&m.mnt), "hints_rejected"), 2);
+    m.unmount();
+}
+
+#[test]
+fn by_default_the_kernel_takes_the_opens_over_once_they_come_fast_and_every_open_is_counted() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 2500, 300, 5);
+    // No prefetch: every file of epoch 1 a miss.
+    let m = Mount::new(&src, &["--no-prefetch"]);
+    wait_for_scan(&m.mnt);
+    // A few opens a second: each asks the daemon.
+    for rel in &rels[..3] {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap()
+        );
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(
+        (s["opens"].as_str(), num(&s, "kernel_opens")),
+        (Some("daemon"), 0),
+        "{s}"
+    );
+    // Two epochs at thousands of opens a second: the kernel takes over during the first.
+    for _ in 0..2 {
+        for rel in &rels {
+            assert_eq!(
+                std::fs::read(m.path(rel)).unwrap(),
+                std::fs::read(src.join(rel)).unwrap(),
+                "{}",
+                rel.display()
+            );
+        }
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(s["opens"], "kernel", "{s}");
+    assert_eq!(s["opens_why"], "told by fanotify", "{s}");
+    // Every open counted once, asked or told; all of the second epoch's told.
+    assert_eq!(num(&s, "reads"), 3 + 2 * 2500, "{s}");
+    assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"), "{s}");
+    let told = num(&s, "told_opens");
+    assert!((2500..2 * 2500).contains(&told), "{s}");
+    // The second epoch: every file a hit (the cache holds them all).
+    assert_eq!(num(&s, "misses"), 2500, "{s}");
+    m.unmount();
+}
+
+#[test]
+fn a_file_passed_through_and_held_open_holds_the_switch_back_and_every_open_reads_it() {
+    // The kernel opens files through its page cache, which it refuses (EIO) for an inode
+    // read by passthrough: a file held open across the switch failed its next open.
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 2500, 300, 5);
+    // Nothing kept: every open of a file reads it from the source by passthrough.
+    let m = Mount::new(&src, &["--no-prefetch", "--policy", "none"]);
+    wait_for_scan(&m.mnt);
+    let held_rel = &rels[0];
+    let want = std::fs::read(src.join(held_rel)).unwrap();
+    let held = std::fs::File::open(m.path(held_rel)).unwrap();
+    assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), 1);
+    // Opens at thousands a second: the switch begins, and waits for the held file.
+    for rel in &rels {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    }
+    let waits = || {
+        let s = stats(&m.mnt);
+        s["opens"] == "daemon"
+            && s["opens_why"] == "the switch waits for 1 files passed through to close"
+    };
+    assert!(wait_for(std::time::Duration::from_secs(10), waits), "{}", stats(&m.mnt));
+    let s = stats(&m.mnt);
+    // No other file was passed through once the switch began.
+    assert_eq!(num(&s, "passthrough"), 0, "{s}");
+    let through = num(&s, "passthrough_opens");
+    assert!(through < 2500, "{s}");
+    // A second open of the held file shares its backing file, as the kernel demands.
+    assert_eq!(std::fs::read(m.path(held_rel)).unwrap(), want);
+    assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), through + 1);
+    drop(held);
+    wait_for_kernel_opens(&m.mnt);
+    for rel in &rels {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    }
+    assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), through + 1);
+    m.unmount();
+}
+
+#[test]
+fn with_kernel_opens_a_change_of_modes_owners_or_names_on_the_source_takes_effect_at_once() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    mode(&src, 0o755);
+    std::fs::create_dir(src.join("d")).unwrap();
+    mode(&src.join("d"), 0o755);
+    for (rel, text) in [("f", "file f"), ("d/g", "file g"), ("h", "file h")] {
+        std::fs::write(src.join(rel), text).unwrap();
+        mode(&src.join(rel), 0o644);
+    }
+    chown(src.join("h"), Some(NOBODY), Some(NOBODY)).unwrap();
+    mode(&src.join("h"), 0o600);
+    // Attributes cached for a day: only the watch of the source can tell the kernel.
+    let m = Mount::new(&src, &["--opens", "kernel", "--allow-other"]);
+    wait_for_kernel_opens(&m.mnt);
+    let cat = |rel: &str| sh_as_nobody("cat \"$1\"", &[&m.path(rel)]);
+    assert_nobody_reads(&m, &[("f", "file f"), ("d/g", "file g"), ("h", "file h")]);
+    mode(&src.join("f"), 0o600);
+    mode(&src.join("d"), 0o700);
+    chown(src.join("h"), Some(0), Some(0)).unwrap();
+    for rel in ["f", "d/g", "h"] {
+        let out = cat(rel);
+        assert!(
+            stderr(&out).contains("Permission denied"),
+            "{rel} still readable: {}",
+            stderr(&out)
+        );
+    }
+    mode(&src.join("d"), 0o755);
+    assert_eq!(cat("d/g").stdout, b"file g", "{}", stderr(&cat("d/g")));
+    // A name removed, one added, one replaced: the next open sees the source as it is.
+    std::fs::remove_file(src.join("d/g")).unwrap();
+    std::fs::write(src.join("new"), b"new file").unwrap();
+    std::fs::write(src.join("f.tmp"), b"replaced").unwrap();
+    std::fs::rename(src.join("f.tmp"), src.join("f")).unwrap();
+    mode(&src.join("f"), 0o644);
+    let gone = cat("d/g");
+    assert!(stderr(&gone).contains("No such file"), "{}", stderr(&gone));
+    assert_eq!(std::fs::read(m.path("new")).unwrap(), b"new file");
+    assert_eq!(cat("f").stdout, b"replaced", "{}", stderr(&cat("f")));
+    m.unmount();
+}
+
+#[test]
+fn with_kernel_opens_and_acl_an_acl_set_on_the_source_takes_effect_at_the_next_open() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    mode(&src, 0o755);
+    std::fs::write(src.join("f"), b"shared").unwrap();
+    mode(&src.join("f"), 0o644);
+    let m = Mount::new(&src, &["--opens", "kernel", "--allow-other", "--acl"]);
+    wait_for_kernel_opens(&m.mnt);
+    let cat = || sh_as_nobody("cat \"$1\"", &[&m.path("f")]);
+    assert_eq!(cat().stdout, b"shared", "{}", stderr(&cat()));
+    let set = Command::new("setfacl")
+        .args(["-m", "u:nobody:---"])
+        .arg(src.join("f"))
+        .status()
+        .expect("setfacl (apt-get install acl)");
+    assert!(set.success());
+    let denied = cat();
+    assert!(
+        stderr(&denied).contains("Permission denied"),
+        "{}",
+        stderr(&denied)
+    );
+    m.unmount();
+}
+
+#[test]
+fn with_kernel_opens_minio_hits_the_cached_half_in_every_later_epoch() {
+    const FILES: usize = 2000;
+    const SIZE: usize = 20 << 10;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, FILES, SIZE, 8);
+    let capacity = (FILES / 2 * SIZE).to_string();
+    let m = Mount::new(
+        &src,
+        &[
+            "--opens",
+            "kernel",
+            "--no-prefetch",
+            "--cache-size",
+            &capacity,
+        ],
+    );
+    wait_for_kernel_opens(&m.mnt);
+    for epoch in 0..4u64 {
+        // A fresh order each epoch, as a sampler draws it.
+        let mut order: Vec<&std::path::PathBuf> = rels.iter().collect();
+        order.sort_by_key(|r| {
+            let h = r.to_string_lossy().bytes().fold(epoch * 7919, |h, b| {
+                h.wrapping_mul(31).wrapping_add(u64::from(b))
+            });
+            h.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        });
+        for rel in order {
+            assert_eq!(std::fs::read(m.path(rel)).unwrap().len(), SIZE);
+        }
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "cached_files"), FILES as u64 / 2, "{s}");
+    let epochs = s["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 4, "{s}");
+    for (i, e) in epochs.iter().enumerate() {
+        let hits = if i == 0 { 0 } else { FILES as u64 / 2 };
+        assert_eq!(
+            (num(e, "reads"), num(e, "hits")),
+            (FILES as u64, hits),
+            "{e}"
+        );
+        // Each miss from the source, but for one opened again within milliseconds of its
+        // last read, whose pages the kernel may still hold.
+        let want = (FILES as u64 - hits) * SIZE as u64;
+        let got = num(e, "bytes_from_source");
+        assert!(
+            got <= want && got + 8 * SIZE as u64 >= want,
+            "{got} of {want}: {e}"
+        );
+    }
+    m.unmount();
+}
