@@ -304,6 +304,16 @@ pub fn start(watched: &Watched, staging: u64) -> Option<Start> {
     })
 }
 
+/// The size an elastic budget (`--cache-size auto`) starts at here, with the default staging
+/// area: what the daemon's memory cgroup (or the host) has free beyond the staging area and
+/// the reserve kept for the job. `coorfs mount` decides in `preflight`, with the mount's own
+/// options; `coorfs analyze` predicts with this. 0 when nothing is free.
+pub fn default_capacity() -> u64 {
+    let view = crate::budget::MemoryView::probe();
+    let staging = default_staging(view.cgroup.map(|cg| cg.limit));
+    start(&Watched::probe(), staging).map_or(0, |s| s.capacity)
+}
+
 /// The staging area's default size: [`staging_for_cgroup`] in a memory cgroup limited to
 /// `cgroup_limit` bytes, `--prefetch-memory`'s default (256 MiB) without one.
 pub fn default_staging(cgroup_limit: Option<u64>) -> u64 {
@@ -684,6 +694,22 @@ mod tests {
     use super::*;
 
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_default_cache_starts_at_what_is_free_beyond_the_reserve_and_staging() {
+        let available = crate::config::meminfo("MemAvailable:").unwrap();
+        let total = crate::config::meminfo("MemTotal:").unwrap();
+        let size = default_capacity();
+        assert!(size < available, "{size} >= {available}");
+        // Without a memory cgroup limit (on this machine, outside the tests that make one),
+        // it is what the host has available beyond the staging area and the reserve, in whole
+        // MiB (other processes may have taken or freed a little meanwhile).
+        if crate::budget::MemoryView::probe().cgroup.is_none() {
+            let reserve = Rules::for_host(total).reserve;
+            let want = available - reserve - (256 << 20);
+            assert!(size.abs_diff(want) < 64 << 20, "{size} vs {want}");
+        }
+    }
 
     #[test]
     fn reserves_scale_with_the_memory_and_stay_in_bounds() {

@@ -63,7 +63,7 @@ pub struct AnalyzeConfig {
     /// The dataset directory.
     pub dataset: PathBuf,
     /// Bytes of cache to analyse. None: the mount's with `mount`, else what `coorfs mount`'s
-    /// elastic budget would start at here (`crate::config::default_cache_size`), at most the
+    /// elastic budget would start at here (`crate::elastic::default_capacity`), at most the
     /// dataset.
     pub cache_size: Option<u64>,
     /// Also simulate cache sizes from 0 to 100% of the dataset, in steps of 5%.
@@ -513,7 +513,7 @@ fn predict_all(
     let cache_bytes = config
         .cache_size
         .or(live_capacity)
-        .unwrap_or_else(crate::config::default_cache_size)
+        .unwrap_or_else(crate::elastic::default_capacity)
         .min(bytes);
     let sweep = config.sweep || config.plot.is_some();
     // A binary search takes about log2(1000) + 2 simulations per policy (the step is 1/1000
