@@ -471,7 +471,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "FILE", help_heading = "Logging")]
     pub log_file: Option<PathBuf>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive such as
-    /// coorfs=debug [default: RUST_LOG, else info].
+    /// coorfs=debug [default: RUST_LOG, else info]. At debug, each FUSE request, the fetches
+    /// done for it and their GETs log a line as they end, with their times.
     #[arg(long, value_name = "LEVEL", value_parser = parse_log_level, help_heading = "Logging")]
     pub log_level: Option<String>,
 }

@@ -332,6 +332,7 @@ impl Fetcher {
             ahead,
             issued: Instant::now(),
             crowd,
+            parent: tracing::Span::current(),
         };
         let this = self.clone();
         let work = move || this.run(started, report);
@@ -377,6 +378,7 @@ impl Fetcher {
             ahead,
             issued,
             crowd,
+            parent,
         } = started;
         let demand = why.is_read();
         // A part read ahead holds its room in the readahead buffer until it has ended.
@@ -399,6 +401,7 @@ impl Fetcher {
         // At debug level the log has a line for each fetch as it ends: the file, the block,
         // why, the tier that had it and the bytes read (a part's with it), and its time.
         let span = tracing::debug_span!(
+            parent: &parent,
             "fetch",
             file = %rel.display(),
             block = key.block,
@@ -826,6 +829,9 @@ struct Started {
     ahead: bool,
     issued: Instant,
     crowd: usize,
+    /// The span of what started it (a FUSE request's, for a read): the fetch's is its child,
+    /// and holding it keeps the request's span open until the fetch has ended.
+    parent: tracing::Span,
 }
 
 /// A fetch on the I/O pool, from its start to the end of its waiters. However the closure

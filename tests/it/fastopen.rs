@@ -234,7 +234,11 @@ fn a_file_passed_through_and_held_open_holds_the_switch_back_and_every_open_read
         s["opens"] == "daemon"
             && s["opens_why"] == "the switch waits for 1 files passed through to close"
     };
-    assert!(wait_for(std::time::Duration::from_secs(10), waits), "{}", stats(&m.mnt));
+    assert!(
+        wait_for(std::time::Duration::from_secs(10), waits),
+        "{}",
+        stats(&m.mnt)
+    );
     let s = stats(&m.mnt);
     // No other file was passed through once the switch began.
     assert_eq!(num(&s, "passthrough"), 0, "{s}");

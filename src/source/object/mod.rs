@@ -112,6 +112,15 @@ impl ObjectSource {
             ..Default::default()
         };
         let (store, key) = (self.store.clone(), self.url.key(rel)?);
+        // At debug level, a line for each GET as it ends (inside its fetch's): the key, the
+        // range, the bytes it gave, its time.
+        let span = tracing::debug_span!(
+            "get",
+            key = %key,
+            range = %format_args!("{offset}..{end}"),
+            bytes = tracing::field::Empty,
+        )
+        .entered();
         let opened = self.wait(async move {
             let r = store.get_opts(&key, options).await?;
             Ok::<_, object_store::Error>((r.meta.e_tag.clone(), r.into_stream()))
@@ -164,6 +173,7 @@ impl ObjectSource {
                 break;
             }
         }
+        span.record("bytes", got);
         if got != want {
             tracing::warn!(
                 "{}/{}: GET of bytes {offset}..{end} answered {got} bytes",
