@@ -379,7 +379,11 @@ impl Passthrough {
                 Some(Backing::Cached(v)) if registered.is_none() => modes.kept.get(&v).copied(),
                 _ => None,
             };
-            (registered, kept, backing.is_some() && modes.backing_of(ino).is_none())
+            (
+                registered,
+                kept,
+                backing.is_some() && modes.backing_of(ino).is_none(),
+            )
         };
         if left {
             self.released.notify_all();
@@ -551,11 +555,17 @@ mod tests {
         // Inode 5's next open must share its backing file (the kernel refuses any other)...
         assert_eq!(m.open(5, None, &mut reg, page), pt(31, a));
         // ...and another inode no longer takes one up.
-        assert_eq!(m.open(6, Some(b), &mut reg, page), Granted::Daemon(KernelIo::PageCache));
+        assert_eq!(
+            m.open(6, Some(b), &mut reg, page),
+            Granted::Daemon(KernelIo::PageCache)
+        );
         assert_eq!(m.release(5, KernelIo::Passthrough(31), |_| true), None);
         assert_eq!(m.release(5, KernelIo::Passthrough(31), |_| true), Some(31));
         assert_eq!(m.passed_through(), 0);
-        assert_eq!(m.open(5, Some(a), &mut reg, page), Granted::Daemon(KernelIo::PageCache));
+        assert_eq!(
+            m.open(5, Some(a), &mut reg, page),
+            Granted::Daemon(KernelIo::PageCache)
+        );
         assert_eq!(m.passed_through(), 0);
     }
 
