@@ -47,7 +47,7 @@ impl DatasetFs {
                 attr: order.attr(self),
             });
         }
-        let dir = self.ns.info(parent).ok_or(FsError::NotFound)?;
+        let dir = self.tree.ns.info(parent).ok_or(FsError::NotFound)?;
         if dir.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
@@ -57,23 +57,24 @@ impl DatasetFs {
         // kernel checked the caller's search permission on every directory on the way
         // (`default_permissions`, on the modes the watch keeps current), and the ACLs
         // it does not check were looked for before the kernel was let open files.
-        if let Some(id) = self.ns.child(parent, name)
-            && self.opens.ready()
-            && (self.opens.watch.get()).is_some_and(|w| w.follows(parent))
+        if let Some(id) = self.tree.ns.child(parent, name)
+            && self.opener.opens.ready()
+            && (self.opener.opens.watch.get()).is_some_and(|w| w.follows(parent))
         {
             return self.attr(id).map(|attr| Entry { attr });
         }
         let rel = self.rel_path(parent)?.join(name);
         let meta = self
+            .tree
             .source
             .metadata(&rel, &self.creds(caller))
             .map_err(source_error)?;
-        let id = match self.ns.child(parent, name) {
+        let id = match self.tree.ns.child(parent, name) {
             Some(id) => {
                 self.refresh(id, meta);
                 id
             }
-            None => self.ns.insert_child(parent, name, meta),
+            None => self.tree.ns.insert_child(parent, name, meta),
         };
         self.attr(id).map(|attr| Entry { attr })
     }
@@ -86,6 +87,7 @@ impl DatasetFs {
         }
         let rel = self.rel_path(ino)?;
         let meta = self
+            .tree
             .source
             .metadata(&rel, &Creds::DAEMON)
             .map_err(source_error)?;
@@ -115,16 +117,21 @@ impl DatasetFs {
         if let Some(order) = order::control(ino) {
             return Ok(order.attr(self));
         }
-        self.ns.info(ino).map(|i| i.attr).ok_or(FsError::NotFound)
+        self.tree
+            .ns
+            .info(ino)
+            .map(|i| i.attr)
+            .ok_or(FsError::NotFound)
     }
 
     /// The target of symbolic link `ino`.
     pub fn readlink(&self, ino: NodeId) -> Result<PathBuf, FsError> {
-        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        let info = self.tree.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind != Kind::Symlink {
             return Err(FsError::NotSymlink);
         }
-        self.source
+        self.tree
+            .source
             .read_link(&self.rel_path(ino)?)
             .map_err(source_error)
     }
@@ -170,27 +177,32 @@ impl DatasetFs {
 
     /// The handle of an open of directory `ino` by `caller`: a snapshot of its listing.
     pub(super) fn dir_handle(&self, ino: NodeId, caller: Caller) -> Result<DirHandle, FsError> {
-        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        let info = self.tree.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
         let mut listing = self
+            .tree
             .source
             .open_dir(&self.rel_path(ino)?, &self.creds(caller))
             .map_err(source_error)?;
         // The scan's listing while the directory is unchanged and younger than
         // --metadata-ttl; else the source's.
-        let kept_until = match self.ns.kept_listing(ino, &listing.meta.version, self.ttl) {
+        let kept_until = match self
+            .tree
+            .ns
+            .kept_listing(ino, &listing.meta.version, self.tree.ttl)
+        {
             Some((names, at)) => {
                 listing.names = names;
-                Some(at + self.ttl)
+                Some(at + self.tree.ttl)
             }
             None => {
                 listing.read_names().map_err(source_error)?;
                 None
             }
         };
-        let parent = self.ns.parent(ino).ok_or(FsError::NotFound)?;
+        let parent = self.tree.ns.parent(ino).ok_or(FsError::NotFound)?;
         Ok(DirHandle {
             node: ino,
             parent,
@@ -284,7 +296,7 @@ impl DatasetFs {
         listed_kind: Option<Kind>,
         how: Listed,
     ) -> Result<Option<(NodeId, Kind, Option<Attr>)>, FsError> {
-        let known = self.ns.child_near(dir.node, name, how.guess);
+        let known = self.tree.ns.child_near(dir.node, name, how.guess);
         Ok(Some(match (known, how.plus) {
             (Some(id), true) if how.kept => {
                 let attr = self.attr(id)?;
@@ -292,7 +304,7 @@ impl DatasetFs {
             }
             (Some(id), false) => {
                 let kind = listed_kind
-                    .or_else(|| self.ns.info(id).map(|i| i.attr.kind))
+                    .or_else(|| self.tree.ns.info(id).map(|i| i.attr.kind))
                     .unwrap_or(Kind::File);
                 (id, kind, None)
             }
@@ -307,7 +319,7 @@ impl DatasetFs {
                 let Ok(meta) = dir.listing.stat(name) else {
                     return Ok(None);
                 };
-                let id = self.ns.insert_child(dir.node, name, meta);
+                let id = self.tree.ns.insert_child(dir.node, name, meta);
                 let attr = how.plus.then(|| self.attr(id)).transpose()?;
                 (id, meta.attr.kind, attr)
             }

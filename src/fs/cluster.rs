@@ -114,11 +114,11 @@ impl DatasetFs {
         let listener = std::net::TcpListener::bind(c.listen).map_err(fail)?;
         let server = Arc::new(PeerServer::new(
             c.membership.clone(),
-            self.source.clone(),
-            self.tiers.memory.blocks(),
-            Box::new(TierBlocks(self.tiers.clone())),
+            self.tree.source.clone(),
+            self.reads.tiers.memory.blocks(),
+            Box::new(TierBlocks(self.reads.tiers.clone())),
             c.secret.clone(),
-            self.ledger.stats().clone(),
+            self.reads.ledger.stats().clone(),
         ));
         let tls = c.tls.as_ref().map(|t| t.server.clone());
         server
@@ -133,7 +133,7 @@ impl DatasetFs {
         if let Some(config) = &c.etcd {
             let record = etcd::Record {
                 addr: view.my_name().to_string(),
-                cache_bytes: self.tiers.memory.capacity(),
+                cache_bytes: self.reads.tiers.memory.capacity(),
                 host: hostname(),
                 pid: std::process::id(),
             };
@@ -171,11 +171,11 @@ impl DatasetFs {
             return Vec::new();
         };
         let view = c.membership.view();
-        let at = (c.membership.changes(), self.ns.file_count());
+        let at = (c.membership.changes(), self.tree.ns.file_count());
         let owned = {
             let mut shares = self.membership.shares.lock();
             if shares.at != Some(at) {
-                shares.owned = count_shares(&self.ns, &view);
+                shares.owned = count_shares(&self.tree.ns, &view);
                 shares.at = Some(at);
             }
             shares.owned.clone()

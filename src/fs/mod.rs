@@ -5,15 +5,18 @@
 //! plain results ([`Entry`], [`Attr`], [`Opened`]) back into replies; tests drive the core
 //! directly.
 //!
-//! [`DatasetFs`] coordinates; the decisions live in the types it holds:
-//! - the node table ([`Namespace`]) and the handle table (`handles.rs`);
-//! - the tiers a block comes from ([`crate::tier`]): the read path (`read.rs`) asks them in
-//!   order on the FUSE thread, and the fetch behind them;
-//! - the jobs ([`crate::jobs`]) and the ledger, where every access and byte is counted
-//!   ([`crate::jobs::ledger`]);
-//! - the prefetcher ([`crate::prefetch`]), told of every open and fetch;
-//! - the order files (`order.rs`), the kernel-cache gauge (`kernel_cache.rs`), the callers'
-//!   credentials (`callers.rs`).
+//! [`DatasetFs`] coordinates; the decisions live in the parts it holds, each of one concern:
+//! - `Tree`: the source, the node table ([`Namespace`]) over it, the callers' credentials
+//!   (`callers.rs`) and the scan;
+//! - `Reads`: the tiers a block comes from ([`crate::tier`]; the read path, `read.rs`, asks
+//!   them in order on the FUSE thread, the fetch behind them), the prefetcher
+//!   ([`crate::prefetch`]), the jobs ([`crate::jobs`]) and the ledger where every access and
+//!   byte is counted ([`crate::jobs::ledger`]);
+//! - `Opener`: who opens files (`told.rs`), what the kernel keeps of them
+//!   (`kernel_cache.rs`), passthrough (`passthrough.rs`), and what it is told when the source
+//!   changes (`watch.rs`);
+//! - the handle table (`handles.rs`), the order files (`order.rs`), the cluster membership
+//!   (`cluster.rs`) and the mount's share of the elastic budget.
 //!
 //! Each request's work has its own file:
 //! - `scan.rs`: the walk of the source at mount that fills the node table;
@@ -29,7 +32,9 @@
 //!   gauge, the callers' credentials;
 //! - `passthrough.rs`: which opens the kernel reads from a backing file by itself;
 //! - `takeover.rs`: what the core records for a successor daemon, and a mount taken over
-//!   from an earlier one.
+//!   from an earlier one;
+//! - `told.rs`, `watch.rs`, `control.rs`: opens the kernel makes and tells of, the watch of
+//!   the source, the mount's control socket.
 
 mod attrs;
 mod callers;
@@ -215,21 +220,58 @@ pub(crate) enum Access {
 
 /// The core of one mount: a coordinator. It answers the kernel's requests from the node
 /// table, the handle table and the tiers, and tells the jobs (through the ledger) and the
-/// prefetcher what happened; the decisions are theirs.
+/// prefetcher what happened; the decisions are theirs. Its state is in the parts below, each
+/// of one concern: the tree the mount shows, what reads go through and count in, how opens
+/// are answered, the open handles and order files, the cluster, the elastic budget.
 pub struct DatasetFs {
+    tree: Tree,
+    reads: Reads,
+    opener: Opener,
+    handles: HandleTable,
+    orders: OrderFiles,
+    /// The mount as a member of a cluster (`cluster.rs`).
+    membership: cluster::Membership,
+    /// What the elastic budget keeps and sees of this mount.
+    elastic: ElasticShare,
+    /// The keeper's meta page, under a keeper: the daemons of the mount so far.
+    handover: std::sync::OnceLock<Arc<crate::handover::state::Meta>>,
+    /// What the stats say of the mount as it was made (source, mount point, policy, budget).
+    info: Vec<(&'static str, String)>,
+    // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
+    _io: tokio::runtime::Runtime,
+}
+
+/// The tree the mount shows: the source, the node table over it, how long the kernel may
+/// keep entries and attributes, the credentials of callers, the scan (`scan.rs`).
+struct Tree {
     source: Arc<dyn DatasetSource>,
     ns: Arc<Namespace>,
     ttl: Duration,
+    callers: callers::CallerCreds,
+    scan: ScanState,
+}
+
+impl Tree {
+    /// The path of node `ino` from the source's root.
+    fn rel_path(&self, ino: NodeId) -> Result<PathBuf, FsError> {
+        self.ns.path(ino).ok_or(FsError::NotFound)
+    }
+}
+
+/// What reads go through and count in: the tiers a block comes from, the prefetcher, the
+/// jobs and the ledger that tells them what happened.
+struct Reads {
     tiers: Tiers,
     prefetcher: Arc<Prefetcher>,
     jobs: Arc<Jobs>,
     ledger: Arc<Ledger>,
-    handles: HandleTable,
-    orders: OrderFiles,
+}
+
+/// How opens are answered (`open.rs`): by the daemon or the kernel (`told.rs`), with what the
+/// kernel may keep of a file (`kernel_cache.rs`), read by passthrough or not
+/// (`passthrough.rs`), and what the kernel must be told when the source changes (`watch.rs`).
+struct Opener {
     kernel: kernel_cache::KernelCacheGauge,
-    callers: callers::CallerCreds,
-    scan: ScanState,
-    info: Vec<(&'static str, String)>,
     invalidator: std::sync::OnceLock<Invalidator>,
     /// Nodes whose source entry changed while the kernel was not told (see `open`).
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
@@ -242,21 +284,29 @@ pub struct DatasetFs {
     passthrough_wanted: bool,
     /// `--read-delay` was given.
     read_delay: bool,
-    /// The mount as a member of a cluster (`cluster.rs`).
-    membership: cluster::Membership,
-    /// What the elastic budget keeps and sees of this mount.
-    elastic: ElasticShare,
-    /// The keeper's meta page, under a keeper: the daemons of the mount so far.
-    handover: std::sync::OnceLock<Arc<crate::handover::state::Meta>>,
-    // Last, so that it is dropped last: dropping the runtime waits for its I/O threads.
-    _io: tokio::runtime::Runtime,
+}
+
+impl Opener {
+    /// Why the kernel is not to be offered passthrough, if it is not: the option that turned
+    /// it off.
+    fn passthrough_refusal(&self) -> Option<&'static str> {
+        if self.passthrough_wanted {
+            None
+        } else if self.opens.mode == Opens::Kernel {
+            Some("--opens kernel: there is no open to answer with a backing file")
+        } else if self.read_delay {
+            Some("--read-delay: the daemon delays every read of the source")
+        } else {
+            Some("--no-passthrough")
+        }
+    }
 }
 
 impl std::fmt::Debug for DatasetFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatasetFs")
-            .field("source", &self.source.root())
-            .field("cache", &self.tiers.memory)
+            .field("source", &self.tree.source.root())
+            .field("cache", &self.reads.tiers.memory)
             .finish_non_exhaustive()
     }
 }
@@ -360,36 +410,42 @@ impl DatasetFs {
         let raised = unsafe { libc::geteuid() } == 0;
         handles.set_window(if raised { config.readahead } else { 0 });
         Ok(DatasetFs {
-            source,
-            ns,
-            ttl: config.metadata_ttl,
-            tiers,
-            prefetcher: Arc::new(prefetcher),
-            jobs,
-            ledger,
+            tree: Tree {
+                source,
+                ns,
+                ttl: config.metadata_ttl,
+                callers: Default::default(),
+                scan: ScanState {
+                    room: config.metadata_room,
+                    ..Default::default()
+                },
+            },
+            reads: Reads {
+                tiers,
+                prefetcher: Arc::new(prefetcher),
+                jobs,
+                ledger,
+            },
+            opener: Opener {
+                kernel: Default::default(),
+                invalidator: std::sync::OnceLock::new(),
+                stale_in_kernel: Default::default(),
+                opens: told::KernelOpens::new(
+                    config.opens,
+                    config.mountpoint.clone(),
+                    config.allow_other && !config.acl,
+                ),
+                passthrough: Default::default(),
+                passthrough_wanted,
+                read_delay: !config.read_delay.is_zero(),
+            },
             handles,
             orders: OrderFiles::new(
                 config.hint_limits,
                 config.jobs.key == JobKeyKind::None,
                 config.owner_uid,
             ),
-            kernel: Default::default(),
-            callers: Default::default(),
-            scan: ScanState {
-                room: config.metadata_room,
-                ..Default::default()
-            },
             info,
-            invalidator: std::sync::OnceLock::new(),
-            stale_in_kernel: Default::default(),
-            opens: told::KernelOpens::new(
-                config.opens,
-                config.mountpoint.clone(),
-                config.allow_other && !config.acl,
-            ),
-            passthrough: Default::default(),
-            passthrough_wanted,
-            read_delay: !config.read_delay.is_zero(),
             membership: cluster::Membership::new(config.cluster.clone()),
             elastic: ElasticShare {
                 state: Arc::new(crate::elastic::BudgetState {
@@ -412,45 +468,37 @@ impl DatasetFs {
 
     /// How long the kernel may cache entries and attributes.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        self.tree.ttl
     }
 
     /// OPEN is answered `ENOSYS`, so that the kernel stops sending it (and FLUSH and RELEASE):
     /// it checks permissions itself from the attributes it caches (`default_permissions`)
     /// and keeps every file's pages. A hot file then costs no round trip at all (`told.rs`).
     pub fn kernel_opens(&self) -> bool {
-        self.opens.refuse_open()
+        self.opener.opens.refuse_open()
     }
 
     /// The kernel may come to open files itself (`--opens` other than `daemon`): it should
     /// drop a file's pages when fresh attributes show a change.
     pub fn kernel_may_open(&self) -> bool {
-        self.opens.mode != Opens::Daemon
+        self.opener.opens.mode != Opens::Daemon
     }
 
     /// Why the adapter is not to offer the kernel passthrough at INIT, if it is not: the
     /// option that turned it off.
     pub fn passthrough_refusal(&self) -> Option<&'static str> {
-        if self.passthrough_wanted {
-            None
-        } else if self.opens.mode == Opens::Kernel {
-            Some("--opens kernel: there is no open to answer with a backing file")
-        } else if self.read_delay {
-            Some("--read-delay: the daemon delays every read of the source")
-        } else {
-            Some("--no-passthrough")
-        }
+        self.opener.passthrough_refusal()
+    }
+
+    /// True once INIT (this daemon's, or an earlier one's) started passthrough.
+    pub fn passthrough_started(&self) -> bool {
+        self.opener.passthrough.started()
     }
 
     /// The kernel agreed to passthrough at INIT: backing files are registered with `kernel`
     /// from now on. Said once in the log.
-    /// True once INIT (this daemon's, or an earlier one's) started passthrough.
-    pub fn passthrough_started(&self) -> bool {
-        self.passthrough.started()
-    }
-
     pub fn start_passthrough(&self, kernel: Box<dyn BackingFiles>) {
-        self.passthrough.start(kernel);
+        self.opener.passthrough.start(kernel);
         tracing::info!(
             "passthrough: on: the kernel reads cached files over 64 KiB, and files the cache \
              will not keep, without the daemon"
@@ -460,19 +508,19 @@ impl DatasetFs {
     /// Passthrough is not to be had (`why`): every read goes through the daemon, and the
     /// cache keeps new blocks in its arena. Said once in the log.
     pub fn passthrough_unavailable(&self, why: &str) {
-        self.tiers.memory.stop_keeping_files_for_kernel();
+        self.reads.tiers.memory.stop_keeping_files_for_kernel();
         tracing::info!("passthrough: off ({why}): reads go through the daemon");
     }
 
     /// Sets how the core tells the kernel to forget a changed node (once).
     pub fn set_invalidator(&self, invalidate: Invalidator) {
-        let _ = self.invalidator.set(invalidate);
+        let _ = self.opener.invalidator.set(invalidate);
     }
 
     /// Records a fresh `lstat` of node `ino`; if the source entry changed, the kernel
     /// forgets what it cached of it. Returns true if it changed.
     fn refresh(&self, ino: NodeId, meta: crate::namespace::SourceMeta) -> bool {
-        let changed = self.ns.refresh(ino, meta);
+        let changed = self.tree.ns.refresh(ino, meta);
         if changed {
             self.invalidate(ino);
         }
@@ -481,16 +529,16 @@ impl DatasetFs {
 
     /// The credentials to act with for `caller`.
     fn creds(&self, caller: Caller) -> Creds {
-        self.callers.get(caller, self.ledger.now())
+        self.tree.callers.get(caller, self.reads.ledger.now())
     }
 
     fn rel_path(&self, ino: NodeId) -> Result<PathBuf, FsError> {
-        self.ns.path(ino).ok_or(FsError::NotFound)
+        self.tree.rel_path(ino)
     }
 
     /// Starts the prefetch thread (see [`crate::prefetch`]).
     pub fn start_prefetcher(&self) -> std::io::Result<()> {
-        self.prefetcher.start()
+        self.reads.prefetcher.start()
     }
 
     /// The elastic budget's state, for its watcher to keep and the stats to show.
@@ -500,12 +548,12 @@ impl DatasetFs {
 
     /// Capacity of the filesystem holding the source.
     pub fn statfs(&self) -> Result<FsStats, FsError> {
-        Ok(self.source.statfs()?)
+        Ok(self.tree.source.statfs()?)
     }
 
     /// Writes the blocks the disk tier has queued and stops its writer: at unmount.
     pub fn close_disk(&self) {
-        if let Some(disk) = &self.tiers.disk {
+        if let Some(disk) = &self.reads.tiers.disk {
             disk.close();
         }
     }
@@ -551,11 +599,11 @@ struct ElasticShare {
 
 impl crate::elastic::Elastic for DatasetFs {
     fn capacity(&self) -> u64 {
-        self.tiers.memory.capacity()
+        self.reads.tiers.memory.capacity()
     }
 
     fn used(&self) -> u64 {
-        self.tiers.memory.used()
+        self.reads.tiers.memory.used()
     }
 
     /// What the staging area held at its fullest, less what it holds: on bandwidth-bound
@@ -563,12 +611,12 @@ impl crate::elastic::Elastic for DatasetFs {
     /// the cache may have it; on latency-bound storage it fills at once, and keeps it. And
     /// likewise the object store's parts in flight: the memory they took at their most.
     fn staging_unfilled(&self) -> u64 {
-        let staging = &self.tiers.staging;
+        let staging = &self.reads.tiers.staging;
         let now = staging.bytes();
         let peak = (self.elastic.staging_peak)
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed)
             .max(now);
-        let parts = self.tiers.fetcher.parts_unfilled();
+        let parts = self.reads.tiers.fetcher.parts_unfilled();
         peak.min(staging.capacity()).saturating_sub(now) + parts
     }
 
@@ -577,12 +625,12 @@ impl crate::elastic::Elastic for DatasetFs {
     }
 
     fn resize(&self, capacity: u64) -> u64 {
-        let done = self.tiers.memory.resize(capacity);
+        let done = self.reads.tiers.memory.resize(capacity);
         self.resized(done)
     }
 
     fn hold(&self, capacity: u64) -> u64 {
-        let done = self.tiers.memory.hold(capacity);
+        let done = self.reads.tiers.memory.hold(capacity);
         self.resized(done)
     }
 }
@@ -592,10 +640,10 @@ impl DatasetFs {
     /// too, so that their memory really returns, and the staging area follows the cache's
     /// new capacity. Returns the bytes given back.
     fn resized(&self, done: crate::cache::Resized) -> u64 {
-        self.passthrough.forget(&done.dropped);
-        let capacity = self.tiers.memory.capacity();
+        self.opener.passthrough.forget(&done.dropped);
+        let capacity = self.reads.tiers.memory.capacity();
         let staging = crate::elastic::staging_beside(capacity, self.elastic.staging_budget);
-        let shed = self.tiers.staging.resize(staging);
+        let shed = self.reads.tiers.staging.resize(staging);
         done.freed + shed
     }
 }

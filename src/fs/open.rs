@@ -160,7 +160,9 @@ impl DatasetFs {
             self.elastic.state.wake.wake();
         }
         // Last before the reply, after which the opener queues its event, if any.
-        self.opens.asked(ino, self.ns.parent(ino), caller.pid);
+        self.opener
+            .opens
+            .asked(ino, self.tree.ns.parent(ino), caller.pid);
         Ok(opened)
     }
 
@@ -173,13 +175,13 @@ impl DatasetFs {
         access: Access,
     ) -> Result<(FileHandle, Opened), FsError> {
         let opened = self.open_source(ino, caller)?;
-        let now = self.ledger.now();
+        let now = self.reads.ledger.now();
         let version = &opened.meta.version;
-        let in_memory = self.tiers.memory.holds_file(version);
+        let in_memory = self.reads.tiers.memory.holds_file(version);
         // A file the disk tier holds whole is a hit too: no byte of it is read from below.
         let hit = in_memory
-            || (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&opened.rel, version));
-        let job = self.jobs.get(caller.pid, caller.uid, now);
+            || (self.reads.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&opened.rel, version));
+        let job = self.reads.jobs.get(caller.pid, caller.uid, now);
         let (counted, reading) = match access {
             Access::Counted => {
                 let counted = self.count_access(job, &opened.accessed(), hit, caller, now);
@@ -228,7 +230,7 @@ impl DatasetFs {
         counted: &Counted,
     ) -> KernelReading {
         let version = opened.meta.version;
-        let memory = &self.tiers.memory;
+        let memory = &self.reads.tiers.memory;
         let first = BlockKey { version, block: 0 };
         let facts = OpenFacts {
             size: version.size,
@@ -242,7 +244,7 @@ impl DatasetFs {
             // behind locks): a hit, the hot path, skips it, as the plan does.
             partly_cached: !in_memory && memory.cached_bytes_of(&version) > 0,
             prefetched: !in_memory
-                && (!counted.claimed.is_empty() || self.tiers.fetcher.in_flight(&first)),
+                && (!counted.claimed.is_empty() || self.reads.tiers.fetcher.in_flight(&first)),
             would_keep: !in_memory && memory.would_keep(version.size),
             room: !in_memory && memory.has_room_for(version.size),
             source_resident: !in_memory
@@ -253,17 +255,17 @@ impl DatasetFs {
         };
         // The gauge's answer for a hit on the file, and its watch if the file is a sentinel.
         let (keep_hit, watch) = match opened.file_id {
-            Some(file) if in_memory && !opened.changed => self.kernel.open(file),
-            Some(file) => (self.kernel.keeps(), self.kernel.open(file).1),
+            Some(file) if in_memory && !opened.changed => self.opener.kernel.open(file),
+            Some(file) => (self.opener.kernel.keeps(), self.opener.kernel.open(file).1),
             None => (false, None),
         };
-        let disk_has_room =
-            (self.tiers.disk.as_ref()).is_some_and(|d| d.enabled() && d.used() < d.capacity());
+        let disk_has_room = (self.reads.tiers.disk.as_ref())
+            .is_some_and(|d| d.enabled() && d.used() < d.capacity());
         let policy = OpenPolicy {
-            passthrough: self.passthrough.on(),
+            passthrough: self.opener.passthrough.on(),
             caches: memory.caches(),
             feeds_below: disk_has_room || self.membership.config.is_some(),
-            kernel_keeps: self.kernel.keeps(),
+            kernel_keeps: self.opener.kernel.keeps(),
             keep_hit,
         };
         let plan = open_plan(&facts, &policy, || {
@@ -283,7 +285,8 @@ impl DatasetFs {
                 None => Err(ErrorKind::Unsupported.into()),
             },
         };
-        let (granted, refused) = (self.passthrough).open(ino, version, backing, register, || ());
+        let (granted, refused) =
+            (self.opener.passthrough).open(ino, version, backing, register, || ());
         if let Some(e) = refused {
             self.passthrough_unavailable(&format!("the kernel refused a backing file: {e}"));
         }
@@ -321,7 +324,7 @@ impl DatasetFs {
         let Some(f) = file else {
             return true;
         };
-        !(self.prefetcher)
+        !(self.reads.prefetcher)
             .needing(f, counted.job_key, counted.job_epoch)
             .is_empty()
     }
@@ -330,14 +333,17 @@ impl DatasetFs {
     /// source without the daemon: its whole size is counted now, as a hit's is, unless the
     /// open `reread` what its job read moments ago in this epoch.
     fn count_passthrough(&self, handle: &FileHandle, from_source: bool, reread: bool) {
-        let counters = &self.ledger.stats().counters;
+        let counters = &self.reads.ledger.stats().counters;
         crate::stats::Counters::add(&counters.passthrough_opens, 1);
         if from_source {
             crate::stats::Counters::add(&counters.passthrough_source_opens, 1);
         }
         if from_source && !reread {
-            self.ledger.read_directly(&handle.att, handle.version.size);
-            self.ledger
+            self.reads
+                .ledger
+                .read_directly(&handle.att, handle.version.size);
+            self.reads
+                .ledger
                 .file_from_source(handle.file_id, handle.att.job_epoch);
         }
     }
@@ -345,10 +351,12 @@ impl DatasetFs {
     /// Tells the prefetcher of the access that `counted` counted. What the open took from the
     /// staging area stays there for the jobs that still need it.
     pub(super) fn tell_prefetcher(&self, accessed: &Accessed, counted: &Counted, hit: bool) {
-        self.prefetcher
+        self.reads
+            .prefetcher
             .on_open(&counted.job, counted.step, counted.staged, hit);
         if let Some(f) = accessed.file_id {
-            self.prefetcher
+            self.reads
+                .prefetcher
                 .share(f, counted.read_by(), &accessed.version, &counted.claimed);
         }
     }
@@ -358,12 +366,12 @@ impl DatasetFs {
     /// If the file changed since the kernel was told, the kernel is told to forget what it
     /// cached.
     pub(super) fn open_source(&self, ino: NodeId, caller: Caller) -> Result<SourceOpen, FsError> {
-        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        let info = self.tree.ns.info(ino).ok_or(FsError::NotFound)?;
         if info.attr.kind == Kind::Dir {
             return Err(FsError::IsDir);
         }
         let rel = self.rel_path(ino)?;
-        let (file, meta) = match self.source.open_file(&rel, &self.creds(caller)) {
+        let (file, meta) = match self.tree.source.open_file(&rel, &self.creds(caller)) {
             Ok(opened) => opened,
             Err(e) => {
                 // A refused open may be the first sign of a chmod. The node learns it (so
@@ -371,16 +379,16 @@ impl DatasetFs {
                 // not told to forget its attributes: it would cache the refusing mode for
                 // --metadata-ttl and refuse the next open itself, even after a chmod back.
                 // What it cached of the file's pages is dropped at the next open that works.
-                if let Ok(meta) = self.source.metadata(&rel, &Creds::DAEMON)
-                    && self.ns.refresh(ino, meta)
+                if let Ok(meta) = self.tree.source.metadata(&rel, &Creds::DAEMON)
+                    && self.tree.ns.refresh(ino, meta)
                 {
-                    self.stale_in_kernel.lock().insert(ino);
+                    self.opener.stale_in_kernel.lock().insert(ino);
                 }
                 return Err(source_error(e));
             }
         };
-        let pending = self.stale_in_kernel.lock().remove(&ino);
-        let changed = (meta.version != info.version && self.ns.refresh(ino, meta)) || pending;
+        let pending = self.opener.stale_in_kernel.lock().remove(&ino);
+        let changed = (meta.version != info.version && self.tree.ns.refresh(ino, meta)) || pending;
         if changed {
             self.invalidate(ino);
         }
@@ -412,9 +420,9 @@ impl DatasetFs {
         let claimed = if hit {
             Claimed::default()
         } else {
-            self.prefetcher.claim(opened.rel, &version, job_key)
+            self.reads.prefetcher.claim(opened.rel, &version, job_key)
         };
-        let blocks = self.tiers.memory.blocks().count(version.size);
+        let blocks = self.reads.tiers.memory.blocks().count(version.size);
         let staged = !claimed.blocks.is_empty() && claimed.blocks.len() as u64 == blocks;
         let opening = Opening {
             file: opened.file_id,
@@ -426,7 +434,7 @@ impl DatasetFs {
             total: self.dataset_files(),
             now,
         };
-        let (job_epoch, step) = self.ledger.open_in_job(&mut j, &opening);
+        let (job_epoch, step) = self.reads.ledger.open_in_job(&mut j, &opening);
         if step.is_some_and(Step::began_epoch) {
             j.epoch_changed();
         }
@@ -434,7 +442,7 @@ impl DatasetFs {
         let position = j.log.tracker().read_in_epoch() as u64;
         drop(j);
         Counted {
-            epoch: self.ledger.open_in_dataset(&opening),
+            epoch: self.reads.ledger.open_in_dataset(&opening),
             job,
             job_key,
             job_epoch,
@@ -455,7 +463,7 @@ impl DatasetFs {
             (j.key, j.epoch(), j.following(), position)
         };
         Counted {
-            epoch: self.ledger.epoch(),
+            epoch: self.reads.ledger.epoch(),
             job,
             job_key,
             job_epoch,
@@ -476,7 +484,7 @@ impl DatasetFs {
             return self.orders.release(fh);
         };
         if let Some(watch) = &handle.watch {
-            self.kernel.closed(watch);
+            self.opener.kernel.closed(watch);
         }
         // An open counted its whole file as read; its reader may have read a part.
         if handle.reads_reach_daemon {
@@ -492,7 +500,7 @@ impl DatasetFs {
             let unread = size - asked.min(size);
             if unread > 0 {
                 let hit = handle.counted_at_open.load(Ordering::Relaxed);
-                self.ledger.read_in_part(&handle.att, unread, hit);
+                self.reads.ledger.read_in_part(&handle.att, unread, hit);
             }
         }
         // A streamed miss's pages are the kernel's copy of bytes the cache keeps or does not
@@ -502,8 +510,8 @@ impl DatasetFs {
         }
         // A told open never went through the passthrough table.
         if (!handle.silent || handle.adopted) && !handle.told {
-            let memory = &self.tiers.memory;
-            (self.passthrough)
+            let memory = &self.reads.tiers.memory;
+            (self.opener.passthrough)
                 .release(handle.ino, handle.kernel_io, |v| memory.holds_for_kernel(v));
         }
     }

@@ -431,7 +431,7 @@ pub(super) fn control_named(parent: NodeId, name: &std::ffi::OsStr) -> Option<Or
 impl OrderNode {
     /// Its attributes: a read-only file of the mount root's time.
     pub(super) fn attr(self, fs: &DatasetFs) -> Attr {
-        let root = fs.ns.info(ROOT).map(|i| i.attr);
+        let root = fs.tree.ns.info(ROOT).map(|i| i.attr);
         OrderFiles::attr(root.map_or(SystemTime::UNIX_EPOCH, |a| a.mtime))
     }
 
@@ -479,7 +479,9 @@ impl DatasetFs {
         }
         if cmd == HINT_CHUNK {
             let limit = self.hint_limit();
-            return self.orders.append(fh, caller, data, limit, &self.ledger);
+            return self
+                .orders
+                .append(fh, caller, data, limit, &self.reads.ledger);
         }
         let (buf, caller) = self.orders.commit(fh, caller)?;
         self.apply_hint(&buf, caller)
@@ -487,7 +489,7 @@ impl DatasetFs {
 
     /// The most bytes one hint of this dataset may take.
     fn hint_limit(&self) -> u64 {
-        MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.ns.file_count() as u64
+        MAX_ORDER_BASE + MAX_BYTES_PER_FILE * self.tree.ns.file_count() as u64
     }
 
     /// Takes hint `text` (paths, one a line) from `caller` (the control socket's client),
@@ -505,7 +507,7 @@ impl DatasetFs {
                 Err(e) => break Err(FsError::Source(e)),
             };
             let appended =
-                (self.orders).append_bytes(key, true, caller, &buf[..n], limit, &self.ledger);
+                (self.orders).append_bytes(key, true, caller, &buf[..n], limit, &self.reads.ledger);
             if let Err(e) = appended {
                 break Err(e);
             }
@@ -523,8 +525,8 @@ impl DatasetFs {
             let charge = self.orders.charge_order(caller.uid, &order)?;
             Ok((order, charge))
         });
-        let now = self.ledger.now();
-        let job = self.jobs.get(caller.pid, caller.uid, now);
+        let now = self.reads.ledger.now();
+        let job = self.reads.jobs.get(caller.pid, caller.uid, now);
         let mut j = job.lock();
         match result {
             Ok((order, charge)) => {
@@ -543,16 +545,16 @@ impl DatasetFs {
                 let joined = j.following().map(|d| (d, j.key));
                 drop(j);
                 if let Some((digest, key)) = joined {
-                    self.prefetcher.joined(digest, key);
+                    self.reads.prefetcher.joined(digest, key);
                 }
-                self.ledger.hint(true);
-                self.prefetcher.wake();
+                self.reads.ledger.hint(true);
+                self.reads.prefetcher.wake();
                 Ok(())
             }
             Err(e) => {
                 tracing::warn!("{}: order hint rejected: {e}", j.key);
                 drop(j);
-                self.ledger.hint(false);
+                self.reads.ledger.hint(false);
                 Err(e.into())
             }
         }
@@ -573,7 +575,7 @@ impl DatasetFs {
             let mut at = ROOT;
             for part in &parts {
                 let name = std::ffi::OsStr::from_bytes(part);
-                at = match self.ns.child(at, name) {
+                at = match self.tree.ns.child(at, name) {
                     Some(id) => id,
                     None => match self.lookup(at, name, caller) {
                         Ok(entry) => entry.attr.ino,
@@ -581,7 +583,7 @@ impl DatasetFs {
                     },
                 };
             }
-            match self.ns.info(at) {
+            match self.tree.ns.info(at) {
                 Some(info) if info.attr.kind == Kind::File => {
                     order.push(info.file_id.ok_or_else(|| unknown(line, &parts))?);
                 }
@@ -601,14 +603,15 @@ impl DatasetFs {
         let creds = self.creds(caller);
         if !creds.is_daemon() {
             let mut paths = order.iter().map(|id| {
-                self.ns
+                self.tree
+                    .ns
                     .file_node(*id)
-                    .and_then(|n| self.ns.path(n))
+                    .and_then(|n| self.tree.ns.path(n))
                     .unwrap_or_default()
             });
             // A check that fails to run refuses the hint (at its first line) rather than let
             // names through unchecked.
-            let refused = match self.source.first_unreadable(&mut paths, &creds) {
+            let refused = match self.tree.source.first_unreadable(&mut paths, &creds) {
                 Ok(first) => first,
                 Err(_) => Some(0),
             };

@@ -100,7 +100,7 @@ impl Assembly {
 impl DatasetFs {
     /// A READ reached the daemon (stat `read_requests`).
     fn count_read_request(&self) {
-        crate::stats::Counters::add(&self.ledger.stats().counters.read_requests, 1);
+        crate::stats::Counters::add(&self.reads.ledger.stats().counters.read_requests, 1);
     }
 
     /// A READ of node `ino`, open as `fh`: the order file reads as empty; where the kernel
@@ -164,11 +164,11 @@ impl DatasetFs {
             Err(e) => return done(Err(e)),
         };
         if let Some(watch) = &h.watch {
-            self.kernel.asked(watch);
+            self.opener.kernel.asked(watch);
         }
         self.read_current(&h, offset, size, done);
         if let Some(watch) = &h.watch {
-            self.kernel.closed(watch);
+            self.opener.kernel.closed(watch);
         }
     }
 
@@ -180,7 +180,7 @@ impl DatasetFs {
             return done(Err(FsError::BadHandle));
         };
         if let Some(watch) = &h.watch {
-            self.kernel.asked(watch);
+            self.opener.kernel.asked(watch);
         }
         if h.reads_reach_daemon {
             let within = h.version.size.saturating_sub(offset).min(size as u64);
@@ -208,7 +208,7 @@ impl DatasetFs {
             return Some(Vec::new());
         }
         let end = (offset + size as u64).min(file_size);
-        let bs = self.tiers.memory.blocks().get();
+        let bs = self.reads.tiers.memory.blocks().get();
         let whole = file_size <= bs;
         let (block_of, block_start) = (
             |pos: u64| if whole { 0 } else { pos / bs },
@@ -231,7 +231,7 @@ impl DatasetFs {
             return done(Ok(&[]));
         }
         let end = (offset + size as u64).min(file_size);
-        let bs = self.tiers.memory.blocks().get();
+        let bs = self.reads.tiers.memory.blocks().get();
         let whole = file_size <= bs;
         let block_of = |pos: u64| if whole { 0 } else { pos / bs };
         let block_start = |b: u64| if whole { 0 } else { b * bs };
@@ -302,7 +302,7 @@ impl DatasetFs {
         let mut buf = vec![0; size as usize];
         match h.file.read_at(offset, &mut buf) {
             Ok(n) => {
-                self.ledger.read_directly(&h.att, n as u64);
+                self.reads.ledger.read_directly(&h.att, n as u64);
                 done(Ok(&buf[..n]))
             }
             Err(e) => done(Err(FsError::Source(e))),
@@ -322,11 +322,11 @@ impl DatasetFs {
     /// coming from the cache.
     fn local_block(&self, h: &FileHandle, block: u64, served: u64) -> Option<Local<'_>> {
         let want = h.want(block);
-        let errors = &self.ledger.stats().counters.tier_errors;
-        let tiers = &self.tiers;
+        let errors = &self.reads.ledger.stats().counters.tier_errors;
+        let tiers = &self.reads.tiers;
         if let Some(Found::Lent(bytes)) = look_up([&*tiers.memory as &dyn Tier], &want, errors) {
             if !h.counted_at_open.load(Ordering::Relaxed) {
-                self.ledger.served_from_cache(&h.att, served);
+                self.reads.ledger.served_from_cache(&h.att, served);
             }
             return Some(Local::Cached(bytes));
         }
@@ -377,14 +377,14 @@ impl DatasetFs {
     ) {
         // A block the disk tier holds keeps a hit a hit (it is a cached byte); any other
         // fetch turns it into a miss now, whichever fetch ends up reading it.
-        let on_disk =
-            (self.tiers.disk.as_ref()).is_some_and(|d| d.takes_block(&h.rel, &h.want(block).key));
+        let on_disk = (self.reads.tiers.disk.as_ref())
+            .is_some_and(|d| d.takes_block(&h.rel, &h.want(block).key));
         if !on_disk {
-            h.no_longer_a_hit(&self.ledger);
+            h.no_longer_a_hit(&self.reads.ledger);
         }
         let report = self.report_for(h);
-        let (handle, tiers) = (h.clone(), self.tiers.clone());
-        let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
+        let (handle, tiers) = (h.clone(), self.reads.tiers.clone());
+        let (prefetcher, ledger) = (self.reads.prefetcher.clone(), self.reads.ledger.clone());
         let started = Instant::now();
         ledger.wait_begins(h.pid);
         let blocks = tiers.memory.blocks();
@@ -395,7 +395,7 @@ impl DatasetFs {
             Local::Fetched(data) => Some(data),
             Local::Cached(bytes) => Block::copy_of(&bytes).ok().map(Arc::new),
         };
-        self.tiers.fetcher.fetch(
+        self.reads.tiers.fetcher.fetch(
             h.rel.clone(),
             &crate::tier::Want {
                 stream,
@@ -448,11 +448,11 @@ impl DatasetFs {
     /// store when every read streamed. Always true for a directory source, whose reads are
     /// block by block.
     fn streams(&self, h: &FileHandle, first: u64, last: u64) -> bool {
-        let part = self.tiers.fetcher.part_blocks();
+        let part = self.reads.tiers.fetcher.part_blocks();
         if part <= 1 {
             return true;
         }
-        let near = part.max(self.handles.window() / self.tiers.memory.blocks().get());
+        let near = part.max(self.handles.window() / self.reads.tiers.memory.blocks().get());
         h.stream.lock().read(first, last, near)
     }
 
@@ -464,7 +464,7 @@ impl DatasetFs {
     /// ([`crate::tier::fetch::Fetcher::read_ahead`]: while the readers' part slots and the
     /// readahead buffer have room). Their bytes count as the reader's.
     fn read_next_part(&self, h: &Arc<FileHandle>, block: u64, stream: bool) {
-        let fetcher = &self.tiers.fetcher;
+        let fetcher = &self.reads.tiers.fetcher;
         let part = fetcher.part_blocks();
         if part <= 1
             || !block.is_multiple_of(part)
@@ -473,7 +473,7 @@ impl DatasetFs {
         {
             return;
         }
-        let count = self.tiers.memory.blocks().count(h.version.size);
+        let count = self.reads.tiers.memory.blocks().count(h.version.size);
         for ahead in 1..=READ_AHEAD_PARTS {
             let next = block + ahead * part;
             if next >= count {
@@ -486,7 +486,7 @@ impl DatasetFs {
     /// What a fetch for `h` tells when it ends: the bytes it read, counted as `h`'s (from the
     /// source, a peer or the disk tier), and the prefetcher's pacer its latency.
     fn report_for(&self, h: &Arc<FileHandle>) -> Report {
-        let (prefetcher, ledger) = (self.prefetcher.clone(), self.ledger.clone());
+        let (prefetcher, ledger) = (self.reads.prefetcher.clone(), self.reads.ledger.clone());
         let accounted = h.clone();
         Box::new(move |fetched| {
             prefetcher.record(fetched);

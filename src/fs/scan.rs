@@ -46,7 +46,7 @@ impl DatasetFs {
     pub fn scan(&self) {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // An object store's listings wait on its latency: as many as it says at once.
-        let threads = (self.source.scan_threads()).unwrap_or(cpus.clamp(1, SCAN_THREADS));
+        let threads = (self.tree.source.scan_threads()).unwrap_or(cpus.clamp(1, SCAN_THREADS));
         let queue = Mutex::new(ScanQueue {
             dirs: vec![(ROOT, PathBuf::new())],
             busy: 0,
@@ -63,17 +63,17 @@ impl DatasetFs {
             }
             self.scan_from(&queue, &changed);
         });
-        let disk_order = self.ns.files_in_inode_order();
-        self.ns.shrink();
-        self.scan.complete.store(true, Ordering::Release);
-        if let Some(disk) = &self.tiers.disk {
-            disk.set_dataset_bytes(self.scan.bytes.load(Ordering::Relaxed));
+        let disk_order = self.tree.ns.files_in_inode_order();
+        self.tree.ns.shrink();
+        self.tree.scan.complete.store(true, Ordering::Release);
+        if let Some(disk) = &self.reads.tiers.disk {
+            disk.set_dataset_bytes(self.tree.scan.bytes.load(Ordering::Relaxed));
         }
-        self.prefetcher.scanned(disk_order);
+        self.reads.prefetcher.scanned(disk_order);
         tracing::info!(
             "scan complete: {} files, {}",
-            self.scan.files.load(Ordering::Relaxed),
-            crate::units::format_size(self.scan.bytes.load(Ordering::Relaxed))
+            self.tree.scan.files.load(Ordering::Relaxed),
+            crate::units::format_size(self.tree.scan.bytes.load(Ordering::Relaxed))
         );
     }
 
@@ -109,27 +109,31 @@ impl DatasetFs {
         // Watched before it is read: a change after the read is seen.
         self.watch_dir(node, rel);
         let read_at = Instant::now();
-        let (dir_meta, items) = match self.source.read_dir(rel, &Creds::DAEMON) {
+        let (dir_meta, items) = match self.tree.source.read_dir(rel, &Creds::DAEMON) {
             Ok(read) => read,
             Err(e) => {
-                tracing::warn!("scan: {}: {e}", self.source.root().join(rel).display());
+                tracing::warn!("scan: {}: {e}", self.tree.source.root().join(rel).display());
                 return Vec::new();
             }
         };
         self.check_metadata_room();
         let ids = self
+            .tree
             .ns
             .insert_children(node, items.iter().map(|i| (i.name.as_os_str(), i.meta)));
         if settled(&dir_meta) {
-            self.ns.keep_listing(node, dir_meta.version, read_at, &ids);
+            self.tree
+                .ns
+                .keep_listing(node, dir_meta.version, read_at, &ids);
         }
         let mut dirs = Vec::new();
         for (item, id) in items.iter().zip(ids) {
             match item.meta.attr.kind {
                 Kind::Dir => dirs.push((id, rel.join(&item.name))),
                 Kind::File => {
-                    self.scan.files.fetch_add(1, Ordering::Relaxed);
-                    self.scan
+                    self.tree.scan.files.fetch_add(1, Ordering::Relaxed);
+                    self.tree
+                        .scan
                         .bytes
                         .fetch_add(item.meta.attr.size, Ordering::Relaxed);
                 }
@@ -142,17 +146,17 @@ impl DatasetFs {
     /// Warns (once) when the node table grows past the room the budget left it: the daemon
     /// is then on its way past its memory (cgroup) limit, and the kernel would kill it.
     fn check_metadata_room(&self) {
-        let Some(room) = self.scan.room else {
+        let Some(room) = self.tree.scan.room else {
             return;
         };
-        let used = self.ns.memory() as u64;
-        if used > room && !self.scan.over_room.swap(true, Ordering::Relaxed) {
+        let used = self.tree.ns.memory() as u64;
+        if used > room && !self.tree.scan.over_room.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 "the node table of {} entries holds {}, more than the {} that the cache and \
                  --prefetch-memory leave of the daemon's memory; the kernel may kill the \
                  daemon: mount with a smaller --cache-size or --prefetch-memory, or give it \
                  more memory",
-                self.ns.file_count(),
+                self.tree.ns.file_count(),
                 crate::units::format_size(used),
                 crate::units::format_size(room)
             );
@@ -161,15 +165,16 @@ impl DatasetFs {
 
     /// True once the node table outgrew the room the budget left it (and the daemon said so).
     pub fn metadata_over_room(&self) -> bool {
-        self.scan.over_room.load(Ordering::Relaxed)
+        self.tree.scan.over_room.load(Ordering::Relaxed)
     }
 
     /// The dataset's file count, once the scan is complete.
     pub(super) fn dataset_files(&self) -> Option<usize> {
-        self.scan
+        self.tree
+            .scan
             .complete
             .load(Ordering::Acquire)
-            .then(|| self.ns.file_count())
+            .then(|| self.tree.ns.file_count())
     }
 }
 

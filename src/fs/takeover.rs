@@ -57,9 +57,9 @@ impl DatasetFs {
     /// Records, from now on, what a successor daemon will need: node ids in `journal`,
     /// handles and registrations in `slots`.
     pub fn keep_for_successor(&self, journal: Arc<NodeJournal>, slots: Arc<HandleSlots>) {
-        self.ns.log_to(journal);
+        self.tree.ns.log_to(journal);
         self.handles.keep_in(slots.clone());
-        self.passthrough.keep_in(slots);
+        self.opener.passthrough.keep_in(slots);
     }
 
     /// Takes the node ids over from a previous daemon that left `journal`, before anything
@@ -68,10 +68,11 @@ impl DatasetFs {
     pub fn take_over_nodes(&self, journal: Arc<NodeJournal>) -> std::io::Result<usize> {
         let nodes = journal.nodes()?;
         let replayed = self
+            .tree
             .ns
             .replay(nodes.into_iter().map(|n| (n.id, n.parent, n.kind, n.name)))
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        self.ns.log_to(journal);
+        self.tree.ns.log_to(journal);
         Ok(replayed)
     }
 
@@ -84,9 +85,9 @@ impl DatasetFs {
             .iter()
             .filter(|h| h.kind != HandleKind::Control && h.ino != 0)
             .count();
-        let registrations_dropped = self.passthrough.adopt(&open);
+        let registrations_dropped = self.opener.passthrough.adopt(&open);
         self.handles.keep_in(slots.clone());
-        self.passthrough.keep_in(slots);
+        self.opener.passthrough.keep_in(slots);
         TakenOver {
             handles,
             registrations_dropped,
@@ -152,7 +153,8 @@ impl DatasetFs {
             return false;
         };
         if h.kind == HandleKind::File {
-            self.passthrough
+            self.opener
+                .passthrough
                 .release(h.ino, predecessors_io(h.backing), |_| false);
         }
         self.handles.forget_predecessors(fh);

@@ -680,19 +680,19 @@ impl DatasetFs {
     /// the scan is complete and nothing stands in the way.
     fn kernel_opens_refusal(&self, acls: bool) -> Option<String> {
         let mean = {
-            let files = self.scan.files.load(Ordering::Relaxed).max(1);
-            self.scan.bytes.load(Ordering::Relaxed) / files
+            let files = self.tree.scan.files.load(Ordering::Relaxed).max(1);
+            self.tree.scan.bytes.load(Ordering::Relaxed) / files
         };
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
-        let why = match self.opens.mode {
+        let why = match self.opener.opens.mode {
             Opens::Daemon => "--opens daemon".into(),
             Opens::Kernel => return None,
             Opens::Auto if !root => "the daemon is not root: it cannot be told of opens".into(),
-            Opens::Auto if crate::source::object::ObjectUrl::is_url(self.source.root()) => {
+            Opens::Auto if crate::source::object::ObjectUrl::is_url(self.tree.source.root()) => {
                 "an object store: an open is a small part of a read".into()
             }
-            Opens::Auto if self.read_delay => "--read-delay".into(),
+            Opens::Auto if self.opener.read_delay => "--read-delay".into(),
             Opens::Auto if mean >= super::plan::STREAMED_MISS_MIN => format!(
                 "a dataset of big files ({} a file): their reads, not their opens, are what \
                  they cost",
@@ -701,7 +701,7 @@ impl DatasetFs {
             Opens::Auto if acls => {
                 "the source has POSIX ACLs, which only --acl lets the kernel check".into()
             }
-            Opens::Auto => match self.opens.watch.get().map(|w| w.failed()) {
+            Opens::Auto => match self.opener.opens.watch.get().map(|w| w.failed()) {
                 None => "the source cannot be watched".into(),
                 Some(Some(why)) => format!("the source cannot be watched: {why}"),
                 Some(None) => return None,
@@ -716,27 +716,28 @@ impl DatasetFs {
     /// [`SWITCH_RATE`] a second ([`KernelOpens::opened`]), under `--opens kernel` it already
     /// does.
     pub fn open_in_kernel_if_safe(self: &Arc<Self>) {
-        if self.opens.mode == Opens::Daemon {
+        if self.opener.opens.mode == Opens::Daemon {
             return;
         }
-        let acls =
-            self.opens.check_acls && self.opens.mode == Opens::Auto && self.source_has_acls();
+        let acls = self.opener.opens.check_acls
+            && self.opener.opens.mode == Opens::Auto
+            && self.source_has_acls();
         if let Some(why) = self.kernel_opens_refusal(acls) {
             tracing::info!("opens: every open asks the daemon ({why})");
-            *self.opens.why.lock() = why;
+            *self.opener.opens.why.lock() = why;
             return;
         }
-        if self.opens.mode == Opens::Auto {
+        if self.opener.opens.mode == Opens::Auto {
             // Marks are placed when the switch comes (they take a lookup of every directory
             // through the mount): a mount that is never read fast never makes them.
             tracing::info!(
                 "opens: the kernel will open files itself once they come {SWITCH_RATE} a second"
             );
-            *self.opens.why.lock() = format!(
+            *self.opener.opens.why.lock() = format!(
                 "ready for the kernel to open files, once they come {SWITCH_RATE} a second"
             );
-            let _ = self.opens.switcher.set(Arc::downgrade(self));
-            self.opens.ready.store(true, Ordering::Relaxed);
+            let _ = self.opener.opens.switcher.set(Arc::downgrade(self));
+            self.opener.opens.ready.store(true, Ordering::Relaxed);
             return;
         }
         // SAFETY: geteuid has no preconditions.
@@ -752,9 +753,13 @@ impl DatasetFs {
             return;
         }
         tracing::info!("opens: the kernel opens files itself; the daemon is told of each");
-        self.opens.ready.store(true, Ordering::Relaxed);
-        self.opens.switch_on();
-        let _ = self.opens.forks.set(crate::jobs::forks::Forks::listen());
+        self.opener.opens.ready.store(true, Ordering::Relaxed);
+        self.opener.opens.switch_on();
+        let _ = self
+            .opener
+            .opens
+            .forks
+            .set(crate::jobs::forks::Forks::listen());
         let weak = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("coorfs-told".into())
@@ -769,20 +774,20 @@ impl DatasetFs {
     /// event is not counted again).
     fn mark_directories(&self) -> Result<(), String> {
         let events = OpenEvents::new().map_err(|e| format!("fanotify: {e}"))?;
-        let events = match self.opens.events.set(events) {
-            Ok(()) => self.opens.events.get().expect("just set"),
+        let events = match self.opener.opens.events.set(events) {
+            Ok(()) => self.opener.opens.events.get().expect("just set"),
             Err(_) => return Err("marked twice".into()),
         };
-        let dirs = self.ns.dirs();
+        let dirs = self.tree.ns.dirs();
         for dir in &dirs {
-            let Some(rel) = self.ns.path(*dir) else {
+            let Some(rel) = self.tree.ns.path(*dir) else {
                 continue;
             };
             events
-                .mark(&self.opens.mountpoint.join(&rel))
+                .mark(&self.opener.opens.mountpoint.join(&rel))
                 .map_err(|e| format!("fanotify mark of {}: {e}", rel.display()))?;
             let at = std::time::Instant::now();
-            self.opens.marked.lock().insert(*dir, at);
+            self.opener.opens.marked.lock().insert(*dir, at);
         }
         tracing::debug!("opens: {} directories marked", dirs.len());
         Ok(())
@@ -792,26 +797,26 @@ impl DatasetFs {
     /// on mounts other users may use without `--acl`).
     fn source_has_acls(&self) -> bool {
         let acl = crate::stats::ACL_XATTRS[0];
-        (self.ns.all_nodes().into_iter())
-            .filter_map(|node| self.ns.path(node))
-            .any(|rel| matches!(self.source.acl(&rel, acl), Ok(Some(_))))
+        (self.tree.ns.all_nodes().into_iter())
+            .filter_map(|node| self.tree.ns.path(node))
+            .any(|rel| matches!(self.tree.source.acl(&rel, acl), Ok(Some(_))))
     }
 
     /// Counts the told opens queued so far (see the module header).
     /// Returns how many there were.
     pub(super) fn drain_told(&self) -> usize {
-        let Some(events) = self.opens.events.get() else {
+        let Some(events) = self.opener.opens.events.get() else {
             return 0;
         };
-        let mut buf = self.opens.drain.lock();
+        let mut buf = self.opener.opens.drain.lock();
         let mut n = 0;
         while events.read(&mut buf, |node, tid| {
             n += 1;
             // Before the kernel opens files itself every open is asked, and counted then.
-            if self.opens.on() {
+            if self.opener.opens.on() {
                 self.told_open(node, tid)
             } else {
-                self.opens.was_asked(node, tid);
+                self.opener.opens.was_asked(node, tid);
             }
         }) {}
         n
@@ -820,40 +825,40 @@ impl DatasetFs {
     /// The kernel told of an open of node `ino` by thread `tid`: counted as its OPEN would
     /// have been ([`DatasetFs::count_access`]), and kept for its READs.
     fn told_open(&self, ino: NodeId, tid: u32) {
-        if tid == self.opens.own_tid.load(Ordering::Relaxed) {
+        if tid == self.opener.opens.own_tid.load(Ordering::Relaxed) {
             return;
         }
-        let Some(info) = self.ns.info(ino) else {
+        let Some(info) = self.tree.ns.info(ino) else {
             return;
         };
         if info.attr.kind != Kind::File {
             return;
         }
-        if self.opens.was_asked(ino, tid) {
+        if self.opener.opens.was_asked(ino, tid) {
             return;
         }
-        let now = self.ledger.now();
-        let uid = self.opens.uid_of(tid, now);
+        let now = self.reads.ledger.now();
+        let uid = self.opener.opens.uid_of(tid, now);
         let caller = Caller {
             pid: tid,
             uid,
             gid: 0,
         };
         let version = info.version;
-        let in_memory = self.tiers.memory.holds_file(&version);
+        let in_memory = self.reads.tiers.memory.holds_file(&version);
         // The path is needed for a miss (its staged blocks are claimed by it) or the disk
         // tier's look: a hit in memory, the hot path, does without.
-        let rel = match (in_memory, &self.tiers.disk) {
+        let rel = match (in_memory, &self.reads.tiers.disk) {
             (true, None) => PathBuf::new(),
-            _ => match self.ns.path(ino) {
+            _ => match self.tree.ns.path(ino) {
                 Some(rel) => rel,
                 None => return,
             },
         };
-        let hit =
-            in_memory || (self.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&rel, &version));
-        let forks = self.opens.forks.get().and_then(Option::as_deref);
-        let job = self.jobs.get_after(tid, uid, now, forks);
+        let hit = in_memory
+            || (self.reads.tiers.disk.as_ref()).is_some_and(|d| d.holds_file(&rel, &version));
+        let forks = self.opener.opens.forks.get().and_then(Option::as_deref);
+        let job = self.reads.jobs.get_after(tid, uid, now, forks);
         let accessed = Accessed {
             rel: &rel,
             version,
@@ -861,8 +866,9 @@ impl DatasetFs {
         };
         let counted = self.count_access(job, &accessed, hit, caller, now);
         self.tell_prefetcher(&accessed, &counted, hit);
-        crate::stats::Counters::add(&self.ledger.stats().counters.told_opens, 1);
-        let ended = (self.opens.told.lock()).counted((ino, tid), counted, hit, in_memory, now);
+        crate::stats::Counters::add(&self.reads.ledger.stats().counters.told_opens, 1);
+        let ended =
+            (self.opener.opens.told.lock()).counted((ino, tid), counted, hit, in_memory, now);
         if let Some(fh) = ended {
             self.release(fh);
         }
@@ -879,13 +885,13 @@ impl DatasetFs {
         done: ReadDone,
     ) {
         let key = (ino, caller.pid);
-        let now = self.ledger.now();
-        let mut next = self.opens.next_for(key, now);
+        let now = self.reads.ledger.now();
+        let mut next = self.opener.opens.next_for(key, now);
         // The open this READ belongs to may still be queued (an earlier open of the file by
         // the thread, read whole, is no proof it is not).
-        if matches!(next, Next::Untold | Next::Late) && self.opens.events.get().is_some() {
+        if matches!(next, Next::Untold | Next::Late) && self.opener.opens.events.get().is_some() {
             self.drain_told();
-            next = self.opens.next_for(key, now);
+            next = self.opener.opens.next_for(key, now);
         }
         // Another READ of the open (readahead sends several) is making its handle, which takes
         // an open of the source file: this one waits for it, so that the handle sees every
@@ -893,7 +899,7 @@ impl DatasetFs {
         let waited = std::time::Instant::now();
         while matches!(next, Next::Busy) && waited.elapsed() < BUSY_WAIT {
             std::thread::yield_now();
-            next = self.opens.next_for(key, now);
+            next = self.opener.opens.next_for(key, now);
         }
         let fh = match next {
             Next::Read(fh) => fh,
@@ -903,11 +909,12 @@ impl DatasetFs {
                 in_memory,
             } => match self.told_handle(ino, caller, counted, hit, in_memory) {
                 Ok(fh) => {
-                    (self.opens.told.lock().reading).insert(key, Reading::Open { fh, at: now });
+                    (self.opener.opens.told.lock().reading)
+                        .insert(key, Reading::Open { fh, at: now });
                     fh
                 }
                 Err(e) => {
-                    self.opens.told.lock().reading.remove(&key);
+                    self.opener.opens.told.lock().reading.remove(&key);
                     return done(Err(e));
                 }
             },
@@ -924,7 +931,7 @@ impl DatasetFs {
         // completed it is out (readahead sends several READs at once: whichever ends last).
         let done: ReadDone = match h.reads_reach_daemon {
             true => {
-                let (drops, handle) = (self.opens.drops.clone(), h.clone());
+                let (drops, handle) = (self.opener.opens.drops.clone(), h.clone());
                 Box::new(move |result| {
                     done(result);
                     if handle.asked.load(Ordering::Relaxed) >= handle.version.size {
@@ -940,7 +947,7 @@ impl DatasetFs {
             false => offset + size as u64 >= h.version.size,
         };
         if whole {
-            let mut told = self.opens.told.lock();
+            let mut told = self.opener.opens.told.lock();
             if matches!(told.reading.get(&key), Some(Reading::Open { fh: f, .. }) if *f == fh) {
                 told.reading.insert(key, Reading::Ended { at: now });
             }
@@ -981,15 +988,15 @@ impl DatasetFs {
     /// daemon (which then reads it from the source when the kernel drops them). An open the
     /// daemon answers keeps them out with direct I/O.
     fn drop_pages(&self) {
-        for mut drop in self.opens.drops.due() {
+        for mut drop in self.opener.opens.drops.due() {
             // A file the cache took meanwhile keeps its pages: they are a hit's.
-            if self.tiers.memory.holds_file(&drop.version) {
+            if self.reads.tiers.memory.holds_file(&drop.version) {
                 continue;
             }
-            let Some(rel) = self.ns.path(drop.ino) else {
+            let Some(rel) = self.tree.ns.path(drop.ino) else {
                 continue;
             };
-            let path = self.opens.mountpoint.join(&rel);
+            let path = self.opener.opens.mountpoint.join(&rel);
             let opened = std::fs::OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NOATIME | libc::O_NONBLOCK)
@@ -1015,14 +1022,14 @@ impl DatasetFs {
                 // Its reader has not taken them yet (a busy CPU): later.
                 drop.tries += 1;
                 drop.due = std::time::Instant::now() + DROP_DELAY * (1 << drop.tries);
-                self.opens.drops.again(drop);
+                self.opener.opens.drops.again(drop);
             }
         }
     }
 
     /// Ends told opens that waited too long (see [`ToldTable::sweep`]).
     fn sweep_told(&self) {
-        let ended = self.opens.told.lock().sweep(self.ledger.now());
+        let ended = self.opener.opens.told.lock().sweep(self.reads.ledger.now());
         for fh in ended {
             self.release(fh);
         }
@@ -1038,13 +1045,13 @@ fn switch_and_count(fs: Weak<DatasetFs>) {
     let mut told_why = false;
     loop {
         let Some(fs) = fs.upgrade() else { return };
-        let left = fs.passthrough.close(PASSTHROUGH_WAIT);
+        let left = fs.opener.passthrough.close(PASSTHROUGH_WAIT);
         if left == 0 {
             break;
         }
         if !std::mem::replace(&mut told_why, true) {
             tracing::info!("opens: the switch waits for {left} files passed through to close");
-            *fs.opens.why.lock() =
+            *fs.opener.opens.why.lock() =
                 format!("the switch waits for {left} files passed through to close");
         }
     }
@@ -1052,18 +1059,22 @@ fn switch_and_count(fs: Weak<DatasetFs>) {
         let Some(fs) = fs.upgrade() else { return };
         if let Err(why) = fs.mark_directories() {
             tracing::info!("opens: every open asks the daemon (not told of opens: {why})");
-            *fs.opens.why.lock() = format!("not told of opens: {why}");
-            fs.opens.ready.store(false, Ordering::Relaxed);
+            *fs.opener.opens.why.lock() = format!("not told of opens: {why}");
+            fs.opener.opens.ready.store(false, Ordering::Relaxed);
             return;
         }
-        let _ = fs.opens.forks.set(crate::jobs::forks::Forks::listen());
+        let _ = fs
+            .opener
+            .opens
+            .forks
+            .set(crate::jobs::forks::Forks::listen());
         // Every event queued so far is of an open the daemon answered, and counted: among them
         // those asked while their directory was being marked, which have no entry in `asked`.
         // Their events are queued as their openers return, within microseconds of the reply:
         // after a pause they are all in the queue, and dropped with it before the switch.
         std::thread::sleep(SWITCH_GRACE);
         fs.drain_told();
-        fs.opens.switch_on();
+        fs.opener.opens.switch_on();
     }
     told_thread(fs)
 }
@@ -1073,21 +1084,21 @@ fn switch_and_count(fs: Weak<DatasetFs>) {
 fn told_thread(fs: Weak<DatasetFs>) {
     let fd = match fs
         .upgrade()
-        .and_then(|fs| (fs.opens.events.get()).and_then(|e| e.fd.try_clone().ok()))
+        .and_then(|fs| (fs.opener.opens.events.get()).and_then(|e| e.fd.try_clone().ok()))
     {
         Some(fd) => fd,
         None => return,
     };
     // The pages this thread drops it drops through opens of its own, which are told too.
     if let Some(fs) = fs.upgrade() {
-        fs.opens.own_tid.store(
+        fs.opener.opens.own_tid.store(
             rustix::thread::gettid().as_raw_nonzero().get() as u32,
             Ordering::Relaxed,
         );
     }
     let Some(woken) = fs
         .upgrade()
-        .and_then(|fs| fs.opens.drops.wake.try_clone().ok())
+        .and_then(|fs| fs.opener.opens.drops.wake.try_clone().ok())
     else {
         return;
     };
@@ -1098,7 +1109,7 @@ fn told_thread(fs: Weak<DatasetFs>) {
             rustix::event::PollFd::new(&woken, rustix::event::PollFlags::IN),
         ];
         let wait = (fs.upgrade())
-            .and_then(|fs| fs.opens.drops.next_in())
+            .and_then(|fs| fs.opener.opens.drops.next_in())
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1));
         let wait = rustix::time::Timespec {
@@ -1120,14 +1131,16 @@ fn told_thread(fs: Weak<DatasetFs>) {
         if swept.elapsed() >= Duration::from_secs(1) {
             swept = std::time::Instant::now();
             fs.sweep_told();
-            let unmarked = std::mem::take(&mut *fs.opens.unmarked.lock());
-            if let Some(events) = fs.opens.events.get() {
+            let unmarked = std::mem::take(&mut *fs.opener.opens.unmarked.lock());
+            if let Some(events) = fs.opener.opens.events.get() {
                 for dir in unmarked {
-                    let Some(rel) = fs.ns.path(dir) else { continue };
-                    match events.mark(&fs.opens.mountpoint.join(&rel)) {
+                    let Some(rel) = fs.tree.ns.path(dir) else {
+                        continue;
+                    };
+                    match events.mark(&fs.opener.opens.mountpoint.join(&rel)) {
                         Ok(()) => {
                             let at = std::time::Instant::now();
-                            fs.opens.marked.lock().insert(dir, at);
+                            fs.opener.opens.marked.lock().insert(dir, at);
                         }
                         Err(e) => tracing::debug!("fanotify mark of {}: {e}", rel.display()),
                     }

@@ -25,27 +25,27 @@ struct Sample {
 impl DatasetFs {
     /// Where the FUSE adapter counts the requests it answers.
     pub fn requests(&self) -> &crate::stats::Requests {
-        &self.ledger.stats().requests
+        &self.reads.ledger.stats().requests
     }
 
     /// How the kernel's requests reach the daemon, for stat `transport`: `io_uring` says
     /// whether they come over io_uring now (set once, by the FUSE session).
     pub fn set_transport(&self, io_uring: Box<dyn Fn() -> bool + Send + Sync>) {
-        self.ledger.stats().transport.set(io_uring);
+        self.reads.ledger.stats().transport.set(io_uring);
     }
 
     /// Every stat, now: the opens the kernel told of so far counted first, so that what a
     /// reader did before it asked shows.
     pub fn snapshot(&self) -> Snapshot {
         self.drain_told();
-        let stats = self.ledger.stats();
-        let mut jobs = self.jobs.summaries(stats.now());
+        let stats = self.reads.ledger.stats();
+        let mut jobs = self.reads.jobs.summaries(stats.now());
         for j in jobs.iter_mut().filter(|j| j.active) {
-            j.kept_blocks = self.tiers.staging.needed_by(j.key);
-            j.staged_bytes = self.tiers.staging.held_by(j.key);
+            j.kept_blocks = self.reads.tiers.staging.needed_by(j.key);
+            j.staged_bytes = self.reads.tiers.staging.held_by(j.key);
         }
         let c = &stats.counters;
-        let from_source = self.ledger.file_rounds_from_source();
+        let from_source = self.reads.ledger.file_rounds_from_source();
         let epochs = stats.epochs.lock();
         let sample = Sample {
             reads: Counters::get(&c.reads),
@@ -68,7 +68,7 @@ impl DatasetFs {
                 .cloned()
                 .chain([("cache_budget_why", self.elastic.state.why.lock().clone())])
                 .chain({
-                    let (who, why) = self.opens.state();
+                    let (who, why) = self.opener.opens.state();
                     [("opens", who.to_string()), ("opens_why", why)]
                 })
                 .chain(
@@ -79,18 +79,18 @@ impl DatasetFs {
                 .collect(),
             epochs: records,
             jobs: serde_json::to_value(jobs).unwrap_or_default(),
-            requests: self.ledger.stats().requests.json(),
+            requests: self.reads.ledger.stats().requests.json(),
         }
     }
 
     /// The value of `stat` now; the counters that several stats derive from as `sample` read
     /// them, so that those stats agree with each other.
     fn stat_value(&self, stat: Stat, sample: &Sample) -> Value {
-        let stats = self.ledger.stats();
+        let stats = self.reads.ledger.stats();
         let c = &stats.counters;
-        let cache = &self.tiers.memory;
+        let cache = &self.reads.tiers.memory;
         let cc = &cache.counters;
-        let disk = self.tiers.disk.as_deref();
+        let disk = self.reads.tiers.disk.as_deref();
         let Sample {
             reads,
             hits,
@@ -136,7 +136,9 @@ impl DatasetFs {
             Stat::MemoryPressureEvents => {
                 Value::Count(self.elastic.state.pressure_events.load(Ordering::Relaxed))
             }
-            Stat::MetadataBytes => Value::Count(self.ns.memory() as u64 + self.source.memory()),
+            Stat::MetadataBytes => {
+                Value::Count(self.tree.ns.memory() as u64 + self.tree.source.memory())
+            }
             Stat::AdmissionsRefused => Value::Count(cc.refused.load(Ordering::Relaxed)),
             Stat::Evictions => Value::Count(cc.evicted.load(Ordering::Relaxed)),
             Stat::SourceErrors => Value::Count(Counters::get(&c.source_errors)),
@@ -181,11 +183,11 @@ impl DatasetFs {
                     0
                 })
             }
-            Stat::StagingBytes => Value::Count(self.prefetcher.staging_bytes()),
-            Stat::PrefetchMemory => Value::Count(self.prefetcher.staging_capacity()),
-            Stat::KernelCache => Value::Count(u64::from(self.kernel.keeps())),
-            Stat::KernelRefills => Value::Count(self.kernel.refills()),
-            Stat::Passthrough => Value::Count(u64::from(self.passthrough.open_to_new())),
+            Stat::StagingBytes => Value::Count(self.reads.prefetcher.staging_bytes()),
+            Stat::PrefetchMemory => Value::Count(self.reads.prefetcher.staging_capacity()),
+            Stat::KernelCache => Value::Count(u64::from(self.opener.kernel.keeps())),
+            Stat::KernelRefills => Value::Count(self.opener.kernel.refills()),
+            Stat::Passthrough => Value::Count(u64::from(self.opener.passthrough.open_to_new())),
             Stat::PassthroughOpens => Value::Count(Counters::get(&c.passthrough_opens)),
             Stat::PassthroughSourceOpens => {
                 Value::Count(Counters::get(&c.passthrough_source_opens))
@@ -195,10 +197,12 @@ impl DatasetFs {
             Stat::ToldOpens => Value::Count(Counters::get(&c.told_opens)),
             Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
             Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
-            Stat::ActiveJobs => Value::Count(self.jobs.live().len() as u64),
-            Stat::DatasetFiles => Value::Count(self.scan.files.load(Ordering::Relaxed)),
-            Stat::DatasetBytes => Value::Count(self.scan.bytes.load(Ordering::Relaxed)),
-            Stat::ScanComplete => Value::Count(self.scan.complete.load(Ordering::Acquire) as u64),
+            Stat::ActiveJobs => Value::Count(self.reads.jobs.live().len() as u64),
+            Stat::DatasetFiles => Value::Count(self.tree.scan.files.load(Ordering::Relaxed)),
+            Stat::DatasetBytes => Value::Count(self.tree.scan.bytes.load(Ordering::Relaxed)),
+            Stat::ScanComplete => {
+                Value::Count(self.tree.scan.complete.load(Ordering::Acquire) as u64)
+            }
             Stat::Epoch => Value::Count(epoch),
             Stat::UptimeSeconds => Value::Count(stats.now() as u64),
             Stat::Pid => Value::Count(std::process::id() as u64),
@@ -215,7 +219,7 @@ impl DatasetFs {
         if let Some(order) = order::control(ino) {
             return order.getxattr();
         }
-        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        let info = self.tree.ns.info(ino).ok_or(FsError::NotFound)?;
         let name = name.to_str().ok_or(FsError::NoAttr)?;
         if ino == ROOT {
             if name == stats::STATS_XATTR {
@@ -229,13 +233,14 @@ impl DatasetFs {
         if let Some(acl) = stats::ACL_XATTRS.iter().find(|a| **a == name) {
             // The kernel evaluates POSIX ACLs itself (FUSE_POSIX_ACL) from these.
             let rel = self.rel_path(ino)?;
-            return match self.source.acl(&rel, acl).map_err(source_error)? {
+            return match self.tree.source.acl(&rel, acl).map_err(source_error)? {
                 Some(value) => Ok(value),
                 None => Err(FsError::NoAttr),
             };
         }
         if info.attr.kind == Kind::File && name == stats::CACHED_XATTR {
             return Ok(self
+                .reads
                 .tiers
                 .memory
                 .cached_bytes_of(&info.version)
@@ -250,7 +255,7 @@ impl DatasetFs {
         if let Some(order) = order::control(ino) {
             return Ok(order.listxattr());
         }
-        let info = self.ns.info(ino).ok_or(FsError::NotFound)?;
+        let info = self.tree.ns.info(ino).ok_or(FsError::NotFound)?;
         let mut names: Vec<String> = Vec::new();
         if ino == ROOT {
             names.push(stats::STATS_XATTR.to_string());

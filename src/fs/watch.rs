@@ -200,7 +200,9 @@ impl DatasetFs {
     /// files itself and the source is a local directory: before the scan, which adds each
     /// directory it reads.
     pub fn start_watching(self: &std::sync::Arc<Self>) {
-        if !self.kernel_may_open() || crate::source::object::ObjectUrl::is_url(self.source.root()) {
+        if !self.kernel_may_open()
+            || crate::source::object::ObjectUrl::is_url(self.tree.source.root())
+        {
             return;
         }
         let watch = match SourceWatch::new() {
@@ -210,7 +212,7 @@ impl DatasetFs {
                 return;
             }
         };
-        let _ = self.opens.watch.set(watch.clone());
+        let _ = self.opener.opens.watch.set(watch.clone());
         let fs = std::sync::Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name(WATCHER.into())
@@ -229,8 +231,8 @@ impl DatasetFs {
 
     /// Watches directory `node` (`rel` in the source) for changes, if the source is watched.
     pub(super) fn watch_dir(&self, node: NodeId, rel: &Path) {
-        if let Some(watch) = self.opens.watch.get() {
-            watch.add(node, &self.source.root().join(rel));
+        if let Some(watch) = self.opener.opens.watch.get() {
+            watch.add(node, &self.tree.source.root().join(rel));
         }
     }
 
@@ -244,20 +246,20 @@ impl DatasetFs {
                     "changes to the source came faster than they could be followed: the kernel \
                      forgets every entry and attribute it cached, and asks again"
                 );
-                for node in self.ns.all_nodes() {
+                for node in self.tree.ns.all_nodes() {
                     self.invalidate(node);
                 }
             }
             (What::Gone, _) => {}
             (_, None) => self.restat(dir),
             (What::Changed, Some(name)) => {
-                if let Some(child) = self.ns.child(dir, &name) {
+                if let Some(child) = self.tree.ns.child(dir, &name) {
                     self.restat(child);
                 }
             }
             (What::Appeared { dir: is_dir }, Some(name)) => {
                 self.forget_name(dir, &name);
-                if let Some(child) = self.ns.child(dir, &name) {
+                if let Some(child) = self.tree.ns.child(dir, &name) {
                     self.restat(child);
                 }
                 if is_dir {
@@ -266,7 +268,7 @@ impl DatasetFs {
             }
             (What::Went, Some(name)) => {
                 self.forget_name(dir, &name);
-                if let Some(child) = self.ns.child(dir, &name) {
+                if let Some(child) = self.tree.ns.child(dir, &name) {
                     self.restat(child);
                 }
             }
@@ -276,10 +278,10 @@ impl DatasetFs {
     /// Node `node` is looked at again in the source; the kernel forgets what it cached of it
     /// if it changed (or is gone).
     fn restat(&self, node: NodeId) {
-        let Some(rel) = self.ns.path(node) else {
+        let Some(rel) = self.tree.ns.path(node) else {
             return;
         };
-        match self.source.metadata(&rel, &Creds::DAEMON) {
+        match self.tree.source.metadata(&rel, &Creds::DAEMON) {
             Ok(meta) => {
                 self.refresh(node, meta);
             }
@@ -290,7 +292,7 @@ impl DatasetFs {
     /// The kernel forgets name `name` in directory `dir`, and the directory's attributes.
     fn forget_name(&self, dir: NodeId, name: &OsStr) {
         self.restat(dir);
-        if let Some(invalidate) = self.invalidator.get() {
+        if let Some(invalidate) = self.opener.invalidator.get() {
             invalidate(super::Invalidation::Entry(dir, name.to_os_string()), true);
         }
     }
@@ -305,9 +307,9 @@ impl DatasetFs {
         if entry.attr.kind != Kind::Dir {
             return;
         }
-        if let Some(rel) = self.ns.path(entry.attr.ino) {
+        if let Some(rel) = self.tree.ns.path(entry.attr.ino) {
             self.watch_dir(entry.attr.ino, &rel);
-            self.opens.mark_later(entry.attr.ino);
+            self.opener.opens.mark_later(entry.attr.ino);
         }
     }
 
@@ -315,7 +317,7 @@ impl DatasetFs {
     /// thread (which is why it runs), soon on a FUSE thread.
     pub(super) fn invalidate(&self, node: NodeId) {
         let at_once = std::thread::current().name() == Some(WATCHER);
-        if let Some(invalidate) = self.invalidator.get() {
+        if let Some(invalidate) = self.opener.invalidator.get() {
             invalidate(super::Invalidation::Inode(node), at_once);
         }
     }

@@ -338,6 +338,34 @@ fn no_file_reaches_back_to_a_sibling_that_uses_it() {
     );
 }
 
+/// The fields of `struct NAME` in `text` (a declaration of one field a line).
+fn struct_fields(text: &str, name: &str) -> Vec<String> {
+    let start = format!("pub struct {name} {{");
+    let Some(body) = text.split(&start).nth(1) else {
+        return Vec::new();
+    };
+    let body = body.split("\n}").next().unwrap_or("");
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("//") && !l.is_empty())
+        .filter_map(|l| l.split_once(':').map(|(f, _)| f.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_core_holds_its_state_in_at_most_ten_parts() {
+    // A coordinator over parts of one concern each (src/fs/mod.rs): every new piece of state
+    // belongs to one of them, not beside them.
+    let text = std::fs::read_to_string(Path::new(ROOT).join("src/fs/mod.rs")).unwrap();
+    let fields = struct_fields(&text, "DatasetFs");
+    assert!(fields.contains(&"opener".to_string()), "{fields:?}");
+    assert!(
+        fields.len() <= 10,
+        "DatasetFs has {} fields: {fields:?}",
+        fields.len()
+    );
+}
+
 #[test]
 fn a_sibling_is_found_alone_and_in_a_group() {
     let text =
