@@ -130,8 +130,7 @@ impl MountConfig {
             jobs: JobConfig::default(),
             hint_limits: HintLimits::default(),
             metadata_room: None,
-            // SAFETY: getuid has no preconditions.
-            owner_uid: unsafe { libc::getuid() },
+            owner_uid: rustix::process::getuid().as_raw(),
             prefetch: PrefetchConfig::default(),
             read_delay: Duration::ZERO,
             metrics_addr: None,

@@ -507,8 +507,7 @@ pub fn mount(mut config: MountConfig, options: DaemonOptions) -> Result<(), Moun
         ),
         None => None,
     };
-    // SAFETY: geteuid has no preconditions.
-    let keeper = config.keeper && unsafe { libc::geteuid() } == 0;
+    let keeper = config.keeper && rustix::process::geteuid().is_root();
     let mount_err = |e: io::Error| MountError::Mount(config.mountpoint.clone(), e.to_string());
     // The daemons a keeper starts run where `coorfs mount` ran (relative paths, profiles).
     let cwd = if keeper {
@@ -1191,8 +1190,7 @@ fn raise_readahead(mountpoint: &Path, bytes: u64) {
         Ok(m) => m.dev(),
         Err(e) => return warn!("readahead: {}: {e}", mountpoint.display()),
     };
-    // SAFETY: geteuid has no preconditions.
-    if bytes == 0 || unsafe { libc::geteuid() } != 0 {
+    if bytes == 0 || !rustix::process::geteuid().is_root() {
         return;
     }
     let bdi = format!(
@@ -1215,8 +1213,7 @@ pub fn restart(mountpoint: &Path) -> Result<u32, MountError> {
         return Err(MountError::NotMounted(mountpoint));
     }
     let keeper = keeper_pid(&mountpoint).ok_or_else(|| MountError::NoKeeper(mountpoint.clone()))?;
-    // SAFETY: geteuid has no preconditions.
-    let exe = if unsafe { libc::geteuid() } == 0 {
+    let exe = if rustix::process::geteuid().is_root() {
         std::env::current_exe().ok()
     } else {
         None

@@ -406,8 +406,7 @@ impl DatasetFs {
             ("cache_budget", budget_mode(config).to_string()),
         ];
         let handles = HandleTable::default();
-        // SAFETY: geteuid has no preconditions.
-        let raised = unsafe { libc::geteuid() } == 0;
+        let raised = rustix::process::geteuid().is_root();
         handles.set_window(if raised { config.readahead } else { 0 });
         Ok(DatasetFs {
             tree: Tree {

@@ -683,8 +683,7 @@ impl DatasetFs {
             let files = self.tree.scan.files.load(Ordering::Relaxed).max(1);
             self.tree.scan.bytes.load(Ordering::Relaxed) / files
         };
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = rustix::process::geteuid().is_root();
         let why = match self.opener.opens.mode {
             Opens::Daemon => "--opens daemon".into(),
             Opens::Kernel => return None,
@@ -740,8 +739,7 @@ impl DatasetFs {
             self.opener.opens.ready.store(true, Ordering::Relaxed);
             return;
         }
-        // SAFETY: geteuid has no preconditions.
-        let told = match unsafe { libc::geteuid() } == 0 {
+        let told = match rustix::process::geteuid().is_root() {
             true => self.mark_directories(),
             false => Err("the daemon is not root".into()),
         };

@@ -44,8 +44,7 @@ pub struct FuseSession {
 /// turn the kernel's `enable_uring` on, and the kernel's ring lives as long as the
 /// connection); `auto` only where no keeper holds the connection.
 fn io_uring_wanted(config: &MountConfig, under_keeper: bool) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     root && match config.io_uring {
         IoUring::Off => false,
         IoUring::On => true,
@@ -80,8 +79,7 @@ impl FuseSession {
         let mut options = options(config);
         options.clone_fd = true;
         options.io_uring = io_uring_wanted(config, false);
-        // SAFETY: geteuid has no preconditions.
-        let (session, unmounter) = if unsafe { libc::geteuid() } == 0 {
+        let (session, unmounter) = if rustix::process::geteuid().is_root() {
             let fd = kernel_mount(config)?;
             let session = fuser::Session::from_fd(adapter, fd, options.acl, options)
                 .inspect_err(|_| unmount_detached(&config.mountpoint))?;

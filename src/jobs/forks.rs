@@ -215,8 +215,7 @@ mod tests {
 
     #[test]
     fn as_root_a_forked_process_is_seen_with_its_parent() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return;
         }
         let forks = Forks::listen().expect("process events as root");

@@ -85,8 +85,7 @@ fn groups_of_status(status: &str, uid: u32) -> Option<Vec<u32>> {
 /// True if this process may take other users' credentials (it runs as root).
 fn can_switch() -> bool {
     static ROOT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: geteuid has no preconditions.
-    *ROOT.get_or_init(|| unsafe { libc::geteuid() } == 0)
+    *ROOT.get_or_init(|| rustix::process::geteuid().is_root())
 }
 
 /// The daemon's own supplementary groups, restored after each switch.

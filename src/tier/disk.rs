@@ -73,7 +73,6 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -384,8 +383,7 @@ pub fn take(dir: &Path) -> Result<File, DiskError> {
     if !meta.is_dir() {
         return Err(DiskError::NotDir(dir.to_path_buf()));
     }
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = rustix::process::geteuid().as_raw();
     if meta.uid() != me {
         return Err(DiskError::Owner(dir.to_path_buf(), meta.uid(), me));
     }
@@ -700,15 +698,13 @@ impl DiskTier {
         }
         let mut buf = Block::zeroed(len as usize)?;
         let n = read_at_most(&self.data, extent.offset, buf.whole_mut(), false)?;
-        // SAFETY: `data` is open for the call; fadvise only advises the kernel's page cache.
-        unsafe {
-            libc::posix_fadvise(
-                self.data.as_raw_fd(),
-                extent.offset as libc::off_t,
-                len as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            );
-        }
+        // Only advice to the kernel's page cache: a failure changes nothing.
+        let _ = rustix::fs::fadvise(
+            &self.data,
+            extent.offset,
+            std::num::NonZeroU64::new(len),
+            rustix::fs::Advice::DontNeed,
+        );
         if n < len as usize {
             return Ok(None);
         }
@@ -840,15 +836,13 @@ impl DiskTier {
         }
         self.data.write_all_at(buf, at)?;
         self.data.sync_data()?;
-        // SAFETY: `data` is open for the call; fadvise only advises the kernel's page cache.
-        unsafe {
-            libc::posix_fadvise(
-                self.data.as_raw_fd(),
-                at as libc::off_t,
-                buf.len() as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            );
-        }
+        // Only advice to the kernel's page cache: a failure changes nothing.
+        let _ = rustix::fs::fadvise(
+            &self.data,
+            at,
+            std::num::NonZeroU64::new(buf.len() as u64),
+            rustix::fs::Advice::DontNeed,
+        );
         Ok(())
     }
 }
