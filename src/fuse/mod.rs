@@ -2,75 +2,38 @@
 //! [`DatasetFs`]; each result becomes a reply. Errors go through [`fail`], which logs once
 //! and replies with the errno from [`errno`], the single exhaustive mapping.
 //!
-//! # What the kernel is told, and why
-//! Measured on this 2-CPU machine with the source hot: 20,000 files of 100 KiB read whole
-//! in random order by 2 processes ("small"), and one 2 GiB file read with 1 MiB reads
-//! ("big"), as a fraction of native throughput (3 repetitions, `coorfs read`, with each knob
-//! toggled by a throwaway patch):
+//! Each request is counted and timed per op (`requests` in the stats), and runs in a span of
+//! its own (request id, op, node, pid) that the work done for it elsewhere joins ([`Req`]).
 //!
-//! | knob                                    | small  | big   |
-//! |-----------------------------------------|--------|-------|
-//! | KEEP_CACHE + NOFLUSH (what coorfs does) | 0.42x  | 0.90x |
-//! | without KEEP_CACHE                      | 0.12x  | 0.17x |
-//! | KEEP_CACHE, without NOFLUSH             | 0.30x  |       |
-//! | DIRECT_IO                               | 0.10x  | 0.30x |
-//! | "no open" (OPEN answered ENOSYS)        | 0.30-0.44x (noisy) | |
-//!
-//! - `FOPEN_KEEP_CACHE` when the core says the kernel's pages of a file are right: a hot
-//!   file then costs one synchronous round trip (OPEN) instead of three (OPEN, READ, and
-//!   the READ at EOF), and a big file is read at page-cache speed.
-//! - `FOPEN_NOFLUSH`: a read-only file has nothing to flush at close, so `close(2)` costs no
-//!   round trip. RELEASE still reaches the daemon (it frees the handle) but the kernel sends
-//!   it in the background.
-//! - "No open" only with `--fast-open`: for files of 100 KiB it bought nothing measurable
-//!   over KEEP_CACHE + NOFLUSH, but a hot tiny file costs the OPEN round trip and nothing
-//!   else: 128,000 files of 200-600 B, whole dataset cached, 2 readers, epochs 2-4 took
-//!   3.9-5.2 s with OPEN, 2.6-3.5 s without OPEN but with FLUSH, 0.43-0.54 s with neither
-//!   (native, same run: 0.57-0.73 s). Without OPEN the daemon no longer checks each open
-//!   against the source as the reader, nor sees reads the page cache serves, so it is a
-//!   choice for the user (README, Security model). Under it OPEN and FLUSH are answered
-//!   ENOSYS, which the kernel remembers for the connection, and `FUSE_AUTO_INVAL_DATA`
-//!   lets the kernel drop a file's pages when its attributes show a change.
-//! - `FOPEN_DIRECT_IO` only when the core asks for it (bytes that must not enter the
-//!   kernel's page cache); `FUSE_DIRECT_IO_ALLOW_MMAP` keeps such files mappable.
-//! - Entries and attributes are cached for `--metadata-ttl` (a day by default): the dataset
-//!   is immutable while training, and every LOOKUP or GETATTR saved is a round trip saved.
-//! - `FUSE_DO_READDIRPLUS` with `FUSE_READDIRPLUS_AUTO`: the kernel asks for entries with
-//!   their attributes for a directory's first chunk and after lookups in it, plain names
-//!   otherwise. A listing that only lists (`find`, `os.scandir` with `d_type`) then creates
-//!   no kernel inode per entry: 128,000 files, cold, `find -type f` took 0.51-0.56 s against
-//!   0.92-1.13 s with every entry's attributes, while the first epoch's opens, which now
-//!   send a LOOKUP each, took 20.3-21.3 s against 19.4-20.0 s (no prefetch, `--fast-open`).
-//!   The daemon pays an `lstat` only for entries sent with attributes.
-//! - Readahead: INIT can only lower the window the kernel gives a FUSE mount (128 KiB); as
-//!   root the daemon raises it to `--readahead` (16 MiB) through the mount's
-//!   `/sys/class/bdi/MAJ:MIN/read_ahead_kb` once INIT is done (`daemon.rs`), and INIT allows
-//!   16 background requests (readahead's READs) in flight instead of 12. Files read through
-//!   the page cache (hits with `keep_cache`, streamed misses of 4 MiB and more) then reach the
-//!   daemon as READs of 1 MiB, many in flight, however small the reader's own reads.
-//! - Reads of up to 1 MiB (`FUSE_MAX_PAGES`, 256 pages), and `--threads` worker threads
-//!   (one per CPU by default), each on its own cloned `/dev/fuse` descriptor.
-//! - The superblock is read-only (`MS_RDONLY`): the kernel refuses every write itself, and
-//!   keeps a file's attributes across its reads (on a writable one it forgets the access
-//!   time after each read, and the next `stat` costs a GETATTR). The order file
-//!   (`fs/order.rs`) takes hints by ioctl and reads as empty; every file is opened with
-//!   NOFLUSH, so `close(2)` costs no round trip.
-//! - `FUSE_PASSTHROUGH`, with a stack depth of 1 (the backing files are on ext4, tmpfs and
-//!   the like, never on another stacked filesystem), unless the core says no
-//!   (`--no-passthrough`, `--fast-open`): an OPEN the core answers with a backing file is read
-//!   by the kernel from that file, with no READ round trip (the core's `passthrough.rs` says
-//!   which files and why). The backing file ids are the core's to register and unregister,
-//!   through [`KernelBacking`] over a duplicate of the session's device descriptor.
-//! - Every operation the kernel may send is answered here, without a log line of its own:
-//!   fuser's defaults log three lines of WARN per request. `IOCTL` comes with every Python
-//!   `open()` (`isatty`, i.e. `TCGETS`) and the kernel asks each time (`ENOSYS` too, measured),
-//!   so it is answered `ENOTTY`, what a file that is no terminal says (before: 9,000 warnings, 1.4 MB of log,
-//!   for 3 epochs of 3,000 files). `POLL` and `LSEEK` (`SEEK_DATA`/`SEEK_HOLE`) are
-//!   answered `ENOSYS`: the kernel then stops sending them on this connection and answers
-//!   itself, correctly for a read-only file (always ready; data up to the size, a hole at
-//!   it). Locks (`GETLK`, `SETLK`) stay in the kernel since coorfs does not ask for
-//!   `FUSE_POSIX_LOCKS`, and `BMAP` is for block-device mounts; both get a quiet `ENOSYS`
-//!   should they come.
+//! # What the kernel is told
+//! Each choice saves round trips; the measurements behind them are in docs/BENCHMARKS.md,
+//! "What the kernel is told".
+//! - OPEN replies carry `FOPEN_NOFLUSH` (a read-only file has nothing to flush: `close(2)`
+//!   costs no round trip), `FOPEN_KEEP_CACHE` when the core says the kernel's pages of the
+//!   file are right, `FOPEN_DIRECT_IO` only when it asks for it (`FUSE_DIRECT_IO_ALLOW_MMAP`
+//!   keeps such files mappable), or a backing file for passthrough (`FUSE_PASSTHROUGH`,
+//!   stack depth 1; the core registers and unregisters them through [`KernelBacking`]).
+//! - OPEN is answered `ENOSYS` once the core lets the kernel open files itself (`--opens`,
+//!   the core's `told.rs`): the kernel sends no OPEN, FLUSH or RELEASE on the connection from
+//!   then on, and `FUSE_AUTO_INVAL_DATA` lets it drop a file's pages when its attributes show
+//!   a change.
+//! - Entries and attributes are cached for `--metadata-ttl` (a day by default); the core tells
+//!   the kernel when the source changes.
+//! - `FUSE_DO_READDIRPLUS` with `FUSE_READDIRPLUS_AUTO`: attributes with a directory's first
+//!   chunk and after lookups in it, plain names otherwise (a listing that only lists creates
+//!   no kernel inode per entry).
+//! - Readahead: INIT can only lower the kernel's window (128 KiB); as root the daemon raises
+//!   it to `--readahead` through the mount's bdi once INIT is done (`daemon.rs`), with 16
+//!   background requests in flight. READs of up to 1 MiB (`FUSE_MAX_PAGES`); `--threads`
+//!   workers, each on its own cloned `/dev/fuse` descriptor, or io_uring queues
+//!   (`session.rs`).
+//! - A read-only superblock (`MS_RDONLY`): the kernel refuses every write itself and keeps a
+//!   file's attributes across its reads.
+//! - Every operation the kernel may send is answered here, with no log line of its own:
+//!   `IOCTL` (Python's `isatty` at every `open()`) with `ENOTTY`, as a file that is no
+//!   terminal; `POLL` and `LSEEK` with `ENOSYS`, after which the kernel answers them itself
+//!   (correctly for a read-only file); locks stay in the kernel (coorfs does not ask for
+//!   `FUSE_POSIX_LOCKS`), and `BMAP` gets a quiet `ENOSYS`.
 
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
