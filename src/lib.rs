@@ -3,17 +3,18 @@
 //! Layers, from the kernel down (each uses only those below it):
 //! - `fuse`: the only module that knows fuser; turns requests into calls on the core.
 //! - `fs`: the filesystem core ([`fs::DatasetFs`]), a coordinator drivable by tests without
-//!   a mount: the handle table, the read path, the order file, the mount as a cluster member.
+//!   a mount: the tree, the read path, how opens are answered (by the daemon, or by the
+//!   kernel, which tells it), the handle table, the order file, the mount as a cluster member.
 //! - `prefetch`: the [`prefetch::Prefetcher`]: what each job reads next, how deep (the pacer).
 //! - `tier`: where a block comes from, nearest first, behind one trait ([`tier::Tier`]):
 //!   memory (the cache), staging, recent blocks, then one fetch per block from the local
-//!   disk, a peer or the source.
+//!   disk, a peer or the source (an object store's in parts, the rest read ahead).
 //! - `cluster`: many servers, one cache: who owns a file, who the members are, the peer server.
 //! - `cache`: the block cache: pure policies (MinIO, LRU) and the stores they need.
 //! - `jobs`: who reads, and the ledger where every access and byte is counted.
 //! - `stats`: the statistics every view renders (`coorfs stats`, the Prometheus metrics).
-//! - `source`: the dataset behind a trait (a directory, or an S3 prefix), with a
-//!   fault-injecting wrapper.
+//! - `source`: the dataset behind a trait (a directory, or a prefix of an S3, GCS or Azure
+//!   bucket), with a fault-injecting wrapper.
 //! - `block`, `namespace`, `epoch`: block buffers, node ids for the source tree, epoch
 //!   tracking (pure).
 //!
@@ -41,9 +42,8 @@ pub mod fs;
 pub mod fuse;
 pub mod handover;
 pub mod helper;
-pub mod keeper;
-
 pub mod jobs;
+pub mod keeper;
 pub mod manpage;
 pub mod mountinfo;
 pub mod namespace;
