@@ -1,7 +1,7 @@
 //! Plain configuration of a mount. The CLI (`cli.rs`) fills these in; nothing below the CLI
 //! sees clap. Every field says its unit. Building one probes nothing: what depends on the
 //! machine (the cache budget, the staging area in a memory cgroup) `coorfs mount` decides
-//! in `daemon.rs`'s preflight.
+//! in its preflight (`daemon/preflight.rs`).
 
 use std::num::NonZeroU64;
 use std::path::PathBuf;

@@ -23,7 +23,7 @@
 //!   chunk and after lookups in it, plain names otherwise (a listing that only lists creates
 //!   no kernel inode per entry).
 //! - Readahead: INIT can only lower the kernel's window (128 KiB); as root the daemon raises
-//!   it to `--readahead` through the mount's bdi once INIT is done (`daemon.rs`), with 16
+//!   it to `--readahead` through the mount's bdi once INIT is done (`daemon/mod.rs`), with 16
 //!   background requests in flight. READs of up to 1 MiB (`FUSE_MAX_PAGES`); `--threads`
 //!   workers, each on its own cloned `/dev/fuse` descriptor, or io_uring queues
 //!   (`session.rs`).
