@@ -282,7 +282,7 @@ pub trait DatasetSource: Send + Sync + 'static {
     /// length (each allocated as the read reaches it), and hands each to `filled` once it is
     /// full, until all are, the file ends or a read or an allocation fails; returns the bytes
     /// read. An object store reads them in one request (a part,
-    /// see `tier/fetch.rs`) and hands a block over as soon as the body has filled it, before
+    /// see `tier/fetch/parts.rs`) and hands a block over as soon as the body has filled it, before
     /// the request ends; by default, one `read_block` each.
     fn read_blocks(
         &self,

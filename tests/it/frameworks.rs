@@ -42,7 +42,7 @@ const AT_AN_EPOCHS_END: usize = 2 * IN_FLIGHT;
 
 /// The files of a job's first epoch that the prefetcher may stage: those it has not read when
 /// its reads show it reads the dataset, past clearly more than half of the files (more than
-/// 500 + SPAN; see `reads_the_dataset` in src/prefetch.rs).
+/// 500 + SPAN; see `reads_the_dataset` in src/jobs/mod.rs).
 const FIRST_EPOCH_STAGEABLE: u64 = (FILES - (FILES / 2 + coorfs::epoch::SPAN as usize + 1)) as u64;
 
 /// Checks the staging hits of `epochs` (records of a job, or of the dataset, each with

@@ -405,7 +405,7 @@ fn a_job_that_stops_reading_has_its_staging_released_within_seconds() {
     assert_eq!(s["jobs"][0]["active"], true, "{s}");
     let prefetched = num(&s, "prefetched_blocks");
     // What could be prefetched at all, one block a file: in epoch 1 only once the job has
-    // read clearly more than half of the files (more than 200 + SPAN, src/prefetch.rs
+    // read clearly more than half of the files (more than 200 + SPAN, src/jobs/mod.rs
     // `reads_the_dataset`), so at most the 135 it had not read then; in epoch 2 at most the
     // 360 it left unread. Nothing after it stopped, nothing twice.
     let (epoch1, epoch2) = (&s["jobs"][0]["epochs"][0], &s["jobs"][0]["epochs"][1]);

@@ -1,0 +1,254 @@
+//! Parts of big objects: one ranged GET reads a block and the blocks after it to the end of
+//! its part, hands each over as the body fills it, and leaves the rest in the readahead
+//! buffer for the reader streaming through the object (see the header of `fetch`). How many
+//! parts are read at once, which blocks a run claims, and the runs read moments ago
+//! ([`Landed`]) are here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Parts readers read at once at most: each holds the block its GET's body is filling, its
+/// fetch's own block and a MiB of the body (3 MiB). Two readers each streaming a shard want 3 or
+/// 4 each: the part they read and the two after it, read ahead, and the kernel's window
+/// reaching into another.
+pub const PARTS_IN_FLIGHT: usize = 8;
+
+/// Parts readers read at once however short memory is: past them, blocks are read one by one
+/// (a GET each).
+pub const PARTS_IN_FLIGHT_MIN: usize = 4;
+
+/// Parts read at once `(by readers, by the prefetcher)` beside a `--prefetch-memory` budget
+/// of `budget` bytes, with parts of `part` bytes: readers get three parts for each part of
+/// the budget, from [`PARTS_IN_FLIGHT_MIN`] to [`PARTS_IN_FLIGHT`] (in a memory cgroup the
+/// budget is a sixteenth of its limit: 8 parts in a pod of 384 MiB, 24 MiB at their most,
+/// which the elastic budget leaves room for, see [`Fetcher::parts_unfilled`]); the
+/// prefetcher, whose parts land in the staging area, half of that, and none beside a budget
+/// under 8 parts. Without a bound, the prefetcher's 16 fetches in flight following an order
+/// hint each read a part, and a daemon with 300 MiB of cache was OOM-killed in a pod of 384
+/// MiB. Shards from S3 in a pod of 384 MiB, 2 readers, epoch 1: paced at 100 MiB/s a stream,
+/// 3.6-3.8 s with 4 parts at once, 3.4 s with 8; unpaced, 2.5 s and 2.1 s (fewer blocks read
+/// alone: 108-245 GETs instead of 268-420).
+pub fn parts_in_flight(budget: u64, part: u64) -> (usize, usize) {
+    let part = part.max(1);
+    let readers =
+        (3 * budget / part).clamp(PARTS_IN_FLIGHT_MIN as u64, PARTS_IN_FLIGHT as u64) as usize;
+    let prefetcher = if budget >= 8 * part { readers / 2 } else { 0 };
+    (readers, prefetcher)
+}
+
+/// How long a block a part's run read counts as read moments ago ([`Landed`]).
+pub const LANDED_FOR: Duration = Duration::from_secs(1);
+
+/// Blocks of parts' runs remembered at most ([`Landed`]): the last 32 parts of 8 blocks.
+pub const LANDED_MAX: usize = 256;
+
+/// The blocks that parts' runs read in the last [`LANDED_FOR`], at most [`LANDED_MAX`]: a
+/// run that begins at a block the kernel asked for late does not reach over the blocks after
+/// it that an earlier run read and handed over already. With the store answering at once,
+/// READs of blocks 200 and 203 answered out of order read blocks 203-207 twice: 1-6% of an
+/// epoch of shards in a pod.
+#[derive(Default)]
+pub(super) struct Landed(parking_lot::Mutex<std::collections::VecDeque<(BlockKey, Instant)>>);
+
+impl Landed {
+    pub(super) fn note(&self, key: BlockKey) {
+        let mut landed = self.0.lock();
+        if landed.len() == LANDED_MAX {
+            landed.pop_front();
+        }
+        landed.push_back((key, Instant::now()));
+    }
+
+    pub(super) fn holds(&self, key: &BlockKey) -> bool {
+        let now = Instant::now();
+        let landed = self.0.lock();
+        (landed.iter().rev())
+            .take_while(|(_, at)| now.duration_since(*at) < LANDED_FOR)
+            .any(|(k, _)| k == key)
+    }
+}
+
+impl Fetcher {
+    /// Reads blocks `lo..hi` of a part from the source in one request, `want.key` among them,
+    /// and hands each block over as it arrives: offered to the cache and the tiers in front of
+    /// the source, then to its waiters (the fetch's own block too, kept first where its
+    /// reader's next read finds it), the rest of the part left in the readahead buffer unless
+    /// kept or awaited. The part's last block waits for the fetch's report ([`ReadOut::last`]),
+    /// so that a reader that has read the part has its bytes counted.
+    pub(super) fn read_part(
+        &self,
+        want: &Want<'_>,
+        (lo, hi): (u64, u64),
+        ahead: bool,
+        fallback: bool,
+    ) -> ReadOut {
+        let (source, nearer) = self.below.split_last().expect("a tier to read from");
+        let b = want.key.block;
+        let (mut bytes, mut next, mut own, mut last) = (0, lo, None, None);
+        let run = source.get_run(&want.block(lo), hi - lo - 1, &mut |x, data| {
+            next = x + 1;
+            bytes += data.len() as u64;
+            let w = want.block(x);
+            self.landed.note(w.key);
+            let kept = self.memory.admit(&w, &data);
+            for tier in nearer {
+                tier.admit_behind(&w, &data, &self.memory, kept);
+            }
+            if x + 1 == hi {
+                // Handed over once the fetch has reported, the fetch's own or not.
+                if x == b {
+                    own = Some(data);
+                } else {
+                    last = Some((w.key, data, kept));
+                }
+            } else if x == b {
+                self.keep_own(&w, &data, ahead);
+                self.inflight.complete(&w.key, Ok(data.clone()));
+                own = Some(data);
+            } else {
+                self.leave_for_reader(w.key, &data, kept);
+                self.inflight.complete(&w.key, Ok(data));
+            }
+        });
+        self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Err(e) = &run {
+            for other in (next..hi).filter(|&x| x != b) {
+                self.inflight
+                    .complete(&want.block(other).key, Err(e.clone()));
+            }
+        }
+        let handed = own.is_some() && b + 1 != hi;
+        let result = match (own, run) {
+            (Some(block), _) => Ok(block),
+            (None, Err(e)) => Err(e),
+            (None, Ok(())) => Err(DataError::Missing(source.name())),
+        };
+        ReadOut {
+            result,
+            origin: Origin::Source,
+            fallback,
+            bytes,
+            first_block: lo == 0,
+            handed,
+            last,
+        }
+    }
+
+    /// Leaves block `key` of a part, which a reader streaming through the file will read
+    /// next, in the readahead buffer, unless the cache `kept` it or a reader waits for it.
+    /// Put there before the key leaves flight, so that the reader finds it.
+    pub(super) fn leave_for_reader(&self, key: BlockKey, data: &Arc<Block>, kept: bool) {
+        if !kept && !self.inflight.awaited(&key) {
+            self.ahead.put(key, data.clone());
+        }
+    }
+
+    /// Keeps the fetch's own block, read for `want`, where the next read finds it, unless the
+    /// cache did: read ahead of its reader and awaited by none, in the readahead buffer; read
+    /// for a reader, among the recent blocks (a re-open finds it).
+    pub(super) fn keep_own(&self, want: &Want<'_>, data: &Arc<Block>, ahead: bool) {
+        if self.memory.contains(&want.key) {
+            return;
+        }
+        if ahead && !self.inflight.awaited(&want.key) {
+            self.ahead.put(want.key, data.clone());
+        } else if want.why.is_read() {
+            self.recent.admit(want, data);
+        }
+    }
+
+    /// Claims for this fetch, which reads block `key`, the blocks of its part after it that
+    /// nothing holds or reads (for a reader that streams, [`Want::stream`], or while the
+    /// cache has room for them; else those asked for), and those before it that a fetch was
+    /// started for and has not begun to read, up to the first on each side that is not so
+    /// (see the module header); returns the run `lo..hi` to read, `key`'s block among them.
+    /// Of two reads of one part that start together, the second finds the first's claims
+    /// and waits for its GET. Called holding `claiming`.
+    pub(super) fn claim_part(&self, want: &Want<'_>) -> (u64, u64) {
+        let (key, demand) = (&want.key, want.why.is_read());
+        let b = key.block;
+        if self.part_blocks <= 1 {
+            return (b, b + 1);
+        }
+        // The parts in flight are memory: readers and the prefetcher get as many at once as
+        // the budget allows ([`parts_in_flight`]); past that a block is read on its own.
+        let most = if demand {
+            self.parts_max.0
+        } else {
+            self.parts_max.1
+        };
+        let taken = self
+            .parts_in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < most).then_some(n + 1)
+            });
+        let Ok(before) = taken else {
+            return (b, b + 1);
+        };
+        let count = self.blocks.count(key.version.size);
+        let start = b / self.part_blocks * self.part_blocks;
+        let end = (start + self.part_blocks).min(count);
+        // A block in flight whose fetch has not begun to read it is taken into the run: its
+        // fetch will find it taken and leave it to this one.
+        // A block a tier in front of the source holds (the disk tier) is read from there.
+        let (_, nearer) = self.below.split_last().expect("a tier to read from");
+        // Before the block asked for, only blocks asked for too are taken: one nobody asks for
+        // there is most likely one its reader has read already (a reader that streams through
+        // the file asks for it again only if the kernel dropped it).
+        // After a block read for the first time in a while, a block a run read moments ago is
+        // not read again: its READ was answered before this one (the kernel's READs of a
+        // window are answered out of order). A block read again (a new epoch) reads its part.
+        let first_time = !self.landed.holds(key);
+        let claim = |block, asked| {
+            let other = want.block(block);
+            !self.memory.contains(&other.key)
+                && !self.ahead.contains(&other.key)
+                && (asked || !first_time || !self.landed.holds(&other.key))
+                && !nearer.iter().any(|t| t.holds(&other))
+                && self.inflight.take(&other.key, asked)
+        };
+        // A reader that seeks gets the blocks asked for, not the rest of their part, unless
+        // the cache has room to keep it (a reader of random records reads them all in time).
+        let asked = !want.stream && !self.memory.has_room_for((end - b) * self.blocks.get());
+        let mut hi = b + 1;
+        while hi < end && claim(hi, asked) {
+            hi += 1;
+        }
+        let mut lo = b;
+        while lo > start && claim(lo - 1, true) {
+            lo -= 1;
+        }
+        // A run of one block (a small file, a part read already) is no part: its slot goes
+        // back, and it counts for nothing in the memory parts take at their most.
+        if hi - lo == 1 {
+            self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            self.parts_peak.fetch_max(before + 1, Ordering::Relaxed);
+        }
+        (lo, hi)
+    }
+
+    /// Blocks of a part (1 for a directory source).
+    pub fn part_blocks(&self) -> u64 {
+        self.part_blocks
+    }
+
+    /// True if a file of `size` bytes is an object the prefetcher would read block by block,
+    /// one GET each: bigger than a part, where the prefetcher gets no parts of its own (beside
+    /// a budget under 8 parts, see [`parts_in_flight`]).
+    pub fn prefetch_block_by_block(&self, size: u64) -> bool {
+        self.part_blocks > 1 && self.parts_max.1 == 0 && size > self.part_blocks * self.blocks.get()
+    }
+
+    /// Block `key` if a part's read left it for its reader: it leaves the buffer.
+    pub fn take_ahead(&self, key: &BlockKey) -> Option<Arc<Block>> {
+        // A directory source reads block by block: nothing is ever left there, and a read
+        // need not take the buffer's lock to learn it.
+        if self.part_blocks <= 1 {
+            return None;
+        }
+        self.ahead.take(key)
+    }
+}
