@@ -6,7 +6,7 @@
 //! reader gets ENOTCONN and the mount is dead. Under a keeper the daemon's death costs a pause:
 //!
 //! 1. `coorfs mount` (as root) forks the keeper. It mounts, holds the connection, creates the
-//!    state regions (`handover/state.rs`) and the memory the cache lives in (the arena's memfd,
+//!    state regions (`handover/state/`) and the memory the cache lives in (the arena's memfd,
 //!    the journal of its index, the tmpfs of the files the kernel reads: `cache/mod.rs`), and
 //!    starts the daemon: this same binary again
 //!    (`execveat` of the executable it holds), with the same arguments and working directory,

@@ -356,7 +356,7 @@ pub struct NodeInfo {
 }
 
 /// Told of every node the table gives out, in order, under the table's lock: the journal a
-/// successor daemon replays to know the node ids the kernel holds (`handover/state.rs`).
+/// successor daemon replays to know the node ids the kernel holds (`handover/state/`).
 pub trait NodeLog: Send + Sync + std::fmt::Debug {
     fn node_added(&self, id: NodeId, parent: NodeId, kind: Kind, name: &[u8]);
 }

@@ -316,7 +316,7 @@ pub(super) struct HandleTable {
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     /// Where the handles the kernel holds are kept for a successor daemon, and where a
-    /// predecessor's are found (`handover/state.rs`); none without a keeper.
+    /// predecessor's are found (`handover/state/`); none without a keeper.
     slots: OnceLock<Arc<HandleSlots>>,
     /// A previous daemon left handles open (some may be released since).
     inherited: AtomicBool,

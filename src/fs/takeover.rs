@@ -2,7 +2,7 @@
 //!
 //! Under a keeper (`keeper.rs`) every node id the node table gives out goes to the node
 //! journal, and every handle the kernel is given, with its passthrough registration, to the
-//! handle slots (`handover/state.rs`). A successor replays the journal before it serves, so
+//! handle slots (`handover/state/`). A successor replays the journal before it serves, so
 //! every node id the kernel holds names the same entry, and takes the inodes' passthrough
 //! modes from the slots. A predecessor's handle is opened again at its first READ or READDIR
 //! (the kernel sends the node with it; the open is silent: its access was counted by the
