@@ -9,7 +9,7 @@
 //!    │            that will read it this epoch
 //!    ├─ recent    read moments ago, for a re-read only          recent.rs
 //!    │  I/O pool (or the FUSE thread while storage is fast), one fetch per block
-//!    └─ fetch ──► local disk ──► peers ──► source          fetch/, disk.rs, peer.rs,
+//!    └─ fetch ──► local disk ──► peers ──► source          fetch/, disk/, peer.rs,
 //!                                                              source.rs
 //! ```
 //!
