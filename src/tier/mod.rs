@@ -188,7 +188,7 @@ pub trait Tier: Send + Sync {
     /// Offers `data`, which this tier found as block `want.key`, to the memory cache above
     /// it; returns true if memory kept it. A tier whose blocks memory need not copy (the disk
     /// tier) decides by that; the others offer every block.
-    fn lift(&self, want: &Want<'_>, data: &Arc<Block>, memory: &BlockCache) -> bool {
+    fn offer_to_memory(&self, want: &Want<'_>, data: &Arc<Block>, memory: &BlockCache) -> bool {
         memory.admit(want, data)
     }
 

@@ -518,7 +518,7 @@ impl Fetcher {
         };
         match finder {
             Some(tier) => {
-                tier.lift(want, &block, &self.memory);
+                tier.offer_to_memory(want, &block, &self.memory);
             }
             None => {
                 let kept = self.memory.admit(want, &block);
