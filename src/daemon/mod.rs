@@ -909,9 +909,22 @@ fn pid_stat(mountpoint: &Path, stat: crate::stats::Stat) -> Option<u32> {
     String::from_utf8(value).ok()?.trim().parse().ok()
 }
 
-/// True while process `pid` exists and is not a zombie.
+/// True while any thread of process `pid` is not a zombie. Its main thread may be one while
+/// another still exits (in the middle of an `fsync` of the disk cache, under load): until the
+/// last thread is gone the process holds its files, the disk cache directory's lock among
+/// them, and a mount that follows `coorfs umount` at once would find it in use.
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks
+        .flatten()
+        .any(|task| thread_running(&task.path().join("stat")))
+}
+
+/// True if the thread whose `/proc/.../stat` is at `stat` exists and is not a zombie.
+fn thread_running(stat: &Path) -> bool {
+    match std::fs::read_to_string(stat) {
         // The state follows the parenthesised command name.
         Ok(stat) => !matches!(
             stat.rsplit_once(')')
@@ -989,4 +1002,40 @@ pub fn unmount(mountpoint: &Path, lazy: bool, timeout: Duration) -> Result<(), M
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_alive_until_it_is_a_zombie_or_gone() {
+        assert!(alive(std::process::id()));
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(alive(pid));
+        child.kill().unwrap();
+        // Killed and not yet reaped: a zombie, which holds nothing.
+        assert!(
+            wait_until(|| !alive(pid)),
+            "{pid} still alive after SIGKILL"
+        );
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+        child.wait().unwrap();
+        assert!(!alive(pid));
+    }
+
+    fn wait_until(cond: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
 }

@@ -184,14 +184,7 @@ fn by_default_the_kernel_takes_the_opens_over_once_they_come_fast_and_every_open
     );
     // Two epochs at thousands of opens a second: the kernel takes over during the first.
     for _ in 0..2 {
-        for rel in &rels {
-            assert_eq!(
-                std::fs::read(m.path(rel)).unwrap(),
-                std::fs::read(src.join(rel)).unwrap(),
-                "{}",
-                rel.display()
-            );
-        }
+        assert_reads_the_source(&m, &rels);
     }
     let s = stats(&m.mnt);
     assert_eq!(s["opens"], "kernel", "{s}");
@@ -221,14 +214,7 @@ fn a_file_passed_through_and_held_open_holds_the_switch_back_and_every_open_read
     let held = std::fs::File::open(m.path(held_rel)).unwrap();
     assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), 1);
     // Opens at thousands a second: the switch begins, and waits for the held file.
-    for rel in &rels {
-        assert_eq!(
-            std::fs::read(m.path(rel)).unwrap(),
-            std::fs::read(src.join(rel)).unwrap(),
-            "{}",
-            rel.display()
-        );
-    }
+    assert_reads_the_source(&m, &rels);
     let waits = || {
         let s = stats(&m.mnt);
         s["opens"] == "daemon"
@@ -249,14 +235,7 @@ fn a_file_passed_through_and_held_open_holds_the_switch_back_and_every_open_read
     assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), through + 1);
     drop(held);
     wait_for_kernel_opens(&m.mnt);
-    for rel in &rels {
-        assert_eq!(
-            std::fs::read(m.path(rel)).unwrap(),
-            std::fs::read(src.join(rel)).unwrap(),
-            "{}",
-            rel.display()
-        );
-    }
+    assert_reads_the_source(&m, &rels);
     assert_eq!(num(&stats(&m.mnt), "passthrough_opens"), through + 1);
     m.unmount();
 }

@@ -3,6 +3,10 @@
 //! their workers), the ranks of a distributed run (one job, each rank reading its shard), and
 //! a DataLoader's workers under a script (one job). `--job-key pgid` still makes a sweep one
 //! job.
+//!
+//! Each test runs alone (`common::alone`): which job an open counts in is read from the
+//! machine's processes, and beside another test's process storms a told open was once counted
+//! in a job of its own (9 opens of one process, 1 run in 3).
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -97,6 +101,7 @@ const SWEEP: &str = r#"
 
 #[test]
 fn the_trials_of_a_sweep_script_are_a_job_each() {
+    let _alone = crate::common::alone();
     let (_dir, m) = mounted(&[]);
     let mnt = m.mnt.to_str().unwrap();
     let (group, _) = run_script(SWEEP, &[PATTERN, mnt, &EPOCHS.to_string()]);
@@ -113,6 +118,7 @@ fn the_trials_of_a_sweep_script_are_a_job_each() {
 
 #[test]
 fn a_sweep_script_run_by_its_shebang_line_is_a_sweep_too() {
+    let _alone = crate::common::alone();
     // `./sweep.sh`: the shell runs under the script's name (comm "sweep.sh"); its executable
     // still says it is a shell. It once made the whole sweep one job.
     let (dir, m) = mounted(&[]);
@@ -135,6 +141,7 @@ fn a_sweep_script_run_by_its_shebang_line_is_a_sweep_too() {
 
 #[test]
 fn with_job_key_pgid_a_sweep_is_one_job() {
+    let _alone = crate::common::alone();
     let (_dir, m) = mounted(&["--job-key", "pgid"]);
     let mnt = m.mnt.to_str().unwrap();
     let (group, _) = run_script(SWEEP, &[PATTERN, mnt, &EPOCHS.to_string()]);
@@ -147,6 +154,7 @@ fn with_job_key_pgid_a_sweep_is_one_job() {
 
 #[test]
 fn the_ranks_of_a_distributed_run_are_one_job() {
+    let _alone = crate::common::alone();
     // As torchrun starts them: a launcher program (not a shell) runs 2 ranks, each a new
     // program reading its half of every epoch with 2 workers of its own.
     let (_dir, m) = mounted(&[]);
@@ -182,6 +190,7 @@ sys.exit(max(r.wait() for r in ranks))
 
 #[test]
 fn a_script_that_runs_one_training_job_is_one_job() {
+    let _alone = crate::common::alone();
     // A script runs the training (4 workers), then reads one file with cat, one thing at a
     // time: the script's process group is the job.
     let (_dir, m) = mounted(&[]);
@@ -201,6 +210,7 @@ fn a_script_that_runs_one_training_job_is_one_job() {
 
 #[test]
 fn hints_of_trials_started_together_do_not_replace_each_other() {
+    let _alone = crate::common::alone();
     // The sweep of the issue on jobs: `coorfs read --hint` trials in the background of one
     // script, half of the dataset cached. Each trial's hints are its own job's.
     let (_dir, m) = mounted(&["--cache-size", &(FILES / 2 * SIZE).to_string()]);
@@ -227,6 +237,7 @@ fn hints_of_trials_started_together_do_not_replace_each_other() {
 
 #[test]
 fn a_user_cannot_grow_the_job_table_past_its_share() {
+    let _alone = crate::common::alone();
     // Attack: nobody reads a file from 40 new sessions in turn, each a new job by any key.
     let (dir, m) = mounted(&["--allow-other"]);
     std::fs::set_permissions(
@@ -251,6 +262,7 @@ fn a_user_cannot_grow_the_job_table_past_its_share() {
 
 #[test]
 fn a_trial_that_reads_from_threads_is_one_job() {
+    let _alone = crate::common::alone();
     // FUSE names the thread that asks: 2 trials of one script, each reading every file from
     // 4 threads, are 2 jobs, not one a thread.
     let (_dir, m) = mounted(&[]);

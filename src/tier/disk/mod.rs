@@ -648,7 +648,12 @@ impl Tier for DiskTier {
 
     /// With a cache that never evicts (MinIO), memory keeps a block found here only if
     /// [`DiskTier::memory_keeps_copy`]; a block it keeps is no longer one only the disk holds.
-    fn offer_to_memory(&self, want: &Want<'_>, data: &Arc<Block>, memory: &crate::cache::BlockCache) -> bool {
+    fn offer_to_memory(
+        &self,
+        want: &Want<'_>,
+        data: &Arc<Block>,
+        memory: &crate::cache::BlockCache,
+    ) -> bool {
         let len = data.len() as u64;
         let exclusive = memory.caches() && !memory.evicts();
         if exclusive && !self.memory_keeps_copy(len, memory) {

@@ -97,6 +97,10 @@ pub struct Mount {
     pub source: PathBuf,
     pub mnt: PathBuf,
     _mnt_dir: tempfile::TempDir,
+    /// The keeper's pid as the mount began, if it has one: read then, when the mount has
+    /// nothing else to do (a read of the attribute under load failed once, and the keeper
+    /// left alive by `kill` started a daemon that held the disk cache).
+    keeper: Option<u32>,
     /// Let go last, once the mount is gone.
     _beside: Beside,
 }
@@ -213,10 +217,12 @@ impl Mount {
             "coorfs mount failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let keeper = coorfs::daemon::keeper_pid(&mnt);
         Mount {
             source: source.to_path_buf(),
             mnt,
             _mnt_dir: mnt_dir,
+            keeper,
             _beside: beside,
         }
     }
@@ -230,7 +236,9 @@ impl Mount {
     /// returns the daemon's pid: the keeper first, which would start another daemon.
     pub fn kill(&self) -> u32 {
         let pid = self.pid();
-        let keeper = coorfs::daemon::keeper_pid(&self.mnt).unwrap_or(0);
+        let keeper = (self.keeper)
+            .or_else(|| coorfs::daemon::keeper_pid(&self.mnt))
+            .unwrap_or(0);
         for p in [keeper, pid] {
             if p != 0 {
                 // SAFETY: kill has no memory-safety preconditions.
@@ -264,6 +272,18 @@ impl Drop for Mount {
         if is_mounted(&self.mnt) {
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
         }
+    }
+}
+
+/// Reads each of `rels` whole through `m` and asserts its bytes are the source's.
+pub fn assert_reads_the_source(m: &Mount, rels: &[PathBuf]) {
+    for rel in rels {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(m.source.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
     }
 }
 
