@@ -105,17 +105,22 @@ pub struct Mount {
     _beside: Beside,
 }
 
-/// Who may mount now: every area's tests share one process and its test threads, and a test
-/// that measures (jobs in step, `sharing.rs`) runs [`alone`].
+/// Who may mount now. Every area's tests share one process and its test threads; as when
+/// each area was a test binary of its own, mounts of two areas are never alive at once (two
+/// tests of one area may run side by side, as they always did), and a test that measures
+/// (jobs in step, `sharing.rs`) runs [`alone`].
 struct Turns {
     /// Mounts alive, of tests not alone.
     mounts: usize,
+    /// The area (the test's first module) those mounts are of.
+    area: Option<String>,
     /// The thread of the test that runs alone, if one does.
     alone: Option<std::thread::ThreadId>,
 }
 
 static TURNS: std::sync::Mutex<Turns> = std::sync::Mutex::new(Turns {
     mounts: 0,
+    area: None,
     alone: None,
 });
 static TURN_CHANGED: std::sync::Condvar = std::sync::Condvar::new();
@@ -132,6 +137,14 @@ fn wait_turn(
     TURN_CHANGED
         .wait_while(t, |t| !until(t))
         .unwrap_or_else(|e| e.into_inner())
+}
+
+/// The area of the test this thread runs (libtest names the thread after the test, `s3::x`);
+/// None on a thread a test started itself.
+fn test_area() -> Option<String> {
+    let current = std::thread::current();
+    let (area, _) = current.name()?.split_once("::")?;
+    Some(area.to_string())
 }
 
 /// Held by a test that must run with no other test's mount alive: waits until the others'
@@ -153,17 +166,25 @@ impl Drop for Alone {
     }
 }
 
-/// A mount's place beside the others: counted, once no test runs alone (or in that test).
+/// A mount's place beside the others: counted, once no test runs alone and the mounts alive
+/// are of its area (or in the test that runs alone, or on a thread a test started: not
+/// counted).
 struct Beside(bool);
 
 impl Beside {
     fn take() -> Beside {
         let me = std::thread::current().id();
+        let Some(area) = test_area() else {
+            return Beside(false);
+        };
         if turns().alone == Some(me) {
             return Beside(false);
         }
-        let mut t = wait_turn(turns(), |t| t.alone.is_none());
+        let mut t = wait_turn(turns(), |t| {
+            t.alone.is_none() && t.area.as_ref().is_none_or(|a| *a == area)
+        });
         t.mounts += 1;
+        t.area = Some(area);
         Beside(true)
     }
 }
@@ -171,7 +192,12 @@ impl Beside {
 impl Drop for Beside {
     fn drop(&mut self) {
         if self.0 {
-            turns().mounts -= 1;
+            let mut t = turns();
+            t.mounts -= 1;
+            if t.mounts == 0 {
+                t.area = None;
+            }
+            drop(t);
             TURN_CHANGED.notify_all();
         }
     }
