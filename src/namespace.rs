@@ -582,6 +582,14 @@ impl Namespace {
         if id < ROOT || id as usize >= table.nodes.len() {
             return false;
         }
+        // A look at the same file taken before the one recorded (the watch's `lstat`, delayed
+        // on a loaded machine, landing after an open's): stale, never recorded over a newer
+        // one. Under load a file that grew from 13 to 23 bytes read whole but was then
+        // listed at 13, from a table an older look had set back.
+        let n = &table.nodes[id as usize];
+        if n.ino == meta.version.ino && meta.version.ctime_ns < n.ctime_ns {
+            return false;
+        }
         // A file that became a directory (or the reverse) keeps its file id; the version
         // change makes its cached bytes unreachable, which is all that correctness needs.
         table.set(id as u32, &meta)
@@ -875,6 +883,26 @@ mod tests {
         assert!(!ns.refresh(a, meta(Kind::File, 11, 2)));
         assert!(ns.refresh(a, meta(Kind::File, 11, 3)));
         assert_eq!(ns.file_count(), 1);
+    }
+
+    #[test]
+    fn a_look_older_than_the_one_recorded_does_not_set_the_node_back() {
+        let ns = Namespace::new(meta(Kind::Dir, 0, 0));
+        let at = |size, ctime_ns| {
+            let mut m = meta(Kind::File, size, ctime_ns);
+            m.version.ctime_ns = ctime_ns;
+            m
+        };
+        let a = ns.insert_child(ROOT, OsStr::new("a"), at(13, 10));
+        assert!(ns.refresh(a, at(23, 20)));
+        // The watch's look from before the write lands late: ignored.
+        assert!(!ns.refresh(a, at(13, 10)));
+        assert_eq!(ns.info(a).unwrap().attr.size, 23);
+        // Another file under the name (another inode) is always taken.
+        let mut other = at(5, 1);
+        other.version.ino = 8;
+        assert!(ns.refresh(a, other));
+        assert_eq!(ns.info(a).unwrap().attr.size, 5);
     }
 
     #[test]
