@@ -279,8 +279,6 @@ pub struct Passthrough {
     kernel: OnceLock<Box<dyn BackingFiles>>,
     /// Turned off after the kernel refused a backing file.
     refused: AtomicBool,
-    /// No new inode is passed through ([`Passthrough::close`]).
-    closed: AtomicBool,
     modes: Mutex<InodeModes>,
     /// Signalled at every release of a passthrough open.
     released: parking_lot::Condvar,
@@ -312,7 +310,7 @@ impl Passthrough {
 
     /// True while new inodes may be passed through: [`Passthrough::on`] and not closed.
     pub fn open_to_new(&self) -> bool {
-        self.on() && !self.closed.load(Ordering::Relaxed)
+        self.on() && !self.modes.lock().closed
     }
 
     /// An open of `ino`: from `backing` by the kernel if it may (`register` registers the
@@ -404,13 +402,17 @@ impl Passthrough {
         let deadline = std::time::Instant::now() + within;
         let mut modes = self.modes.lock();
         modes.closed = true;
-        self.closed.store(true, Ordering::Relaxed);
         while modes.passed_through() > 0 {
             if self.released.wait_until(&mut modes, deadline).timed_out() {
                 break;
             }
         }
         modes.passed_through()
+    }
+
+    /// Undoes [`Passthrough::close`]: the kernel is not to open files itself after all.
+    pub fn reopen(&self) {
+        self.modes.lock().closed = false;
     }
 
     /// Keeps every backing file registration that outlives its opens in `slots` from now on,
@@ -488,7 +490,7 @@ mod tests {
         FileVersion::of_test(ino, 100)
     }
 
-    fn pt(id: u32, backing: Backing) -> Granted<KernelIo> {
+    fn pt<D>(id: u32, backing: Backing) -> Granted<D> {
         Granted::Passthrough { id, backing }
     }
 
@@ -582,7 +584,7 @@ mod tests {
         p.start(Box::new(Table));
         let v = version(1);
         let (granted, _) = p.open(5, v, Some(Backing::Source(v)), |_, _| Ok(7), || ());
-        assert_eq!(granted, pt_unit(7, Backing::Source(v)));
+        assert_eq!(granted, pt(7, Backing::Source(v)));
         // Still open: closing gives up after its time, with the inode counted.
         assert_eq!(p.close(std::time::Duration::from_millis(10)), 1);
         let releaser = {
@@ -596,10 +598,12 @@ mod tests {
         releaser.join().unwrap();
         let (granted, _) = p.open(5, v, Some(Backing::Source(v)), |_, _| Ok(8), || ());
         assert_eq!(granted, Granted::Daemon(()));
-    }
-
-    fn pt_unit(id: u32, backing: Backing) -> Granted<()> {
-        Granted::Passthrough { id, backing }
+        assert!(!p.open_to_new());
+        // A switch that does not happen gives passthrough back.
+        p.reopen();
+        assert!(p.open_to_new());
+        let (granted, _) = p.open(6, v, Some(Backing::Source(v)), |_, _| Ok(9), || ());
+        assert_eq!(granted, pt(9, Backing::Source(v)));
     }
 
     #[test]

@@ -1059,6 +1059,7 @@ fn switch_and_count(fs: Weak<DatasetFs>) {
             tracing::info!("opens: every open asks the daemon (not told of opens: {why})");
             *fs.opener.opens.why.lock() = format!("not told of opens: {why}");
             fs.opener.opens.ready.store(false, Ordering::Relaxed);
+            fs.opener.passthrough.reopen();
             return;
         }
         let _ = fs

@@ -131,9 +131,8 @@ fn turns() -> std::sync::MutexGuard<'static, Turns> {
 
 fn wait_turn(
     t: std::sync::MutexGuard<'static, Turns>,
-    until: impl FnMut(&mut Turns) -> bool,
+    mut until: impl FnMut(&mut Turns) -> bool,
 ) -> std::sync::MutexGuard<'static, Turns> {
-    let mut until = until;
     TURN_CHANGED
         .wait_while(t, |t| !until(t))
         .unwrap_or_else(|e| e.into_inner())
@@ -177,10 +176,11 @@ impl Beside {
         let Some(area) = test_area() else {
             return Beside(false);
         };
-        if turns().alone == Some(me) {
+        let t = turns();
+        if t.alone == Some(me) {
             return Beside(false);
         }
-        let mut t = wait_turn(turns(), |t| {
+        let mut t = wait_turn(t, |t| {
             t.alone.is_none() && t.area.as_ref().is_none_or(|a| *a == area)
         });
         t.mounts += 1;
