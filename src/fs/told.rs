@@ -753,11 +753,7 @@ impl DatasetFs {
         tracing::info!("opens: the kernel opens files itself; the daemon is told of each");
         self.opener.opens.ready.store(true, Ordering::Relaxed);
         self.opener.opens.switch_on();
-        let _ = self
-            .opener
-            .opens
-            .forks
-            .set(crate::jobs::forks::Forks::listen());
+        self.listen_for_forks();
         let weak = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("coorfs-told".into())
@@ -770,6 +766,12 @@ impl DatasetFs {
     /// Marks every directory of the mount for told opens. The group is in place before the
     /// first mark, so that an open asked meanwhile in a marked directory is known for one (its
     /// event is not counted again).
+    /// Starts following forks, to place readers gone before their opens are counted.
+    fn listen_for_forks(&self) {
+        let forks = crate::jobs::forks::Forks::listen(self.reads.jobs.found());
+        let _ = self.opener.opens.forks.set(forks);
+    }
+
     fn mark_directories(&self) -> Result<(), String> {
         let events = OpenEvents::new().map_err(|e| format!("fanotify: {e}"))?;
         let events = match self.opener.opens.events.set(events) {
@@ -1062,11 +1064,7 @@ fn switch_and_count(fs: Weak<DatasetFs>) {
             fs.opener.passthrough.reopen();
             return;
         }
-        let _ = fs
-            .opener
-            .opens
-            .forks
-            .set(crate::jobs::forks::Forks::listen());
+        fs.listen_for_forks();
         // Every event queued so far is of an open the daemon answered, and counted: among them
         // those asked while their directory was being marked, which have no entry in `asked`.
         // Their events are queued as their openers return, within microseconds of the reply:

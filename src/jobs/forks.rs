@@ -9,8 +9,11 @@
 //! child runs a line of its own; the last [`FORKS_MAX`] are kept (12 bytes each), child to
 //! parent, and a gone process is looked up through its parent.
 //!
-//! Needs `CAP_NET_ADMIN` (the daemon as root); without it, nothing is kept and a gone process
-//! is its own job, as before.
+//! A fork also names a new process of a pid used before: what was found of the old one
+//! (`found.rs`) is forgotten.
+//!
+//! Needs `CAP_NET_ADMIN` (the daemon as root); without it, nothing is kept, and a gone process
+//! is placed only by what was found of it and its parent while they ran.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -18,18 +21,32 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::found::Found;
+
 /// Forks remembered at most: at a thousand forks a second, the last minute's.
 pub const FORKS_MAX: usize = 65_536;
 
 /// The parents of the processes forked lately.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Forks {
     parents: Mutex<(HashMap<u32, u32>, VecDeque<u32>)>,
+    /// What was found of processes, forgotten for a pid forked anew.
+    found: Arc<Found>,
 }
 
 impl Forks {
+    /// No forks seen yet; `found` is the jobs' table of processes, whose reused pids it
+    /// forgets.
+    pub fn new(found: Arc<Found>) -> Forks {
+        Forks {
+            parents: Mutex::default(),
+            found,
+        }
+    }
+
     /// Process (or thread) `child` was forked by process `parent`.
     pub fn forked(&self, child: u32, parent: u32) {
+        self.found.forget(child);
         let mut p = self.parents.lock();
         let (map, order) = &mut *p;
         if map.insert(child, parent).is_none() {
@@ -49,7 +66,8 @@ impl Forks {
 
     /// Listens to the kernel's fork events on a thread of its own; None (and the reason in
     /// the log, at debug level) if they cannot be had.
-    pub fn listen() -> Option<Arc<Forks>> {
+    /// As [`Forks::new`].
+    pub fn listen(found: Arc<Found>) -> Option<Arc<Forks>> {
         let socket = match subscribe() {
             Ok(socket) => socket,
             Err(e) => {
@@ -57,7 +75,7 @@ impl Forks {
                 return None;
             }
         };
-        let forks = Arc::new(Forks::default());
+        let forks = Arc::new(Forks::new(found));
         let kept = forks.clone();
         let spawned = std::thread::Builder::new()
             .name("coorfs-forks".into())
@@ -204,7 +222,7 @@ mod tests {
         let mut buf = fork_message(10, 11);
         buf.extend(fork_message(11, 12));
         assert_eq!(parse_forks(&buf), vec![(11, 10), (12, 11)]);
-        let forks = Forks::default();
+        let forks = Forks::new(Arc::default());
         for child in 0..(FORKS_MAX as u32 + 5) {
             forks.forked(child + 100, 1);
         }
@@ -218,7 +236,7 @@ mod tests {
         if !rustix::process::geteuid().is_root() {
             return;
         }
-        let forks = Forks::listen().expect("process events as root");
+        let forks = Forks::listen(Arc::default()).expect("process events as root");
         std::thread::sleep(std::time::Duration::from_millis(50));
         let child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();

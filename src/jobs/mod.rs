@@ -31,6 +31,7 @@
 //! job's books, is decided in one place: [`ledger`].
 
 pub mod forks;
+pub mod found;
 pub mod ledger;
 pub mod tree;
 
@@ -519,6 +520,7 @@ pub struct Jobs {
     live: Mutex<LiveJobs>,
     past: Mutex<VecDeque<JobSummary>>,
     tree: tree::Tree,
+    found: Arc<found::Found>,
 }
 
 impl Jobs {
@@ -529,6 +531,7 @@ impl Jobs {
             live: Mutex::new(HashMap::new()),
             past: Mutex::new(VecDeque::new()),
             tree: tree::Tree::default(),
+            found: Arc::default(),
         }
     }
 
@@ -544,7 +547,8 @@ impl Jobs {
     }
 
     /// [`Jobs::get`] for an open told after the fact (`crate::fs`'s `told.rs`): a process
-    /// gone by then is placed through the parent `forks` saw fork it (see [`forks`]).
+    /// gone by then is placed by what was found of it or of its parents while they ran
+    /// ([`found`]), its parents named by `forks` (see [`forks`]).
     pub fn get_after(
         &self,
         pid: u32,
@@ -553,21 +557,33 @@ impl Jobs {
         forks: Option<&forks::Forks>,
     ) -> Arc<Mutex<Job>> {
         let mut at = pid;
+        let parent = |at| forks.and_then(|f| f.parent(at));
         // A few generations: a worker of a job's process, forked by a shell.
         for _ in 0..4 {
-            let key = match self.config.key {
+            let live = match self.config.key {
                 JobKeyKind::Auto => self.tree.job(&tree::ProcFs, at, now),
                 kind => job_of_live(kind, at, uid),
             };
-            if let Some(key) = key {
+            if let Some(key) = live {
+                if at == pid {
+                    self.found.found(pid, key, parent(pid));
+                }
                 return self.join(key, uid, now);
             }
-            match forks.and_then(|f| f.parent(at)) {
+            if let Some(key) = self.found.job(at) {
+                return self.join(key, uid, now);
+            }
+            match parent(at) {
                 Some(parent) => at = parent,
                 None => break,
             }
         }
         self.join(job_of(self.config.key, pid, uid), uid, now)
+    }
+
+    /// What was found of processes, for [`forks::Forks::listen`].
+    pub fn found(&self) -> Arc<found::Found> {
+        self.found.clone()
     }
 
     /// Job `key`, begun by `uid` if it is new: the user's catch-all job if the user or
@@ -831,6 +847,42 @@ mod tests {
         job.log.open(4, 10, false, 1, total, 100.0);
         assert_eq!(job.set_hint(vec![3, 2], budget.charge(0), 12), (3, false));
         assert_eq!(job.active_order().unwrap().len(), 6);
+    }
+
+    #[test]
+    fn a_worker_gone_with_its_parent_is_placed_where_its_siblings_were_found() {
+        // The last worker of a job's last epoch: its opens are counted after it and the
+        // job's main process exited. Pids above the kernel's limit never run.
+        let (init, trial, worker) = (1, 0x7fff_0001, 0x7fff_0002);
+        let me = std::process::id();
+        // SAFETY: reads our own process group.
+        let group = JobKey::Pgid(unsafe { libc::getpgid(0) } as u32);
+        for key in [JobKeyKind::Pgid, JobKeyKind::Auto] {
+            let jobs = Jobs::new(JobConfig {
+                key,
+                ..JobConfig::default()
+            });
+            let forks = forks::Forks::new(jobs.found());
+            forks.forked(trial, init);
+            forks.forked(me, trial);
+            // A sibling seen while it ran (this test's process, as a worker of `trial`).
+            let mine = jobs.get_after(me, 0, 0.0, Some(&forks)).lock().key;
+            if key == JobKeyKind::Pgid {
+                assert_eq!(mine, group);
+            }
+            forks.forked(worker, trial);
+            assert_eq!(
+                jobs.get_after(worker, 0, 0.0, Some(&forks)).lock().key,
+                mine,
+                "{key:?}: placed through the living init, the job would be init's"
+            );
+            assert_eq!(jobs.live_keyed().len(), 1);
+            // A new process of the trial's pid: what was found of the old one is forgotten.
+            forks.forked(trial, init);
+            forks.forked(worker + 1, trial);
+            let other = jobs.get_after(worker + 1, 0, 0.0, Some(&forks)).lock().key;
+            assert_ne!(other, mine, "{key:?}");
+        }
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! job.
 //!
 //! Each test runs alone (`common::alone`): which job an open counts in is read from the
-//! machine's processes, and beside another test's process storms a told open was once counted
-//! in a job of its own (9 opens of one process, 1 run in 3).
+//! machine's processes. (A told open of a worker that exited with its parent before the open
+//! was counted once made a job of its own, named after the worker; src/jobs/found.rs.)
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
