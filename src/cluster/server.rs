@@ -131,9 +131,9 @@ impl PeerServer {
     fn read(&self, r: &BlockRequest) -> Result<Arc<Block>, (StatusCode, String)> {
         let rel = Path::new(OsStr::from_bytes(&r.path));
         let meta = self.source.metadata(rel, &Creds::DAEMON).map_err(|e| {
-            let status = match e.raw_os_error() {
-                Some(libc::ENOENT | libc::ENOTDIR) => StatusCode::NOT_FOUND,
-                Some(libc::EXDEV | libc::ELOOP) => StatusCode::BAD_REQUEST,
+            let status = match e.errno() {
+                libc::ENOENT | libc::ENOTDIR => StatusCode::NOT_FOUND,
+                libc::EXDEV | libc::ELOOP => StatusCode::BAD_REQUEST,
                 _ => StatusCode::BAD_GATEWAY,
             };
             (status, e.to_string())

@@ -93,7 +93,7 @@ fn accept(listener: UnixListener, fs: Weak<DatasetFs>) {
             gid: peer.gid.as_raw(),
         };
         if !clients.admit(caller.uid) {
-            let _ = reply(&stream, Err(FsError::from_errno(libc::EBUSY)));
+            let _ = reply(&stream, Err(FsError::Busy));
             continue;
         }
         let clients = clients.clone();

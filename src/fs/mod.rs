@@ -68,8 +68,7 @@ use crate::jobs::ledger::Ledger;
 use crate::jobs::{JobKeyKind, Jobs};
 use crate::namespace::{Attr, Kind, Namespace, NodeId};
 use crate::prefetch::Prefetcher;
-use crate::source::beneath::is_moved;
-use crate::source::{Creds, DatasetSource, FsStats};
+use crate::source::{Creds, DatasetSource, FsStats, SourceError};
 use crate::stats::Stats;
 use crate::tier::Tiers;
 pub use attrs::FIRST_PLUS_ENTRIES;
@@ -109,20 +108,28 @@ pub enum FsError {
     TooLarge,
     #[error("inappropriate ioctl for device")]
     NotTty,
+    /// A user's share of a bounded resource is taken (EDQUOT).
+    #[error("{0}")]
+    OverBudget(String),
+    /// Too many at once: come back later (EBUSY).
+    #[error("busy")]
+    Busy,
     #[error("the source entry changed under its name (a component became a symlink or moved)")]
     Stale,
     #[error("source: {0}")]
-    Source(#[from] io::Error),
+    Source(#[from] SourceError),
     /// A block of a read could not be had: which, and why ([`crate::tier::error`]).
     #[error("{0}")]
     Read(crate::tier::error::ReadFailed),
 }
 
-impl FsError {
-    fn from_errno(errno: i32) -> Self {
-        FsError::Source(io::Error::from_raw_os_error(errno))
+impl From<io::Error> for FsError {
+    fn from(e: io::Error) -> Self {
+        FsError::Source(e.into())
     }
+}
 
+impl FsError {
     /// The errno a caller sees for it: the one map from errors to errnos, exhaustive, so
     /// that a new variant forces a decision.
     pub fn errno(&self) -> i32 {
@@ -140,8 +147,10 @@ impl FsError {
             FsError::NotSupported => libc::ENOTSUP,
             FsError::TooLarge => libc::EFBIG,
             FsError::NotTty => libc::ENOTTY,
+            FsError::OverBudget(_) => libc::EDQUOT,
+            FsError::Busy => libc::EBUSY,
             FsError::Stale => libc::ESTALE,
-            FsError::Source(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            FsError::Source(e) => e.errno(),
             FsError::Read(failed) => failed.error.errno(),
         }
     }
@@ -338,9 +347,10 @@ impl DatasetFs {
         disk: Option<Arc<crate::tier::disk::DiskTier>>,
         memory: Option<crate::cache::CacheMemory>,
     ) -> io::Result<Self> {
-        let root = source.metadata(Path::new(""), &Creds::DAEMON)?;
+        let root =
+            (source.metadata(Path::new(""), &Creds::DAEMON)).map_err(SourceError::into_io)?;
         if root.attr.kind != Kind::Dir {
-            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+            return Err(SourceError::NotDir.into_io());
         }
         let io = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -558,18 +568,17 @@ impl DatasetFs {
     }
 }
 
-/// What a caller is told of a source error: a missing entry is ENOENT, a refusal EACCES,
-/// a path that no longer resolves as the node table recorded it ESTALE (the kernel then
-/// looks the path up again and finds what is there now); anything else is a source fault.
-fn source_error(e: io::Error) -> FsError {
-    if e.kind() == io::ErrorKind::NotFound {
-        FsError::NotFound
-    } else if e.raw_os_error() == Some(libc::EACCES) {
-        FsError::Access
-    } else if is_moved(&e) || e.raw_os_error() == Some(libc::ESTALE) {
-        FsError::Stale
-    } else {
-        FsError::Source(e)
+/// What a caller is told of a source error: a missing entry is ENOENT, the source's
+/// permission check EACCES, a path that no longer resolves as the node table recorded it
+/// ESTALE (the kernel then looks the path up again and finds what is there now); anything
+/// else is a source fault, logged with its cause (a store's refusal in its words).
+fn source_error(e: SourceError) -> FsError {
+    match e {
+        SourceError::NotFound => FsError::NotFound,
+        SourceError::Changed => FsError::Stale,
+        e if e.is_moved() => FsError::Stale,
+        SourceError::Io(e) if e.raw_os_error() == Some(libc::EACCES) => FsError::Access,
+        e => FsError::Source(e),
     }
 }
 

@@ -95,18 +95,17 @@ struct OrderWriter {
     /// The hint memory `buf` holds.
     charge: HintCharge,
     caller: Caller,
-    /// The hint grew past a limit: every later chunk and the commit fail with this errno
-    /// (EFBIG or EDQUOT).
-    refused: Option<i32>,
+    /// The hint grew past a limit: every later chunk and the commit fail with this.
+    refused: Option<HintError>,
 }
 
 impl OrderWriter {
     /// Refuses the hint: nothing of it is applied, what came so far is forgotten (and its
-    /// memory given back), and every later chunk and the commit fail with `errno`.
-    fn refuse(&mut self, errno: i32) {
+    /// memory given back), and every later chunk and the commit fail with `why`.
+    fn refuse(&mut self, why: HintError) {
         self.buf = Vec::new();
         self.charge.resize(0);
-        self.refused = Some(errno);
+        self.refused = Some(why);
     }
 }
 
@@ -233,13 +232,13 @@ impl OrderFiles {
             writers.insert(key, self.writer(caller));
         }
         let w = writers.get_mut(&key).ok_or(FsError::BadHandle)?;
-        if let Some(errno) = w.refused {
-            return Err(FsError::from_errno(errno));
+        if let Some(why) = &w.refused {
+            return Err(why.clone().into());
         }
         let end = w.buf.len() as u64 + data.len() as u64;
         if end > limit {
             let pid = w.caller.pid;
-            w.refuse(libc::EFBIG);
+            w.refuse(HintError::TooLarge { limit });
             drop(writers);
             ledger.hint(false);
             tracing::warn!("order hint of pid {pid} rejected: more than {limit} bytes");
@@ -251,7 +250,7 @@ impl OrderFiles {
             let capacity = end.max(w.buf.capacity() * 2);
             if !w.charge.resize(capacity as u64) {
                 let uid = w.caller.uid;
-                w.refuse(libc::EDQUOT);
+                w.refuse(HintError::OverBudget { uid });
                 drop(writers);
                 ledger.hint(false);
                 tracing::warn!("order hint rejected: {}", HintError::OverBudget { uid });
@@ -283,15 +282,15 @@ impl OrderFiles {
             let Some(mut w) = writers.remove(&key) else {
                 return Ok((Vec::new(), caller));
             };
-            if let Some(errno) = w.refused.take() {
-                return Err(FsError::from_errno(errno));
+            if let Some(why) = w.refused.take() {
+                return Err(why.into());
             }
             w.charge.resize(0);
             return Ok((std::mem::take(&mut w.buf), w.caller));
         }
         let w = writers.get_mut(&key).ok_or(FsError::BadHandle)?;
-        if let Some(errno) = w.refused.take() {
-            return Err(FsError::from_errno(errno));
+        if let Some(why) = w.refused.take() {
+            return Err(why.into());
         }
         // The hint is applied now: its bytes are done with (the order it becomes is
         // charged on its own).
@@ -320,8 +319,10 @@ impl OrderFiles {
 }
 
 /// Why a hint was rejected.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HintError {
+    #[error("the hint is more than {limit} bytes")]
+    TooLarge { limit: u64 },
     #[error("line {line}: {path:?} is not a file of the dataset (or not one the writer may read)")]
     Unknown { line: usize, path: String },
     #[error("the hints of uid {uid} would hold more than their share of --hint-memory")]
@@ -336,7 +337,8 @@ impl From<HintError> for FsError {
     fn from(e: HintError) -> Self {
         match e {
             HintError::Unknown { .. } => FsError::NotFound,
-            HintError::OverBudget { .. } => FsError::from_errno(libc::EDQUOT),
+            HintError::TooLarge { .. } => FsError::TooLarge,
+            HintError::OverBudget { .. } => FsError::OverBudget(e.to_string()),
             HintError::Invalid { .. } | HintError::Empty => FsError::Invalid(e.to_string()),
         }
     }
@@ -504,7 +506,7 @@ impl DatasetFs {
                 Ok(0) => break Ok(()),
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => break Err(FsError::Source(e)),
+                Err(e) => break Err(e.into()),
             };
             let appended =
                 (self.orders).append_bytes(key, true, caller, &buf[..n], limit, &self.reads.ledger);

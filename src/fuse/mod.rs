@@ -906,7 +906,10 @@ mod tests {
                 error,
             })
         };
-        let refused = crate::source::Refusal::error(libc::EACCES, "GET: 403".into());
+        let refused = crate::source::SourceError::Refused {
+            errno: libc::EACCES,
+            why: "GET: 403".into(),
+        };
         for (e, want) in [
             (DataError::of_source(refused), Errno::EACCES),
             (DataError::Changed, Errno::ESTALE),

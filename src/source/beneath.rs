@@ -133,19 +133,10 @@ fn plain_names(rel: &Path) -> io::Result<Vec<&OsStr>> {
     Ok(names)
 }
 
-/// True if `e` says the path no longer resolves beneath the root the way the node table
-/// recorded it: a component became a symlink (`ELOOP`) or a non-directory (`ENOTDIR`), or
-/// the path would leave the root (`EXDEV`).
-pub fn is_moved(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::SourceError;
     use std::os::unix::fs::symlink;
 
     fn tree() -> tempfile::TempDir {
@@ -185,13 +176,14 @@ mod tests {
                 "../outside",
                 "a/../../outside",
             ] {
-                let err = read(&b, escape).unwrap_err();
-                assert!(is_moved(&err), "{escape}: {err} ({})", b.uses_openat2());
+                let err = SourceError::from(read(&b, escape).unwrap_err());
+                assert!(err.is_moved(), "{escape}: {err} ({})", b.uses_openat2());
             }
             let err = b
                 .open_at(Path::new("/etc/passwd"), OFlags::RDONLY)
                 .unwrap_err();
-            assert!(is_moved(&err), "absolute: {err}");
+            let err = SourceError::from(err);
+            assert!(err.is_moved(), "absolute: {err}");
             // A symlink itself opens as O_PATH, never its target.
             let link = b.open_at(Path::new("a/up"), OFlags::PATH).unwrap();
             let target = rustix::fs::readlinkat(&link, "", Vec::new()).unwrap();

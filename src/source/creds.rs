@@ -96,7 +96,10 @@ fn own_groups() -> &'static [Gid] {
 
 /// Runs `f` on this thread with `who`'s file-system credentials, then restores the
 /// daemon's. With the daemon's own credentials (or a daemon that is not root) `f` just runs.
-pub fn as_user<T>(who: &Creds, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+pub fn as_user<T, E: From<io::Error>>(
+    who: &Creds,
+    f: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
     if who.is_daemon() || !can_switch() {
         return f();
     }

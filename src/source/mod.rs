@@ -2,7 +2,9 @@
 //!
 //! [`DatasetSource`] is the I/O boundary below the filesystem core. [`LocalSource`] reads a
 //! local (or kernel-mounted network) directory; [`FaultySource`] wraps any source and injects
-//! errors and delays for tests, the way mountpoint-s3's `failure_client` does.
+//! errors and delays for tests, the way mountpoint-s3's `failure_client` does. Every call
+//! fails with a [`SourceError`] ([`error`]), which carries its cause up to the reader's log
+//! line and maps to the reader's errno in one place.
 //!
 //! Confinement: every path is resolved beneath a descriptor of the source root with no
 //! symlink followed in any component ([`beneath`]), and what was opened is checked with
@@ -27,6 +29,7 @@
 
 pub mod beneath;
 pub mod creds;
+pub mod error;
 pub mod object;
 
 use std::ffi::{OsStr, OsString};
@@ -43,33 +46,9 @@ use crate::block::ALIGN;
 use crate::namespace::{Attr, DirNames, FileVersion, Kind, SourceMeta};
 use beneath::Beneath;
 pub use creds::{Creds, as_user};
+pub use error::{SourceError, SourceResult};
 use rustix::fs::{AtFlags, OFlags, Statx, StatxFlags};
 use std::os::fd::AsFd;
-
-/// A source's refusal of a read, with the errno the reader gets and the words of whoever
-/// refused (an object store's answer), so that the read's one log line can say why.
-#[derive(Debug, thiserror::Error)]
-#[error("{why} ({})", io::Error::from_raw_os_error(*.errno))]
-pub struct Refusal {
-    pub errno: i32,
-    pub why: String,
-}
-
-impl Refusal {
-    /// An I/O error of kind `errno`'s that carries the refusal.
-    pub fn error(errno: i32, why: String) -> io::Error {
-        io::Error::new(
-            io::Error::from_raw_os_error(errno).kind(),
-            Refusal { errno, why },
-        )
-    }
-
-    /// The errno of a source's error: its own, or its refusal's.
-    pub fn errno_of(e: &io::Error) -> Option<i32> {
-        e.raw_os_error()
-            .or_else(|| Some(e.get_ref()?.downcast_ref::<Refusal>()?.errno))
-    }
-}
 
 /// One entry of a source directory listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,7 +96,7 @@ impl Listing {
     }
 
     /// Reads the directory's names, without `.` and `..`, in the order the source lists them.
-    pub fn read_names(&mut self) -> io::Result<()> {
+    pub fn read_names(&mut self) -> SourceResult<()> {
         let fd = match &self.entries {
             Entries::Open(fd) => fd,
             Entries::Known(entries) => {
@@ -144,18 +123,14 @@ impl Listing {
     }
 
     /// `lstat` of entry `name`: one `statx` relative to the open directory, so confined.
-    pub fn stat(&self, name: &OsStr) -> io::Result<SourceMeta> {
+    pub fn stat(&self, name: &OsStr) -> SourceResult<SourceMeta> {
         let dir = match &self.entries {
             Entries::Open(fd) => fd,
             Entries::Known(entries) => {
-                return entries
-                    .get(name)
-                    .copied()
-                    .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT));
+                return entries.get(name).copied().ok_or(SourceError::NotFound);
             }
         };
-        let name = std::ffi::CString::new(name.as_bytes())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| SourceError::Invalid)?;
         stat_at(dir, &name)
     }
 }
@@ -174,7 +149,7 @@ pub enum SourceFile {
 impl SourceFile {
     /// What the open file is now: its `fstat` (an object's version is the one it was opened
     /// as: the store is not asked again).
-    pub fn stat(&self) -> io::Result<SourceMeta> {
+    pub fn stat(&self) -> SourceResult<SourceMeta> {
         match self {
             SourceFile::Local(file) => stat_fd(file),
             SourceFile::Object(meta) => Ok(*meta),
@@ -184,10 +159,10 @@ impl SourceFile {
     /// Reads into `buf` at `offset` of the open file itself, until `buf` is full or the file
     /// ends (see [`read_open_file`]). An object has no open file to fall back on: the version
     /// it was opened as is gone from the store, ESTALE.
-    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> SourceResult<usize> {
         match self {
             SourceFile::Local(file) => read_open_file(file, offset, buf),
-            SourceFile::Object(_) => Err(io::Error::from_raw_os_error(libc::ESTALE)),
+            SourceFile::Object(_) => Err(SourceError::Changed),
         }
     }
 
@@ -223,12 +198,12 @@ pub trait DatasetSource: Send + Sync + 'static {
     /// The root, for messages.
     fn root(&self) -> &Path;
     /// `lstat` of an entry, reached with `who`'s search permission on every directory.
-    fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta>;
+    fn metadata(&self, rel: &Path, who: &Creds) -> SourceResult<SourceMeta>;
     /// Opens a directory that `who` may read, with its `fstat` and no names yet.
-    fn open_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing>;
+    fn open_dir(&self, rel: &Path, who: &Creds) -> SourceResult<Listing>;
     /// Opens a directory that `who` may read and reads its names, without `.` and `..`, in
     /// the order the source lists them.
-    fn list_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
+    fn list_dir(&self, rel: &Path, who: &Creds) -> SourceResult<Listing> {
         let mut listing = self.open_dir(rel, who)?;
         listing.read_names()?;
         Ok(listing)
@@ -236,7 +211,7 @@ pub trait DatasetSource: Send + Sync + 'static {
     /// The directory's `fstat` (taken before its names were read) and its entries, each
     /// with its `lstat` (an entry gone between the listing and its `lstat` is left out, as a
     /// fresh listing would), for a directory that `who` may read.
-    fn read_dir(&self, rel: &Path, who: &Creds) -> io::Result<(SourceMeta, Vec<DirItem>)> {
+    fn read_dir(&self, rel: &Path, who: &Creds) -> SourceResult<(SourceMeta, Vec<DirItem>)> {
         let listing = self.list_dir(rel, who)?;
         let items = listing
             .names
@@ -252,22 +227,22 @@ pub trait DatasetSource: Send + Sync + 'static {
         Ok((listing.meta, items))
     }
     /// The target of a symbolic link.
-    fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
+    fn read_link(&self, rel: &Path) -> SourceResult<PathBuf>;
     /// Opens regular file `rel` for reading as `who`: the source applies its modes, ACLs and
     /// search permissions now. Returns the open file and what its `fstat` says. For the
     /// daemon's own credentials (root, who may read anything) the file may be opened
     /// `O_PATH` only: read it with [`read_open_file`].
-    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(SourceFile, SourceMeta)>;
+    fn open_file(&self, rel: &Path, who: &Creds) -> SourceResult<(SourceFile, SourceMeta)>;
     /// The index of the first of `files` that `who` may not read (searching every
     /// directory on the way), if any.
     fn first_unreadable(
         &self,
         files: &mut dyn Iterator<Item = PathBuf>,
         who: &Creds,
-    ) -> io::Result<Option<usize>>;
+    ) -> SourceResult<Option<usize>>;
     /// The value of POSIX ACL attribute `name` (`system.posix_acl_access` or `_default`)
     /// of file or directory `rel`, None if it has none.
-    fn acl(&self, rel: &Path, name: &str) -> io::Result<Option<Vec<u8>>>;
+    fn acl(&self, rel: &Path, name: &str) -> SourceResult<Option<Vec<u8>>>;
     /// Reads into `buf` from `offset` of file `version`, until `buf` is full or the file
     /// ends. Returns the bytes read. Fails with ESTALE if the file at `rel` is no longer
     /// that version.
@@ -277,7 +252,7 @@ pub trait DatasetSource: Send + Sync + 'static {
         version: &FileVersion,
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<usize>;
+    ) -> SourceResult<usize>;
     /// Reads from `offset` of file `version` into `blocks`, one after another, each to its
     /// length (each allocated as the read reaches it), and hands each to `filled` once it is
     /// full, until all are, the file ends or a read or an allocation fails; returns the bytes
@@ -291,7 +266,7 @@ pub trait DatasetSource: Send + Sync + 'static {
         offset: u64,
         blocks: &mut crate::block::RunBlocks,
         filled: &mut dyn FnMut(crate::block::Block),
-    ) -> io::Result<usize> {
+    ) -> SourceResult<usize> {
         let mut done = 0;
         for block in blocks {
             let mut block = block?;
@@ -311,7 +286,7 @@ pub trait DatasetSource: Send + Sync + 'static {
         Ok(done)
     }
     /// `statvfs` of the filesystem holding the source.
-    fn statfs(&self) -> io::Result<FsStats>;
+    fn statfs(&self) -> SourceResult<FsStats>;
     /// Bytes of memory the source keeps of the dataset's names beside the node table (an
     /// object store's listing); 0 for a directory.
     fn memory(&self) -> u64 {
@@ -374,12 +349,12 @@ impl LocalSource {
 
     /// Opens regular file `rel` with `flags` (see [`LocalSource::open_noatime`]) and checks
     /// that it is one.
-    fn open_regular(&self, rel: &Path, flags: OFlags) -> io::Result<(File, SourceMeta)> {
+    fn open_regular(&self, rel: &Path, flags: OFlags) -> SourceResult<(File, SourceMeta)> {
         let fd = self.open_noatime(rel, flags)?;
         let meta = stat_fd(&fd)?;
         let file = File::from(fd);
         if meta.attr.kind != Kind::File {
-            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+            return Err(SourceError::Changed);
         }
         Ok((file, meta))
     }
@@ -395,10 +370,10 @@ impl LocalSource {
         version: &FileVersion,
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<(File, usize)> {
+    ) -> SourceResult<(File, usize)> {
         let (file, meta) = self.open_regular(rel, file_flags())?;
         if meta.version != *version {
-            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+            return Err(SourceError::Changed);
         }
         let len = (buf.len() as u64).min(version.size.saturating_sub(offset));
         let direct = !resident(&file, offset, len);
@@ -421,10 +396,10 @@ impl LocalSource {
         version: &FileVersion,
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<(File, usize)> {
+    ) -> SourceResult<(File, usize)> {
         let (file, meta) = self.open_regular(rel, flags)?;
         if meta.version != *version {
-            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+            return Err(SourceError::Changed);
         }
         let done = read_at_most(&file, offset, buf, flags.contains(OFlags::DIRECT))?;
         Ok((file, done))
@@ -498,12 +473,12 @@ fn reopened(file: &File) -> io::Result<File> {
 /// Reads into `buf` at `offset` of a file from [`DatasetSource::open_file`], until `buf` is
 /// full or the file ends. An `O_PATH` descriptor is opened again for reading through its
 /// `/proc/self/fd` link, which names the very file it pins (even one since removed).
-pub fn read_open_file(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+pub fn read_open_file(file: &File, offset: u64, buf: &mut [u8]) -> SourceResult<usize> {
     match read_at_most(file, offset, buf, false) {
         Err(e) if e.raw_os_error() == Some(libc::EBADF) => {
-            read_at_most(&reopened(file)?, offset, buf, false)
+            Ok(read_at_most(&reopened(file)?, offset, buf, false)?)
         }
-        other => other,
+        other => Ok(other?),
     }
 }
 
@@ -527,11 +502,11 @@ impl DatasetSource for LocalSource {
         &self.root
     }
 
-    fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta> {
+    fn metadata(&self, rel: &Path, who: &Creds) -> SourceResult<SourceMeta> {
         as_user(who, || stat_fd(&self.beneath.open_at(rel, OFlags::PATH)?))
     }
 
-    fn open_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
+    fn open_dir(&self, rel: &Path, who: &Creds) -> SourceResult<Listing> {
         let dir = as_user(who, || {
             self.beneath
                 .open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NONBLOCK)
@@ -544,13 +519,13 @@ impl DatasetSource for LocalSource {
         })
     }
 
-    fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+    fn read_link(&self, rel: &Path) -> SourceResult<PathBuf> {
         let fd = self.beneath.open_at(rel, OFlags::PATH)?;
         let target = rustix::fs::readlinkat(&fd, "", Vec::new())?;
         Ok(PathBuf::from(OsString::from_vec(target.into_bytes())))
     }
 
-    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(SourceFile, SourceMeta)> {
+    fn open_file(&self, rel: &Path, who: &Creds) -> SourceResult<(SourceFile, SourceMeta)> {
         let (file, meta) = if who.is_daemon() {
             // Nothing to check for root: an O_PATH descriptor pins the file (for reads of a
             // file replaced while open) at a fraction of a real open's cost, on the path of
@@ -566,7 +541,7 @@ impl DatasetSource for LocalSource {
         &self,
         files: &mut dyn Iterator<Item = PathBuf>,
         who: &Creds,
-    ) -> io::Result<Option<usize>> {
+    ) -> SourceResult<Option<usize>> {
         // One switch of credentials for the whole list, and one open per directory: a
         // directory the user may not search fails its open, and every file in it is "no".
         // A hint names ImageNet's 1.28 M files in 1,000 directories: 1,000 opens and one
@@ -604,7 +579,7 @@ impl DatasetSource for LocalSource {
         })
     }
 
-    fn acl(&self, rel: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
+    fn acl(&self, rel: &Path, name: &str) -> SourceResult<Option<Vec<u8>>> {
         // Only files and directories carry ACLs; opening anything else could block or act.
         let kind = stat_fd(&self.beneath.open_at(rel, OFlags::PATH)?)?
             .attr
@@ -638,13 +613,13 @@ impl DatasetSource for LocalSource {
         version: &FileVersion,
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<usize> {
+    ) -> SourceResult<usize> {
         let aligned = (buf.as_ptr() as usize).is_multiple_of(ALIGN)
             && buf.len().is_multiple_of(ALIGN)
             && offset.is_multiple_of(ALIGN as u64);
         if aligned && self.direct() {
             match self.read_resident_or_direct(rel, version, offset, buf) {
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Err(e) if e.errno() == libc::EINVAL => {
                     if self.direct.swap(false, Ordering::Relaxed) {
                         tracing::info!(
                             "{}: the filesystem refuses O_DIRECT; reading through its page cache",
@@ -671,7 +646,7 @@ impl DatasetSource for LocalSource {
         Ok(done)
     }
 
-    fn statfs(&self) -> io::Result<FsStats> {
+    fn statfs(&self) -> SourceResult<FsStats> {
         let st = rustix::fs::fstatvfs(self.beneath.root())?;
         Ok(FsStats {
             blocks: st.f_blocks,
@@ -715,13 +690,13 @@ fn time(secs: i64, nsecs: i64) -> SystemTime {
 }
 
 /// What `statx` says of an open descriptor (an `O_PATH` one included).
-pub fn stat_fd(fd: impl AsFd) -> io::Result<SourceMeta> {
+pub fn stat_fd(fd: impl AsFd) -> SourceResult<SourceMeta> {
     let st = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)?;
     Ok(meta_from_statx(&st))
 }
 
 /// What `statx` says of entry `name` of open directory `dir`, not following a symlink.
-fn stat_at(dir: impl AsFd, name: &std::ffi::CStr) -> io::Result<SourceMeta> {
+fn stat_at(dir: impl AsFd, name: &std::ffi::CStr) -> SourceResult<SourceMeta> {
     let st = rustix::fs::statx(
         dir,
         name,
@@ -805,26 +780,26 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
     fn root(&self) -> &Path {
         self.inner.root()
     }
-    fn metadata(&self, rel: &Path, who: &Creds) -> io::Result<SourceMeta> {
+    fn metadata(&self, rel: &Path, who: &Creds) -> SourceResult<SourceMeta> {
         self.inner.metadata(rel, who)
     }
-    fn open_dir(&self, rel: &Path, who: &Creds) -> io::Result<Listing> {
+    fn open_dir(&self, rel: &Path, who: &Creds) -> SourceResult<Listing> {
         self.inner.open_dir(rel, who)
     }
-    fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+    fn read_link(&self, rel: &Path) -> SourceResult<PathBuf> {
         self.inner.read_link(rel)
     }
-    fn open_file(&self, rel: &Path, who: &Creds) -> io::Result<(SourceFile, SourceMeta)> {
+    fn open_file(&self, rel: &Path, who: &Creds) -> SourceResult<(SourceFile, SourceMeta)> {
         self.inner.open_file(rel, who)
     }
     fn first_unreadable(
         &self,
         files: &mut dyn Iterator<Item = PathBuf>,
         who: &Creds,
-    ) -> io::Result<Option<usize>> {
+    ) -> SourceResult<Option<usize>> {
         self.inner.first_unreadable(files, who)
     }
-    fn acl(&self, rel: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
+    fn acl(&self, rel: &Path, name: &str) -> SourceResult<Option<Vec<u8>>> {
         self.inner.acl(rel, name)
     }
     fn read_block(
@@ -833,7 +808,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         version: &FileVersion,
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<usize> {
+    ) -> SourceResult<usize> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         let delay = *self.read_delay.lock();
         if !delay.is_zero() {
@@ -842,7 +817,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         if let Some(needle) = self.fail_paths_containing.lock().as_deref()
             && rel.to_string_lossy().contains(needle)
         {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
+            return Err(SourceError::Io(io::Error::from_raw_os_error(libc::EIO)));
         }
         let panics = self
             .panic_paths_containing
@@ -861,7 +836,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         offset: u64,
         blocks: &mut crate::block::RunBlocks,
         filled: &mut dyn FnMut(crate::block::Block),
-    ) -> io::Result<usize> {
+    ) -> SourceResult<usize> {
         if blocks.len() != 1 {
             // One read however many blocks: as slow as one, and counted once.
             self.reads.fetch_add(1, Ordering::Relaxed);
@@ -889,7 +864,7 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         }
         Ok(n)
     }
-    fn statfs(&self) -> io::Result<FsStats> {
+    fn statfs(&self) -> SourceResult<FsStats> {
         self.inner.statfs()
     }
     fn memory(&self) -> u64 {
@@ -922,10 +897,10 @@ mod tests {
         let err = src
             .read_block(Path::new("missing"), &v, 0, &mut buf)
             .unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(matches!(err, SourceError::NotFound), "{err}");
         std::fs::write(dir.path().join("f"), b"changed!").unwrap();
         let err = src.read_block(Path::new("f"), &v, 0, &mut buf).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ESTALE));
+        assert!(matches!(err, SourceError::Changed), "{err}");
     }
 
     /// Pages of the file at `path` in the page cache.
@@ -1055,7 +1030,7 @@ mod tests {
         let err = src
             .read_block(Path::new("bad"), &bad, 0, &mut buf)
             .unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EIO));
+        assert_eq!(err.errno(), libc::EIO);
         assert_eq!(src.reads(), 2);
     }
 }

@@ -1,8 +1,8 @@
 //! The data path's one error: why a block could not be had, with its cause kept, and the one
 //! map from it to the errno a reader sees ([`DataError::errno`]).
 //!
-//! Every tier and the fetch fail with a [`DataError`]: the source's I/O error or an object
-//! store's refusal (its answer, HTTP status and all, [`crate::source::Refusal`]), a short
+//! Every tier and the fetch fail with a [`DataError`]: the source's error (a local file's
+//! I/O error, an object store's refusal in its words: [`SourceError`]), a short
 //! read of a file that changed, no memory for a block, the disk tier's I/O error, a peer's
 //! fault (which member, and what went wrong: an HTTP status, a transport error, a wrong
 //! checksum). The in-flight fetch hands one result to every waiter, so the error is cheap to
@@ -21,17 +21,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::source::Refusal;
+use crate::source::SourceError;
 
 /// See the module documentation.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum DataError {
-    /// The source's read failed (a local file's I/O error).
+    /// The source's read failed: a local file's I/O error, an object store's answer.
     #[error("source: {0}")]
-    Source(Arc<io::Error>),
-    /// The source refused the read: an object store's answer, in its words.
-    #[error("source: {0}")]
-    Refused(Arc<Refusal>),
+    Source(Arc<SourceError>),
     /// The source read fewer bytes than the version read has: the file changed since.
     #[error("source: {got} bytes of {want}: the file changed since it was opened")]
     Short { got: usize, want: usize },
@@ -53,7 +50,7 @@ pub enum DataError {
     },
     /// The source file the reader holds open failed to read.
     #[error("the open file: {0}")]
-    OpenFile(Arc<io::Error>),
+    OpenFile(Arc<SourceError>),
     /// The file the reader holds open is no longer the version it opened.
     #[error("the open file changed since it was opened")]
     Changed,
@@ -95,18 +92,12 @@ pub enum PeerFault {
     NoMemory(Arc<io::Error>),
 }
 
-/// The errno of an I/O error: its own, or its refusal's, else EIO.
-fn errno_of(e: &io::Error) -> i32 {
-    Refusal::errno_of(e).unwrap_or(libc::EIO)
-}
-
 impl DataError {
     /// The errno a reader gets for this error: the one map.
     pub fn errno(&self) -> i32 {
         match self {
-            DataError::Source(e) | DataError::OpenFile(e) => errno_of(e),
-            DataError::Refused(r) => r.errno,
-            DataError::Disk { error, .. } => errno_of(error),
+            DataError::Source(e) | DataError::OpenFile(e) => e.errno(),
+            DataError::Disk { error, .. } => error.raw_os_error().unwrap_or(libc::EIO),
             DataError::Short { .. } | DataError::Changed => libc::ESTALE,
             DataError::NoMemory { .. } => libc::ENOMEM,
             DataError::NoRuns(_) => libc::EOPNOTSUPP,
@@ -114,19 +105,9 @@ impl DataError {
         }
     }
 
-    /// The error of a source's failed read: its refusal, if it carries one, else the I/O
-    /// error itself.
-    pub fn of_source(e: io::Error) -> Self {
-        match e
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<Refusal>())
-        {
-            Some(r) => DataError::Refused(Arc::new(Refusal {
-                errno: r.errno,
-                why: r.why.clone(),
-            })),
-            None => DataError::Source(Arc::new(e)),
-        }
+    /// The error of a source's failed read.
+    pub fn of_source(e: SourceError) -> Self {
+        DataError::Source(Arc::new(e))
     }
 
     /// No memory for a block of `len` bytes.
@@ -203,6 +184,10 @@ mod tests {
         Arc::new(io::Error::from_raw_os_error(errno))
     }
 
+    fn source(errno: i32) -> Arc<SourceError> {
+        Arc::new(io::Error::from_raw_os_error(errno).into())
+    }
+
     #[test]
     fn each_error_has_the_errno_the_reader_got_before_it_had_a_cause() {
         let peer = |fault| DataError::Peer {
@@ -211,22 +196,19 @@ mod tests {
             backoff: Duration::from_secs(1),
         };
         let refused = |errno| {
-            DataError::of_source(Refusal::error(
+            DataError::of_source(SourceError::Refused {
                 errno,
-                "GET: Client error with status 403 Forbidden".into(),
-            ))
+                why: "GET: Client error with status 403 Forbidden".into(),
+            })
         };
         let table = [
-            (DataError::Source(io(libc::EIO)), libc::EIO),
-            (DataError::Source(io(libc::ENOENT)), libc::ENOENT),
+            (DataError::Source(source(libc::EIO)), libc::EIO),
+            (DataError::Source(source(libc::ENOENT)), libc::ENOENT),
             (
-                DataError::Source(Arc::new(io::Error::other("x"))),
+                DataError::of_source(io::Error::other("x").into()),
                 libc::EIO,
             ),
-            (
-                DataError::of_source(io::Error::from_raw_os_error(libc::ESTALE)),
-                libc::ESTALE,
-            ),
+            (DataError::of_source(SourceError::Changed), libc::ESTALE),
             (refused(libc::EACCES), libc::EACCES),
             (refused(libc::EIO), libc::EIO),
             (DataError::Short { got: 1, want: 2 }, libc::ESTALE),
@@ -249,7 +231,7 @@ mod tests {
                 }),
                 libc::EIO,
             ),
-            (DataError::OpenFile(io(libc::EBADF)), libc::EBADF),
+            (DataError::OpenFile(source(libc::EBADF)), libc::EBADF),
             (DataError::Changed, libc::ESTALE),
             (DataError::NoRuns("disk"), libc::EOPNOTSUPP),
             (DataError::Missing("source"), libc::EIO),
@@ -258,7 +240,6 @@ mod tests {
         for (e, errno) in table {
             assert_eq!(e.errno(), errno, "{e}");
         }
-        assert!(matches!(refused(libc::EACCES), DataError::Refused(_)));
     }
 
     #[test]
@@ -270,7 +251,10 @@ mod tests {
         };
         let limit = LogLimit::new(10, Duration::from_secs(60));
         let line = |e| limit.line(Instant::now(), failed(e)).unwrap();
-        let store = Refusal::error(libc::EACCES, "GET: Client error with status 403".into());
+        let store = SourceError::Refused {
+            errno: libc::EACCES,
+            why: "GET: Client error with status 403".into(),
+        };
         assert_eq!(
             line(DataError::of_source(store)),
             "reading dir/a.bin block 3: source: GET: Client error with status 403 \

@@ -95,7 +95,7 @@ impl SourceTier {
                 next += 1;
             }))
         .map_err(|e| match blocks.short_of() {
-            Some(len) => DataError::no_memory(len, e),
+            Some(len) => DataError::no_memory(len, e.into_io()),
             None => self.failed(e),
         })?;
         let counters = &self.stats.counters;
@@ -122,7 +122,7 @@ impl SourceTier {
 
     /// Counts a failed read; its fault for the reader, whose one log line says it
     /// ([`super::error`]).
-    fn failed(&self, e: std::io::Error) -> DataError {
+    fn failed(&self, e: crate::source::SourceError) -> DataError {
         Counters::add(&self.stats.counters.source_errors, 1);
         DataError::of_source(e)
     }

@@ -1,6 +1,9 @@
-//! A store's error as the caller gets it: an errno, and one line for the log or the user.
+//! A store's error as the caller gets it: a [`SourceError`] with its errno, and the store's
+//! words on one line for the log or the user.
 
 use std::path::Path;
+
+use crate::source::SourceError;
 
 /// The errno for a store error: 404 ENOENT, 412 ESTALE (the object changed), 403 and 401
 /// EACCES, anything else (retries exhausted, a bad answer) EIO.
@@ -13,6 +16,19 @@ pub(super) fn errno_of(e: &object_store::Error) -> i32 {
         object_store::Error::PermissionDenied { .. }
         | object_store::Error::Unauthenticated { .. } => libc::EACCES,
         _ => libc::EIO,
+    }
+}
+
+/// A store's error as the source's: a missing object, a changed one, or a refusal with the
+/// store's words (`what` was asked: GET, HEAD) and its errno ([`errno_of`]).
+pub(super) fn refusal(what: &str, e: &object_store::Error) -> SourceError {
+    match errno_of(e) {
+        libc::ENOENT => SourceError::NotFound,
+        libc::ESTALE => SourceError::Changed,
+        errno => SourceError::Refused {
+            errno,
+            why: format!("{what}: {}", one_line(e)),
+        },
     }
 }
 

@@ -47,10 +47,10 @@ use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::{Creds, DatasetSource, FsStats, Listing, Refusal, SourceFile};
+use super::{Creds, DatasetSource, FsStats, Listing, SourceError, SourceFile, SourceResult};
 use crate::block::{Block, RunBlocks};
 use crate::namespace::{FileVersion, Kind, SourceMeta};
-use errors::{errno_of, listing_error, one_line};
+use errors::{errno_of, listing_error, one_line, refusal};
 use listing::warn_skipped;
 use store::build_store;
 use tree::{Dir, Entry, Tree, object_meta, same_etag};
@@ -90,13 +90,13 @@ impl ObjectSource {
         offset: u64,
         len: usize,
         sink: &mut dyn FnMut(&[u8]),
-    ) -> io::Result<usize> {
+    ) -> SourceResult<usize> {
         let (etag, last_modified) = {
             let tree = self.tree.read();
             // Gone (a read found it so), or another version now.
-            let o = (tree.object(rel)).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+            let o = (tree.object(rel)).ok_or(SourceError::NotFound)?;
             if o.meta().version != *version {
-                return Err(io::Error::from_raw_os_error(libc::ESTALE));
+                return Err(SourceError::Changed);
             }
             (o.etag.text(), o.last_modified())
         };
@@ -129,7 +129,7 @@ impl ObjectSource {
             // A store that ignores If-Match (fake-gcs-server does) still names the version it
             // sends: another one is refused here, before a byte of it is used.
             Ok((Some(got), _)) if etag.as_deref().is_some_and(|want| !same_etag(want, &got)) => {
-                return self.gone_or_changed(rel, libc::ESTALE);
+                return Err(self.gone_or_changed(rel));
             }
             Ok((_, stream)) => stream,
             Err(e) => return self.get_failed(rel, &e),
@@ -180,7 +180,10 @@ impl ObjectSource {
                 self.name.display(),
                 rel.display(),
             );
-            return Err(io::Error::from_raw_os_error(libc::EIO));
+            return Err(SourceError::Refused {
+                errno: libc::EIO,
+                why: format!("GET of bytes {offset}..{end} answered {got} bytes"),
+            });
         }
         Ok(got)
     }
@@ -232,7 +235,7 @@ impl ObjectSource {
             // The first level: a store that cannot be listed refuses the mount here.
             source.list_dir(Path::new("")).map_err(|e| match e {
                 ListError::Store(e) => io::Error::other(listing_error(&source.name, &e)),
-                ListError::Io(e) => e,
+                ListError::Io(e) => io::Error::other(e),
             })?;
         }
         Ok(source)
@@ -248,46 +251,36 @@ impl ObjectSource {
     fn wait<T: Send + 'static>(
         &self,
         f: impl Future<Output = T> + Send + 'static,
-    ) -> io::Result<T> {
+    ) -> SourceResult<T> {
         run_on(&self.runtime, f)
-    }
-
-    /// The errno a failed store call gives the caller; logs it once and counts it.
-    fn failed(&self, what: &str, rel: &Path, e: &object_store::Error) -> io::Error {
-        let errno = errno_of(e);
-        if errno != libc::ESTALE {
-            let (name, e) = (self.name.display(), one_line(e));
-            tracing::warn!("{name}/{}: {what}: {e}", rel.display());
-        }
-        io::Error::from_raw_os_error(errno)
     }
 
     /// The error of a GET of `rel` that failed with `e`: a failure carries the store's words
     /// to the caller's one log line of the read; a changed or deleted object is logged only at
     /// debug (the next open sees what is there now).
-    fn get_failed(&self, rel: &Path, e: &object_store::Error) -> io::Result<usize> {
-        match errno_of(e) {
-            errno @ (libc::ESTALE | libc::ENOENT) => {
+    fn get_failed(&self, rel: &Path, e: &object_store::Error) -> SourceResult<usize> {
+        match refusal("GET", e) {
+            SourceError::Changed | SourceError::NotFound => {
                 let (name, why) = (self.name.display(), one_line(e));
                 tracing::debug!("{name}/{}: GET: {why}", rel.display());
-                self.gone_or_changed(rel, errno)
+                Err(self.gone_or_changed(rel))
             }
-            errno => Err(Refusal::error(errno, format!("GET: {}", one_line(e)))),
+            refused => Err(refused),
         }
     }
 
     /// The error of a GET the store refused because object `rel` changed since it was listed
     /// or is gone: the store is asked again (HEAD), and the caller gets ESTALE if the object
     /// is there in another version, ENOENT if it is gone.
-    fn gone_or_changed(&self, rel: &Path, _errno: i32) -> io::Result<usize> {
+    fn gone_or_changed(&self, rel: &Path) -> SourceError {
         match self.head(rel) {
-            Err(gone) if gone.raw_os_error() == Some(libc::ENOENT) => Err(gone),
-            _ => Err(io::Error::from_raw_os_error(libc::ESTALE)),
+            Err(SourceError::NotFound) => SourceError::NotFound,
+            _ => SourceError::Changed,
         }
     }
 
     /// Asks the store about object `rel` again (HEAD) and keeps the answer.
-    fn head(&self, rel: &Path) -> io::Result<SourceMeta> {
+    fn head(&self, rel: &Path) -> SourceResult<SourceMeta> {
         let (store, key) = (self.store.clone(), self.url.key(rel)?);
         let answer = self.wait(async move { store.head(&key).await })?;
         let now = Instant::now();
@@ -298,15 +291,15 @@ impl ObjectSource {
             }
             Err(object_store::Error::NotFound { .. }) => {
                 self.tree.write().remove(rel);
-                Err(io::Error::from_raw_os_error(libc::ENOENT))
+                Err(SourceError::NotFound)
             }
-            Err(e) => Err(self.failed("HEAD", rel, &e)),
+            Err(e) => Err(refusal("HEAD", &e)),
         }
     }
 
     /// Lists directory `rel` (one level, all its pages) and keeps what it finds, unless
     /// another caller is listing it now: then waits for that listing instead.
-    fn relist(&self, rel: &Path) -> io::Result<()> {
+    fn relist(&self, rel: &Path) -> SourceResult<()> {
         {
             let mut busy = self.listing.lock();
             if busy.contains(rel) {
@@ -328,13 +321,13 @@ impl ObjectSource {
                 if !rel.as_os_str().is_empty() =>
             {
                 self.tree.write().remove(rel);
-                io::Error::from_raw_os_error(libc::ENOENT)
+                SourceError::NotFound
             }
-            ListError::Store(e) => {
-                // A key no path may hold says which: the line names it.
-                tracing::warn!("{}", listing_error(&self.name.join(rel), &e));
-                io::Error::from_raw_os_error(errno_of(&e))
-            }
+            // A key no path may hold says which: the words name it. Whoever asked logs them.
+            ListError::Store(e) => SourceError::Refused {
+                errno: errno_of(&e),
+                why: listing_error(&self.name.join(rel), &e),
+            },
             ListError::Io(e) => e,
         })
     }
@@ -411,7 +404,7 @@ impl ObjectSource {
     /// the TTL too; else the store is asked again. A name its directory's listing lacks is
     /// asked of the store by listing that directory if its names are older than the TTL (or
     /// not read yet: the first lookup in a directory lists it).
-    fn current(&self, rel: &Path) -> io::Result<SourceMeta> {
+    fn current(&self, rel: &Path) -> SourceResult<SourceMeta> {
         let known = {
             let tree = self.tree.read();
             if let Some(d) = tree.dirs.get(rel) {
@@ -433,7 +426,7 @@ impl ObjectSource {
         if !self.tree.read().dirs.contains_key(parent)
             && self.current(parent)?.attr.kind != Kind::Dir
         {
-            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+            return Err(SourceError::NotFound);
         }
         let stale = (self.tree.read().dirs.get(parent)).is_some_and(|d| self.stale(d));
         if stale {
@@ -446,27 +439,27 @@ impl ObjectSource {
                 return Ok(o.meta());
             }
         }
-        Err(io::Error::from_raw_os_error(libc::ENOENT))
+        Err(SourceError::NotFound)
     }
 }
 
 /// Why a listing failed: the store's answer, or the source's own.
 enum ListError {
     Store(object_store::Error),
-    Io(io::Error),
+    Io(SourceError),
 }
 
 /// Runs `f` on `runtime` and waits for its output, from any thread (a runtime's own too).
 fn run_on<T: Send + 'static>(
     runtime: &tokio::runtime::Runtime,
     f: impl Future<Output = T> + Send + 'static,
-) -> io::Result<T> {
+) -> SourceResult<T> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     runtime.spawn(async move {
         let _ = tx.send(f.await);
     });
     rx.recv()
-        .map_err(|_| io::Error::other("the object store's runtime ended"))
+        .map_err(|_| SourceError::Io(io::Error::other("the object store's runtime ended")))
 }
 
 impl DatasetSource for ObjectSource {
@@ -474,18 +467,18 @@ impl DatasetSource for ObjectSource {
         &self.name
     }
 
-    fn metadata(&self, rel: &Path, _who: &Creds) -> io::Result<SourceMeta> {
+    fn metadata(&self, rel: &Path, _who: &Creds) -> SourceResult<SourceMeta> {
         self.current(rel)
     }
 
-    fn open_dir(&self, rel: &Path, _who: &Creds) -> io::Result<Listing> {
+    fn open_dir(&self, rel: &Path, _who: &Creds) -> SourceResult<Listing> {
         let known = self.tree.read().dirs.get(rel).map(|d| self.stale(d));
         let stale = match known {
             Some(stale) => stale,
             // A folder whose parent this daemon has not listed (a successor's): found first.
             None => {
                 if self.current(rel)?.attr.kind != Kind::Dir {
-                    return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+                    return Err(SourceError::NotDir);
                 }
                 (self.tree.read().dirs.get(rel)).is_none_or(|d| self.stale(d))
             }
@@ -494,7 +487,7 @@ impl DatasetSource for ObjectSource {
             self.relist(rel)?;
         }
         let tree = self.tree.read();
-        let dir = (tree.dirs.get(rel)).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let dir = (tree.dirs.get(rel)).ok_or(SourceError::NotFound)?;
         let entries = (dir.entries.iter())
             .filter_map(|(name, entry)| {
                 let meta = match entry {
@@ -507,14 +500,14 @@ impl DatasetSource for ObjectSource {
         Ok(Listing::known(dir.meta, entries))
     }
 
-    fn read_link(&self, _rel: &Path) -> io::Result<PathBuf> {
-        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    fn read_link(&self, _rel: &Path) -> SourceResult<PathBuf> {
+        Err(SourceError::Invalid)
     }
 
-    fn open_file(&self, rel: &Path, _who: &Creds) -> io::Result<(SourceFile, SourceMeta)> {
+    fn open_file(&self, rel: &Path, _who: &Creds) -> SourceResult<(SourceFile, SourceMeta)> {
         let meta = self.current(rel)?;
         if meta.attr.kind != Kind::File {
-            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+            return Err(SourceError::IsDir);
         }
         Ok((SourceFile::Object(meta), meta))
     }
@@ -523,12 +516,12 @@ impl DatasetSource for ObjectSource {
         &self,
         _files: &mut dyn Iterator<Item = PathBuf>,
         _who: &Creds,
-    ) -> io::Result<Option<usize>> {
+    ) -> SourceResult<Option<usize>> {
         // Every object is readable by every user of the mount (mode 0444).
         Ok(None)
     }
 
-    fn acl(&self, _rel: &Path, _name: &str) -> io::Result<Option<Vec<u8>>> {
+    fn acl(&self, _rel: &Path, _name: &str) -> SourceResult<Option<Vec<u8>>> {
         Ok(None)
     }
 
@@ -538,7 +531,7 @@ impl DatasetSource for ObjectSource {
         version: &FileVersion,
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<usize> {
+    ) -> SourceResult<usize> {
         let mut at = 0;
         self.get_range(rel, version, offset, buf.len(), &mut |from| {
             buf[at..at + from.len()].copy_from_slice(from);
@@ -555,7 +548,7 @@ impl DatasetSource for ObjectSource {
         offset: u64,
         blocks: &mut RunBlocks,
         filled: &mut dyn FnMut(Block),
-    ) -> io::Result<usize> {
+    ) -> SourceResult<usize> {
         let len = blocks.bytes();
         let (mut current, mut at, mut failed) = (None, 0, None);
         let got = self.get_range(rel, version, offset, len, &mut |mut from| {
@@ -580,7 +573,7 @@ impl DatasetSource for ObjectSource {
         });
         match failed {
             // The blocks were not there to read into: the GET's answer is moot.
-            Some(e) => Err(e),
+            Some(e) => Err(e.into()),
             None => got,
         }
     }
@@ -593,7 +586,7 @@ impl DatasetSource for ObjectSource {
         (!self.from_manifest).then_some(LIST_PARALLEL)
     }
 
-    fn statfs(&self) -> io::Result<FsStats> {
+    fn statfs(&self) -> SourceResult<FsStats> {
         let tree = self.tree.read();
         let blocks = tree.bytes.div_ceil(4096);
         Ok(FsStats {

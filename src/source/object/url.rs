@@ -1,9 +1,10 @@
 //! Where a dataset lives: the source's URL, and the store's keys of the dataset's paths.
 
-use std::io;
 use std::path::{Path, PathBuf};
 
 use object_store::path::Path as Key;
+
+use crate::source::{SourceError, SourceResult};
 
 /// The object stores a source may name, each by its URL scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,7 +125,7 @@ impl ObjectUrl {
     }
 
     /// The key of file `rel` (or of the prefix of directory `rel`, without its `/`).
-    pub(super) fn key(&self, rel: &Path) -> io::Result<Key> {
+    pub(super) fn key(&self, rel: &Path) -> SourceResult<Key> {
         key_of(self.dir_prefix(rel).trim_end_matches('/'))
     }
 
@@ -167,8 +168,8 @@ fn check_bucket(text: &str, cloud: Cloud, bucket: &str) -> Result<(), String> {
 /// non-ASCII characters into the key itself, and the request's URL then encodes them again: a
 /// GET of `q?x.bin` asked for `q%253Fx.bin` and found nothing. The listing's keys are parsed
 /// the same way (`Key::parse`), so every path of the tree is one; any other names no object.
-pub(super) fn key_of(text: &str) -> io::Result<Key> {
-    Key::parse(text).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))
+pub(super) fn key_of(text: &str) -> SourceResult<Key> {
+    Key::parse(text).map_err(|_| SourceError::NotFound)
 }
 
 #[cfg(test)]
