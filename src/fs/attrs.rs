@@ -55,10 +55,12 @@ impl DatasetFs {
         // follows every change: a name it holds is answered from it, with no `lstat` (20 us a
         // file, of the reader's wait: a cold tiny file's open is mostly its LOOKUP). The
         // kernel checked the caller's search permission on every directory on the way
-        // (`default_permissions`, on the modes the watch keeps current), and the ACLs
-        // it does not check were looked for before the kernel was let open files.
+        // (`default_permissions`, on the modes the watch keeps current), and the ACLs it does
+        // not check were looked for: in the whole source before the kernel was let open
+        // files, and in each directory on the way as the scan read it (so from the first
+        // seconds of a mount whose scan is still reading).
         if let Some(id) = self.tree.ns.child(parent, name)
-            && self.opener.opens.ready()
+            && (self.opener.opens.ready() || self.tree.scan.searchable.lock().contains(&parent))
             && (self.opener.opens.watch.get()).is_some_and(|w| w.follows(parent))
         {
             return self.attr(id).map(|attr| Entry { attr });

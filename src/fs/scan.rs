@@ -5,6 +5,7 @@
 //! listed from memory (see `attrs.rs`), and warns once if the node table outgrows the memory
 //! the budget left it.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -25,6 +26,12 @@ pub(super) struct ScanState {
     pub(super) room: Option<u64>,
     /// The node table outgrew `room`, and the daemon said so.
     pub(super) over_room: AtomicBool,
+    /// Directories the scan has read whose search permission the kernel may check alone, on
+    /// the modes it caches: neither they nor any directory above them has a POSIX ACL (looked
+    /// for where other users may use the mount without `--acl`: an `lgetxattr` a directory).
+    /// A lookup in a watched one is answered from the node table (`attrs.rs`). One entry a
+    /// directory.
+    pub(super) searchable: Mutex<HashSet<NodeId>>,
 }
 
 /// Threads of the scan at most.
@@ -126,6 +133,9 @@ impl DatasetFs {
                 .ns
                 .keep_listing(node, dir_meta.version, read_at, &ids);
         }
+        if self.searchable_by_modes(node, rel) {
+            self.tree.scan.searchable.lock().insert(node);
+        }
         let mut dirs = Vec::new();
         for (item, id) in items.iter().zip(ids) {
             match item.meta.attr.kind {
@@ -141,6 +151,22 @@ impl DatasetFs {
             }
         }
         dirs
+    }
+
+    /// True if the kernel's check of the modes of directory `node` (`rel`) and those above it
+    /// is the whole check of a search in it: its parent is (the scan reads a parent before its
+    /// children), and it has no POSIX access ACL, or ACLs need no look.
+    fn searchable_by_modes(&self, node: NodeId, rel: &Path) -> bool {
+        let parent_is = match self.tree.ns.parent(node) {
+            Some(parent) if node != ROOT => self.tree.scan.searchable.lock().contains(&parent),
+            _ => true,
+        };
+        parent_is
+            && (!self.opener.opens.check_acls()
+                || matches!(
+                    self.tree.source.acl(rel, crate::stats::ACL_XATTRS[0]),
+                    Ok(None)
+                ))
     }
 
     /// Warns (once) when the node table grows past the room the budget left it: the daemon

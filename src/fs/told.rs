@@ -405,6 +405,12 @@ impl KernelOpens {
         self.ready.load(Ordering::Relaxed)
     }
 
+    /// ACLs of the source are looked for before the kernel is let check permissions alone
+    /// (a mount other users may use, without `--acl`).
+    pub fn check_acls(&self) -> bool {
+        self.check_acls
+    }
+
     /// The kernel opens files itself.
     pub fn on(&self) -> bool {
         self.on.load(Ordering::Relaxed)

@@ -216,9 +216,28 @@ fn posix_acls_of_the_source_are_honoured() {
             .expect("setfacl (apt-get install acl)");
         assert!(set.success());
     }
+    // A folder searchable by its modes, closed to nobody by an ACL entry.
+    std::fs::create_dir(src.join("closed")).unwrap();
+    std::fs::write(src.join("closed/f"), b"f").unwrap();
+    mode(&src.join("closed"), 0o755);
+    let set = Command::new("setfacl")
+        .args(["-m", "u:nobody:---"])
+        .arg(src.join("closed"))
+        .status()
+        .unwrap();
+    assert!(set.success());
     // Without --acl an entry that denies is honoured (the daemon opens files as the reader);
     // one that grants cannot be, since the kernel checks the mode bits first.
     let m = Mount::new(&src, &["--allow-other"]);
+    // A name in the closed folder is looked up as the reader, also once the scan has read the
+    // folder (where the node table answers lookups in folders with no ACL on the way).
+    wait_for_scan(&m.mnt);
+    let closed = sh_as_nobody("stat \"$1\"", &[&m.path("closed/f")]);
+    assert!(
+        stderr(&closed).contains("Permission denied"),
+        "{}",
+        stderr(&closed)
+    );
     let denied = sh_as_nobody("cat \"$1\"", &[&m.path("denied")]);
     assert!(
         stderr(&denied).contains("Permission denied"),
