@@ -159,7 +159,10 @@ the same indices, batches and random numbers as without coorfs run. The files of
 from the dataset: ImageFolder's samples, a coorfs_paths list or method (for custom datasets), \
 Subset, ConcatDataset. A WebDataset pipeline (the webdataset package) hands the shards each \
 process opens, in its shuffled order, before it opens the first: each DataLoader worker or rank \
-its own, and the mount joins them into the job's epoch.\n\nAnything else (a command that is not Python, no torch, another sampler, \
+its own, and the mount joins them into the job's epoch. The hook also spares each binary \
+open() of a file of a coorfs mount the isatty() question CPython asks of every file it opens, \
+which the kernel sends to the daemon as an ioctl: a round trip a file, several times the rest of a \
+hot small file's read. The file is buffered as open() would buffer it.\n\nAnything else (a command that is not Python, no torch, another sampler, \
 a dataset without paths or not on a coorfs mount, a hint the mount refuses) runs exactly as \
 without coorfs run, with one line on standard error saying why no hint was given. Signals sent \
 to coorfs run (INT, TERM, HUP, QUIT, USR1, USR2) are passed to CMD, and coorfs run exits with \

@@ -374,6 +374,69 @@ fn commands_that_are_not_torch_jobs_run_unchanged_with_one_line() {
     setup.mount.unmount();
 }
 
+/// FUSE IOCTL requests the mount at `mnt` answered so far.
+fn ioctls(mnt: &Path) -> u64 {
+    stats(mnt)["requests"]["ioctl"]["count"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn python_reads_files_of_the_mount_with_no_ioctl_round_trip_under_coorfs_run() {
+    // CPython's open() asks if each file is a terminal (ioctl TCGETS), which the kernel sends
+    // to the daemon for a FUSE file: a round trip a file. Under coorfs run a binary read of a
+    // file of the mount skips the question and gets the same bytes, by every way a dataset
+    // opens files (open, io.open, pathlib); a text read is left as it was.
+    let setup = Setup::new(&[]);
+    let script = r#"
+import hashlib, io, os, pathlib, sys
+root = sys.argv[1]
+paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+h = hashlib.sha256()
+for i, p in enumerate(paths):
+    if i % 3 == 0:
+        with open(p, "rb") as f:
+            data = f.read()
+    elif i % 3 == 1:
+        with io.open(p, mode="rb") as f:
+            data = f.read(100) + f.read()
+    else:
+        data = pathlib.Path(p).read_bytes()
+    h.update(os.path.relpath(p, root).encode() + b"\0" + data)
+with open(paths[0], "rb") as f:
+    assert isinstance(f, io.BufferedReader) and f.mode == "rb" and not f.isatty(), f
+with open(paths[0], "r", encoding="latin-1") as f:
+    assert len(f.read()) == os.path.getsize(paths[0])
+print(len(paths), h.hexdigest())
+"#;
+    let read = |run: bool, dir: &Path| {
+        let out = setup.output(
+            run,
+            &[
+                OsStr::new("python3"),
+                OsStr::new("-c"),
+                OsStr::new(script),
+                dir.as_os_str(),
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let want = read(false, &setup.src);
+    assert!(want.starts_with(&format!("{FILES} ")), "{want}");
+    let mnt = &setup.mount.mnt;
+    let before = ioctls(mnt);
+    assert_eq!(read(true, mnt), want);
+    // Only the script's own isatty() and its one text read ask.
+    assert_eq!(ioctls(mnt) - before, 2, "{}", stats(mnt));
+    let before = ioctls(mnt);
+    assert_eq!(read(false, mnt), want);
+    // Without it every binary open asks too (the files, and the first one again).
+    assert_eq!(ioctls(mnt) - before, FILES as u64 + 3, "{}", stats(mnt));
+    setup.assert_hook_removed();
+    setup.mount.unmount();
+}
+
 #[test]
 fn exit_statuses_and_signals_pass_through() {
     let dir = open_tempdir();
