@@ -10,6 +10,10 @@
 # Parts:
 #   hot  - HOT_FILES files of 100 KiB (6,000), every file in coorfs's cache and the kernel's
 #          page cache: `coorfs read --procs 2 --epochs 5`, seconds for the five epochs.
+#   py   - the same files read the same way by Python (scripts/py-read.py: `open(path,
+#          "rb").read()` in 2 forked processes), natively, through the mount, and through it
+#          under `coorfs run` (which spares each open the isatty() ioctl CPython asks, a round
+#          trip through a FUSE mount).
 #   tiny - TINY_FILES files of 200-600 B in 1,000 folders, the machine's caches dropped
 #          (pages, dentries and inodes) before each side: one epoch; for coorfs a fresh mount,
 #          the read timed from the moment the mount returns (its scan runs beside the read),
@@ -34,11 +38,11 @@ TINY_FILES=${TINY_FILES:-200000}
 BIG=${BIG:-1G}
 DATA=${DATA:-/var/tmp/coorfs-bench/ops}
 PORT=${PORT:-$((20000 + $$ % 10000))}
-PARTS=${*:-hot tiny big s3}
+PARTS=${*:-hot py tiny big s3}
 for part in $PARTS; do
     case $part in
-        hot | tiny | big | s3) ;;
-        *) echo "bench-ops.sh: no part '$part' (hot, tiny, big, s3)" >&2; exit 2 ;;
+        hot | py | tiny | big | s3) ;;
+        *) echo "bench-ops.sh: no part '$part' (hot, py, tiny, big, s3)" >&2; exit 2 ;;
     esac
 done
 
@@ -124,6 +128,34 @@ part_hot() {
     echo "hot: opens by the $(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["opens"])'); requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
     umount_default
     summary hot "seconds for 5 epochs" | tee -a "$work/tables"
+}
+
+# py_epochs DIR EPOCHS SEED [run]: seconds for EPOCHS epochs of scripts/py-read.py of DIR, under
+# `coorfs run` if a fourth argument is given.
+py_epochs() {
+    local read=(python3 scripts/py-read.py --procs "$PROCS" --epochs "$2" --seed "$3" "$1")
+    if [ -n "${4:-}" ]; then
+        "$coorfs" run -- "${read[@]}" 2>/dev/null
+    else
+        "${read[@]}"
+    fi
+}
+
+part_py() {
+    local src=$DATA/hot-$HOT_FILES
+    python3 scripts/make-dataset.py --files "$HOT_FILES" --size 100K --exact --classes 100 "$src" >/dev/null
+    mount_default "$src"
+    wait_scan "$mnt"
+    "$coorfs" read --procs "$PROCS" --epochs 2 "$mnt" >/dev/null
+    "$coorfs" read --procs "$PROCS" --epochs 2 "$src" >/dev/null
+    local rep
+    for rep in $(seq 1 "$REPS"); do
+        sample py native "$rep" "$(py_epochs "$src" 5 "$rep")"
+        sample py coorfs "$rep" "$(py_epochs "$mnt" 5 "$rep")"
+        sample py coorfs-run "$rep" "$(py_epochs "$mnt" 5 "$rep" run)"
+    done
+    umount_default
+    summary py "seconds for 5 epochs" | tee -a "$work/tables"
 }
 
 part_tiny() {
