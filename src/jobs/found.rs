@@ -48,15 +48,16 @@ impl Default for Found {
 
 impl Found {
     /// Running process `pid` is in job `key`; `parent` names its parent if it is known
-    /// already (else it is read from `/proc` the first time `pid` is seen).
-    pub fn found(&self, pid: u32, key: JobKey, parent: Option<u32>) {
+    /// already (else it is read from `/proc`). Asked only the first time `pid` is seen in `key`:
+    /// every later open of the process costs one lookup here.
+    pub fn found(&self, pid: u32, key: JobKey, parent: impl FnOnce() -> Option<u32>) {
         let mut jobs = self.jobs.lock();
         if jobs.get(&pid) == Some(&(key, Source::Itself)) {
             return;
         }
         jobs.put(pid, (key, Source::Itself));
         drop(jobs);
-        let Some(parent) = parent.or_else(|| parent_of(pid)) else {
+        let Some(parent) = parent().or_else(|| parent_of(pid)) else {
             return;
         };
         let mut jobs = self.jobs.lock();
@@ -102,10 +103,10 @@ mod tests {
     #[test]
     fn a_process_s_own_job_outranks_its_children_s() {
         let found = Found::default();
-        found.found(10, JobKey::Proc { pgid: 5, pid: 11 }, Some(5));
+        found.found(10, JobKey::Proc { pgid: 5, pid: 11 }, || Some(5));
         assert_eq!(found.job(5), Some(JobKey::Proc { pgid: 5, pid: 11 }));
-        found.found(5, JobKey::Pgid(5), Some(1));
-        found.found(12, JobKey::Proc { pgid: 5, pid: 12 }, Some(5));
+        found.found(5, JobKey::Pgid(5), || Some(1));
+        found.found(12, JobKey::Proc { pgid: 5, pid: 12 }, || Some(5));
         assert_eq!(found.job(5), Some(JobKey::Pgid(5)));
         assert_eq!(found.job(10), Some(JobKey::Proc { pgid: 5, pid: 11 }));
     }
@@ -113,11 +114,11 @@ mod tests {
     #[test]
     fn a_reused_pid_is_forgotten_and_the_table_is_bounded() {
         let found = Found::default();
-        found.found(7, JobKey::Pgid(7), Some(1));
+        found.found(7, JobKey::Pgid(7), || Some(1));
         found.forget(7);
         assert_eq!(found.job(7), None);
         for pid in 0..(FOUND_MAX as u32 + 100) {
-            found.found(100_000 + pid, JobKey::Pgid(3), Some(1));
+            found.found(100_000 + pid, JobKey::Pgid(3), || Some(1));
         }
         assert_eq!(found.jobs.lock().len(), FOUND_MAX);
     }

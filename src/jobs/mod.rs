@@ -566,7 +566,7 @@ impl Jobs {
             };
             if let Some(key) = live {
                 if at == pid {
-                    self.found.found(pid, key, parent(pid));
+                    self.found.found(pid, key, || parent(pid));
                 }
                 return self.join(key, uid, now);
             }
