@@ -112,14 +112,21 @@ for s in sides:
 PY
 }
 
-part_hot() {
-    local src=$DATA/hot-$HOT_FILES
+# mount_hot: the hot parts' dataset at $src, mounted at $mnt, every file of it in coorfs's
+# cache and in the kernel's page cache on both sides.
+mount_hot() {
+    src=$DATA/hot-$HOT_FILES
     python3 scripts/make-dataset.py --files "$HOT_FILES" --size 100K --exact --classes 100 "$src" >/dev/null
     mount_default "$src"
     wait_scan "$mnt"
     # Two epochs fill coorfs's cache and then the kernel's; the native side reads its pages.
     "$coorfs" read --procs "$PROCS" --epochs 2 "$mnt" >/dev/null
     "$coorfs" read --procs "$PROCS" --epochs 2 "$src" >/dev/null
+}
+
+part_hot() {
+    local src
+    mount_hot
     local rep
     for rep in $(seq 1 "$REPS"); do
         sample hot native "$rep" "$(read_epochs "$src" 5 "$rep")"
@@ -142,12 +149,8 @@ py_epochs() {
 }
 
 part_py() {
-    local src=$DATA/hot-$HOT_FILES
-    python3 scripts/make-dataset.py --files "$HOT_FILES" --size 100K --exact --classes 100 "$src" >/dev/null
-    mount_default "$src"
-    wait_scan "$mnt"
-    "$coorfs" read --procs "$PROCS" --epochs 2 "$mnt" >/dev/null
-    "$coorfs" read --procs "$PROCS" --epochs 2 "$src" >/dev/null
+    local src
+    mount_hot
     local rep
     for rep in $(seq 1 "$REPS"); do
         sample py native "$rep" "$(py_epochs "$src" 5 "$rep")"

@@ -208,7 +208,15 @@ fn posix_acls_of_the_source_are_honoured() {
     // Not readable by mode, granted to nobody by an ACL entry.
     std::fs::write(src.join("granted"), b"granted").unwrap();
     mode(&src.join("granted"), 0o600);
-    for (file, entry) in [("denied", "u:nobody:---"), ("granted", "u:nobody:r--")] {
+    // A folder searchable by its modes, closed to nobody by an ACL entry.
+    std::fs::create_dir(src.join("closed")).unwrap();
+    std::fs::write(src.join("closed/f"), b"f").unwrap();
+    mode(&src.join("closed"), 0o755);
+    for (file, entry) in [
+        ("denied", "u:nobody:---"),
+        ("granted", "u:nobody:r--"),
+        ("closed", "u:nobody:---"),
+    ] {
         let set = Command::new("setfacl")
             .args(["-m", entry])
             .arg(src.join(file))
@@ -216,16 +224,6 @@ fn posix_acls_of_the_source_are_honoured() {
             .expect("setfacl (apt-get install acl)");
         assert!(set.success());
     }
-    // A folder searchable by its modes, closed to nobody by an ACL entry.
-    std::fs::create_dir(src.join("closed")).unwrap();
-    std::fs::write(src.join("closed/f"), b"f").unwrap();
-    mode(&src.join("closed"), 0o755);
-    let set = Command::new("setfacl")
-        .args(["-m", "u:nobody:---"])
-        .arg(src.join("closed"))
-        .status()
-        .unwrap();
-    assert!(set.success());
     // Without --acl an entry that denies is honoured (the daemon opens files as the reader);
     // one that grants cannot be, since the kernel checks the mode bits first.
     let m = Mount::new(&src, &["--allow-other"]);
