@@ -361,8 +361,9 @@ impl JobRun {
     /// from the source within 2% of its uncached bytes, give or take what moves at its end
     /// ([`AT_AN_EPOCHS_END`]), and the run's within 2% and one prefetch depth ([`IN_FLIGHT`]).
     /// `complete` says whether the last epoch read the whole dataset (then it is over, and the
-    /// job's next epoch has begun).
-    fn assert_epochs_follow_the_script(&self, slack: u64, complete: bool) {
+    /// job's next epoch has begun). `lead` is what else an epoch's end may move: the bytes one
+    /// worker may read of the next epoch before another has read the last of this one.
+    fn assert_epochs_follow_the_script(&self, slack: u64, complete: bool, lead: usize) {
         let s = &self.stats;
         assert_eq!(num(s, "prefetched_unused"), 0, "{s}");
         assert_eq!(num(s, "source_errors"), 0, "{s}");
@@ -381,7 +382,7 @@ impl JobRun {
             let want = self.uncached_bytes(e);
             let got = num(r, "bytes_from_source");
             assert!(
-                got.abs_diff(want) as f64 <= 0.02 * want as f64 + AT_AN_EPOCHS_END as f64,
+                got.abs_diff(want) as f64 <= 0.02 * want as f64 + (AT_AN_EPOCHS_END + lead) as f64,
                 "{want} bytes uncached, {got} from the source: {what}"
             );
         }
@@ -411,7 +412,7 @@ fn a_job_that_opens_every_sample_twice_has_one_epoch_an_epoch() {
     // A dataset whose __getitem__ checks a file and then decodes it: two opens a sample, by
     // 4 workers. It once made an "epoch" of every two files.
     let run = job_run(FILES / 2, &["--workers", "4", "--double-open"]);
-    run.assert_epochs_follow_the_script(0, true);
+    run.assert_epochs_follow_the_script(0, true, 0);
     // Where the kernel opens files itself, two opens of a file by one worker told before the
     // daemon took the first are one event, and one read: the same access either way.
     let told = run.stats["opens"] == "kernel";
@@ -440,7 +441,11 @@ fn two_workers_that_share_every_file_have_one_epoch_an_epoch() {
         FILES / 2,
         &["--workers", "2", "--shared", "--batch-size", "8"],
     );
-    run.assert_epochs_follow_the_script(0, true);
+    // A worker may be 2 batches of 8 ahead of the other: at an epoch's end, up to 16 files of
+    // the next epoch read before the other worker's last of this one. Without that lead an
+    // epoch read 63 files more than it lacked where the slack is 52 (2 runs in 28 on a loaded
+    // 2-CPU machine); a file read twice from the source would still show in the run's total.
+    run.assert_epochs_follow_the_script(0, true, 16 * SIZE);
     for r in &run.records {
         assert_eq!(num(r, "files"), FILES as u64, "{r}");
     }
@@ -453,7 +458,7 @@ fn a_shard_of_two_has_its_half_as_its_epoch_and_gets_no_guessed_prefetch() {
     // and the prefetcher, which cannot know which half comes next, reads nothing ahead for it
     // (the storage is local: no guess is worth its I/O, src/prefetch/plan.rs).
     let run = job_run(FILES / 4, &["--workers", "2", "--shard", "0/2"]);
-    run.assert_epochs_follow_the_script(10, false);
+    run.assert_epochs_follow_the_script(10, false, 0);
     assert_eq!(num(&run.stats, "prefetched_blocks"), 0, "{}", run.stats);
 }
 
@@ -466,7 +471,7 @@ fn a_loop_stopped_halfway_and_restarted_starts_a_new_epoch() {
     // the new pass's too (it once stayed in epoch 2 in 1 run of 4-14, and epoch 3 missed its
     // files): epoch 3 reads every file and is over.
     assert_eq!(num(&run.records[2], "files"), FILES as u64, "{}", run.stats);
-    run.assert_epochs_follow_the_script(10, true);
+    run.assert_epochs_follow_the_script(10, true, 0);
     assert_eq!(num(&run.records[0], "files"), FILES as u64);
     assert!(num(&run.stats, "staging_hits") > 0, "{}", run.stats);
     // Measured: 46-94% of about 1,570 stageable files; the restart leaves the prefetcher
