@@ -71,7 +71,6 @@ use crate::prefetch::Prefetcher;
 use crate::source::{Creds, DatasetSource, FsStats, SourceError};
 use crate::stats::Stats;
 use crate::tier::Tiers;
-pub use attrs::FIRST_PLUS_ENTRIES;
 use handles::{FileHandle, HandleTable};
 use order::OrderFiles;
 pub use passthrough::BackingFiles;

@@ -19,9 +19,9 @@
 //!   a change.
 //! - Entries and attributes are cached for `--metadata-ttl` (a day by default); the core tells
 //!   the kernel when the source changes.
-//! - `FUSE_DO_READDIRPLUS` with `FUSE_READDIRPLUS_AUTO`: attributes with a directory's first
-//!   chunk and after lookups in it, plain names otherwise (a listing that only lists creates
-//!   no kernel inode per entry).
+//! - `FUSE_DO_READDIRPLUS` without `FUSE_READDIRPLUS_AUTO`: every listing hands out each
+//!   entry's attributes, and the kernel makes its dentry then, so that a job that lists the
+//!   dataset and then opens its files sends no LOOKUP for them (the core's `attrs.rs`).
 //! - Readahead: INIT can only lower the kernel's window (128 KiB); as root the daemon raises
 //!   it to `--readahead` through the mount's bdi once INIT is done (`daemon/mod.rs`), with 16
 //!   background requests in flight. READs of up to 1 MiB (`FUSE_MAX_PAGES`); `--threads`
@@ -332,7 +332,6 @@ fn probe_size(len: usize, live: bool) -> u32 {
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
