@@ -552,13 +552,23 @@ fn the_control_socket_acts_as_its_client_and_bounds_each_user() {
     m.unmount();
 }
 
-/// Python for nobody: binds the abstract name argv[1], accepts connections on it for argv[2]
-/// seconds, and writes how many bytes clients sent it to argv[3].
+/// Python for nobody: binds the abstract name argv[1] (waiting up to 2 s for a daemon that is
+/// exiting to let go of it), says "bound" on its output, accepts connections on it for
+/// argv[2] seconds, and writes how many bytes clients sent it to argv[3].
 const SQUAT_PY: &str = r#"
 import socket, sys, time
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(("\0" + sys.argv[1]).encode())
+give_up = time.time() + 2
+while True:
+    try:
+        s.bind(("\0" + sys.argv[1]).encode())
+        break
+    except OSError:
+        if time.time() > give_up:
+            sys.exit("the name stayed taken")
+        time.sleep(0.02)
 s.listen(8)
+print("bound", flush=True)
 s.settimeout(0.2)
 got, end = 0, time.time() + float(sys.argv[2])
 while time.time() < end:
@@ -600,9 +610,18 @@ fn a_control_socket_name_taken_by_another_user_never_gets_a_hint() {
             .arg(&got)
             .uid(NOBODY)
             .gid(NOBODY)
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        // The daemon of the mount just gone may hold the name for a moment after its unmount:
+        // the next mount comes once the squatter has it (or gave up: another try).
+        let mut said = String::new();
+        let out = squatter.stdout.take().unwrap();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut said);
+        if said.trim() != "bound" {
+            squatter.wait().unwrap();
+            continue;
+        }
         let m = Mount::new(&src, &[]);
         if std::fs::metadata(&m.mnt).unwrap().dev() != dev {
             squatter.kill().unwrap();
