@@ -19,6 +19,12 @@
 //! request 14.0-14.3 s (native 8.0-8.9 s). The price is paid by a listing that is never
 //! followed by opens: `find -type f` over those files, 0.36-0.39 s then, 0.70-0.71 s now
 //! (a kernel inode an entry; native 0.10 s).
+//!
+//! Not over an object store ([`DatasetFs::lists_with_attributes`]): there a read waits on the
+//! network for milliseconds and a LOOKUP's round trip is nothing beside it, while a flat
+//! prefix of a million objects listed with attributes would hold a million kernel inodes
+//! (about a GiB) for one `ls`. The kernel asks for attributes in a listing's first request
+//! there, and after lookups show they are used.
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -215,6 +221,12 @@ impl DatasetFs {
             listing,
             kept_until,
         })
+    }
+
+    /// Whether every listing should hand out each entry's attributes (see the module header):
+    /// yes but over an object store.
+    pub fn lists_with_attributes(&self) -> bool {
+        !crate::source::object::ObjectUrl::is_url(self.tree.source.root())
     }
 
     /// Lists directory `fh` from `offset`, handing entries to `add` until it returns true

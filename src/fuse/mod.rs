@@ -19,9 +19,10 @@
 //!   a change.
 //! - Entries and attributes are cached for `--metadata-ttl` (a day by default); the core tells
 //!   the kernel when the source changes.
-//! - `FUSE_DO_READDIRPLUS` without `FUSE_READDIRPLUS_AUTO`: every listing hands out each
-//!   entry's attributes, and the kernel makes its dentry then, so that a job that lists the
-//!   dataset and then opens its files sends no LOOKUP for them (the core's `attrs.rs`).
+//! - `FUSE_DO_READDIRPLUS`, without `FUSE_READDIRPLUS_AUTO` but over an object store: every
+//!   listing hands out each entry's attributes, and the kernel makes its dentry then, so that
+//!   a job that lists the dataset and then opens its files sends no LOOKUP for them (the
+//!   core's `attrs.rs`).
 //! - Readahead: INIT can only lower the kernel's window (128 KiB); as root the daemon raises
 //!   it to `--readahead` through the mount's bdi once INIT is done (`daemon/mod.rs`), with 16
 //!   background requests in flight. READs of up to 1 MiB (`FUSE_MAX_PAGES`); `--threads`
@@ -335,6 +336,9 @@ impl Filesystem for FuseAdapter {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        if !self.fs.lists_with_attributes() {
+            wanted |= InitFlags::FUSE_READDIRPLUS_AUTO;
+        }
         // With --acl the kernel evaluates the source's ACLs (read through getxattr of
         // system.posix_acl_*) on top of the mode bits, as for a local filesystem. It caches
         // none for FUSE: measured, 100 reads of one file by a non-owner sent 100 GETXATTRs.

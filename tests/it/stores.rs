@@ -375,6 +375,43 @@ fn a_daemon_killed_mid_epoch_is_replaced_and_every_read_gets_the_stores_bytes(ki
     m.unmount();
 }
 
+/// Over an object store the kernel keeps its own choice of when a listing carries attributes:
+/// a flat prefix listed by `ls` makes a kernel inode for the entries of the listing's first
+/// request only, not one for each of its objects (where a directory source hands out every
+/// entry's, so that a job that lists then opens sends no LOOKUP). Seen from the daemon: each
+/// file looked at after the listing beyond that first request costs a LOOKUP.
+#[test]
+fn an_object_store_listing_gives_the_kernel_attributes_for_its_first_request_only() {
+    const OBJECTS: usize = 800;
+    let server = StoreServer::start(Kind::S3);
+    let bucket = server.create_bucket("flat");
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..OBJECTS {
+        std::fs::write(dir.path().join(format!("o{i:04}")), bytes(i as u64, 10)).unwrap();
+    }
+    bucket.put_dir("ds", dir.path());
+    let m = mount(&server, &server.url("flat", "ds"), &["--no-prefetch"]);
+    crate::common::wait_for_scan(&m.mnt);
+    let lookups = || stats(&m.mnt)["requests"]["lookup"]["count"].as_u64().unwrap_or(0);
+    let names: Vec<_> = std::fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), OBJECTS);
+    let before = lookups();
+    for name in &names {
+        assert_eq!(std::fs::metadata(m.mnt.join(name)).unwrap().len(), 10);
+    }
+    // The first request of a listing holds a few hundred entries at most (the lister's
+    // buffer, 32 KiB for glibc's readdir): most of the 800 are looked up.
+    let looked_up = lookups() - before;
+    assert!(
+        looked_up >= OBJECTS as u64 / 2,
+        "{looked_up} LOOKUPs for {OBJECTS} objects listed"
+    );
+    m.unmount();
+}
+
 macro_rules! for_each_store {
     ($($case:ident),* $(,)?) => {
         mod gcs {

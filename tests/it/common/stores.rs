@@ -251,6 +251,11 @@ impl StoreBucket<'_> {
         self.client(&["put", key], data);
     }
 
+    /// Puts every file beneath `root` as `prefix/` and its path, many at once.
+    pub fn put_dir(&self, prefix: &str, root: &Path) {
+        self.client(&["put-dir", prefix, &root.to_string_lossy()], b"");
+    }
+
     pub fn delete(&self, key: &str) {
         self.client(&["delete", key], b"");
     }
