@@ -3,8 +3,9 @@
 //! environment its cloud's own tools read. Bytes equal to the store's (small files, a 64 MiB
 //! object, odd keys, folder markers), an object changed while read is never two versions,
 //! faults retried and counted, lazy listing (the mount returns once the first level is
-//! listed, each folder is listed once), a manifest that lists nothing, the disk tier, the
-//! keeper, and bad input as one line.
+//! listed, each folder is listed once; a listing gives the kernel attributes for its first
+//! request only), a manifest that lists nothing, the disk tier, the keeper, and bad input as
+//! one line.
 
 use std::ffi::OsStr;
 use std::io::Read;
