@@ -198,7 +198,8 @@ impl Block {
     /// [`Block::footprint_for`]`(len)` bytes of memory: as [`Block::zeroed`], but a spare
     /// mapping keeps its old bytes where the caller will write (only the rest of its last page
     /// is zeroed). Why: a part's blocks are filled whole by the GET's body, and zeroing each
-    /// spare first took 4% of the machine's CPU while a cold read streamed objects from S3.
+    /// spare first was work for nothing (4% of a profile's samples while a cold read streamed
+    /// objects from S3, though not beyond the noise of the CPU a GiB, docs/BENCHMARKS.md).
     pub fn for_overwrite(len: usize) -> io::Result<Block> {
         let size = Self::footprint_for(len) as usize;
         if size < MAP_FROM {

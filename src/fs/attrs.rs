@@ -7,16 +7,17 @@
 //!
 //! A listing is a snapshot taken at OPENDIR, as the caller: the scan's names while the
 //! directory is unchanged since the scan and younger than `--metadata-ttl`, else the
-//! source's. Its entries carry attributes where the kernel asks (READDIRPLUS): on every
-//! listing, since the adapter does not let the kernel choose (`FUSE_READDIRPLUS_AUTO`).
+//! source's. Its entries carry attributes where the kernel asks (READDIRPLUS): over a
+//! directory on every listing, since the adapter does not let the kernel choose there
+//! (`FUSE_READDIRPLUS_AUTO`).
 //!
 //! Why every listing: the kernel makes a dentry of each entry it gets attributes for, and a
 //! file with a dentry is opened without a LOOKUP. A training job lists the dataset once
 //! (`ImageFolder`'s `os.scandir`, a glob) and then opens every file, and with opens made by
 //! the kernel itself, a cold tiny file's round trips are its LOOKUP and its READ: with
 //! attributes only in a listing's first request (the kernel's choice), 200,000 files of
-//! 200-600 B listed and read by 2 processes took 18.1-20.6 s for epoch 1, with them in every
-//! request 14.0-14.3 s (native 8.0-8.9 s). The price is paid by a listing that is never
+//! 200-600 B listed and read by 2 processes took 17.5-20.6 s for epoch 1, with them in every
+//! request 13.9-14.3 s (native 7.0-8.9 s). The price is paid by a listing that is never
 //! followed by opens: `find -type f` over those files, 0.36-0.39 s then, 0.70-0.71 s now
 //! (a kernel inode an entry; native 0.10 s).
 //!
