@@ -374,13 +374,6 @@ fn commands_that_are_not_torch_jobs_run_unchanged_with_one_line() {
     setup.mount.unmount();
 }
 
-/// FUSE IOCTL requests the mount at `mnt` answered so far.
-fn ioctls(mnt: &Path) -> u64 {
-    stats(mnt)["requests"]["ioctl"]["count"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
 #[test]
 fn python_reads_files_of_the_mount_with_no_ioctl_round_trip_under_coorfs_run() {
     // CPython's open() asks if each file is a terminal (ioctl TCGETS), which the kernel sends
@@ -425,14 +418,19 @@ print(len(paths), h.hexdigest())
     let want = read(false, &setup.src);
     assert!(want.starts_with(&format!("{FILES} ")), "{want}");
     let mnt = &setup.mount.mnt;
-    let before = ioctls(mnt);
+    let before = requests(mnt, "ioctl");
     assert_eq!(read(true, mnt), want);
     // Only the script's own isatty() and its one text read ask.
-    assert_eq!(ioctls(mnt) - before, 2, "{}", stats(mnt));
-    let before = ioctls(mnt);
+    assert_eq!(requests(mnt, "ioctl") - before, 2, "{}", stats(mnt));
+    let before = requests(mnt, "ioctl");
     assert_eq!(read(false, mnt), want);
     // Without it every binary open asks too (the files, and the first one again).
-    assert_eq!(ioctls(mnt) - before, FILES as u64 + 3, "{}", stats(mnt));
+    assert_eq!(
+        requests(mnt, "ioctl") - before,
+        FILES as u64 + 3,
+        "{}",
+        stats(mnt)
+    );
     setup.assert_hook_removed();
     setup.mount.unmount();
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::proxy::{Fault, FaultProxy};
 use crate::common::stores::{Kind, StoreBucket, StoreServer};
-use crate::common::{Mount, bytes, files_under, num, stats};
+use crate::common::{Mount, bytes, files_under, num, requests, stats};
 
 /// Mounts `url` of `server`, reached at `endpoint` (the server's own, or a proxy's).
 fn mount_at(server: &StoreServer, endpoint: &str, url: &str, extra: &[&str]) -> Mount {
@@ -393,19 +393,18 @@ fn an_object_store_listing_gives_the_kernel_attributes_for_its_first_request_onl
     bucket.put_dir("ds", dir.path());
     let m = mount(&server, &server.url("flat", "ds"), &["--no-prefetch"]);
     crate::common::wait_for_scan(&m.mnt);
-    let lookups = || stats(&m.mnt)["requests"]["lookup"]["count"].as_u64().unwrap_or(0);
     let names: Vec<_> = std::fs::read_dir(&m.mnt)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names.len(), OBJECTS);
-    let before = lookups();
+    let before = requests(&m.mnt, "lookup");
     for name in &names {
         assert_eq!(std::fs::metadata(m.mnt.join(name)).unwrap().len(), 10);
     }
     // The first request of a listing holds a few hundred entries at most (the lister's
     // buffer, 32 KiB for glibc's readdir): most of the 800 are looked up.
-    let looked_up = lookups() - before;
+    let looked_up = requests(&m.mnt, "lookup") - before;
     assert!(
         looked_up >= OBJECTS as u64 / 2,
         "{looked_up} LOOKUPs for {OBJECTS} objects listed"

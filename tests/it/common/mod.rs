@@ -412,6 +412,11 @@ pub fn stats(mnt: &Path) -> serde_json::Value {
     serde_json::from_slice(&raw).unwrap()
 }
 
+/// FUSE requests of kind `op` (`"lookup"`, `"ioctl"`, ...) the mount at `mnt` answered so far.
+pub fn requests(mnt: &Path, op: &str) -> u64 {
+    stats(mnt)["requests"][op]["count"].as_u64().unwrap_or(0)
+}
+
 /// The job of process group `pgid` in a stats document.
 pub fn job_of(s: &serde_json::Value, pgid: u32) -> &serde_json::Value {
     s["jobs"]
