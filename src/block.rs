@@ -174,11 +174,27 @@ impl Iterator for RunBlocks {
 impl Block {
     /// `len` zero bytes, in [`Block::footprint_for`]`(len)` bytes of memory.
     pub fn zeroed(len: usize) -> io::Result<Block> {
+        Self::new(len, 0)
+    }
+
+    /// `len` bytes that the caller writes every one of before the block is read, in
+    /// [`Block::footprint_for`]`(len)` bytes of memory: as [`Block::zeroed`], but a spare
+    /// mapping keeps its old bytes where the caller will write (only the rest of its last page
+    /// is zeroed). Why: a part's blocks are filled whole by the GET's body, and zeroing each
+    /// spare first was work for nothing (4% of a profile's samples while a cold read streamed
+    /// objects from S3, though not beyond the noise of the CPU a GiB, docs/BENCHMARKS.md).
+    pub fn for_overwrite(len: usize) -> io::Result<Block> {
+        Self::new(len, len)
+    }
+
+    /// A block of `len` bytes, zero from byte `from` on (a spare mapping keeps its old bytes
+    /// before it; fresh memory is zero throughout).
+    fn new(len: usize, from: usize) -> io::Result<Block> {
         let size = Self::footprint_for(len) as usize;
         let mem = if size >= MAP_FROM {
             match spare::take(size) {
                 Some(mut map) => {
-                    map.fill(0);
+                    map[from..].fill(0);
                     Memory::Mapped(std::mem::ManuallyDrop::new(map))
                 }
                 None => Memory::Mapped(std::mem::ManuallyDrop::new(MmapMut::map_anon(size)?)),
@@ -192,30 +208,6 @@ impl Block {
             Memory::Heap { ptr, layout }
         };
         Ok(Block { mem, len })
-    }
-
-    /// `len` bytes that the caller writes every one of before the block is read, in
-    /// [`Block::footprint_for`]`(len)` bytes of memory: as [`Block::zeroed`], but a spare
-    /// mapping keeps its old bytes where the caller will write (only the rest of its last page
-    /// is zeroed). Why: a part's blocks are filled whole by the GET's body, and zeroing each
-    /// spare first was work for nothing (4% of a profile's samples while a cold read streamed
-    /// objects from S3, though not beyond the noise of the CPU a GiB, docs/BENCHMARKS.md).
-    pub fn for_overwrite(len: usize) -> io::Result<Block> {
-        let size = Self::footprint_for(len) as usize;
-        if size < MAP_FROM {
-            return Self::zeroed(len);
-        }
-        let map = match spare::take(size) {
-            Some(mut map) => {
-                map[len..].fill(0);
-                map
-            }
-            None => MmapMut::map_anon(size)?,
-        };
-        Ok(Block {
-            mem: Memory::Mapped(std::mem::ManuallyDrop::new(map)),
-            len,
-        })
     }
 
     /// A block of exactly `bytes`, in plain heap memory of that size (not page aligned: a
