@@ -243,8 +243,13 @@ impl DatasetFs {
             // What only a miss is asked (the fetches in flight and the cache's policy are
             // behind locks): a hit, the hot path, skips it, as the plan does.
             partly_cached: !in_memory && memory.cached_bytes_of(&version) > 0,
+            // Staged since the open claimed what was (the prefetch landed meanwhile): looked
+            // for after the flight, which a block leaves only once staged. Read from the
+            // source by the kernel, the file was read twice and the block left for nobody.
             prefetched: !in_memory
-                && (!counted.claimed.is_empty() || self.reads.tiers.fetcher.in_flight(&first)),
+                && (!counted.claimed.is_empty()
+                    || self.reads.tiers.fetcher.in_flight(&first)
+                    || self.reads.tiers.staging.contains(&first)),
             would_keep: !in_memory && memory.would_keep(version.size),
             room: !in_memory && memory.has_room_for(version.size),
             source_resident: !in_memory
