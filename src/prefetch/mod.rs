@@ -60,7 +60,7 @@ use crate::jobs::{Job, JobKey, Jobs, reads_the_dataset};
 use crate::namespace::{FileId, FileVersion, Namespace};
 use crate::tier::fetch::{Fetched, Origin, Report};
 use crate::tier::staging::{self, Claimed};
-use crate::tier::{Tier, Tiers, Want, Why};
+use crate::tier::{Tiers, Want, Why};
 use pacer::Pacer;
 use plan::{may_prefetch_remaining, next_candidates, will_read};
 
@@ -504,7 +504,16 @@ impl Prefetcher {
             self.tiers.staging.forget_needer(key);
             return self.drop_unused(job, key, current);
         }
-        let moved = self.tiers.staging.retag_before(key, current);
+        // Not the blocks of a file the job read in the epoch they were staged for: a read of
+        // it under way (the last file's, whose open turned the epoch) takes them, and their
+        // bytes stay that epoch's.
+        let moved = {
+            let j = job.lock();
+            let total = self.total();
+            (self.tiers.staging).retag_before(key, current, |epoch, f| {
+                j.staging_epoch(epoch, f, total) != current
+            })
+        };
         if moved.is_empty() {
             return;
         }
@@ -778,15 +787,7 @@ impl Prefetcher {
                 match r {
                     Ok(data) if !kept => {
                         let target = owner.lock().staging_epoch(epoch, f, total);
-                        let want = Want {
-                            key: bkey,
-                            rel: &at,
-                            job: key,
-                            epoch: target,
-                            why: Why::Prefetch,
-                            stream: true,
-                        };
-                        staging.admit(&want, &data);
+                        staging.put(bkey, data, key, target, Some(f));
                     }
                     _ => staging.unreserve(memory),
                 }

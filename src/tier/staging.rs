@@ -43,7 +43,7 @@ use super::{DataError, Found, Tier, Want, Why};
 use crate::block::{Block, BlockSize};
 use crate::cache::BlockKey;
 use crate::jobs::JobKey;
-use crate::namespace::FileVersion;
+use crate::namespace::{FileId, FileVersion};
 
 #[derive(Debug)]
 struct Staged {
@@ -52,6 +52,8 @@ struct Staged {
     /// only for the jobs that still need it.
     owner: Option<JobKey>,
     epoch: u64,
+    /// Its file, when the prefetcher staged it ([`Staging::put`]).
+    file: Option<FileId>,
     /// Other jobs that have not read the file in their current epoch.
     needers: Vec<JobKey>,
     /// When it was staged: of two shared blocks needed by as many jobs, the older goes first.
@@ -335,10 +337,17 @@ impl Staging {
         inner.bytes -= len.min(inner.bytes);
     }
 
-    /// Stores a fetched block under its reservation, for `job`'s epoch `epoch`. If the block
-    /// was staged meanwhile (another job's read kept it for the jobs that need it), the jobs
-    /// that needed or owned it still need it.
-    pub fn put(&self, key: BlockKey, data: Arc<Block>, job: JobKey, epoch: u64) {
+    /// Stores a fetched block (of `file`, if known) under its reservation, for `job`'s epoch
+    /// `epoch`. If the block was staged meanwhile (another job's read kept it for the jobs that
+    /// need it), the jobs that needed or owned it still need it.
+    pub fn put(
+        &self,
+        key: BlockKey,
+        data: Arc<Block>,
+        job: JobKey,
+        epoch: u64,
+        file: Option<FileId>,
+    ) {
         let mut inner = self.inner.lock();
         let (mut needers, order, due) = match inner.blocks.get(&key) {
             Some(old) => {
@@ -355,6 +364,7 @@ impl Staging {
                 data,
                 owner: Some(job),
                 epoch,
+                file,
                 needers,
                 seq: 0,
                 order,
@@ -422,6 +432,7 @@ impl Staging {
                 data: data.clone(),
                 owner: None,
                 epoch: 0,
+                file: None,
                 needers,
                 seq: 0,
                 order,
@@ -580,13 +591,24 @@ impl Staging {
         })
     }
 
-    /// Moves what `job` staged for epochs before `epoch` to `epoch`, and returns what moved,
-    /// by the epoch it was staged for.
-    pub fn retag_before(&self, job: JobKey, epoch: u64) -> HashMap<u64, Dropped> {
+    /// Moves what `job` staged for epochs before `epoch` to `epoch`, but for the blocks of a
+    /// file `f` staged for an epoch `e` that `stays(e, f)` (the job read the file in that
+    /// epoch: a read of it under way takes them), and returns what moved, by the epoch it was
+    /// staged for.
+    pub fn retag_before(
+        &self,
+        job: JobKey,
+        epoch: u64,
+        stays: impl Fn(u64, FileId) -> bool,
+    ) -> HashMap<u64, Dropped> {
         self.each_stale(job, epoch, |inner, key| {
-            if let Some(s) = inner.blocks.get_mut(&key) {
-                s.epoch = epoch;
+            let Some(s) = inner.blocks.get_mut(&key) else {
+                return false;
+            };
+            if s.file.is_some_and(|f| stays(s.epoch, f)) {
+                return false;
             }
+            s.epoch = epoch;
             true
         })
     }
@@ -645,7 +667,7 @@ impl Tier for Staging {
         if want.why != Why::Prefetch {
             return false;
         }
-        self.put(want.key, data.clone(), want.job, want.epoch);
+        self.put(want.key, data.clone(), want.job, want.epoch, None);
         true
     }
 
@@ -679,7 +701,7 @@ mod tests {
         let s = Staging::new(P * 5 / 2, BLOCKS);
         assert!(s.reserve(P) && s.reserve(P));
         assert!(!s.reserve(P));
-        s.put(key(1, 0), block(0), JobKey::All, 1);
+        s.put(key(1, 0), block(0), JobKey::All, 1, None);
         s.unreserve(P);
         assert!(s.reserve(P));
         assert_eq!(s.bytes(), 2 * P);
@@ -690,7 +712,7 @@ mod tests {
         let s = Staging::new(10 * P, BLOCKS);
         let (a, b) = (JobKey::Pgid(1), JobKey::Pgid(2));
         assert!(s.reserve(P));
-        s.put(key(1, 0), block(1), a, 1);
+        s.put(key(1, 0), block(1), a, 1, None);
         assert!(s.share(key(2, 0), &block(2), vec![b], None, 0, UNKNOWN));
         assert!(s.share(key(3, 0), &block(3), vec![a, b], None, 0, UNKNOWN));
         assert_eq!(s.bytes(), 3 * P);
@@ -713,7 +735,7 @@ mod tests {
         let (a, b) = (JobKey::Pgid(1), JobKey::Pgid(2));
         for (k, job) in [(key(1, 0), a), (key(1, 1), a), (key(2, 0), b)] {
             assert!(s.reserve(P));
-            s.put(k, block(k.block as u8), job, 1);
+            s.put(k, block(k.block as u8), job, 1, None);
         }
         let got = s.claim(&key(1, 0).version, a);
         assert_eq!(
@@ -751,7 +773,7 @@ mod tests {
         assert_eq!((s.blocks(), s.bytes(), s.needed_by(c)), (0, 0, 0));
         // Prefetched for a and needed by b: a takes it, and it stays for b.
         assert!(s.reserve(P));
-        s.put(key(2, 0), block(2), a, 1);
+        s.put(key(2, 0), block(2), a, 1, None);
         assert!(s.share(key(2, 0), &block(2), vec![b, a], None, 0, UNKNOWN));
         assert_eq!(s.bytes(), P, "shared again, not copied");
         assert!(!s.claim(&key(2, 0).version, a).shared);
@@ -768,7 +790,7 @@ mod tests {
         // c's read kept the block for a and b while a's prefetch of it was being issued.
         assert!(s.share(key(1, 0), &block(1), vec![a, b], Some((c, 9)), 0, UNKNOWN));
         assert!(s.reserve(P));
-        s.put(key(1, 0), block(1), a, 1);
+        s.put(key(1, 0), block(1), a, 1, None);
         assert_eq!(s.bytes(), P, "one copy");
         assert_eq!((s.held_by(a), s.needed_by(a), s.needed_by(b)), (P, 0, 1));
         // a takes it, and it stays for b (and as c's spare after that).
@@ -777,9 +799,9 @@ mod tests {
         assert_eq!((s.needed_by(b), s.blocks()), (0, 1));
         // Another job's prefetch owned it: that job needs it still.
         assert!(s.reserve(P));
-        s.put(key(2, 0), block(2), b, 1);
+        s.put(key(2, 0), block(2), b, 1, None);
         assert!(s.reserve(P));
-        s.put(key(2, 0), block(2), a, 1);
+        s.put(key(2, 0), block(2), a, 1, None);
         assert_eq!((s.held_by(a), s.held_by(b), s.needed_by(b)), (P, 0, 1));
         assert_eq!(s.peek(&key(2, 0)).map(|d| d[0]), Some(2));
     }
@@ -801,7 +823,7 @@ mod tests {
         s.claim(&key(3, 0).version, jobs[0]);
         s.claim(&key(3, 0).version, jobs[1]);
         assert!(s.reserve(P));
-        s.put(key(6, 0), block(6), jobs[3], 1);
+        s.put(key(6, 0), block(6), jobs[3], 1, None);
         assert!(s.share(key(7, 0), &block(7), jobs.clone(), None, 0, UNKNOWN));
         assert!(
             !s.contains(&key(4, 0)),
@@ -948,7 +970,7 @@ mod tests {
         let job = JobKey::All;
         for (ino, epoch) in [(1, 1), (2, 1), (3, 2)] {
             assert!(s.reserve(P));
-            s.put(key(ino, 0), block(0), job, epoch);
+            s.put(key(ino, 0), block(0), job, epoch, None);
         }
         let dropped = s.drop_before(job, 2);
         assert_eq!(
@@ -971,9 +993,9 @@ mod tests {
         let (a, b) = (JobKey::Pgid(1), JobKey::Pgid(2));
         for (ino, job, epoch) in [(1, a, 1), (2, a, 2), (3, b, 1)] {
             assert!(s.reserve(P));
-            s.put(key(ino, 0), block(0), job, epoch);
+            s.put(key(ino, 0), block(0), job, epoch, None);
         }
-        let moved = s.retag_before(a, 3);
+        let moved = s.retag_before(a, 3, |_, _| false);
         assert_eq!(moved.len(), 2);
         assert_eq!(moved[&1].files, 1);
         assert!(
@@ -985,6 +1007,24 @@ mod tests {
             2
         );
         assert_eq!((s.held_by(a), s.held_by(b), s.bytes()), (0, P, P));
+    }
+
+    #[test]
+    fn blocks_of_a_file_read_in_the_ended_epoch_stay_in_it() {
+        // Files 1 and 2 staged for epoch 1; the job read file 2 in it (a read under way takes
+        // the block, and its bytes are that epoch's).
+        let s = Staging::new(10 * P, BLOCKS);
+        let a = JobKey::Pgid(1);
+        for ino in [1, 2] {
+            assert!(s.reserve(P));
+            s.put(key(ino, 0), block(0), a, 1, Some(ino as FileId));
+        }
+        let moved = s.retag_before(a, 2, |epoch, f| epoch == 1 && f == 2);
+        assert_eq!(moved[&1].files, 1);
+        assert_eq!(moved[&1].read, 100);
+        let left = s.drop_before(a, 2);
+        assert_eq!((left[&1].blocks, left[&1].files), (1, 1));
+        assert_eq!(s.claim(&key(1, 0).version, a).blocks.len(), 1);
     }
 
     #[test]
