@@ -24,8 +24,9 @@
 #          unpaced), read cold, whole: the machine's CPU seconds (all processes but the S3
 #          server's) per GiB, and seconds, for a boto3 loop (scripts/s3-read.py), for
 #          s3torchconnector (scripts/s3torch-read.py, if bench-s3.sh's venv target/s3torch
-#          exists) and for a fresh coorfs mount read by `coorfs read`. Needs target/moto
-#          (scripts/test.sh installs it).
+#          exists) and for a fresh coorfs mount read by `coorfs read`; each side goes first
+#          in every other repetition, and the medians are also given split by that. Needs
+#          target/moto (scripts/test.sh installs it).
 # Every side reads with PROCS (2) processes. Each part prints a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -91,15 +92,19 @@ drop_all() {
 # sample PART SIDE REP VALUE...
 sample() { echo "$*" | tee -a "$samples" >&2; }
 
-# summary PART UNIT [cost]: the part's medians by side, and each side's speed beside the
-# first's (its time over the side's), or with 'cost' each side's cost over the first's.
+# summary PART UNIT [speed|cost] [BASE]: the part's medians by side, and each side's speed beside
+# BASE's (its time over the side's), or with 'cost' each side's cost over BASE's; BASE is the
+# side sampled first unless named.
 summary() {
-    python3 - "$samples" "$1" "$2" "${3:-speed}" <<'PY'
+    python3 - "$samples" "$1" "$2" "${3:-speed}" "${4:-}" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
-part, unit, kind = sys.argv[2], sys.argv[3], sys.argv[4]
+part, unit, kind, first = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 mine = [r for r in rows if r[0] == part]
 sides = list(dict.fromkeys(r[1] for r in mine))
+if first in sides:
+    sides.remove(first)
+    sides.insert(0, first)
 med = {s: statistics.median(float(r[3]) for r in mine if r[1] == s) for s in sides}
 base = med[sides[0]]
 print(f"\n{part}: median {unit} of {len([r for r in mine if r[1] == sides[0]])} runs\n")
@@ -262,6 +267,7 @@ PY
         # cache must write to fresh memory (docs/BENCHMARKS.md).
         order=$systems
         [ $((rep % 2)) = 0 ] && order=$(echo "$systems" | tr ' ' '\n' | tac | tr '\n' ' ')
+        local when=first
         for sys in $order; do
             local c0 s0 t0 out c1 s1 t1 secs gib
             [ "$sys" = coorfs ] && { mount_default s3://bench/ds; wait_scan "$mnt"; }
@@ -281,12 +287,22 @@ PY
             secs=$(python3 -c "print(round($t1 - $t0, 3))")
             sample s3-cpu "$sys" "$rep" "$(python3 -c "print(round(($c1 - $c0 - ($s1 - $s0)) / $hz / $gib, 3))")"
             sample s3-seconds "$sys" "$rep" "$secs"
+            sample "s3-cpu-$when" "$sys" "$rep" "$(python3 -c "print(round(($c1 - $c0 - ($s1 - $s0)) / $hz / $gib, 3))")"
+            sample "s3-seconds-$when" "$sys" "$rep" "$secs"
+            when=after
         done
     done
     kill "$server"
     server=
     summary s3-cpu "CPU seconds per GiB (less the S3 server's)" cost | tee -a "$work/tables"
     summary s3-seconds "seconds for 512 MiB" cost | tee -a "$work/tables"
+    # The same, split by whether the side ran first in its repetition or right after another:
+    # here the second kind costs the cache's fresh huge folios more (docs/BENCHMARKS.md).
+    local when
+    for when in first after; do
+        summary "s3-cpu-$when" "CPU seconds per GiB, the side $when" cost boto3 | tee -a "$work/tables"
+        summary "s3-seconds-$when" "seconds for 512 MiB, the side $when" cost boto3 | tee -a "$work/tables"
+    done
 }
 
 : > "$work/tables"
