@@ -507,17 +507,11 @@ impl Prefetcher {
         // Not the blocks of a file the job read in the epoch they were staged for: a read of
         // it under way (the last file's, whose open turned the epoch) takes them, and their
         // bytes stay that epoch's.
-        let moved = {
-            let j = job.lock();
-            let total = self.total();
-            (self.tiers.staging).retag_before(key, current, |epoch, f| {
-                j.staging_epoch(epoch, f, total) != current
-            })
-        };
-        if moved.is_empty() {
-            return;
-        }
         let mut j = job.lock();
+        let total = self.total();
+        let moved = (self.tiers.staging).retag_before(key, current, |epoch, f| {
+            j.staging_epoch(epoch, f, total) != current
+        });
         for (epoch, m) in moved {
             self.ledger
                 .staging_moved(&mut j, epoch, current, m.read, m.files);

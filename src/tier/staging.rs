@@ -9,8 +9,8 @@
 //! (a restart, `drop_last`), what it staged and did not read is still what it will read next
 //! epoch if it reads the dataset: those blocks move to the new epoch
 //! ([`Staging::retag_before`]), but for those of a file the ended epoch read (the read under
-//! way of the file whose open ended it takes them). Otherwise, or when the job stops reading, they are dropped and
-//! counted as "prefetched but unused" ([`Staging::drop_before`]).
+//! way of the file whose open ended it takes them). Otherwise, or when the job stops reading,
+//! they are dropped and counted as "prefetched but unused" ([`Staging::drop_before`]).
 //!
 //! Blocks are shared between jobs. A block read for one job that the cache did not keep
 //! (a demand read, or a prefetched block its job took) stays, without an owner, for the jobs
