@@ -136,6 +136,9 @@ const TICK: Duration = Duration::from_millis(50);
 #[derive(Debug, Default)]
 struct Signals {
     inflight: AtomicUsize,
+    /// A prefetch that ends with this many or fewer still in flight wakes the loop: half the
+    /// window the last round filled (0 for a window of one).
+    refill_at: AtomicUsize,
     woken: Mutex<bool>,
     wake: Condvar,
 }
@@ -144,6 +147,19 @@ impl Signals {
     fn wake(&self) {
         *self.woken.lock() = true;
         self.wake.notify_one();
+    }
+
+    /// A prefetch ended: the loop refills the queue once half of it is free, a batch of
+    /// fetches a wake-up. Woken at every end, it was woken as often as files were read (cold
+    /// small files: 190,000 switches of the prefetch thread for 200,000 files).
+    fn ended(&self) {
+        let left = self
+            .inflight
+            .fetch_sub(1, Ordering::Relaxed)
+            .saturating_sub(1);
+        if left <= self.refill_at.load(Ordering::Relaxed) {
+            self.wake();
+        }
     }
 }
 
@@ -377,14 +393,15 @@ impl Prefetcher {
         // other jobs (this one's order would take every slot). Waiting for the prefetch
         // thread to wake would leave the storage idle for that long after every staged hit
         // once the staging area is full (measured: 10% of a bandwidth-bound epoch). A miss
-        // may leave the prefetcher work (and it should see a job become active). A hit
+        // may leave the prefetcher work (and it should see a job become active) where the
+        // queue has room; a full queue wakes it as it drains (`Signals::ended`). A hit
         // changes nothing it plans from, and waking a thread per open costs CPU that a hot
         // epoch needs.
         if staged {
             if let Some(disk_order) = self.disk_order.get() {
                 self.take_turns(self.active_jobs(self.ledger.now()), disk_order);
             }
-        } else if !hit {
+        } else if !hit && self.signals.inflight.load(Ordering::Relaxed) < self.allowed() {
             self.wake();
         }
     }
@@ -414,10 +431,10 @@ impl Prefetcher {
     }
 
     /// A reader's fetch ended and its reader has its bytes. The storage may be idle now: on
-    /// bandwidth-bound storage, that is when the prefetcher may read. Otherwise the wake-up
-    /// would only cost CPU.
+    /// bandwidth-bound storage, that is when the prefetcher may read. Otherwise (or with the
+    /// queue full) the wake-up would only cost CPU.
     pub fn on_fetch_done(&self) {
-        if self.allowed() > 0 {
+        if self.signals.inflight.load(Ordering::Relaxed) < self.allowed() {
             self.wake();
         }
     }
@@ -589,6 +606,7 @@ impl Prefetcher {
         while !jobs.is_empty() {
             jobs.retain(|job| self.prefetch_one(job, disk_order));
         }
+        (self.signals.refill_at).store(self.allowed() / 2, Ordering::Relaxed);
     }
 
     /// Fetches the next file of `job`'s epoch: `job`'s turn. Returns true if it may take
@@ -785,8 +803,7 @@ impl Prefetcher {
                     }
                     _ => staging.unreserve(memory),
                 }
-                signals.inflight.fetch_sub(1, Ordering::Relaxed);
-                signals.wake();
+                signals.ended();
             }),
             report,
         );
@@ -816,5 +833,34 @@ impl Prefetcher {
                 None => {}
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn woken(s: &Signals) -> bool {
+        std::mem::replace(&mut *s.woken.lock(), false)
+    }
+
+    #[test]
+    fn prefetches_that_end_wake_the_loop_once_half_the_queue_is_free() {
+        let s = Signals::default();
+        s.inflight.store(16, Ordering::Relaxed);
+        s.refill_at.store(8, Ordering::Relaxed);
+        for left in (9..16).rev() {
+            s.ended();
+            assert!(!woken(&s), "woken with {left} still in flight");
+        }
+        s.ended();
+        assert!(woken(&s), "not woken with 8 in flight");
+        assert_eq!(s.inflight.load(Ordering::Relaxed), 8);
+        // A window of one: every end wakes it.
+        s.inflight.store(1, Ordering::Relaxed);
+        s.refill_at.store(0, Ordering::Relaxed);
+        s.ended();
+        assert!(woken(&s));
+        assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
     }
 }
