@@ -1111,21 +1111,29 @@ fn told_thread(fs: Weak<DatasetFs>) {
     };
     let mut swept = std::time::Instant::now();
     let mut last_took = swept - STREAM_GAP;
+    // While it pauses between batches of opens it still drops pages when they are due: a
+    // file read again right after its pages were due to go would be served from them.
+    let mut paused_until = swept;
     loop {
+        let pause = paused_until.saturating_duration_since(std::time::Instant::now());
         let mut fds = [
-            rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN),
             rustix::event::PollFd::new(&woken, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN),
         ];
-        let wait = (fs.upgrade())
+        let listened = if pause.is_zero() { 2 } else { 1 };
+        let mut wait = (fs.upgrade())
             .and_then(|fs| fs.opener.opens.drops.next_in())
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1));
+        if !pause.is_zero() {
+            wait = wait.min(pause);
+        }
         let wait = rustix::time::Timespec {
             tv_sec: wait.as_secs() as i64,
             tv_nsec: wait.subsec_nanos() as i64,
         };
-        let _ = rustix::event::poll(&mut fds, Some(&wait));
-        if !fds[1].revents().is_empty() {
+        let _ = rustix::event::poll(&mut fds[..listened], Some(&wait));
+        if !fds[0].revents().is_empty() {
             let mut count = [0u8; 8];
             let _ = rustix::io::read(&woken, &mut count);
         }
@@ -1134,13 +1142,16 @@ fn told_thread(fs: Weak<DatasetFs>) {
         // by its process tree; one that exited is placed by the fork listener); many, or a
         // stream of them, in batches. A READ that needs its open counted sooner takes the
         // queue itself (`read_told`).
-        let took = fs.drain_told();
-        let streaming = took > 0 && last_took.elapsed() < STREAM_GAP;
-        if took > 0 {
-            last_took = std::time::Instant::now();
-        }
-        if took >= BATCH_MIN || streaming {
-            std::thread::sleep(BATCH_PAUSE);
+        let now = std::time::Instant::now();
+        if paused_until <= now {
+            let took = fs.drain_told();
+            let streaming = took > 0 && now.duration_since(last_took) < STREAM_GAP;
+            if took > 0 {
+                last_took = now;
+            }
+            if took >= BATCH_MIN || streaming {
+                paused_until = now + BATCH_PAUSE;
+            }
         }
         fs.drop_pages();
         if swept.elapsed() >= Duration::from_secs(1) {
