@@ -335,6 +335,14 @@ impl BlockCache {
         self.prefetch
     }
 
+    /// The memory a file of `size` bytes takes in the cache, every block of it.
+    pub fn file_footprint(&self, size: u64) -> u64 {
+        let blocks = self.blocks();
+        (0..blocks.count(size))
+            .map(|b| self.footprint(size, blocks.len(size, b)))
+            .sum()
+    }
+
     /// True if a policy that never evicts has room for `bytes` more now: a file fetched next
     /// will be kept whole, since such a policy refuses nothing while it has room.
     pub fn has_room_for(&self, bytes: u64) -> bool {

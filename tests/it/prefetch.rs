@@ -284,6 +284,34 @@ fn file(i: usize) -> String {
 }
 
 #[test]
+fn a_first_epoch_is_prefetched_from_its_start_where_the_whole_dataset_fits_in_the_cache() {
+    // Storage whose reads do not queue (2 ms each, however many), below what counts as
+    // remote: a file prefetched that the job might not read (a guess) is kept by the cache,
+    // which has room for every file, so the prefetcher reads ahead once the epoch is under
+    // way, not only once the job has read half the dataset.
+    const FILES: usize = 600;
+    const SIZE: usize = 4096;
+    let storage = slow_storage(FILES, SIZE, "2ms");
+    let m = Mount::new(
+        &storage.slow.mnt,
+        &["--cache-size", &(4 * FILES * SIZE).to_string()],
+    );
+    wait_for_scan(&m.mnt);
+    let r = reader(&["--procs", "1", "--epochs", "1", "--seed", "3"], &m.mnt);
+    let pgid = r.id();
+    assert!(wait_read(r).success());
+    let s = stats(&m.mnt);
+    let epoch1 = &job_of(&s, pgid)["epochs"][0];
+    assert_eq!(num(epoch1, "reads"), FILES as u64, "{epoch1}");
+    // Without guesses the first 300 files and more were read on demand: at most half hit.
+    let hits = num(epoch1, "hits");
+    assert!(hits >= FILES as u64 * 3 / 4, "{hits} hits of {FILES}: {s}");
+    assert_eq!(s["source_reads_per_file"].as_f64(), Some(1.0), "{s}");
+    assert_eq!(num(&s, "cached_files"), FILES as u64, "{s}");
+    m.unmount();
+}
+
+#[test]
 fn a_glance_at_a_file_prefetches_nothing() {
     const FILES: usize = 300;
     const SIZE: usize = 64 * 1024;
