@@ -15,7 +15,9 @@
 //! fetches is kept, and a file a shard does not read this epoch is a hit of its next (or of
 //! the other ranks'), so the first epoch too is prefetched from its 32nd file. On an S3
 //! server with 20 ms a request that took the first epoch of 2,000 files read by 2 processes
-//! from 17-19 s to 7.4-8.2 s. The rule costs the first epoch of a job that reads the
+//! from 17-19 s to 7.4-8.2 s. Likewise where reads do not slow each other and the whole
+//! dataset fits in the cache: a guess takes neither a read's turn nor a read file's room
+//! (`Prefetcher::keeps_guesses`). The rule costs the first epoch of a job that reads the
 //! dataset: 1,000 files of 16 KiB, half cached, storage with 2 ms reads, `coorfs read --procs
 //! 2`: 1.0 s instead of 0.4 s, while a shard of two prefetched without the rule read 748
 //! files from the source for its 500-file first epoch and 487 for 233 in its third.
