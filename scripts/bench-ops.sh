@@ -269,7 +269,7 @@ PY
         [ $((rep % 2)) = 0 ] && order=$(echo "$systems" | tr ' ' '\n' | tac | tr '\n' ' ')
         local when=first
         for sys in $order; do
-            local c0 s0 t0 out c1 s1 t1 secs gib
+            local c0 s0 t0 out c1 s1 t1 secs cpu gib
             [ "$sys" = coorfs ] && { mount_default s3://bench/ds; wait_scan "$mnt"; }
             c0=$(cpu_ticks) s0=$(tree_ticks "$server") t0=$(date +%s.%N)
             case $sys in
@@ -285,9 +285,10 @@ PY
             }
             gib=0.5
             secs=$(python3 -c "print(round($t1 - $t0, 3))")
-            sample s3-cpu "$sys" "$rep" "$(python3 -c "print(round(($c1 - $c0 - ($s1 - $s0)) / $hz / $gib, 3))")"
+            cpu=$(python3 -c "print(round(($c1 - $c0 - ($s1 - $s0)) / $hz / $gib, 3))")
+            sample s3-cpu "$sys" "$rep" "$cpu"
             sample s3-seconds "$sys" "$rep" "$secs"
-            sample "s3-cpu-$when" "$sys" "$rep" "$(python3 -c "print(round(($c1 - $c0 - ($s1 - $s0)) / $hz / $gib, 3))")"
+            sample "s3-cpu-$when" "$sys" "$rep" "$cpu"
             sample "s3-seconds-$when" "$sys" "$rep" "$secs"
             when=after
         done

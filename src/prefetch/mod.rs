@@ -410,7 +410,7 @@ impl Prefetcher {
             if let Some(disk_order) = self.disk_order.get() {
                 self.take_turns(self.active_jobs(self.ledger.now()), disk_order);
             }
-        } else if !hit && self.signals.inflight.load(Ordering::Relaxed) < self.allowed() {
+        } else if !hit && self.queue_has_room() {
             self.wake();
         }
     }
@@ -443,7 +443,7 @@ impl Prefetcher {
     /// bandwidth-bound storage, that is when the prefetcher may read. Otherwise (or with the
     /// queue full) the wake-up would only cost CPU.
     pub fn on_fetch_done(&self) {
-        if self.signals.inflight.load(Ordering::Relaxed) < self.allowed() {
+        if self.queue_has_room() {
             self.wake();
         }
     }
@@ -472,6 +472,11 @@ impl Prefetcher {
         self.pacer.as_ref().map_or(0, |p| p.lock().allowed(demand))
     }
 
+    /// True if fewer prefetches are in flight than the pacer allows now.
+    fn queue_has_room(&self) -> bool {
+        self.signals.inflight.load(Ordering::Relaxed) < self.allowed()
+    }
+
     /// The files in the dataset, for the rules (0 until the scan completes).
     fn total(&self) -> usize {
         self.disk_order.get().map_or(0, |o| o.len())
@@ -492,18 +497,17 @@ impl Prefetcher {
     }
 
     /// True if a guess (a file a job may not read this epoch) costs nothing worth a read's
-    /// wait, and the cache, which never evicts, has room for a whole window of blocks, so that
-    /// what is in flight lands in it rather than in staging: what the cache keeps is a hit of
-    /// a later epoch (or of another job's). A guess costs nothing where
+    /// wait and lands in the cache, which never evicts, rather than in staging: what the
+    /// cache keeps is a hit of a later epoch (or of another job's). Where
     /// - the storage is remote (a read alone takes [`REMOTE_SECS`] or more, and reads do not
-    ///   queue behind each other): every file a job waits for costs tens of milliseconds. The
-    ///   disk tier counts as such a cache too while it has room: a guess it keeps is a local
-    ///   read later.
-    /// - or reads do not queue behind each other (latency-bound, see [`Pacer`]) and the whole
-    ///   dataset fits in the cache: a guess then takes neither a read's turn nor room a file
-    ///   the job reads would have had, and the epoch is prefetched from its start rather than
+    ///   queue behind each other), every file a job waits for costs tens of milliseconds;
+    ///   while the cache (or the disk tier: a guess it keeps is a local read later) has room
+    ///   for a whole window of blocks.
+    /// - reads do not queue behind each other (latency-bound, see [`Pacer`]) and the whole
+    ///   dataset fits in the cache, a guess takes neither a read's turn nor room a file the
+    ///   job reads would have had, and the epoch is prefetched from its start rather than
     ///   from its middle. Cold small files on a local disk: 42% of the first epoch's files
-    ///   were prefetched without it, 72-82% with it.
+    ///   were prefetched without it, 69-80% with it.
     fn keeps_guesses(&self) -> bool {
         let memory = &self.tiers.memory;
         if let Some(window) = self.remote_window() {
@@ -511,7 +515,8 @@ impl Prefetcher {
             return memory.has_room_for(bytes)
                 || (self.tiers.disk.as_ref()).is_some_and(|d| d.has_room_for(bytes));
         }
-        // The whole dataset fits, so what is in flight does too (whatever the block size).
+        // The whole dataset fits, so what is in flight does too (whatever the block size):
+        // `has_room_for(0)` asks only that the cache keep prefetched blocks.
         let latency_bound = (self.pacer.as_ref()).is_some_and(|p| {
             let p = p.lock();
             p.base().is_some() && !p.bandwidth_bound()
@@ -639,7 +644,7 @@ impl Prefetcher {
     /// another: neither the queue nor the staging area is full, and there may be more to
     /// fetch for the job this epoch.
     fn prefetch_one(self: &Arc<Self>, job: &Arc<Mutex<Job>>, disk_order: &[FileId]) -> bool {
-        if self.signals.inflight.load(Ordering::Relaxed) >= self.allowed() {
+        if !self.queue_has_room() {
             return false;
         }
         let (key, epoch, picked) = {
