@@ -7,7 +7,11 @@
 //!
 //! A listing is a snapshot taken at OPENDIR, as the caller: the scan's names while the
 //! directory is unchanged since the scan and younger than `--metadata-ttl`, else the
-//! source's. Its entries carry attributes where the kernel asks (READDIRPLUS): over a
+//! source's. Where the kernel opens files itself it opens directories itself too (OPENDIR
+//! is answered `ENOSYS`, as OPEN is: the permission check is the kernel's, on the modes the
+//! watch keeps current): the snapshot is then taken at the listing's first READDIR, and the
+//! kernel keeps the entries it was given until the directory changes, so a dataset listed
+//! again (every epoch, by every worker) costs no request. Its entries carry attributes where the kernel asks (READDIRPLUS): over a
 //! directory on every listing, since the adapter does not let the kernel choose there
 //! (`FUSE_READDIRPLUS_AUTO`).
 //!
@@ -29,6 +33,7 @@
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::handles::DirHandle;
@@ -234,12 +239,17 @@ impl DatasetFs {
     /// (the reply is full). With `plus`, every entry carries its attributes.
     pub fn readdir(
         &self,
-        fh: u64,
+        (fh, ino, caller): (u64, NodeId, Caller),
         offset: u64,
         plus: bool,
         mut add: impl FnMut(DirEntryOut<'_>) -> bool,
     ) -> Result<(), FsError> {
-        let dir = self.handles.dir(fh).ok_or(FsError::BadHandle)?;
+        let dir = self.listing_for(fh, ino, caller, offset)?;
+        let mut added = false;
+        let mut add = |entry| {
+            added = true;
+            add(entry)
+        };
         // Offsets 1 and 2 follow "." and ".."; entry i of the snapshot ends at offset i + 3.
         let dots: [(&OsStr, NodeId); 2] =
             [(OsStr::new("."), dir.node), (OsStr::new(".."), dir.parent)];
@@ -291,7 +301,34 @@ impl DatasetFs {
                 return Ok(());
             }
         }
+        if fh == 0 && !added {
+            self.handles.end_unopened_dir(ino);
+        }
         Ok(())
+    }
+
+    /// The listing a READDIR of directory `ino` at `offset` reads: that of its open `fh` (a
+    /// predecessor's taken again), or where the kernel opened the directory itself (`fh` 0),
+    /// the one taken at the listing's start (see `handles.rs`, `Unopened`).
+    fn listing_for(
+        &self,
+        fh: u64,
+        ino: NodeId,
+        caller: Caller,
+        offset: u64,
+    ) -> Result<Arc<DirHandle>, FsError> {
+        if fh != 0 {
+            self.adopt_dir(fh, ino, caller);
+            return self.handles.dir(fh).ok_or(FsError::BadHandle);
+        }
+        if offset > 0
+            && let Some(listing) = self.handles.unopened_dir(ino)
+        {
+            return Ok(listing);
+        }
+        let listing = Arc::new(self.dir_handle(ino, caller)?);
+        self.handles.keep_unopened_dir(ino, listing.clone());
+        Ok(listing)
     }
 
     /// Entry `name` of the listing of `dir` (of kind `listed_kind`, where the listing says):

@@ -3,8 +3,9 @@
 //! An open file ([`FileHandle`]) carries everything its reads need without asking anyone:
 //! the version it opened (the cache key), the source descriptor opened as the caller, the
 //! epochs its reads count in ([`Attribution`]), and the blocks it holds outside the cache
-//! ([`Held`]). An open directory carries the listing taken at `opendir`. Handle numbers are
-//! unique across files, directories and the order file, from one counter.
+//! ([`Held`]). An open directory carries the listing taken at `opendir`; a directory the
+//! kernel opened itself (handle 0) has one taken at its listing's start ([`Unopened`]).
+//! Handle numbers are unique across files, directories and the order file, from one counter.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -315,6 +316,8 @@ pub(super) struct HandleTable {
     next: AtomicU64,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
+    /// The listings being read of directories the kernel opened itself.
+    unopened: Mutex<Unopened<Arc<DirHandle>>>,
     /// Where the handles the kernel holds are kept for a successor daemon, and where a
     /// predecessor's are found (`handover/state/`); none without a keeper.
     slots: OnceLock<Arc<HandleSlots>>,
@@ -334,6 +337,7 @@ impl Default for HandleTable {
             next: AtomicU64::new(1),
             files: Mutex::default(),
             dirs: Mutex::default(),
+            unopened: Mutex::default(),
             slots: OnceLock::new(),
             inherited: AtomicBool::new(false),
             window: AtomicU64::new(KERNEL_WINDOW),
@@ -493,11 +497,104 @@ impl HandleTable {
         self.dirs.lock().remove(&fh);
         self.forget_predecessors(fh);
     }
+
+    /// The listing being read of directory `ino`, which the kernel opened itself, if any.
+    pub fn unopened_dir(&self, ino: NodeId) -> Option<Arc<DirHandle>> {
+        self.unopened.lock().get(ino)
+    }
+
+    /// Keeps `listing` as the one being read of directory `ino`, which the kernel opened
+    /// itself, until its end.
+    pub fn keep_unopened_dir(&self, ino: NodeId, listing: Arc<DirHandle>) {
+        self.unopened.lock().keep(ino, listing);
+    }
+
+    /// The listing of directory `ino` was read to its end.
+    pub fn end_unopened_dir(&self, ino: NodeId) {
+        self.unopened.lock().end(ino);
+    }
+}
+
+/// Listings of directories that the kernel opens without asking (FUSE's no-opendir mode):
+/// their READDIRs carry no handle, so the listing a READDIR at offset 0 takes is kept here
+/// for the READDIRs after it, by directory, until one of them finds nothing left. At most
+/// [`Unopened::MAX`] at once: a listing left unfinished (a reader that stopped early) gives
+/// way to the newest, and a READDIR whose listing gave way takes a new one (its offsets
+/// are the same while the directory is unchanged). The kernel keeps what it was given
+/// (`FOPEN_CACHE_DIR`, implied by the mode), so each directory is listed here once until it
+/// changes.
+#[derive(Debug)]
+struct Unopened<L> {
+    listings: HashMap<NodeId, (L, u64)>,
+    /// Listings taken so far: the oldest gives way first.
+    taken: u64,
+}
+
+impl<L> Default for Unopened<L> {
+    fn default() -> Self {
+        Unopened {
+            listings: HashMap::new(),
+            taken: 0,
+        }
+    }
+}
+
+impl<L: Clone> Unopened<L> {
+    /// Listings kept at once: far more than the directories a host lists at one time, and a
+    /// bound on their names' memory.
+    const MAX: usize = 64;
+
+    fn get(&self, ino: NodeId) -> Option<L> {
+        self.listings.get(&ino).map(|(listing, _)| listing.clone())
+    }
+
+    fn keep(&mut self, ino: NodeId, listing: L) {
+        if self.listings.len() >= Self::MAX && !self.listings.contains_key(&ino) {
+            let oldest = self.listings.iter().min_by_key(|(_, (_, taken))| *taken);
+            if let Some((&old, _)) = oldest {
+                self.listings.remove(&old);
+            }
+        }
+        self.taken += 1;
+        self.listings.insert(ino, (listing, self.taken));
+    }
+
+    fn end(&mut self, ino: NodeId) {
+        self.listings.remove(&ino);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listings_of_unopened_directories_last_until_their_end_and_the_oldest_gives_way() {
+        let mut u = Unopened::default();
+        u.keep(7, "seven");
+        u.keep(7, "seven again");
+        assert_eq!(
+            u.get(7),
+            Some("seven again"),
+            "a new listing replaces the old"
+        );
+        u.end(7);
+        assert_eq!(u.get(7), None, "read to its end");
+        for ino in 0..Unopened::<&str>::MAX as u64 {
+            u.keep(100 + ino, "kept");
+        }
+        u.keep(100, "taken again");
+        assert_eq!(
+            u.listings.len(),
+            Unopened::<&str>::MAX,
+            "still within the bound"
+        );
+        u.keep(1, "one more");
+        assert_eq!(u.listings.len(), Unopened::<&str>::MAX);
+        assert_eq!(u.get(101), None, "the oldest gave way");
+        assert_eq!(u.get(100), Some("taken again"), "retaken: not the oldest");
+        assert_eq!(u.get(1), Some("one more"));
+    }
 
     #[test]
     fn reads_stream_from_the_start_or_after_two_near_reads_and_a_seek_ends_it() {

@@ -126,7 +126,7 @@ impl DatasetFs {
     /// Opens a predecessor's handle `fh` of directory `ino` again for `caller`, at its first
     /// READDIR here: a new snapshot of the listing, whose offsets are the same while the
     /// directory is unchanged.
-    pub fn adopt_dir(&self, fh: u64, ino: NodeId, caller: Caller) -> bool {
+    pub(super) fn adopt_dir(&self, fh: u64, ino: NodeId, caller: Caller) -> bool {
         match self.handles.predecessors(fh) {
             Some(h) if h.kind == HandleKind::Dir && h.ino == ino => {}
             _ => return false,

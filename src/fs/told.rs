@@ -5,7 +5,8 @@
 //! wake-ups and switches before the daemon does anything (docs/BENCHMARKS.md, "Where a hot
 //! file's time goes"). So where it is safe, the kernel opens files itself: the daemon answers
 //! one OPEN with `ENOSYS` and the kernel sends no OPEN, FLUSH or RELEASE on the connection
-//! again (FUSE's no-open mode). What an OPEN gave the daemon comes another way:
+//! again (FUSE's no-open mode; directories likewise, see `attrs.rs`). What an OPEN gave the
+//! daemon comes another way:
 //! - **Permissions**: the kernel checks each open against the modes it cached
 //!   (`default_permissions`), and the source is watched (`watch.rs`), so a `chmod` reaches it
 //!   at once. It is safe where modes say everything: no POSIX ACL in the source (the scan

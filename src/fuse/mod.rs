@@ -15,7 +15,9 @@
 //!   stack depth 1; the core registers and unregisters them through [`KernelBacking`]).
 //! - OPEN is answered `ENOSYS` once the core lets the kernel open files itself (`--opens`,
 //!   the core's `told.rs`): the kernel sends no OPEN, FLUSH or RELEASE on the connection from
-//!   then on, and `FUSE_AUTO_INVAL_DATA` lets it drop a file's pages when its attributes show
+//!   then on; OPENDIR too, and the kernel sends no OPENDIR or RELEASEDIR and keeps each
+//!   listing it read until the directory changes (FUSE's no-opendir mode caches listings as
+//!   `FOPEN_CACHE_DIR` does); and `FUSE_AUTO_INVAL_DATA` lets it drop a file's pages when its attributes show
 //!   a change.
 //! - Entries and attributes are cached for `--metadata-ttl` (a day by default); the core tells
 //!   the kernel when the source changes.
@@ -508,6 +510,12 @@ impl Filesystem for FuseAdapter {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _req = self.begin(req, Op::Opendir, ino.0);
+        // Where the kernel opens files itself it opens directories too: ENOSYS, and it sends
+        // no OPENDIR or RELEASEDIR again, and keeps the listings it reads (the core's
+        // `attrs.rs`).
+        if self.fs.kernel_opens() {
+            return reply.error(Errno::ENOSYS);
+        }
         match self.fs.opendir(ino.0, caller(req)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => fail("opendir", e, reply),
@@ -523,8 +531,8 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectory,
     ) {
         let _req = self.begin(req, Op::Readdir, ino.0);
-        self.fs.adopt_dir(fh.0, ino.0, caller(req));
-        let result = self.fs.readdir(fh.0, offset, false, |e| {
+        let dir = (fh.0, ino.0, caller(req));
+        let result = self.fs.readdir(dir, offset, false, |e| {
             reply.add(INodeNo(e.ino), e.next, file_type(e.kind), e.name)
         });
         match result {
@@ -542,9 +550,9 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _req = self.begin(req, Op::Readdirplus, ino.0);
-        self.fs.adopt_dir(fh.0, ino.0, caller(req));
         let ttl = self.fs.ttl();
-        let result = self.fs.readdir(fh.0, offset, true, |e| match e.attr {
+        let dir = (fh.0, ino.0, caller(req));
+        let result = self.fs.readdir(dir, offset, true, |e| match e.attr {
             Some(attr) => reply.add(
                 INodeNo(e.ino),
                 e.next,

@@ -63,11 +63,11 @@ struct Listed {
 /// Reads directory handle `fh` from its start to its end as the kernel does: calls of at most
 /// `page` entries (a reply buffer with room for that many), each resuming at the offset the
 /// last entry of the one before gave.
-fn read_listing(fs: &DatasetFs, fh: u64, plus: bool, page: usize) -> Vec<Listed> {
+fn read_listing(fs: &DatasetFs, (fh, ino): (u64, u64), plus: bool, page: usize) -> Vec<Listed> {
     let (mut listed, mut offset) = (Vec::new(), 0);
     loop {
         let mut chunk = Vec::new();
-        fs.readdir(fh, offset, plus, |e| {
+        fs.readdir((fh, ino, Caller::default()), offset, plus, |e| {
             if chunk.len() == page {
                 return true;
             }
@@ -170,10 +170,15 @@ fn readdir_pages_resume_at_the_offset_they_return() {
         std::fs::write(dir.path().join(format!("f{i:04}")), b"").unwrap();
     }
     let (fs, _) = core_over(dir.path());
-    for plus in [false, true] {
-        let fh = fs.opendir(ROOT, Caller::default()).unwrap();
+    // Opened by the daemon, and by the kernel itself (handle 0: the listing is taken at its
+    // first READDIR and kept for the rest).
+    for (plus, opened) in [(false, true), (true, true), (false, false), (true, false)] {
+        let fh = match opened {
+            true => fs.opendir(ROOT, Caller::default()).unwrap(),
+            false => 0,
+        };
         // A reply buffer with room for 37 entries.
-        let listed = read_listing(&fs, fh, plus, 37);
+        let listed = read_listing(&fs, (fh, ROOT), plus, 37);
         assert!(listed.iter().all(|e| e.attr.is_some() == plus));
         let names: Vec<_> = listed.into_iter().map(|e| e.name).collect();
         fs.releasedir(fh);
@@ -443,7 +448,7 @@ fn a_listing_read_in_chunks_names_every_entry_with_its_node() {
     let a = fs.lookup(ROOT, OsStr::new("a"), me).unwrap().attr.ino;
     let fh = fs.opendir(a, me).unwrap();
     // Seven entries a call, as a kernel buffer that fills would take them.
-    let listed = read_listing(&fs, fh, false, 7);
+    let listed = read_listing(&fs, (fh, a), false, 7);
     fs.releasedir(fh);
     let mut names: Vec<_> = listed.iter().map(|e| e.name.clone()).collect();
     names.sort();
@@ -468,7 +473,7 @@ fn a_listing_read_in_chunks_names_every_entry_with_its_node() {
 /// permission bits and how long the kernel may keep them (None: the whole `--metadata-ttl`).
 fn listing_plus(fs: &DatasetFs, dir: u64) -> Vec<(String, u16, Option<Duration>)> {
     let fh = fs.opendir(dir, Caller::default()).unwrap();
-    let listed = read_listing(fs, fh, true, usize::MAX);
+    let listed = read_listing(fs, (fh, dir), true, usize::MAX);
     fs.releasedir(fh);
     let mut out: Vec<_> = listed
         .into_iter()
@@ -547,7 +552,7 @@ fn a_listing_with_attributes_hands_out_every_entry_with_its_attributes_from_any_
     // as the reply has room: here for all.
     let fh = fs.opendir(ROOT, Caller::default()).unwrap();
     let mut all = Vec::new();
-    fs.readdir(fh, 0, true, |e| {
+    fs.readdir((fh, ROOT, Caller::default()), 0, true, |e| {
         all.push((e.name.to_owned(), e.attr.map(|a| a.size), e.next));
         false
     })
@@ -564,16 +569,21 @@ fn a_listing_with_attributes_hands_out_every_entry_with_its_attributes_from_any_
     // A reply that filled up goes on where it stopped: every name once, with attributes.
     let fh = fs.opendir(ROOT, Caller::default()).unwrap();
     let mut first = Vec::new();
-    fs.readdir(fh, 0, true, |e| {
+    fs.readdir((fh, ROOT, Caller::default()), 0, true, |e| {
         first.push((e.name.to_owned(), e.next));
         first.len() == 40
     })
     .unwrap();
     let mut rest = Vec::new();
-    fs.readdir(fh, first.last().unwrap().1, true, |e| {
-        rest.push((e.name.to_owned(), e.attr.map(|a| a.size)));
-        false
-    })
+    fs.readdir(
+        (fh, ROOT, Caller::default()),
+        first.last().unwrap().1,
+        true,
+        |e| {
+            rest.push((e.name.to_owned(), e.attr.map(|a| a.size)));
+            false
+        },
+    )
     .unwrap();
     fs.releasedir(fh);
     assert_eq!(first.len() + rest.len(), 102);

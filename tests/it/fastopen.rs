@@ -1,7 +1,8 @@
 //! `--opens kernel` (`--fast-open`): the kernel opens files without asking the daemon, and
 //! tells it of each open. Real mounts: the bytes are the source's, a file the kernel holds
 //! costs the daemon no request but its open is counted all the same, the kernel checks the
-//! mode bits (as nobody), a change on the source shows within `--metadata-ttl`, and order
+//! mode bits (as nobody), a listing is the kernel's until its directory changes, a change on
+//! the source shows within `--metadata-ttl`, and order
 //! hints reach the daemon through the control socket and the order file.
 
 use std::os::unix::fs::{PermissionsExt, chown};
@@ -102,6 +103,62 @@ fn a_job_that_lists_the_dataset_then_opens_every_file_sends_no_lookup_for_them()
         "LOOKUPs sent for listed files: {s}"
     );
     assert_eq!(num(&s, "reads"), 600, "{s}");
+    m.unmount();
+}
+
+/// The names `dir` lists, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn with_kernel_opens_a_listing_costs_no_request_until_its_directory_changes() {
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 300, 100, 3);
+    std::fs::create_dir(src.join("private")).unwrap();
+    std::fs::write(src.join("private/secret"), b"root only").unwrap();
+    mode(&src.join("private"), 0o700);
+    let m = Mount::new(&src, &["--opens", "kernel", "--allow-other"]);
+    wait_for_scan(&m.mnt);
+    wait_for_kernel_opens(&m.mnt);
+    let class = rels[0].parent().unwrap();
+    let listings = || requests(&m.mnt, "readdir") + requests(&m.mnt, "readdirplus");
+    // The first listing asks the daemon (100 names, several READDIRs); OPENDIR is refused
+    // once, and the kernel opens directories itself from then on.
+    let want = names(&src.join(class));
+    assert_eq!(names(&m.path(class)), want);
+    let (opendirs, asked) = (requests(&m.mnt, "opendir"), listings());
+    assert!(opendirs <= 1, "{opendirs} OPENDIRs");
+    assert!(asked >= 2, "{asked} listing requests");
+    // Every later listing of it, by any worker, comes from the kernel.
+    for _ in 0..3 {
+        assert_eq!(names(&m.path(class)), want);
+    }
+    assert_eq!(listings(), asked, "{}", stats(&m.mnt));
+    assert_eq!(requests(&m.mnt, "opendir"), opendirs);
+    assert_eq!(requests(&m.mnt, "releasedir"), 0);
+    // A name added on the source shows in the next listing, and one removed goes.
+    std::fs::write(src.join(class).join("added"), b"new").unwrap();
+    std::fs::remove_file(src.join(&rels[0])).unwrap();
+    let want = names(&src.join(class));
+    assert!(want.contains(&"added".to_string()));
+    assert_eq!(names(&m.path(class)), want);
+    assert!(listings() > asked, "the changed directory was listed anew");
+    // The kernel checks a directory's modes before it lists it for nobody.
+    let out = sh_as_nobody("ls \"$1\"", &[&m.path("private")]);
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "nobody listed a 0700 directory: {:?} {}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    assert_eq!(names(&m.path("private")), ["secret"]);
     m.unmount();
 }
 
