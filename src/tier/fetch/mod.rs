@@ -71,7 +71,9 @@ pub struct Fetched {
     pub origin: Origin,
     /// A tier in front of the source failed to (a peer), so the source read them.
     pub fallback: bool,
-    /// From the fetch's start to the end of its read.
+    /// From the read's start, on the thread that ran it, to its end: not the wait for that
+    /// thread, which on a busy machine grows with the reads queued as a busy disk's latency
+    /// would, and would make the prefetcher's pacer take the CPUs for the storage.
     pub took: Duration,
     /// Reads in flight when it started, itself included.
     pub crowd: usize,
@@ -356,6 +358,7 @@ impl Fetcher {
             crowd,
             parent,
         } = started;
+        let began = Instant::now();
         let demand = why.is_read();
         // A part read ahead holds its room in the readahead buffer until it has ended.
         let _room = ahead.then(|| Counted(&self.ahead_in_flight));
@@ -408,7 +411,7 @@ impl Fetcher {
             tracing::debug!(errno = e.errno(), "fetch failed: {e}");
         }
         drop(span);
-        let took = issued.elapsed();
+        let (took, read_took) = (issued.elapsed(), began.elapsed());
         if demand {
             // An average over the last few reads: a slow one alone does not move it far.
             let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
@@ -423,7 +426,7 @@ impl Fetcher {
             bytes: result.as_ref().ok().map(|_| read_bytes),
             origin,
             fallback,
-            took,
+            took: read_took,
             crowd,
             first_block,
         });
@@ -705,6 +708,8 @@ mod tests {
         block: u64,
         cache: u64,
         ahead: u64,
+        /// Threads of the I/O pool (0: tokio's default).
+        pool: usize,
     }
 
     impl Default for Rig {
@@ -715,6 +720,7 @@ mod tests {
                 block: 1 << 20,
                 cache: 1 << 20,
                 ahead: 0,
+                pool: 0,
             }
         }
     }
@@ -750,10 +756,12 @@ mod tests {
             super::super::source::SourceTier::new(source.clone(), memory.blocks(), stats.clone());
         let mut below = nearer;
         below.push(Arc::new(tier));
-        let io = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .build()
-            .unwrap();
+        let mut io = tokio::runtime::Builder::new_multi_thread();
+        io.worker_threads(1);
+        if r.pool > 0 {
+            io.max_blocking_threads(r.pool);
+        }
+        let io = io.build().unwrap();
         let recent = Arc::new(RecentBlocks::new(true));
         let ahead = Arc::new(Ahead::new(r.ahead, stats.clone()));
         let f = Fetcher::new(
@@ -793,6 +801,40 @@ mod tests {
             "the fetch that started reports"
         );
         got
+    }
+
+    #[test]
+    fn a_fetch_reports_the_time_of_its_read_not_its_wait_for_a_thread() {
+        // One I/O thread and two reads of 50 ms issued at once: the second waits 50 ms for
+        // the thread, which is no latency of the storage's (the pacer would take it for reads
+        // queueing on the storage, and prefetch one at a time).
+        let r = Rig {
+            block: 64 << 10,
+            pool: 1,
+            ..Rig::default()
+        };
+        let (_dir, f, _source, mut want, _io) =
+            rig(vec![], Duration::from_millis(50), (1, (1, 0)), &r);
+        want.why = super::super::Why::Prefetch;
+        let (tx, rx) = std::sync::mpsc::channel();
+        for block in [0, 1] {
+            want.key.block = block;
+            let tx = tx.clone();
+            f.fetch(
+                Arc::from(Path::new("f")),
+                &want,
+                &|| None,
+                Box::new(|_| {}),
+                Box::new(move |fetched| tx.send(fetched.took).unwrap()),
+            );
+        }
+        for _ in 0..2 {
+            let took = rx.recv().unwrap();
+            assert!(
+                took >= Duration::from_millis(50) && took < Duration::from_millis(90),
+                "{took:?}"
+            );
+        }
     }
 
     #[test]
@@ -930,6 +972,7 @@ mod tests {
             block: 1 << 16,
             cache,
             ahead: 8 << 16,
+            pool: 0,
         };
         (rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r), bytes)
     }
@@ -1032,6 +1075,7 @@ mod tests {
             block: 1 << 16,
             cache: 0,
             ahead: 8 << 16,
+            pool: 0,
         };
         let disk: Arc<dyn Tier> = Arc::new(Holding(2..4));
         let (_dir, f, source, want, _io) = rig(vec![disk], Duration::ZERO, (4, (2, 0)), &r);
@@ -1065,6 +1109,7 @@ mod tests {
             block: 1 << 16,
             cache: 0,
             ahead: 4 << 16,
+            pool: 0,
         };
         let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (8, 0)), &r);
         let settled = |f: &Fetcher, part: u64| {
