@@ -164,12 +164,20 @@ pub struct Caller {
 }
 
 /// What the kernel is to forget.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Invalidation {
     /// What it cached of a node: its attributes and pages.
     Inode(NodeId),
     /// A name in a directory (the directory's node, the name).
     Entry(NodeId, std::ffi::OsString),
+    /// Not a forgetting: the whole bytes of a file of this version, for the kernel's page
+    /// cache (`told.rs`); handed over only while the file is still that version
+    /// ([`DatasetFs::is_version`]).
+    Store(
+        NodeId,
+        crate::namespace::FileVersion,
+        Arc<crate::block::Block>,
+    ),
 }
 
 /// Tells the kernel to forget what it cached: at once (from a thread that is no FUSE thread)
@@ -523,6 +531,14 @@ impl DatasetFs {
     /// Sets how the core tells the kernel to forget a changed node (once).
     pub fn set_invalidator(&self, invalidate: Invalidator) {
         let _ = self.opener.invalidator.set(invalidate);
+    }
+
+    /// True if node `ino` is file `version` (not changed on the source since).
+    pub fn is_version(&self, ino: NodeId, version: &crate::namespace::FileVersion) -> bool {
+        self.tree
+            .ns
+            .info(ino)
+            .is_some_and(|i| i.version == *version)
     }
 
     /// Records a fresh `lstat` of node `ino`; if the source entry changed, the kernel

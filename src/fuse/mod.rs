@@ -20,7 +20,9 @@
 //!   `FOPEN_CACHE_DIR` does); and `FUSE_AUTO_INVAL_DATA` lets it drop a file's pages when its attributes show
 //!   a change.
 //! - Entries and attributes are cached for `--metadata-ttl` (a day by default); the core tells
-//!   the kernel when the source changes.
+//!   the kernel when the source changes. Where the kernel opens files itself, the core also
+//!   hands it the bytes of small files it prefetched (`FUSE_NOTIFY_STORE`, `Invalidation::Store`),
+//!   which their readers then read with no request.
 //! - `FUSE_DO_READDIRPLUS`, without `FUSE_READDIRPLUS_AUTO` but over an object store: every
 //!   listing hands out each entry's attributes, and the kernel makes its dentry then, so that
 //!   a job that lists the dataset and then opens its files sends no LOOKUP for them (the
@@ -138,11 +140,28 @@ impl FuseAdapter {
         // once: a chmod on the source is to reach the kernel before the next open.
         let (tx, rx) = std::sync::mpsc::channel::<Invalidation>();
         let direct = notifier.clone();
+        let core = Arc::downgrade(&fs);
         let spawned = std::thread::Builder::new()
             .name("coorfs-inval".into())
             .spawn(move || {
                 for what in rx {
-                    notify(&notifier, &what);
+                    let Invalidation::Store(ino, version, _) = &what else {
+                        notify(&notifier, &what);
+                        continue;
+                    };
+                    // A file's bytes go to the kernel only while they are the file's: checked
+                    // before, and after (a change between the two is forgotten again: the
+                    // watch's own invalidation may have come before the bytes).
+                    let current = || {
+                        core.upgrade()
+                            .is_some_and(|fs| fs.is_version(*ino, version))
+                    };
+                    if current() {
+                        notify(&notifier, &what);
+                        if !current() {
+                            notify(&notifier, &Invalidation::Inode(*ino));
+                        }
+                    }
                 }
             });
         match spawned {
@@ -170,10 +189,14 @@ fn notify(notifier: &OnceLock<Notifier>, what: &Invalidation) {
     let sent = match what {
         Invalidation::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, -1),
         Invalidation::Entry(dir, name) => notifier.inval_entry(INodeNo(*dir), name),
+        Invalidation::Store(ino, _, data) => notifier.store(INodeNo(*ino), 0, data),
     };
-    // The kernel knows no such node or name: nothing of it to forget.
+    // The kernel knows no such node or name: nothing of it to forget (or to keep).
     if let Err(e) = sent {
-        debug!("invalidating {what:?}: {e}");
+        match what {
+            Invalidation::Store(ino, ..) => debug!("handing node {ino}'s bytes to the kernel: {e}"),
+            _ => debug!("invalidating {what:?}: {e}"),
+        }
     }
 }
 

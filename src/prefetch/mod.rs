@@ -180,7 +180,15 @@ pub struct Prefetcher {
     pacer: Option<Mutex<Pacer>>,
     /// Rounds so far: which job takes the first turn in the next one.
     turn: AtomicUsize,
+    /// Told of each file a prefetch brought whole into the cache ([`WholeFile`]).
+    whole_file: OnceLock<WholeFile>,
 }
+
+/// Called with a file's node, version and bytes when a prefetch brought the whole file into the cache
+/// in one block: where the kernel opens files itself, its page cache takes them, and the
+/// file's reader then reads it with no request at all (`crate::fs`'s `told.rs`).
+pub type WholeFile =
+    Box<dyn Fn(crate::namespace::NodeId, FileVersion, Arc<crate::block::Block>) + Send + Sync>;
 
 impl std::fmt::Debug for Prefetcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -225,7 +233,13 @@ impl Prefetcher {
             disk_order: OnceLock::new(),
             dataset_footprint: OnceLock::new(),
             signals: Arc::default(),
+            whole_file: OnceLock::new(),
         }
+    }
+
+    /// From now on, `told` hears of each file a prefetch brings whole into the cache.
+    pub fn tell_whole_files(&self, told: WholeFile) {
+        let _ = self.whole_file.set(told);
     }
 
     /// Starts the prefetch thread. It holds the prefetcher weakly and ends when it is gone.
@@ -792,6 +806,9 @@ impl Prefetcher {
         let report = self.report(job, staged, total);
         let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());
         let (signals, owner, at) = (self.signals.clone(), job.clone(), rel.clone());
+        // A file of one block: once the cache has it whole, the kernel may take it too.
+        let whole = (block == 0 && self.tiers.memory.blocks().count(version.size) == 1)
+            .then(|| self.clone());
         // On remote storage a block the disk tier takes from the source waits there for its
         // reader (a local read, not tens of milliseconds), not in the staging area: staging
         // then bounds what is in flight, not what was fetched ahead.
@@ -832,7 +849,16 @@ impl Prefetcher {
                         let target = owner.lock().staging_epoch(epoch, f, total);
                         staging.put(bkey, data, key, target, Some(f));
                     }
-                    _ => staging.unreserve(memory),
+                    Ok(data) => {
+                        staging.unreserve(memory);
+                        if let Some(this) = whole
+                            && let Some(told) = this.whole_file.get()
+                            && let Some(node) = this.ns.file_node(f)
+                        {
+                            told(node, version, data);
+                        }
+                    }
+                    Err(_) => staging.unreserve(memory),
                 }
                 signals.ended();
             }),

@@ -8,6 +8,7 @@
 use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use crate::common::*;
 
@@ -148,6 +149,11 @@ fn with_kernel_opens_a_listing_costs_no_request_until_its_directory_changes() {
     std::fs::remove_file(src.join(&rels[0])).unwrap();
     let want = names(&src.join(class));
     assert!(want.contains(&"added".to_string()));
+    // As soon as the watch has told the kernel: milliseconds, more on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while names(&m.path(class)) != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(names(&m.path(class)), want);
     assert!(listings() > asked, "the changed directory was listed anew");
     // The kernel checks a directory's modes before it lists it for nobody.
@@ -159,6 +165,61 @@ fn with_kernel_opens_a_listing_costs_no_request_until_its_directory_changes() {
         stderr(&out)
     );
     assert_eq!(names(&m.path("private")), ["secret"]);
+    m.unmount();
+}
+
+#[test]
+fn with_kernel_opens_files_prefetched_whole_are_read_with_no_request() {
+    // A job hands its order over; each small file the prefetcher brings into the cache goes to
+    // the kernel's page cache as well, so the job reads it with no READ (a hit all the same).
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 200, 3000, 4);
+    let m = Mount::new(&src, &["--opens", "kernel"]);
+    wait_for_scan(&m.mnt);
+    wait_for_kernel_opens(&m.mnt);
+    let read = |rel: &Path| {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    };
+    // Listed first, as a job lists its dataset: the kernel knows each file then (a file it
+    // has no inode for cannot take pages).
+    for class in std::fs::read_dir(&m.mnt).unwrap() {
+        assert_eq!(
+            std::fs::read_dir(class.unwrap().path()).unwrap().count(),
+            50
+        );
+    }
+    let hint: String = rels.iter().map(|r| format!("{}\n", r.display())).collect();
+    coorfs::reader::send_hint(&m.mnt, hint.as_bytes()).unwrap();
+    let prefetched = || num(&stats(&m.mnt), "prefetched_blocks");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prefetched() < rels.len() as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(prefetched(), rels.len() as u64, "{}", stats(&m.mnt));
+    // The kernel has them once the thread that tells it has caught up.
+    std::thread::sleep(Duration::from_millis(200));
+    // A file changed on the source after it was handed over reads as it is now.
+    std::fs::write(src.join(&rels[5]), b"changed after its prefetch").unwrap();
+    // Once the watch has told the kernel (its size shows it; a stat counts no read).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::metadata(m.path(&rels[5])).unwrap().len() != 26 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = requests(&m.mnt, "read");
+    for rel in &rels {
+        read(rel);
+    }
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "reads"), 200, "{s}");
+    assert_eq!(num(&s, "hits"), 199, "{s}");
+    // The changed file is read from the source again, in one READ; the rest in none.
+    assert_eq!(requests(&m.mnt, "read") - before, 1, "{s}");
     m.unmount();
 }
 
