@@ -541,6 +541,11 @@ impl DatasetFs {
             .is_some_and(|i| i.version == *version)
     }
 
+    /// A file's bytes reached the kernel's page cache (`Invalidation::Store`).
+    pub fn stored_in_kernel(&self) {
+        crate::stats::Counters::add(&self.reads.ledger.stats().counters.kernel_stores, 1);
+    }
+
     /// Records a fresh `lstat` of node `ino`; if the source entry changed, the kernel
     /// forgets what it cached of it. Returns true if it changed.
     fn refresh(&self, ino: NodeId, meta: crate::namespace::SourceMeta) -> bool {

@@ -195,6 +195,7 @@ impl DatasetFs {
             Stat::ReadRequests => Value::Count(Counters::get(&c.read_requests)),
             Stat::KernelOpens => Value::Count(self.kernel_opens() as u64),
             Stat::ToldOpens => Value::Count(Counters::get(&c.told_opens)),
+            Stat::KernelStores => Value::Count(Counters::get(&c.kernel_stores)),
             Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
             Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
             Stat::ActiveJobs => Value::Count(self.reads.jobs.live().len() as u64),

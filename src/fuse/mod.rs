@@ -156,10 +156,11 @@ impl FuseAdapter {
                         core.upgrade()
                             .is_some_and(|fs| fs.is_version(*ino, version))
                     };
-                    if current() {
-                        notify(&notifier, &what);
+                    if current() && notify(&notifier, &what) {
                         if !current() {
                             notify(&notifier, &Invalidation::Inode(*ino));
+                        } else if let Some(fs) = core.upgrade() {
+                            fs.stored_in_kernel();
                         }
                     }
                 }
@@ -181,10 +182,10 @@ impl FuseAdapter {
     }
 }
 
-/// Tells the kernel to forget `what`.
-fn notify(notifier: &OnceLock<Notifier>, what: &Invalidation) {
+/// Tells the kernel to forget `what` (or to keep it); true if the kernel took it.
+fn notify(notifier: &OnceLock<Notifier>, what: &Invalidation) -> bool {
     let Some(notifier) = notifier.get() else {
-        return;
+        return false;
     };
     let sent = match what {
         Invalidation::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, -1),
@@ -192,12 +193,13 @@ fn notify(notifier: &OnceLock<Notifier>, what: &Invalidation) {
         Invalidation::Store(ino, _, data) => notifier.store(INodeNo(*ino), 0, data),
     };
     // The kernel knows no such node or name: nothing of it to forget (or to keep).
-    if let Err(e) = sent {
+    if let Err(e) = &sent {
         match what {
             Invalidation::Store(ino, ..) => debug!("handing node {ino}'s bytes to the kernel: {e}"),
             _ => debug!("invalidating {what:?}: {e}"),
         }
     }
+    sent.is_ok()
 }
 
 /// One request being answered: its span, and its count and time in the stats when it ends.

@@ -806,9 +806,12 @@ impl Prefetcher {
         let report = self.report(job, staged, total);
         let (cache, staging) = (self.tiers.memory.clone(), self.tiers.staging.clone());
         let (signals, owner, at) = (self.signals.clone(), job.clone(), rel.clone());
-        // A file of one block: once the cache has it whole, the kernel may take it too.
-        let whole = (block == 0 && self.tiers.memory.blocks().count(version.size) == 1)
-            .then(|| self.clone());
+        // A file of one block: once the cache has it whole, the kernel may take it too (from a
+        // cache that never evicts: the kernel's pages then stand for blocks the cache holds).
+        let whole = (block == 0
+            && self.tiers.memory.blocks().count(version.size) == 1
+            && !self.tiers.memory.evicts())
+        .then(|| self.clone());
         // On remote storage a block the disk tier takes from the source waits there for its
         // reader (a local read, not tens of milliseconds), not in the staging area: staging
         // then bounds what is in flight, not what was fetched ahead.

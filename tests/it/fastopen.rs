@@ -203,7 +203,11 @@ fn with_kernel_opens_files_prefetched_whole_are_read_with_no_request() {
     }
     assert_eq!(prefetched(), rels.len() as u64, "{}", stats(&m.mnt));
     // The kernel has them once the thread that tells it has caught up.
-    std::thread::sleep(Duration::from_millis(200));
+    let stored = || num(&stats(&m.mnt), "kernel_stores");
+    while stored() < rels.len() as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(stored(), rels.len() as u64, "{}", stats(&m.mnt));
     // A file changed on the source after it was handed over reads as it is now.
     std::fs::write(src.join(&rels[5]), b"changed after its prefetch").unwrap();
     // Once the watch has told the kernel (its size shows it; a stat counts no read).
