@@ -156,15 +156,16 @@ fn with_kernel_opens_a_listing_costs_no_request_until_its_directory_changes() {
     }
     assert_eq!(names(&m.path(class)), want);
     assert!(listings() > asked, "the changed directory was listed anew");
-    // The kernel checks a directory's modes before it lists it for nobody.
+    // The kernel checks a directory's modes before it lists it for nobody, also once root's
+    // listing of it is the kernel's to hand out.
+    assert_eq!(names(&m.path("private")), ["secret"]);
     let out = sh_as_nobody("ls \"$1\"", &[&m.path("private")]);
     assert!(
-        stderr(&out).contains("Permission denied"),
+        stderr(&out).contains("Permission denied") && out.stdout.is_empty(),
         "nobody listed a 0700 directory: {:?} {}",
         String::from_utf8_lossy(&out.stdout),
         stderr(&out)
     );
-    assert_eq!(names(&m.path("private")), ["secret"]);
     m.unmount();
 }
 
@@ -175,7 +176,8 @@ fn with_kernel_opens_files_prefetched_whole_are_read_with_no_request() {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 200, 3000, 4);
-    let m = Mount::new(&src, &["--opens", "kernel"]);
+    mode(&src.join(&rels[7]), 0o600);
+    let m = Mount::new(&src, &["--opens", "kernel", "--allow-other"]);
     wait_for_scan(&m.mnt);
     wait_for_kernel_opens(&m.mnt);
     let read = |rel: &Path| {
@@ -208,6 +210,13 @@ fn with_kernel_opens_files_prefetched_whole_are_read_with_no_request() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(stored(), rels.len() as u64, "{}", stats(&m.mnt));
+    // A file whose pages the kernel now holds is still refused to whom its modes refuse.
+    let denied = sh_as_nobody("cat \"$1\"", &[&m.path(&rels[7])]);
+    assert!(
+        stderr(&denied).contains("Permission denied") && denied.stdout.is_empty(),
+        "nobody read a 0600 file handed to the kernel: {}",
+        stderr(&denied)
+    );
     // A file changed on the source after it was handed over reads as it is now.
     std::fs::write(src.join(&rels[5]), b"changed after its prefetch").unwrap();
     // Once the watch has told the kernel (its size shows it; a stat counts no read).
