@@ -790,8 +790,11 @@ impl DatasetFs {
     }
 
     /// A file a prefetch brought whole into the cache goes to the kernel's page cache too,
-    /// where the kernel opens files itself and tells the daemon of each open: its reader then
-    /// reads it with no READ (its open is counted all the same, a hit), as a file read before.
+    /// where the kernel opens files itself and tells the daemon of each open, or will once
+    /// opens come fast (`--opens auto` is ready): its reader then reads it with no READ, its
+    /// open counted all the same, a hit (told, or asked: an OPEN the daemon answers for a file
+    /// it holds keeps the kernel's pages), as a file read before. In a first epoch the
+    /// prefetcher runs ahead of the switch, so waiting for it would hand over nothing.
     /// A cold small file's READ is most of what it costs the daemon (a round trip, and the
     /// reader's wait for it); this is one write to the FUSE device, off the reader's path, on
     /// the thread that tells the kernel of changes (a READ of the file may hold its pages
@@ -802,7 +805,7 @@ impl DatasetFs {
         version: crate::namespace::FileVersion,
         data: Arc<crate::block::Block>,
     ) {
-        if !(self.opener.opens.on() && self.opener.opens.events.get().is_some()) {
+        if !self.opener.opens.ready() {
             return;
         }
         if let Some(invalidate) = self.opener.invalidator.get() {

@@ -170,16 +170,35 @@ fn with_kernel_opens_a_listing_costs_no_request_until_its_directory_changes() {
 }
 
 #[test]
-fn with_kernel_opens_files_prefetched_whole_are_read_with_no_request() {
+fn files_prefetched_whole_are_read_with_no_request_before_and_after_the_kernel_opens_them() {
     // A job hands its order over; each small file the prefetcher brings into the cache goes to
-    // the kernel's page cache as well, so the job reads it with no READ (a hit all the same).
+    // the kernel's page cache as well, so the job reads it with no READ (a hit all the same):
+    // with the kernel opening files, and by default, where the prefetcher runs ahead of the
+    // switch and the daemon answers the first opens (keeping the kernel's pages).
+    prefetched_files_are_read_with_no_request(&["--opens", "kernel"]);
+    prefetched_files_are_read_with_no_request(&[]);
+}
+
+fn prefetched_files_are_read_with_no_request(opts: &[&str]) {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 200, 3000, 4);
     mode(&src.join(&rels[7]), 0o600);
-    let m = Mount::new(&src, &["--opens", "kernel", "--allow-other"]);
+    let m = Mount::new(&src, &[opts, &["--allow-other"]].concat());
     wait_for_scan(&m.mnt);
-    wait_for_kernel_opens(&m.mnt);
+    if opts.is_empty() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !stats(&m.mnt)["opens_why"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("ready")
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    } else {
+        wait_for_kernel_opens(&m.mnt);
+    }
     let read = |rel: &Path| {
         assert_eq!(
             std::fs::read(m.path(rel)).unwrap(),
@@ -229,10 +248,10 @@ fn with_kernel_opens_files_prefetched_whole_are_read_with_no_request() {
         read(rel);
     }
     let s = stats(&m.mnt);
-    assert_eq!(num(&s, "reads"), 200, "{s}");
-    assert_eq!(num(&s, "hits"), 199, "{s}");
+    assert_eq!(num(&s, "reads"), 200, "{opts:?}: {s}");
+    assert_eq!(num(&s, "hits"), 199, "{opts:?}: {s}");
     // The changed file is read from the source again, in one READ; the rest in none.
-    assert_eq!(requests(&m.mnt, "read") - before, 1, "{s}");
+    assert_eq!(requests(&m.mnt, "read") - before, 1, "{opts:?}: {s}");
     m.unmount();
 }
 
