@@ -215,11 +215,16 @@ fn each_rank_of_a_distributed_job_hints_its_own_shard() {
         let records = job["epochs"].as_array().unwrap();
         assert_eq!(records.len() as u64, EPOCHS, "{job}");
         for r in &records[1..] {
-            assert!(
-                num(r, "staging_hits") >= num(r, "misses") * 3 / 4,
-                "{}: {r}",
-                job["job"]
-            );
+            // Every file came ahead of the rank: fetched ahead for it in its own order (none of
+            // them unused), or kept from the other rank's reads for it. How many of them were
+            // staged before the rank opened them (rather than still in flight) depends on how
+            // fast the readers run: 73 of 100 on an idle machine, where this asked for 3/4 and
+            // failed one run in two.
+            let misses = num(r, "misses");
+            let ahead = num(r, "prefetched_files") + num(r, "shared_hits");
+            assert!(ahead >= misses * 3 / 4, "{}: {r}", job["job"]);
+            assert_eq!(num(r, "prefetched_unused"), 0, "{}: {r}", job["job"]);
+            assert!(num(r, "staging_hits") >= misses / 2, "{}: {r}", job["job"]);
         }
     }
     setup.mount.unmount();
