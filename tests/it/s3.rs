@@ -526,8 +526,12 @@ fn big_s3_shards_in_a_pod_are_read_once_and_later_epochs_read_only_what_the_cach
         &env,
     );
     // A part's blocks the kernel asks for again may be read again with a part: one part of
-    // 8 MiB is 1.5% of the dataset.
-    crate::common::two_epochs_in(&cg, &m.mnt, dataset).assert_within(dataset, 102, 105);
+    // 8 MiB is 1.5% of the dataset. Under the full suite's load (other tests' CPUs, never their
+    // mounts) one run in several read a part or two more: epoch 1 103.4% once, epoch 2 107.4%
+    // of what the cache lacked once (2026-12-06; alone, 5 of 5 and 3 of 3 within 102 and 105).
+    // The faults it was written for read up to 106.2% and 108.0%, and up to 109.5% and 103.1%
+    // (docs/BENCHMARKS.md, "Shards"): each still past a bound here.
+    crate::common::two_epochs_in(&cg, &m.mnt, dataset).assert_within(dataset, 104, 108);
     assert_eq!(cg.oom_kills(), 0);
     for (i, size) in sizes.iter().enumerate() {
         let got = std::fs::read(m.mnt.join(format!("shard-{i}.tar"))).unwrap();
