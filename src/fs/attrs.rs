@@ -11,9 +11,9 @@
 //! is answered `ENOSYS`, as OPEN is: the permission check is the kernel's, on the modes the
 //! watch keeps current): the snapshot is then taken at the listing's first READDIR, and the
 //! kernel keeps the entries it was given until the directory changes, so a dataset listed
-//! again (every epoch, by every worker) costs no request. Its entries carry attributes where the kernel asks (READDIRPLUS): over a
-//! directory on every listing, since the adapter does not let the kernel choose there
-//! (`FUSE_READDIRPLUS_AUTO`).
+//! again (every epoch, by every worker) costs no request. Its entries carry attributes where
+//! the kernel asks (READDIRPLUS): over a directory on every listing, since the adapter does not
+//! let the kernel choose there (`FUSE_READDIRPLUS_AUTO`).
 //!
 //! Why every listing: the kernel makes a dentry of each entry it gets attributes for, and a
 //! file with a dentry is opened without a LOOKUP. A training job lists the dataset once

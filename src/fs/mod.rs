@@ -172,7 +172,7 @@ pub enum Invalidation {
     Entry(NodeId, std::ffi::OsString),
     /// Not a forgetting: the whole bytes of a file of this version, for the kernel's page
     /// cache (`told.rs`); handed over only while the file is still that version
-    /// ([`DatasetFs::is_version`]).
+    /// ([`DatasetFs::hand_over`]).
     Store(
         NodeId,
         crate::namespace::FileVersion,
@@ -533,17 +533,28 @@ impl DatasetFs {
         let _ = self.opener.invalidator.set(invalidate);
     }
 
-    /// True if node `ino` is file `version` (not changed on the source since).
-    pub fn is_version(&self, ino: NodeId, version: &crate::namespace::FileVersion) -> bool {
-        self.tree
-            .ns
-            .info(ino)
-            .is_some_and(|i| i.version == *version)
-    }
-
-    /// A file's bytes reached the kernel's page cache (`Invalidation::Store`).
-    pub fn stored_in_kernel(&self) {
-        crate::stats::Counters::add(&self.reads.ledger.stats().counters.kernel_stores, 1);
+    /// Sends `store` (an [`Invalidation::Store`]) to the kernel with `send` (true if the kernel
+    /// took it), only while its file is the version its bytes are of: checked before, and
+    /// after (a change between the two is forgotten again: the watch's own invalidation may
+    /// have reached the kernel before the bytes). Counts what stays (`kernel_stores`).
+    pub fn hand_over(&self, store: &Invalidation, send: &dyn Fn(&Invalidation) -> bool) {
+        let Invalidation::Store(ino, version, _) = store else {
+            return;
+        };
+        let current = || {
+            self.tree
+                .ns
+                .info(*ino)
+                .is_some_and(|i| i.version == *version)
+        };
+        if !(current() && send(store)) {
+            return;
+        }
+        if current() {
+            crate::stats::Counters::add(&self.reads.ledger.stats().counters.kernel_stores, 1);
+        } else {
+            send(&Invalidation::Inode(*ino));
+        }
     }
 
     /// Records a fresh `lstat` of node `ino`; if the source entry changed, the kernel

@@ -32,12 +32,11 @@
 //!   prefetcher brought a whole file into the cache in one block and the kernel knows the file
 //!   (a listing or a lookup made its inode), from the moment the kernel may take the opens over:
 //!   its reader then reads it with no READ, its open counted as a hit, as a file read before
-//!   ([`DatasetFs::hand_to_kernel`]). A cold small
-//!   file's READ was most of what it cost the daemon: 200,000 files of 200-600 B read cold by
-//!   2 processes, the FUSE threads' CPU fell from 5.2-6.9 s to 3.0-4.0 s, and the epoch from
-//!   9.6-11.4 s to 7.7-9.2 s (2 runs each, alternated). The bytes go only while
-//!   the file is the version read (checked before and after: the watch's invalidation of a
-//!   change may come first).
+//!   ([`DatasetFs::hand_to_kernel`]). A cold small file's READ was most of what it cost the
+//!   daemon: 200,000 files of 200-600 B read cold by 2 processes, the FUSE threads' CPU fell
+//!   from 5.2-6.9 s to 3.0-4.0 s, and the epoch from 9.6-11.4 s to 7.7-9.2 s (2 runs each,
+//!   alternated). The bytes go only while the file is the version read (checked before and
+//!   after: the watch's invalidation of a change may come first).
 //!
 //! It is not safe, and every open keeps asking the daemon, for a daemon that is not root
 //! (fanotify needs `CAP_SYS_ADMIN`), an object store (its opens are a small part of a read, and

@@ -17,12 +17,12 @@
 //!   the core's `told.rs`): the kernel sends no OPEN, FLUSH or RELEASE on the connection from
 //!   then on; OPENDIR too, and the kernel sends no OPENDIR or RELEASEDIR and keeps each
 //!   listing it read until the directory changes (FUSE's no-opendir mode caches listings as
-//!   `FOPEN_CACHE_DIR` does); and `FUSE_AUTO_INVAL_DATA` lets it drop a file's pages when its attributes show
-//!   a change.
+//!   `FOPEN_CACHE_DIR` does); and `FUSE_AUTO_INVAL_DATA` lets it drop a file's pages when its
+//!   attributes show a change.
 //! - Entries and attributes are cached for `--metadata-ttl` (a day by default); the core tells
 //!   the kernel when the source changes. Where the kernel opens files itself, the core also
-//!   hands it the bytes of small files it prefetched (`FUSE_NOTIFY_STORE`, `Invalidation::Store`),
-//!   which their readers then read with no request.
+//!   hands it the bytes of small files it prefetched (`FUSE_NOTIFY_STORE`,
+//!   `Invalidation::Store`), which their readers then read with no request.
 //! - `FUSE_DO_READDIRPLUS`, without `FUSE_READDIRPLUS_AUTO` but over an object store: every
 //!   listing hands out each entry's attributes, and the kernel makes its dentry then, so that
 //!   a job that lists the dataset and then opens its files sends no LOOKUP for them (the
@@ -145,23 +145,13 @@ impl FuseAdapter {
             .name("coorfs-inval".into())
             .spawn(move || {
                 for what in rx {
-                    let Invalidation::Store(ino, version, _) = &what else {
-                        notify(&notifier, &what);
-                        continue;
-                    };
-                    // A file's bytes go to the kernel only while they are the file's: checked
-                    // before, and after (a change between the two is forgotten again: the
-                    // watch's own invalidation may have come before the bytes).
-                    let current = || {
-                        core.upgrade()
-                            .is_some_and(|fs| fs.is_version(*ino, version))
-                    };
-                    if current() && notify(&notifier, &what) {
-                        if !current() {
-                            notify(&notifier, &Invalidation::Inode(*ino));
-                        } else if let Some(fs) = core.upgrade() {
-                            fs.stored_in_kernel();
+                    // A file's bytes: the core says if they may go (`DatasetFs::hand_over`).
+                    if let Invalidation::Store(..) = what {
+                        if let Some(fs) = core.upgrade() {
+                            fs.hand_over(&what, &|what| notify(&notifier, what));
                         }
+                    } else {
+                        notify(&notifier, &what);
                     }
                 }
             });

@@ -184,9 +184,9 @@ pub struct Prefetcher {
     whole_file: OnceLock<WholeFile>,
 }
 
-/// Called with a file's node, version and bytes when a prefetch brought the whole file into the cache
-/// in one block: where the kernel opens files itself, its page cache takes them, and the
-/// file's reader then reads it with no request at all (`crate::fs`'s `told.rs`).
+/// Called with a file's node, version and bytes when a prefetch brought the whole file into
+/// the cache in one block: where the kernel opens files itself, its page cache takes them, and
+/// the file's reader then reads it with no request at all (`crate::fs`'s `told.rs`).
 pub type WholeFile =
     Box<dyn Fn(crate::namespace::NodeId, FileVersion, Arc<crate::block::Block>) + Send + Sync>;
 
