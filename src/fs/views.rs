@@ -196,6 +196,7 @@ impl DatasetFs {
             Stat::KernelOpens => Value::Count(self.kernel_opens() as u64),
             Stat::ToldOpens => Value::Count(Counters::get(&c.told_opens)),
             Stat::KernelStores => Value::Count(Counters::get(&c.kernel_stores)),
+            Stat::BatchedReads => Value::Count(Counters::get(&c.batched_reads)),
             Stat::HintsAccepted => Value::Count(Counters::get(&c.hints_accepted)),
             Stat::HintsRejected => Value::Count(Counters::get(&c.hints_rejected)),
             Stat::ActiveJobs => Value::Count(self.reads.jobs.live().len() as u64),

@@ -17,7 +17,7 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
@@ -30,6 +30,12 @@ pub struct Beneath {
     /// `openat2` is available (else the component walk).
     openat2: bool,
 }
+
+/// How `openat2` resolves a path beneath the root: no symlink anywhere, no magic link, never
+/// out of the root.
+pub const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
 
 /// How many times a resolution interrupted by a concurrent rename (`EAGAIN`) is retried.
 const RENAME_RETRIES: usize = 8;
@@ -69,6 +75,12 @@ impl Beneath {
         self.openat2
     }
 
+    /// The root's descriptor, where paths are resolved with `openat2` (with [`RESOLVE`]), for
+    /// opens made elsewhere the same way (`super::ring`).
+    pub fn openat2_root(&self) -> Option<BorrowedFd<'_>> {
+        self.openat2.then(|| self.root.as_fd())
+    }
+
     /// The root's descriptor.
     pub fn root(&self) -> impl AsFd + '_ {
         self.root.as_fd()
@@ -93,8 +105,7 @@ impl Beneath {
     }
 
     fn openat2(&self, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
-        let resolve =
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        let resolve = RESOLVE;
         let mut tries = 0;
         loop {
             match rustix::fs::openat2(&self.root, rel, flags, Mode::empty(), resolve) {

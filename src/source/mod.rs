@@ -31,6 +31,7 @@ pub mod beneath;
 pub mod creds;
 pub mod error;
 pub mod object;
+pub mod ring;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -47,6 +48,7 @@ use crate::namespace::{Attr, DirNames, FileVersion, Kind, SourceMeta};
 use beneath::Beneath;
 pub use creds::{Creds, as_user};
 pub use error::{SourceError, SourceResult};
+pub use ring::SmallRead;
 use rustix::fs::{AtFlags, OFlags, Statx, StatxFlags};
 use std::os::fd::AsFd;
 
@@ -285,6 +287,18 @@ pub trait DatasetSource: Send + Sync + 'static {
         }
         Ok(done)
     }
+    /// Reads each of `reads` (whole small files, see [`SmallRead`]) as `read_block` at offset
+    /// 0 would, filling in its result. A source that reads them together (a directory's, see
+    /// [`ring`]) says so with [`DatasetSource::reads_together`]; by default one by one.
+    fn read_small(&self, reads: &mut [SmallRead<'_>]) {
+        for read in reads {
+            read.result = Some(self.read_block(read.rel, read.version, 0, read.buf));
+        }
+    }
+    /// True if [`DatasetSource::read_small`] reads files together rather than one by one.
+    fn reads_together(&self) -> bool {
+        false
+    }
     /// `statvfs` of the filesystem holding the source.
     fn statfs(&self) -> SourceResult<FsStats>;
     /// Bytes of memory the source keeps of the dataset's names beside the node table (an
@@ -308,6 +322,8 @@ pub struct LocalSource {
     drop_pages: bool,
     /// Reads use `O_DIRECT` (with `drop_pages`, until the filesystem refuses it).
     direct: AtomicBool,
+    /// The rings small files are read together through ([`ring`]).
+    rings: ring::Rings,
 }
 
 /// The flags every open of a file for its bytes carries: never block (a FIFO swapped in, a
@@ -326,6 +342,7 @@ impl LocalSource {
             root,
             drop_pages,
             direct: AtomicBool::new(drop_pages),
+            rings: ring::Rings::default(),
         })
     }
 
@@ -644,6 +661,23 @@ impl DatasetSource for LocalSource {
             }
         }
         Ok(done)
+    }
+
+    fn read_small(&self, reads: &mut [SmallRead<'_>]) {
+        if self.reads_together() {
+            for batch in reads.chunks_mut(ring::BATCH_MAX) {
+                self.rings.read(&self.beneath, batch);
+            }
+        }
+        for read in reads.iter_mut().filter(|r| r.result.is_none()) {
+            read.result = Some(self.read_block(read.rel, read.version, 0, read.buf));
+        }
+    }
+
+    fn reads_together(&self) -> bool {
+        // Together only where one by one would read around the page cache too (`O_DIRECT`
+        // for what it does not hold): the batch makes the same choice for each file.
+        self.direct() && self.rings.usable() && self.beneath.openat2_root().is_some()
     }
 
     fn statfs(&self) -> SourceResult<FsStats> {

@@ -153,6 +153,18 @@ pub trait Tier: Send + Sync {
         Err(DataError::NoRuns(self.name()))
     }
 
+    /// Each block of `wants` (whole small files, under `crate::block::MAP_FROM` bytes), read
+    /// together where the tier can ([`Tier::reads_together`]), else one [`Tier::get`] each.
+    fn get_small(&self, wants: &[Want<'_>]) -> Vec<Result<Option<Found<'_>>, DataError>> {
+        wants.iter().map(|want| self.get(want)).collect()
+    }
+
+    /// True if [`Tier::get_small`] reads its files together (a directory source, see
+    /// `crate::source::ring`).
+    fn reads_together(&self) -> bool {
+        false
+    }
+
     /// True if the tier holds block `want.key` (or will, as soon as a write queued now lands),
     /// as far as it can tell without reading it: a part's run leaves such blocks out, to be
     /// read from here. A tier that cannot tell cheaply (a peer) says false.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::{DataError, Found, Tier, Want};
 use crate::block::{Block, BlockSize, MAP_FROM, RunBlocks};
 use crate::cache::BlockKey;
-use crate::source::DatasetSource;
+use crate::source::{DatasetSource, SmallRead};
 use crate::stats::{Counters, Stats};
 
 /// Reads blocks of the dataset source.
@@ -120,6 +120,17 @@ impl SourceTier {
         (self.source.read_block(rel, &key.version, offset, buf)).map_err(|e| self.failed(e))
     }
 
+    fn log_fetch(&self, want: &Want<'_>) {
+        tracing::debug!(
+            "fetch {} block {} for {} epoch {} ({:?})",
+            want.rel.display(),
+            want.key.block,
+            want.job,
+            want.epoch,
+            want.why
+        );
+    }
+
     /// Counts a failed read; its fault for the reader, whose one log line says it
     /// ([`super::error`]).
     fn failed(&self, e: crate::source::SourceError) -> DataError {
@@ -146,16 +157,62 @@ impl Tier for SourceTier {
     }
 
     fn get(&self, want: &Want<'_>) -> Result<Option<Found<'_>>, DataError> {
-        tracing::debug!(
-            "fetch {} block {} for {} epoch {} ({:?})",
-            want.rel.display(),
-            want.key.block,
-            want.job,
-            want.epoch,
-            want.why
-        );
+        self.log_fetch(want);
         let block = self.read(want.rel, want.key)?;
         Ok(Some(Found::Block(Arc::new(block))))
+    }
+
+    fn get_small(&self, wants: &[Want<'_>]) -> Vec<Result<Option<Found<'_>>, DataError>> {
+        for want in wants {
+            self.log_fetch(want);
+        }
+        // One page-aligned buffer for the batch, each file at whole pages of its own, then a
+        // copy of exactly each file's bytes (as `read` does for a small block).
+        let lens: Vec<usize> = (wants.iter())
+            .map(|w| self.blocks.len(w.key.version.size, w.key.block) as usize)
+            .collect();
+        let room = |len: usize| Block::footprint_for(len) as usize;
+        let total = lens.iter().map(|&len| room(len)).sum::<usize>();
+        let mut scratch = match Block::zeroed(total) {
+            Ok(b) => b,
+            Err(e) => {
+                let failed = |_| {
+                    Err(DataError::no_memory(
+                        total,
+                        std::io::Error::new(e.kind(), e.to_string()),
+                    ))
+                };
+                return wants.iter().map(failed).collect();
+            }
+        };
+        let mut reads = Vec::with_capacity(wants.len());
+        let mut rest = &mut scratch.whole_mut()[..total];
+        for (want, &len) in wants.iter().zip(&lens) {
+            let (buf, after) = std::mem::take(&mut rest).split_at_mut(room(len));
+            rest = after;
+            reads.push(SmallRead {
+                rel: want.rel,
+                version: &want.key.version,
+                buf,
+                result: None,
+                together: false,
+            });
+        }
+        self.source.read_small(&mut reads);
+        let together = reads.iter().filter(|r| r.together).count();
+        Counters::add(&self.stats.counters.batched_reads, together as u64);
+        (reads.into_iter().zip(lens))
+            .map(|(read, len)| match read.result.expect("every file read") {
+                Ok(n) => self
+                    .complete(Block::exact(&read.buf[..n.min(len)]), len)
+                    .map(|block| Some(Found::Block(Arc::new(block)))),
+                Err(e) => Err(self.failed(e)),
+            })
+            .collect()
+    }
+
+    fn reads_together(&self) -> bool {
+        self.source.reads_together()
     }
 
     fn get_run(

@@ -492,3 +492,46 @@ fn a_job_that_stops_reading_has_its_staging_released_within_seconds() {
     m.unmount();
     storage.slow.unmount();
 }
+
+#[test]
+fn small_files_are_prefetched_in_batches_and_read_back_as_stored() {
+    const FILES: usize = 600;
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, FILES, 3000, 6);
+    // Half of them on the disk only (read with O_DIRECT), half in the page cache (read
+    // through it): the batch chooses per file, as a read one by one does.
+    evict_pages(&src);
+    for rel in rels.iter().step_by(2) {
+        std::fs::read(src.join(rel)).unwrap();
+    }
+    let m = Mount::new(&src, &[]);
+    wait_for_scan(&m.mnt);
+    let r = reader(&["--procs", "1", "--epochs", "1"], &m.mnt);
+    assert!(wait_read(r).success());
+    let s = stats(&m.mnt);
+    // Every file read from the source once, by the prefetcher or its reader; those the
+    // prefetcher read whole were read in batches (this source reads small files together).
+    assert_eq!(num(&s, "bytes_from_source"), (FILES * 3000) as u64, "{s}");
+    assert_eq!(s["source_reads_per_file"].as_f64(), Some(1.0), "{s}");
+    let (batched, prefetched) = (num(&s, "batched_reads"), num(&s, "prefetched_blocks"));
+    assert!(
+        batched >= FILES as u64 / 2 && batched <= prefetched,
+        "{batched} read in batches of {prefetched} prefetched: {s}"
+    );
+    assert_eq!(num(&s, "source_errors"), 0, "{s}");
+    // What the batches read is what the files hold (a second epoch: every file a hit).
+    for rel in &rels {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    }
+    assert_eq!(
+        num(&stats(&m.mnt), "bytes_from_source"),
+        (FILES * 3000) as u64
+    );
+    m.unmount();
+}

@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+mod batch;
 mod parts;
 
 use parts::Landed;
@@ -129,6 +130,8 @@ pub struct Fetcher {
     demand: AtomicUsize,
     /// Smoothed latency of demand reads, in microseconds (see [`INLINE_BELOW_US`]).
     demand_latency_us: AtomicU64,
+    /// Prefetches of small files waiting to be read together ([`batch`]).
+    batches: batch::Batches,
 }
 
 /// A demand read of a block of at most this many bytes runs on the FUSE thread that asked
@@ -194,6 +197,7 @@ impl Fetcher {
             reading: AtomicUsize::new(0),
             demand: AtomicUsize::new(0),
             demand_latency_us: AtomicU64::new(0),
+            batches: Default::default(),
         }
     }
 
@@ -312,6 +316,10 @@ impl Fetcher {
             crowd,
             parent: tracing::Span::current(),
         };
+        if self.batchable(want, ahead, inline) {
+            self.queue_for_batch(started, report);
+            return;
+        }
         let this = self.clone();
         let work = move || this.run(started, report);
         if inline {
@@ -346,19 +354,32 @@ impl Fetcher {
     /// learns the demand reads' latency, tells `report`, keeps a read block among the recent
     /// ones, and hands the result to the waiters.
     fn run(&self, started: Started, report: Report) {
+        let pace = Pace::Since(Instant::now());
+        self.run_with(started, report, pace, |this, want, ahead| {
+            this.read(want, ahead)
+        });
+    }
+
+    /// [`Fetcher::run`], with the read done by `read` (of a batch, see [`batch`], done
+    /// before), its time and crowd for the pacer as `pace` says.
+    fn run_with(
+        &self,
+        started: Started,
+        report: Report,
+        pace: Pace,
+        read: impl FnOnce(&Self, &Want<'_>, bool) -> Option<ReadOut>,
+    ) {
+        let want = started.want();
         let Started {
-            rel,
+            ref rel,
             key,
-            job,
-            epoch,
             why,
-            stream,
             ahead,
             issued,
             crowd,
-            parent,
+            ref parent,
+            ..
         } = started;
-        let began = Instant::now();
         let demand = why.is_read();
         // A part read ahead holds its room in the readahead buffer until it has ended.
         let _room = ahead.then(|| Counted(&self.ahead_in_flight));
@@ -369,18 +390,10 @@ impl Fetcher {
             counted: true,
             done: false,
         };
-        let want = Want {
-            key,
-            rel: &rel,
-            job,
-            epoch,
-            why,
-            stream,
-        };
         // At debug level the log has a line for each fetch as it ends: the file, the block,
         // why, the tier that had it and the bytes read (a part's with it), and its time.
         let span = tracing::debug_span!(
-            parent: &parent,
+            parent: parent,
             "fetch",
             file = %rel.display(),
             block = key.block,
@@ -389,7 +402,7 @@ impl Fetcher {
             bytes = tracing::field::Empty,
         )
         .entered();
-        let Some(out) = self.read(&want, ahead) else {
+        let Some(out) = read(self, &want, ahead) else {
             // Another fetch took this block into its part's run: it hands it to the waiters,
             // and reports the bytes.
             running.uncount();
@@ -411,7 +424,11 @@ impl Fetcher {
             tracing::debug!(errno = e.errno(), "fetch failed: {e}");
         }
         drop(span);
-        let (took, read_took) = (issued.elapsed(), began.elapsed());
+        let took = issued.elapsed();
+        let (read_took, crowd) = match pace {
+            Pace::Since(began) => (began.elapsed(), crowd),
+            Pace::Batch { took, crowd } => (took, crowd),
+        };
         if demand {
             // An average over the last few reads: a slow one alone does not move it far.
             let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
@@ -486,17 +503,8 @@ impl Fetcher {
         let faults = faults.into_inner();
         Counters::add(&self.stats.counters.tier_errors, faults);
         let fallback = faults > 0;
-        let failed = |error, origin| ReadOut {
-            result: Err(error),
-            origin,
-            fallback,
-            bytes: 0,
-            first_block: false,
-            handed: false,
-            last: None,
-        };
-        let (found, finder) = match found {
-            Some((found, finder)) => (found, finder),
+        Some(match found {
+            Some((found, finder)) => self.landed(want, found, finder, fallback),
             None => {
                 let (lo, hi) = run.unwrap_or_else(|| {
                     let _claiming = self.claiming.lock();
@@ -505,19 +513,42 @@ impl Fetcher {
                 if hi - lo > 1 {
                     return Some(self.read_part(want, (lo, hi), ahead, fallback));
                 }
-                match source.get(want) {
-                    Ok(Some(found)) => (found, None),
-                    Ok(None) => {
-                        return Some(failed(DataError::Missing(source.name()), Origin::Source));
-                    }
-                    Err(e) => return Some(failed(e, Origin::Source)),
-                }
+                self.sourced(want, source.get(want), fallback)
             }
-        };
+        })
+    }
+
+    /// What the source's read of `want` came to (`got`), as [`Fetcher::read`] says it.
+    fn sourced(
+        &self,
+        want: &Want<'_>,
+        got: Result<Option<Found<'_>>, DataError>,
+        fallback: bool,
+    ) -> ReadOut {
+        let source = self.below.last().expect("a tier to read from");
+        match got {
+            Ok(Some(found)) => self.landed(want, found, None, fallback),
+            Ok(None) => {
+                ReadOut::failed(DataError::Missing(source.name()), Origin::Source, fallback)
+            }
+            Err(e) => ReadOut::failed(e, Origin::Source, fallback),
+        }
+    }
+
+    /// Block `want.key` as `finder` found it (None: the source), offered to the cache as
+    /// [`Fetcher::read`] says.
+    fn landed(
+        &self,
+        want: &Want<'_>,
+        found: Found<'_>,
+        finder: Option<&Arc<dyn Tier>>,
+        fallback: bool,
+    ) -> ReadOut {
+        let (source, nearer) = self.below.split_last().expect("a tier to read from");
         let origin = finder.map_or(Origin::Source, |tier| tier.origin());
         let Some(block) = owned(found, want.key.block) else {
             let name = finder.map_or(source.name(), |tier| tier.name());
-            return Some(failed(DataError::Missing(name), origin));
+            return ReadOut::failed(DataError::Missing(name), origin, fallback);
         };
         match finder {
             Some(tier) => {
@@ -530,7 +561,7 @@ impl Fetcher {
                 }
             }
         }
-        Some(ReadOut {
+        ReadOut {
             bytes: block.len() as u64,
             result: Ok(block),
             origin,
@@ -538,7 +569,7 @@ impl Fetcher {
             first_block: want.key.block == 0,
             handed: false,
             last: None,
-        })
+        }
     }
 }
 
@@ -579,6 +610,44 @@ struct ReadOut {
     /// The last block of a part, not the fetch's own, kept from its waiters until the fetch
     /// has reported (with the cache's answer: kept).
     last: Option<(BlockKey, Arc<Block>, bool)>,
+}
+
+/// What a fetch tells the pacer of its read ([`Fetched::took`] and [`Fetched::crowd`]).
+enum Pace {
+    /// The read began then, with the reads in flight when the fetch started.
+    Since(Instant),
+    /// Set by a batch ([`batch`]): its first file carries the batch's time and the batches
+    /// in flight, the others a zero time, which the pacer takes for no sample.
+    Batch { took: Duration, crowd: usize },
+}
+
+impl Started {
+    /// What it reads, for whom and why.
+    fn want(&self) -> Want<'_> {
+        Want {
+            key: self.key,
+            rel: &self.rel,
+            job: self.job,
+            epoch: self.epoch,
+            why: self.why,
+            stream: self.stream,
+        }
+    }
+}
+
+impl ReadOut {
+    /// A read that failed with `error`.
+    fn failed(error: DataError, origin: Origin, fallback: bool) -> ReadOut {
+        ReadOut {
+            result: Err(error),
+            origin,
+            fallback,
+            bytes: 0,
+            first_block: false,
+            handed: false,
+            last: None,
+        }
+    }
 }
 
 /// A fetch that [`Fetcher::fetch`] or [`Fetcher::read_ahead`] started: what it reads, for
