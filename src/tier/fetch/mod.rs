@@ -37,6 +37,11 @@
 //! big object read once costs one GET per part, about three in flight for each reader. A
 //! directory source reads block by block.
 //!
+//! # Small files in batches
+//! A prefetch of a whole small file from a source that reads such files together (a
+//! directory's, through io_uring) does not take a thread of its own: it waits for a batch
+//! ([`batch`]), and a drainer reads up to 8 at once and ends each fetch as `run` does.
+//!
 //! Memory: a fetch holds one block-sized buffer until its waiters are done (a part's run: the
 //! part), so the bytes in flight are bounded by the I/O threads times the block size (64 x 1
 //! MiB by default), or the part size with parts.
