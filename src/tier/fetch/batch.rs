@@ -103,8 +103,8 @@ impl Fetcher {
     }
 
     /// Reads the files of `batch` together, `drainers` batches in flight with it (itself
-    /// included), then ends
-    /// each fetch as [`Fetcher::run`] does.
+    /// included), then ends each fetch as [`Fetcher::run`] does. A fetch whose end panics (a
+    /// waiter's bug) gives its waiters EIO as on the pool, and the rest of the batch still end.
     ///
     /// The pacer hears the batch as one read of the storage, in flight beside the other
     /// batches: each file's own time is not known (the batch waits for all of its opens, then
@@ -138,7 +138,78 @@ impl Fetcher {
                 took,
                 crowd: drainers,
             };
-            self.run_with(started, report, pace, |_, _, _| Some(out));
+            let end = || self.run_with(started, report, pace, |_, _, _| Some(out));
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(end));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::source::{Creds, DatasetSource, LocalSource};
+    use crate::tier::fetch::tests::{Rig, fetcher_over};
+
+    #[test]
+    fn prefetches_of_small_files_are_read_in_batches_and_each_ends_with_its_bytes() {
+        const FILES: usize = 40;
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = |i: usize| -> Vec<u8> { (0..300 + i * 97).map(|b| (b + i) as u8).collect() };
+        for i in 0..FILES {
+            std::fs::write(dir.path().join(format!("f{i}")), bytes(i)).unwrap();
+        }
+        let local = Arc::new(LocalSource::new(dir.path().to_path_buf(), true).unwrap());
+        assert!(local.reads_together());
+        let r = Rig {
+            block: 64 << 10,
+            cache: 1 << 20,
+            ..Rig::default()
+        };
+        let (f, _io) = fetcher_over(local.clone(), vec![], (1, (1, 0)), &r);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let samples = Arc::new(AtomicUsize::new(0));
+        for i in 0..FILES {
+            let rel = format!("f{i}");
+            let version = (local.metadata(Path::new(&rel), &Creds::DAEMON))
+                .unwrap()
+                .version;
+            let mut want = crate::tier::tests::want(0, 0, 0, Why::Prefetch);
+            want.key.version = version;
+            want.rel = Path::new(&rel);
+            assert!(f.batchable(&want, false, false));
+            let (tx, samples) = (tx.clone(), samples.clone());
+            f.fetch(
+                Arc::from(Path::new(&rel)),
+                &want,
+                &|| None,
+                Box::new(move |got| tx.send((i, got)).unwrap()),
+                Box::new(move |fetched| {
+                    assert_eq!(fetched.bytes, Some(bytes(i).len() as u64));
+                    if !fetched.took.is_zero() {
+                        samples.fetch_add(1, Ordering::Relaxed);
+                    }
+                }),
+            );
+        }
+        for _ in 0..FILES {
+            let (i, got) = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+            assert_eq!(got.unwrap().as_ref().as_ref(), &bytes(i)[..], "file {i}");
+        }
+        assert_eq!(Counters::get(&f.stats.counters.batched_reads), FILES as u64);
+        // The pacer heard one sample a batch: fewer than one a file.
+        let samples = samples.load(Ordering::Relaxed);
+        assert!(
+            (FILES / BATCH..FILES).contains(&samples),
+            "{samples} samples"
+        );
+        // The drainers stop once the queue is empty.
+        let idle = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            f.batches.queue.lock().drainers == 0
+        });
+        assert!(idle, "a drainer still runs");
     }
 }

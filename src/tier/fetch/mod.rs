@@ -777,13 +777,13 @@ mod tests {
     }
 
     /// The file, the cache and the readahead buffer of a test fetcher.
-    struct Rig {
-        bytes: Vec<u8>,
-        block: u64,
-        cache: u64,
-        ahead: u64,
+    pub(super) struct Rig {
+        pub(super) bytes: Vec<u8>,
+        pub(super) block: u64,
+        pub(super) cache: u64,
+        pub(super) ahead: u64,
         /// Threads of the I/O pool (0: tokio's default).
-        pool: usize,
+        pub(super) pool: usize,
     }
 
     impl Default for Rig {
@@ -816,6 +816,20 @@ mod tests {
             .version;
         let source = Arc::new(FaultySource::new(local));
         *source.read_delay.lock() = delay;
+        let (f, io) = fetcher_over(source.clone(), nearer, (part_blocks, parts_max), r);
+        let mut want = crate::tier::tests::want(0, 0, 0, super::super::Why::Read);
+        want.key.version = version;
+        (dir, f, source, want, io)
+    }
+
+    /// A fetcher over `nearer` tiers in front of `source`, with the block size, cache,
+    /// readahead buffer and pool of `r`, and its I/O runtime.
+    pub(super) fn fetcher_over(
+        source: Arc<dyn crate::source::DatasetSource>,
+        nearer: Vec<Arc<dyn Tier>>,
+        (part_blocks, parts_max): (u64, (usize, usize)),
+        r: &Rig,
+    ) -> (Arc<Fetcher>, tokio::runtime::Runtime) {
         let memory = Arc::new(
             BlockCache::new(crate::cache::CacheConfig {
                 policy: crate::cache::PolicyKind::MinIo,
@@ -826,8 +840,7 @@ mod tests {
             .unwrap(),
         );
         let stats = Arc::new(Stats::default());
-        let tier =
-            super::super::source::SourceTier::new(source.clone(), memory.blocks(), stats.clone());
+        let tier = super::super::source::SourceTier::new(source, memory.blocks(), stats.clone());
         let mut below = nearer;
         below.push(Arc::new(tier));
         let mut io = tokio::runtime::Builder::new_multi_thread();
@@ -846,9 +859,7 @@ mod tests {
             stats,
             io.handle().clone(),
         );
-        let mut want = crate::tier::tests::want(0, 0, 0, super::super::Why::Read);
-        want.key.version = version;
-        (dir, Arc::new(f), source, want, io)
+        (Arc::new(f), io)
     }
 
     /// Fetches `want` with `n` waiters at once; returns what each got.
