@@ -393,11 +393,7 @@ impl LocalSource {
             return Err(SourceError::Changed);
         }
         let len = (buf.len() as u64).min(version.size.saturating_sub(offset));
-        let direct = !resident(&file, offset, len);
-        if direct {
-            let flags = rustix::fs::fcntl_getfl(&file)? | OFlags::DIRECT;
-            rustix::fs::fcntl_setfl(&file, flags)?;
-        }
+        let direct = direct_unless_resident(&file, offset, len)?;
         let done = read_at_most(&file, offset, buf, direct)?;
         Ok((file, done))
     }
@@ -421,6 +417,17 @@ impl LocalSource {
         let done = read_at_most(&file, offset, buf, flags.contains(OFlags::DIRECT))?;
         Ok((file, done))
     }
+}
+
+/// Turns `file` to `O_DIRECT` unless the page cache holds bytes `offset..offset + len` of it
+/// whole (then reading them brings nothing in); returns true if it did.
+fn direct_unless_resident(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+    if resident(file, offset, len) {
+        return Ok(false);
+    }
+    let flags = rustix::fs::fcntl_getfl(file)? | OFlags::DIRECT;
+    rustix::fs::fcntl_setfl(file, flags)?;
+    Ok(true)
 }
 
 /// True if the page cache holds every page of bytes `offset..offset + len` of `file`

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use rustix::fs::OFlags;
 
 use super::beneath::Beneath;
-use super::{SourceError, SourceResult, file_flags, resident, stat_fd};
+use super::{SourceError, SourceResult, direct_unless_resident, file_flags, stat_fd};
 use crate::namespace::{FileVersion, Kind};
 
 /// Files read together at most: what a batch's ring holds of each step.
@@ -159,12 +159,8 @@ fn read_all(ring: &mut IoUring, reads: &mut [SmallRead<'_>], files: Vec<Option<O
             Err(_) => continue,
         }
         let file = File::from(fd);
-        let size = read.version.size;
-        if !resident(&file, 0, size) {
-            let direct = file_flags() | OFlags::NOATIME | OFlags::DIRECT;
-            if rustix::fs::fcntl_setfl(&file, direct).is_err() {
-                continue;
-            }
+        if direct_unless_resident(&file, 0, read.version.size).is_err() {
+            continue;
         }
         open.push((i, file));
     }

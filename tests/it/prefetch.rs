@@ -521,14 +521,7 @@ fn small_files_are_prefetched_in_batches_and_read_back_as_stored() {
     );
     assert_eq!(num(&s, "source_errors"), 0, "{s}");
     // What the batches read is what the files hold (a second epoch: every file a hit).
-    for rel in &rels {
-        assert_eq!(
-            std::fs::read(m.path(rel)).unwrap(),
-            std::fs::read(src.join(rel)).unwrap(),
-            "{}",
-            rel.display()
-        );
-    }
+    assert_reads_the_source(&m, &rels);
     assert_eq!(
         num(&stats(&m.mnt), "bytes_from_source"),
         (FILES * 3000) as u64
