@@ -143,17 +143,15 @@ pub fn send(mount: &std::path::Path, pid: u32, text: &[u8]) -> Option<std::io::R
         return None;
     }
     // A hint the daemon refuses part way (too large) ends its reading: the write then fails,
-    // and the verdict is still there to read.
+    // and the verdict is still there to read, though the read after it may fail too (the
+    // daemon closed with the rest of the hint unread: ECONNRESET once the verdict is read).
     let sent = stream
         .write_all(text)
         .and_then(|()| stream.shutdown(std::net::Shutdown::Write));
     let mut answer = String::new();
-    if let Err(e) = stream
-        .read_to_string(&mut answer)
-        .and(match answer.is_empty() {
-            true => sent,
-            false => Ok(()),
-        })
+    let read = stream.read_to_string(&mut answer);
+    if !answer.ends_with('\n')
+        && let Err(e) = read.and(sent)
     {
         return Some(Err(e));
     }
