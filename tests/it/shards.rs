@@ -237,6 +237,50 @@ fn a_streamed_shard_leaves_no_page_behind_in_the_kernel() {
 }
 
 #[test]
+fn readers_of_streamed_shards_never_find_the_connection_congested() {
+    // Two readers of 16 MiB readahead windows ask for 32 READs at once, 16 of them in flight:
+    // a connection the kernel deems congested drops each readahead window it has just put in
+    // the page cache, and reads those pages again later. The mount asks for a threshold above
+    // any queue (fusectl shows what the kernel took), and streamed shards are read as stored.
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    make_shards(&src);
+    let m = Mount::new(
+        &src,
+        &["--no-prefetch", "--no-passthrough", "--cache-size", "1M"],
+    );
+    let connections = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(connections).map_or(true, |mut d| d.next().is_none()) {
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(connections)
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "fusectl: {mounted}");
+    }
+    let dev = std::os::linux::fs::MetadataExt::st_dev(&std::fs::metadata(&m.mnt).unwrap());
+    let knob = |name: &str| {
+        let path = connections.join(format!("{}/{name}", libc::minor(dev)));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        text.trim().parse::<u64>().unwrap()
+    };
+    assert_eq!(knob("max_background"), 16);
+    assert_eq!(knob("congestion_threshold"), u64::from(u16::MAX));
+    std::thread::scope(|s| {
+        for half in 0..2 {
+            let mnt = &m.mnt;
+            s.spawn(move || {
+                for i in (half..SHARDS).step_by(2) {
+                    let got = std::fs::read(shard(mnt, i)).unwrap();
+                    assert!(got == bytes(i as u64, SHARD), "shard {i}");
+                }
+            });
+        }
+    });
+    m.unmount();
+}
+
+#[test]
 fn webdataset_and_tfrecord_readers_read_a_mount_as_the_source_and_cost_no_round_trip_a_read() {
     let dir = open_tempdir();
     let src = dir.path().join("src");

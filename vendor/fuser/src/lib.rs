@@ -12,7 +12,6 @@
 )]
 
 use std::cmp::max;
-use std::cmp::min;
 use std::convert::AsRef;
 use std::ffi::OsStr;
 use std::io;
@@ -384,7 +383,9 @@ impl KernelConfig {
         match self.congestion_threshold {
             // Default to a threshold of 3/4 of the max background threads
             None => (u32::from(self.max_background) * 3 / 4) as u16,
-            Some(value) => min(value, self.max_background),
+            // As asked, even above max_background: the kernel takes any threshold, and one
+            // above it means readahead is never dropped for congestion (coorfs's INIT).
+            Some(value) => value,
         }
     }
 
