@@ -77,12 +77,33 @@ pub fn will_read(j: &Job, f: FileId, round: u64, total: usize) -> bool {
         }
         // An order for the next epoch names what the job reads.
         None if j.next.is_some() => false,
-        None => {
-            (unread && epoch_under_way(t.read_in_epoch(), total))
-                || (behind && reads_the_dataset(t.read_in_epoch(), total, t.covered_dataset()))
-        }
+        None => needs_without_order(
+            unread,
+            behind,
+            t.read_in_epoch(),
+            total,
+            t.covered_dataset(),
+        ),
     };
     next || current
+}
+
+/// [`will_read`] for a job without an order, which has `read` distinct files of its epoch
+/// (of `total`), has not read the file (`unread`), or is a round `behind`; `covered`: one of
+/// its epochs read the whole dataset. It will read the file if its epoch is under way, or if
+/// it reads the whole dataset every epoch, from its epoch's first file: several jobs start
+/// their epochs moments apart, and a block one read before the others had read 32 files of
+/// theirs was read again for each of them (four jobs of a sweep read each file 1.00-1.19
+/// times a round once prefetches of small files were read in batches, and ran ahead sooner).
+pub fn needs_without_order(
+    unread: bool,
+    behind: bool,
+    read: usize,
+    total: usize,
+    covered: bool,
+) -> bool {
+    (unread && (covered || epoch_under_way(read, total)))
+        || (behind && reads_the_dataset(read, total, covered))
 }
 
 /// Walks `order` from `cursor` and returns up to `want` files for which `eligible` holds,
@@ -130,6 +151,20 @@ mod tests {
         assert!(may_prefetch_remaining(1, 50, true, false));
         // Rank 1 of 2 of an odd dataset reads half of it rounded up, a few more at most.
         assert!(!reads_the_dataset(510, 1001, false));
+    }
+
+    #[test]
+    fn a_job_that_reads_the_dataset_needs_every_unread_file_from_its_epoch_s_start() {
+        let n = 1000;
+        // A job on its first pass is a needer once its epoch is under way (1% of 1,000).
+        assert!(!needs_without_order(true, false, 9, n, false));
+        assert!(needs_without_order(true, false, 10, n, false));
+        // One that read the whole dataset before, from its epoch's first file.
+        assert!(needs_without_order(true, false, 1, n, true));
+        // Never for a file it read this epoch, unless a round behind and reading it all.
+        assert!(!needs_without_order(false, false, 500, n, true));
+        assert!(needs_without_order(false, true, 1, n, true));
+        assert!(!needs_without_order(false, true, 400, n, false));
     }
 
     #[test]

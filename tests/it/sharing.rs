@@ -240,6 +240,7 @@ fn four_jobs_read_each_uncached_file_from_the_source_about_once_a_round() {
     let shared = sweep_through_a_mount(&[]);
     let alone = sweep_through_a_mount(&["--no-share"]);
     let s = &shared;
+    println!("shared: {}\nalone: {}", brief(s), brief(&alone));
     assert_eq!(num(s, "active_jobs"), JOBS as u64, "{}", brief(s));
     assert_eq!(num(s, "prefetched_unused"), 0, "{}", brief(s));
     assert_eq!(num(s, "source_errors"), 0, "{}", brief(s));
@@ -269,21 +270,21 @@ fn four_jobs_read_each_uncached_file_from_the_source_about_once_a_round() {
         .sum();
     assert_eq!(per_job, num(s, "shared_hits"), "{}", brief(s));
     // Without sharing every job reads what it misses itself: 2.0-2.4 times once a round,
-    // against at most 1.4 with sharing (above), so at least 1.5 times as much, in bytes and in
+    // against at most 1.4 with sharing (above), so at least 1.7 times as much, in bytes and in
     // reads a file and round. (It asserted twice as much: a clean-clone CI run read files
     // 2.43 times a round without sharing and more than 1.21 with it, within the bound above.
-    // Then 1.7 times: since small files are prefetched in batches, the first job's prefetcher
-    // runs further ahead before the others have begun their epoch, and a block read for no
-    // job but its own is not kept for them: 1.00-1.19 reads a file and round with sharing
-    // here, 1.27 in a full suite, where without it read 2.15, 1.69 times as much.)
+    // It asked 1.5 times for a while: once small files were prefetched in batches, the first
+    // job's prefetcher ran ahead before the others had read the 10 files that made them
+    // needers, and read 1.00-1.23 times a round. A job that read the whole dataset is a needer
+    // from its epoch's first file since: 1.0006-1.0009, 3 runs.)
     assert!(
-        without as f64 >= 1.5 * with as f64,
+        without as f64 >= 1.7 * with as f64,
         "--no-share read {without} bytes, sharing {with}: {} / {}",
         brief(&alone),
         brief(s),
     );
     assert!(
-        ratio(&alone) > 1.5 * ratio(s),
+        ratio(&alone) > 1.7 * ratio(s),
         "{} / {}",
         brief(&alone),
         brief(s)
