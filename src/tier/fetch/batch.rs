@@ -177,6 +177,13 @@ mod tests {
         io.spawn_blocking(move || held.recv());
         let (tx, rx) = std::sync::mpsc::channel();
         let samples = Arc::new(AtomicUsize::new(0));
+        // Nothing waits for a batch before a demand read says the storage is fast.
+        let mut first = crate::tier::tests::want(0, 0, 0, Why::Prefetch);
+        first.key.version = (local.metadata(Path::new("f0"), &Creds::DAEMON))
+            .unwrap()
+            .version;
+        assert!(!f.batchable(&first, false, false));
+        f.demand_read_took(200);
         for i in 0..FILES {
             let rel = format!("f{i}");
             let version = (local.metadata(Path::new(&rel), &Creds::DAEMON))

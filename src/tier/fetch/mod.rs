@@ -149,9 +149,18 @@ pub const INLINE_MAX_BYTES: u64 = 64 << 10;
 /// See [`INLINE_MAX_BYTES`].
 pub const INLINE_BELOW_US: u64 = 1_000;
 
+/// The average of demand reads before the first: none, and the storage is not taken for fast
+/// until a read says so (no demand read runs inline, no prefetch waits for a batch). An
+/// average that began at 0 took six reads of 2 ms storage to reach 1 ms, and the prefetches
+/// issued meanwhile were batched, each batch ending with its slowest file.
+pub const UNMEASURED: u64 = u64::MAX;
+
 /// The average of demand read latencies after a read that took `took_us`: mostly the last
-/// eight reads.
+/// eight reads; the first read's own time after none ([`UNMEASURED`]).
 pub fn smoothed(avg_us: u64, took_us: u64) -> u64 {
+    if avg_us == UNMEASURED {
+        return took_us.min(UNMEASURED - 1);
+    }
     (avg_us * 7 + took_us) / 8
 }
 
@@ -201,7 +210,7 @@ impl Fetcher {
             io,
             reading: AtomicUsize::new(0),
             demand: AtomicUsize::new(0),
-            demand_latency_us: AtomicU64::new(0),
+            demand_latency_us: AtomicU64::new(UNMEASURED),
             batches: Default::default(),
         }
     }
@@ -258,6 +267,15 @@ impl Fetcher {
                 self.demand_latency_us.load(Ordering::Relaxed),
             );
         self.start(rel, want, false, inline, report);
+    }
+
+    /// A demand read took `us`: into the average over the last few reads, where a slow one
+    /// alone does not move it far.
+    pub(super) fn demand_read_took(&self, us: u64) {
+        let _ =
+            (self.demand_latency_us).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+                Some(smoothed(avg, us))
+            });
     }
 
     /// Starts reading the part of a big object that begins at block `want.key`, ahead of the
@@ -435,13 +453,7 @@ impl Fetcher {
             Pace::Batch { took, crowd } => (took, crowd),
         };
         if demand {
-            // An average over the last few reads: a slow one alone does not move it far.
-            let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
-            let _ =
-                self.demand_latency_us
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
-                        Some(smoothed(avg, took))
-                    });
+            self.demand_read_took(took.as_micros().min(u128::from(u32::MAX)) as u64);
         }
         running.uncount();
         report(&Fetched {
@@ -728,8 +740,12 @@ mod tests {
 
     #[test]
     fn small_demand_reads_run_inline_only_while_the_storage_answers_fast() {
+        // Nothing is fast before a read says so; the first read's time is the average.
+        let mut avg = UNMEASURED;
+        assert!(!runs_inline(4096, avg));
+        assert_eq!(smoothed(avg, 2_000), 2_000, "2 ms storage is slow at once");
         // A local disk: 100-300 us a read, forever inline.
-        let mut avg = 0;
+        avg = smoothed(avg, 100);
         for took in (0..1000).map(|i| 100 + (i % 3) * 100) {
             assert!(runs_inline(4096, avg), "after {took} us");
             avg = smoothed(avg, took);
