@@ -93,7 +93,7 @@ pub fn will_read(j: &Job, f: FileId, round: u64, total: usize) -> bool {
 /// its epochs read the whole dataset. It will read the file if its epoch is under way, or if
 /// it reads the whole dataset every epoch, from its epoch's first file: several jobs start
 /// their epochs moments apart, and a block one read before the others had read 32 files of
-/// theirs was read again for each of them (four jobs of a sweep read each file 1.00-1.19
+/// theirs was read again for each of them (four jobs of a sweep read each file 1.00-1.23
 /// times a round once prefetches of small files were read in batches, and ran ahead sooner).
 pub fn needs_without_order(
     unread: bool,

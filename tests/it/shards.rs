@@ -191,11 +191,10 @@ fn partly_cached_shards_read_only_their_uncached_bytes_and_small_reads_are_no_ro
     m.unmount();
 }
 
-#[test]
-fn a_streamed_shard_leaves_no_page_behind_in_the_kernel() {
-    // A shard read through the kernel's page cache (so that its small reads are served from
-    // there) has its pages dropped when it is closed: left there, the kernel's LRU would push
-    // out what the cache serves.
+/// The shards on disk, mounted so that every read streams through the kernel's page cache to
+/// the daemon (no prefetch, no passthrough, a cache of 1 MiB); and their temporary directory,
+/// to keep while the mount lives.
+fn streamed_mount() -> (tempfile::TempDir, Mount) {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     make_shards(&src);
@@ -203,6 +202,15 @@ fn a_streamed_shard_leaves_no_page_behind_in_the_kernel() {
         &src,
         &["--no-prefetch", "--no-passthrough", "--cache-size", "1M"],
     );
+    (dir, m)
+}
+
+#[test]
+fn a_streamed_shard_leaves_no_page_behind_in_the_kernel() {
+    // A shard read through the kernel's page cache (so that its small reads are served from
+    // there) has its pages dropped when it is closed: left there, the kernel's LRU would push
+    // out what the cache serves.
+    let (_dir, m) = streamed_mount();
     wait_for_scan(&m.mnt);
     let path = m.mnt.join("shard-000.tar");
     // Every open without keep_cache drops the file's pages, so they are looked at through a
@@ -243,13 +251,7 @@ fn two_readers_of_streamed_shards_do_not_find_the_connection_congested() {
     // the page cache, and reads those pages again later. The mount asks for a threshold of
     // two readers' windows, above the 16 in flight (fusectl shows what the kernel took), and
     // streamed shards are read as stored.
-    let dir = open_tempdir();
-    let src = dir.path().join("src");
-    make_shards(&src);
-    let m = Mount::new(
-        &src,
-        &["--no-prefetch", "--no-passthrough", "--cache-size", "1M"],
-    );
+    let (_dir, m) = streamed_mount();
     let connections = Path::new("/sys/fs/fuse/connections");
     if std::fs::read_dir(connections).map_or(true, |mut d| d.next().is_none()) {
         let mounted = std::process::Command::new("mount")

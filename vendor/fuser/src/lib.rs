@@ -384,7 +384,8 @@ impl KernelConfig {
             // Default to a threshold of 3/4 of the max background threads
             None => (u32::from(self.max_background) * 3 / 4) as u16,
             // As asked, even above max_background: the kernel takes any threshold, and one
-            // above it means readahead is never dropped for congestion (coorfs's INIT).
+            // above it lets readahead READs wait in the kernel's queue before it drops any
+            // for congestion (coorfs's INIT).
             Some(value) => value,
         }
     }
