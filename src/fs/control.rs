@@ -100,8 +100,13 @@ fn accept(listener: UnixListener, fs: Weak<DatasetFs>) {
         let spawned = std::thread::Builder::new()
             .name("coorfs-control".into())
             .spawn(move || {
-                serve(&fs, &stream, caller);
+                let verdict = judge(&fs, &stream, caller);
+                // The slot is free before the client hears the verdict: a client that sends
+                // its next hint as soon as it has this one's answer is never refused for the
+                // one it finished (under load, sends in a row met EBUSY: the handlers had
+                // answered and not yet left).
                 clients.leave(caller.uid);
+                let _ = reply(&stream, verdict);
             });
         if let Err(e) = spawned {
             tracing::warn!("control socket: no thread for a client: {e}");
@@ -109,12 +114,11 @@ fn accept(listener: UnixListener, fs: Weak<DatasetFs>) {
     }
 }
 
-/// One client: its hint, and the verdict.
-fn serve(fs: &DatasetFs, stream: &UnixStream, caller: Caller) {
+/// One client's hint, read and judged.
+fn judge(fs: &DatasetFs, stream: &UnixStream, caller: Caller) -> Result<(), FsError> {
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let mut text = stream;
-    let verdict = fs.hint_from(caller, &mut text);
-    let _ = reply(stream, verdict);
+    fs.hint_from(caller, &mut text)
 }
 
 fn reply(mut stream: &UnixStream, verdict: Result<(), FsError>) -> std::io::Result<()> {
