@@ -83,21 +83,51 @@ pub struct KernelFiles {
     warned: AtomicBool,
 }
 
-/// A private tmpfs of `capacity` bytes, its root held by the returned descriptor. Fails without
-/// `CAP_SYS_ADMIN`, or on a kernel without the mount API (before 5.2).
-pub fn tmpfs(capacity: u64) -> io::Result<OwnedFd> {
+/// Pages of the cached files: huge ones where a file covers them whole, or small ones only
+/// ([`huge_pages_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pages {
+    Huge,
+    Small,
+}
+
+/// The pages for the cached files of a mount of `source`. Huge pages make a cached file read
+/// fast later: the kernel copies a huge folio at a time, as out of ext4's large folios (a hot
+/// 1 GiB file by passthrough: 0.13-0.15 s with small pages, 0.05 s with huge ones, 0.056 s
+/// native). The price is paid at the miss: a block written into a fresh huge folio zeroes
+/// the rest of it first, and a fresh huge folio is often memory that the machine's host took
+/// back (a VM that reports free memory does so in blocks of 2 MiB), faulted in again at its
+/// first touch; small pages come from memory freed moments ago. From a local disk the price
+/// is small beside what it buys. From an object store a miss costs the network's CPU too, on
+/// CPUs the readers want, and misses decide an epoch there, where a hit's copy is a small part
+/// of it: an epoch of shards from S3 in a pod of 384 MiB took 1.22-1.36 s and 1.37-1.63
+/// CPU-seconds with huge pages, 1.09-1.18 s and 1.11-1.32 with small ones, the later epochs
+/// no slower; 512 MiB read cold from S3 cost 1.2-3.7 CPU-seconds a GiB with huge pages (the
+/// dear runs those after another reader had freed memory), 1.4-1.9 with small ones
+/// (docs/BENCHMARKS.md, "What a file and a byte cost"). So huge pages for a directory, small
+/// ones for an object store.
+pub fn huge_pages_for(source: &std::path::Path) -> Pages {
+    if crate::source::object::ObjectUrl::is_url(source) {
+        Pages::Small
+    } else {
+        Pages::Huge
+    }
+}
+
+/// A private tmpfs of `capacity` bytes in `pages`, its root held by the returned descriptor.
+/// Fails without `CAP_SYS_ADMIN`, or on a kernel without the mount API (before 5.2).
+pub fn tmpfs(capacity: u64, pages: Pages) -> io::Result<OwnedFd> {
     let fs = rustix::mount::fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
     let size = capacity.div_ceil(PAGE).max(1) * PAGE;
     rustix::mount::fsconfig_set_string(&fs, "size", size.to_string())?;
     rustix::mount::fsconfig_set_string(&fs, "mode", "0700")?;
-    // Huge pages where a file covers them whole (no page beyond a file's size): the kernel's
-    // copies out of a big cached file go a huge folio at a time, as out of ext4's large
-    // folios, not 4 KiB at a time (a hot 1 GiB file by passthrough: 0.13-0.15 s with small
-    // pages, against 0.09 s native). The price is paid once, at the miss: a block written into
-    // a fresh huge folio zeroes the rest of it first (a cold read from S3 took the daemon
-    // 15-30% more CPU, 1.07-1.19 s against 0.90 s for 512 MiB), where every later epoch reads
-    // faster. A kernel without shmem THP refuses the option: none then.
-    let _ = rustix::mount::fsconfig_set_string(&fs, "huge", "within_size");
+    // Huge pages where a file covers them whole (no page beyond a file's size). A kernel
+    // without shmem THP refuses the option: none then.
+    let huge = match pages {
+        Pages::Huge => "within_size",
+        Pages::Small => "never",
+    };
+    let _ = rustix::mount::fsconfig_set_string(&fs, "huge", huge);
     rustix::mount::fsconfig_create(&fs)?;
     let attrs = MountAttrFlags::MOUNT_ATTR_NOEXEC
         | MountAttrFlags::MOUNT_ATTR_NOSUID
@@ -110,10 +140,10 @@ pub fn tmpfs(capacity: u64) -> io::Result<OwnedFd> {
 }
 
 impl KernelFiles {
-    /// A private tmpfs of `capacity` bytes. Fails without `CAP_SYS_ADMIN`, or on a kernel
-    /// without the mount API (before 5.2).
-    pub fn new(capacity: u64) -> io::Result<Self> {
-        Ok(Self::on(tmpfs(capacity)?))
+    /// A private tmpfs of `capacity` bytes in `pages`. Fails without `CAP_SYS_ADMIN`, or on
+    /// a kernel without the mount API (before 5.2).
+    pub fn new(capacity: u64, pages: Pages) -> io::Result<Self> {
+        Ok(Self::on(tmpfs(capacity, pages)?))
     }
 
     /// The files on the tmpfs whose root is `root` (one from [`tmpfs`]), none known yet: a
@@ -370,14 +400,71 @@ impl KernelFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn version(ino: u64, size: u64) -> FileVersion {
         FileVersion::of_test(ino, size)
     }
 
+    /// Pages of `map` that are part of a huge folio, read from `/proc/self/pagemap` and
+    /// `/proc/kpageflags` (None where they cannot be read: not root).
+    fn huge_pages_in(map: &[u8]) -> Option<usize> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
+        let mut flags = std::fs::File::open("/proc/kpageflags").ok()?;
+        let (mut huge, mut word) = (0, [0u8; 8]);
+        for page in map.chunks(PAGE as usize) {
+            let at = page.as_ptr() as u64 / PAGE * 8;
+            pagemap.seek(SeekFrom::Start(at)).ok()?;
+            pagemap.read_exact(&mut word).ok()?;
+            let entry = u64::from_ne_bytes(word);
+            let pfn = entry & ((1 << 55) - 1);
+            // Not present, or a pfn hidden from a reader without CAP_SYS_ADMIN.
+            if entry >> 63 == 0 || pfn == 0 {
+                return None;
+            }
+            flags.seek(SeekFrom::Start(pfn * 8)).ok()?;
+            flags.read_exact(&mut word).ok()?;
+            // KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL.
+            huge += usize::from(u64::from_ne_bytes(word) & (1 << 15 | 1 << 16) != 0);
+        }
+        Some(huge)
+    }
+
+    #[test]
+    fn an_object_stores_files_are_in_small_pages_a_directorys_in_huge_ones() {
+        assert_eq!(huge_pages_for(Path::new("s3://bucket/train")), Pages::Small);
+        assert_eq!(huge_pages_for(Path::new("/data/train")), Pages::Huge);
+        let mut seen = Vec::new();
+        for pages in [Pages::Huge, Pages::Small] {
+            let Ok(files) = KernelFiles::new(16 << 20, pages) else {
+                return;
+            };
+            // 8 MiB written a MiB at a time, in order, as a part's blocks arrive.
+            let v = version(3, 8 << 20);
+            let block: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
+            for at in 0..8u64 {
+                files.write(&v, at << 20, &block).unwrap();
+            }
+            let view = files.view(&v, 0, 8 << 20).unwrap();
+            assert!(view.chunks(1 << 20).all(|b| b == &block[..]));
+            let Some(huge) = huge_pages_in(&view) else {
+                return;
+            };
+            seen.push(huge);
+        }
+        // A kernel without shmem THP has none in either (the option is refused).
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+            .is_ok_and(|s| !s.contains("[deny]"));
+        assert_eq!(seen[1], 0, "small pages only: {seen:?}");
+        if thp {
+            assert!(seen[0] > 0, "huge pages where a file covers them: {seen:?}");
+        }
+    }
+
     #[test]
     fn blocks_read_back_and_a_file_is_whole_only_once_every_byte_is_published() {
-        let files = match KernelFiles::new(1 << 20) {
+        let files = match KernelFiles::new(1 << 20, Pages::Huge) {
             Ok(f) => f,
             // Without CAP_SYS_ADMIN there is no private tmpfs: nothing to test here (the
             // cache then keeps every block in the arena, tested in mod.rs).
@@ -419,7 +506,7 @@ mod tests {
 
     #[test]
     fn a_cut_block_gives_its_pages_back_and_a_file_opened_whole_is_never_cut() {
-        let Ok(files) = KernelFiles::new(1 << 20) else {
+        let Ok(files) = KernelFiles::new(1 << 20, Pages::Huge) else {
             return;
         };
         let (v, w) = (version(1, 3 * 65536), version(2, 65536));
@@ -449,7 +536,7 @@ mod tests {
 
     #[test]
     fn a_removed_file_is_gone_for_new_opens_and_whole_for_open_ones() {
-        let Ok(files) = KernelFiles::new(1 << 20) else {
+        let Ok(files) = KernelFiles::new(1 << 20, Pages::Huge) else {
             return;
         };
         let v = version(3, 100_000);
@@ -472,7 +559,7 @@ mod tests {
 
     #[test]
     fn the_tmpfs_holds_no_more_than_its_budget() {
-        let Ok(files) = KernelFiles::new(128 << 10) else {
+        let Ok(files) = KernelFiles::new(128 << 10, Pages::Huge) else {
             return;
         };
         let v = version(1, 1 << 20);

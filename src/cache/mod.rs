@@ -390,9 +390,10 @@ impl BlockCache {
 
     /// From now on, while the cache never evicts, the blocks of files over
     /// [`kernel_files::MIN_FILE`] go to files the kernel can read itself (a FUSE passthrough
-    /// backing file: [`BlockCache::open_for_kernel`]). Fails where no private tmpfs can be made
+    /// backing file: [`BlockCache::open_for_kernel`]), on a tmpfs of `pages` (where a keeper
+    /// made none). Fails where no private tmpfs can be made
     /// (no `CAP_SYS_ADMIN`); the arena then keeps everything.
-    pub fn keep_files_for_kernel(&self) -> std::io::Result<()> {
+    pub fn keep_files_for_kernel(&self, pages: kernel_files::Pages) -> std::io::Result<()> {
         if !matches!(self.store, Store::Arena(_)) {
             return Err(std::io::Error::other(
                 "only a cache that never evicts keeps files",
@@ -400,7 +401,7 @@ impl BlockCache {
         }
         let files = match self.kept_tmpfs.lock().take() {
             Some(root) => KernelFiles::on(root),
-            None => KernelFiles::new(self.ceiling())?,
+            None => KernelFiles::new(self.ceiling(), pages)?,
         };
         let _ = self.kernel.set(files);
         Ok(())
@@ -660,7 +661,9 @@ mod tests {
         let arena: std::os::fd::OwnedFd =
             rustix::fs::memfd_create("test-arena", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         let journal = Arc::new(CacheJournal::create().unwrap());
-        let tmpfs = tmpfs.then(|| kernel_files::tmpfs(1 << 20).ok()).flatten();
+        let tmpfs = tmpfs
+            .then(|| kernel_files::tmpfs(1 << 20, kernel_files::Pages::Huge).ok())
+            .flatten();
         let again = {
             let (arena, journal) = (arena.try_clone().unwrap(), journal.clone());
             let tmpfs = tmpfs.as_ref().map(|t| t.try_clone().unwrap());
@@ -742,7 +745,7 @@ mod tests {
     fn an_elastic_cache_takes_over_at_least_what_it_held() {
         let (first, again) = memory(true);
         let c = BlockCache::kept(config(4096, Some(1 << 20)), first).unwrap();
-        c.keep_files_for_kernel().ok();
+        c.keep_files_for_kernel(kernel_files::Pages::Huge).ok();
         c.restore().unwrap();
         // A small file (in the arena) and a big one (a tmpfs file where one could be made).
         let small = BlockKey {
@@ -763,7 +766,7 @@ mod tests {
         // The successor's budget starts below what was held (the memory it holds counts as
         // in use): it keeps it all.
         let s = BlockCache::kept(config(4096, Some(1 << 20)), again()).unwrap();
-        s.keep_files_for_kernel().ok();
+        s.keep_files_for_kernel(kernel_files::Pages::Huge).ok();
         let r = s.restore().unwrap();
         assert_eq!((r.blocks, r.dropped), (71, 0));
         assert!(s.capacity() >= held);
@@ -888,7 +891,9 @@ mod tests {
             block_size: NonZeroU64::new(1 << 16).unwrap(),
         })
         .unwrap();
-        c.keep_files_for_kernel().is_ok().then_some(c)
+        c.keep_files_for_kernel(kernel_files::Pages::Huge)
+            .is_ok()
+            .then_some(c)
     }
 
     #[test]

@@ -377,7 +377,8 @@ impl DatasetFs {
         if passthrough_wanted && cache.caches() && !cache.evicts() {
             // Cached files the kernel can read itself; without them, passthrough is still
             // used for files the cache will not keep.
-            if let Err(e) = cache.keep_files_for_kernel() {
+            let pages = crate::cache::kernel_files::huge_pages_for(&config.source);
+            if let Err(e) = cache.keep_files_for_kernel(pages) {
                 tracing::debug!("no private tmpfs for cached files: {e}");
             }
         }
