@@ -496,6 +496,8 @@ impl DatasetFs {
             let size = handle.version.size;
             let asked = handle.asked.load(Ordering::Relaxed);
             if asked > size {
+                let counters = &self.reads.ledger.stats().counters;
+                crate::stats::Counters::add(&counters.kernel_reasked_bytes, asked - size);
                 tracing::debug!(
                     "{}: the kernel asked for {asked} bytes of {size}: it dropped pages it had \
                      read ahead before they were read",

@@ -174,6 +174,7 @@ impl DatasetFs {
             Stat::PrefetchedUnused => Value::Count(Counters::get(&c.prefetched_unused)),
             Stat::ReadaheadBytes => Value::Count(Counters::get(&c.readahead_bytes)),
             Stat::ReadaheadUnusedBytes => Value::Count(Counters::get(&c.readahead_unused_bytes)),
+            Stat::KernelReaskedBytes => Value::Count(Counters::get(&c.kernel_reasked_bytes)),
             Stat::SourceRequestsPerGib => {
                 let gib = Counters::get(&c.bytes_from_source) as f64 / (1u64 << 30) as f64;
                 let requests = Counters::get(&stats.store.requests) as f64;

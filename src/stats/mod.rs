@@ -126,6 +126,7 @@ stats! {
     SourceReadsPerFile => "source_reads_per_file", Ratio, "Reads of files from the source per file and round (a round: the epochs of the same number of every job): 1.0 when each file is read from the source once a round however many jobs read it; N when N jobs each read it themselves.";
     ReadaheadBytes => "readahead_bytes", Bytes, "Bytes of object-store parts read ahead of the reader inside a file (the rest of a part after the block asked for) that neither the cache kept nor a reader was waiting for.";
     ReadaheadUnusedBytes => "readahead_unused_bytes", Bytes, "Of those, bytes dropped before a reader took them (the reader seeked elsewhere or stopped): wasted readahead.";
+    KernelReaskedBytes => "kernel_reasked_bytes", Bytes, "Bytes the kernel asked for again within one open (beyond the file's size, counted when the open ends): pages it had read ahead and dropped before its reader took them, for want of memory (a pod too tight for the kernel's readahead); from an object store each such byte the cache lacks is read twice.";
     SourceRequestsPerGib => "source_requests_per_gib", Count, "source_requests per GiB of bytes_from_source: 128 when a big object is read in GETs of 8 MiB parts, 1,024 in 1 MiB blocks; 0 for a directory.";
     PrefetchedBlocks => "prefetched_blocks", Count, "Blocks the prefetcher read ahead of the readers.";
     PrefetchedUnused => "prefetched_unused", Count, "Staged blocks dropped unread: their job's epoch ended without them, or the job stopped reading (wasted prefetch).";
@@ -321,6 +322,7 @@ pub struct Counters {
     pub bytes_read: AtomicU64,
     pub readahead_bytes: AtomicU64,
     pub readahead_unused_bytes: AtomicU64,
+    pub kernel_reasked_bytes: AtomicU64,
     /// Microseconds.
     pub fetch_stall_us: AtomicU64,
     /// Microseconds.
