@@ -104,7 +104,7 @@ pub fn run(
             .ceiling
             .unwrap_or(config.cache.capacity)
             .max(config.cache.capacity),
-        crate::cache::kernel_files::huge_pages_for(&config.source),
+        crate::cache::kernel_files::pages_for(&config.source),
     )
     .inspect_err(|e| tracing::debug!("no tmpfs for the cache's files: {e}"))
     .ok();

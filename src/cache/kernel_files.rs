@@ -84,7 +84,7 @@ pub struct KernelFiles {
 }
 
 /// Pages of the cached files: huge ones where a file covers them whole, or small ones only
-/// ([`huge_pages_for`]).
+/// ([`pages_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pages {
     Huge,
@@ -106,7 +106,7 @@ pub enum Pages {
 /// dear runs those after another reader had freed memory), 1.4-1.9 with small ones
 /// (docs/BENCHMARKS.md, "What a file and a byte cost"). So huge pages for a directory, small
 /// ones for an object store.
-pub fn huge_pages_for(source: &std::path::Path) -> Pages {
+pub fn pages_for(source: &std::path::Path) -> Pages {
     if crate::source::object::ObjectUrl::is_url(source) {
         Pages::Small
     } else {
@@ -433,8 +433,8 @@ mod tests {
 
     #[test]
     fn an_object_stores_files_are_in_small_pages_a_directorys_in_huge_ones() {
-        assert_eq!(huge_pages_for(Path::new("s3://bucket/train")), Pages::Small);
-        assert_eq!(huge_pages_for(Path::new("/data/train")), Pages::Huge);
+        assert_eq!(pages_for(Path::new("s3://bucket/train")), Pages::Small);
+        assert_eq!(pages_for(Path::new("/data/train")), Pages::Huge);
         let mut seen = Vec::new();
         for pages in [Pages::Huge, Pages::Small] {
             let Ok(files) = KernelFiles::new(16 << 20, pages) else {

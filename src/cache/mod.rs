@@ -390,9 +390,9 @@ impl BlockCache {
 
     /// From now on, while the cache never evicts, the blocks of files over
     /// [`kernel_files::MIN_FILE`] go to files the kernel can read itself (a FUSE passthrough
-    /// backing file: [`BlockCache::open_for_kernel`]), on a tmpfs of `pages` (where a keeper
-    /// made none). Fails where no private tmpfs can be made
-    /// (no `CAP_SYS_ADMIN`); the arena then keeps everything.
+    /// backing file: [`BlockCache::open_for_kernel`]), on the keeper's tmpfs or else a new one
+    /// of `pages`. Fails where no private tmpfs can be made (no `CAP_SYS_ADMIN`); the arena
+    /// then keeps everything.
     pub fn keep_files_for_kernel(&self, pages: kernel_files::Pages) -> std::io::Result<()> {
         if !matches!(self.store, Store::Arena(_)) {
             return Err(std::io::Error::other(

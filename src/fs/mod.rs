@@ -377,7 +377,7 @@ impl DatasetFs {
         if passthrough_wanted && cache.caches() && !cache.evicts() {
             // Cached files the kernel can read itself; without them, passthrough is still
             // used for files the cache will not keep.
-            let pages = crate::cache::kernel_files::huge_pages_for(&config.source);
+            let pages = crate::cache::kernel_files::pages_for(&config.source);
             if let Err(e) = cache.keep_files_for_kernel(pages) {
                 tracing::debug!("no private tmpfs for cached files: {e}");
             }
