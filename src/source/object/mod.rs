@@ -197,13 +197,23 @@ impl ObjectSource {
         counters: Arc<Counters>,
         manifest: Option<&Path>,
     ) -> io::Result<Self> {
+        let store = build_store(&url, counters)?;
+        Self::over(url, store, ttl, manifest)
+    }
+
+    /// [`ObjectSource::open`] over a client made already.
+    fn over(
+        url: ObjectUrl,
+        store: Arc<dyn ObjectStore>,
+        ttl: Duration,
+        manifest: Option<&Path>,
+    ) -> io::Result<Self> {
         let name = url.name();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("coorfs-store")
             .enable_all()
             .build()?;
-        let store = build_store(&url, counters)?;
         let now = Instant::now();
         let tree = match manifest {
             Some(file) => {
@@ -431,15 +441,16 @@ impl ObjectSource {
         let stale = (self.tree.read().dirs.get(parent)).is_some_and(|d| self.stale(d));
         if stale {
             self.relist(parent)?;
-            let tree = self.tree.read();
-            if let Some(d) = tree.dirs.get(rel) {
-                return Ok(d.meta);
-            }
-            if let Some(o) = tree.object(rel) {
-                return Ok(o.meta());
-            }
         }
-        Err(SourceError::NotFound)
+        // Looked at again either way: another caller (the scan) may have listed the folder
+        // since the first look.
+        let tree = self.tree.read();
+        if let Some(d) = tree.dirs.get(rel) {
+            return Ok(d.meta);
+        }
+        tree.object(rel)
+            .map(|o| o.meta())
+            .ok_or(SourceError::NotFound)
     }
 }
 
@@ -599,5 +610,47 @@ impl DatasetSource for ObjectSource {
             namelen: 1024,
             frsize: 4096,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::PutPayload;
+    use object_store::memory::InMemory;
+
+    /// A source over an in-memory store holding `keys` (each object 3 bytes), under `mem://d`.
+    fn source_of(keys: &[&str]) -> ObjectSource {
+        let store = Arc::new(InMemory::new());
+        for key in keys {
+            let key = object_store::path::Path::from(*key);
+            futures::executor::block_on(store.put(&key, PutPayload::from_static(b"abc"))).unwrap();
+        }
+        let url = ObjectUrl::parse(Path::new("s3://bucket/d")).unwrap();
+        ObjectSource::over(url, store, Duration::from_secs(60), None).unwrap()
+    }
+
+    /// A path whose folders the source has not listed (a successor daemon's first open) is
+    /// found while the scan lists the same folders: a folder listed by the other caller
+    /// between the path's two looks at the tree is read, not taken for a name it lacks.
+    #[test]
+    fn a_path_looked_up_while_the_scan_lists_its_folders_is_found() {
+        let path = Path::new("a/b/c/x.bin");
+        for round in 0..300 {
+            let source = source_of(&["d/a/b/c/x.bin", "d/a/b/c/y.bin"]);
+            let start = std::sync::Barrier::new(2);
+            let found = std::thread::scope(|s| {
+                s.spawn(|| {
+                    start.wait();
+                    for dir in ["a", "a/b", "a/b/c"] {
+                        source.open_dir(Path::new(dir), &Creds::DAEMON).unwrap();
+                    }
+                });
+                start.wait();
+                source.metadata(path, &Creds::DAEMON)
+            });
+            let size = found.map(|m| m.version.size);
+            assert!(matches!(size, Ok(3)), "round {round}: {size:?}");
+        }
     }
 }
