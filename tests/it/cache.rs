@@ -420,21 +420,28 @@ fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
         let s = stats(&m.mnt);
         (num(&s, "kernel_cache"), num(&s, "kernel_refills"))
     };
+    // The kernel may still drop a page it keeps at any time: this machine's page cache is
+    // reclaimed in the background with gigabytes free (a few percent of a file within a
+    // minute), so a kept sentinel is now and then asked for again. Such refills are counted
+    // like any other; a few of them leave the gauge's choice alone (it needs half a window).
+    const STRAY: u64 = 8;
     // Epoch 1 caches every file; epoch 2 hands the sentinels' pages to the kernel, which
-    // keeps them (memory to spare): epoch 3 asks for none again.
+    // keeps them (memory to spare): epoch 3 asks for none again, or a stray few.
     for epoch in 0..3 {
         read_epoch(&m.mnt, &rels, SIZE, epoch);
     }
-    assert_eq!(kernel(&m), (1, 0));
-    // The kernel dropped every page before epoch 4: all 64 sentinels are read again, and
-    // the other hits of files over 64 KiB would go around the kernel's cache from then on,
-    // bytes still right.
+    let (keeps, stray) = kernel(&m);
+    assert_eq!(keeps, 1);
+    assert!(stray <= STRAY, "{stray} sentinels read again though kept");
+    // The kernel dropped every page before epoch 4: all 64 sentinels are read again, each
+    // once (one READ a reopen at most counts), and the other hits of files over 64 KiB would
+    // go around the kernel's cache from then on, bytes still right.
     drop_kernel_pages(&m.mnt, &rels);
     read_epoch(&m.mnt, &rels, SIZE, 3);
-    assert_eq!(kernel(&m), (0, 64));
+    assert_eq!(kernel(&m), (0, stray + 64));
     drop_kernel_pages(&m.mnt, &rels);
     read_epoch(&m.mnt, &rels, SIZE, 4);
-    assert_eq!(kernel(&m), (0, 128));
+    assert_eq!(kernel(&m), (0, stray + 128));
     // Small hits are read through the kernel's cache all the same: direct I/O would cost two
     // READs and pin the reader's whole buffer. Read through an open file, its page is there.
     const CHECKED: usize = 16;
@@ -447,7 +454,12 @@ fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
     }
     // Kept again: the sentinels tell, and hits use the kernel's cache again.
     read_epoch(&m.mnt, &rels, SIZE, 5);
-    assert_eq!(kernel(&m), (1, 128));
+    let (keeps, refills) = kernel(&m);
+    assert_eq!(keeps, 1);
+    assert!(
+        (stray + 128..=stray + 128 + STRAY).contains(&refills),
+        "{refills} refills, {stray} before the drops"
+    );
     // Six epochs read and two passes that dropped pages opened every file: all hits but the
     // first epoch, whichever way the kernel was told to cache them, and the files checked.
     let s = stats(&m.mnt);
