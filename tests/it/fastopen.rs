@@ -45,7 +45,8 @@ fn files_read_whole_are_the_source_and_a_second_epoch_is_counted_with_no_request
         assert!(std::fs::read(m.path("big.bin")).unwrap() == big, "big.bin");
         let s = stats(&m.mnt);
         // Epoch 1: every file once, all misses, read by the daemon. Epoch 2: the kernel held
-        // every page and sent no READ, but told the daemon of every open: all hits.
+        // the pages and sent no READ (a stray few at most), but told the daemon of every
+        // open: all hits.
         let n = 301 * (epoch + 1);
         assert_eq!(num(&s, "reads"), n, "after epoch {epoch}: {s}");
         assert_eq!(num(&s, "told_opens"), n, "after epoch {epoch}: {s}");
@@ -58,7 +59,8 @@ fn files_read_whole_are_the_source_and_a_second_epoch_is_counted_with_no_request
         );
         // big.bin's 3 blocks in READs of at most 1 MiB, and one READ each small file.
         if epoch == 1 {
-            assert_eq!(num(&s, "read_requests"), reads_after_epoch_1, "{s}");
+            let sent = num(&s, "read_requests") - reads_after_epoch_1;
+            assert!(sent <= STRAY_READS, "{sent} READs in epoch 2: {s}");
         }
         reads_after_epoch_1 = num(&s, "read_requests");
     }
@@ -250,8 +252,13 @@ fn prefetched_files_are_read_with_no_request(opts: &[&str]) {
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "reads"), 200, "{opts:?}: {s}");
     assert_eq!(num(&s, "hits"), 199, "{opts:?}: {s}");
-    // The changed file is read from the source again, in one READ; the rest in none.
-    assert_eq!(requests(&m.mnt, "read") - before, 1, "{opts:?}: {s}");
+    // The changed file is read from the source again, in one READ; the rest in none (a
+    // stray few at most).
+    let sent = requests(&m.mnt, "read") - before;
+    assert!(
+        (1..=1 + STRAY_READS).contains(&sent),
+        "{sent} READs, {opts:?}: {s}"
+    );
     m.unmount();
 }
 
@@ -451,29 +458,32 @@ fn with_kernel_opens_a_change_of_modes_owners_or_names_on_the_source_takes_effec
     wait_for_kernel_opens(&m.mnt);
     let cat = |rel: &str| sh_as_nobody("cat \"$1\"", &[&m.path(rel)]);
     assert_nobody_reads(&m, &[("f", "file f"), ("d/g", "file g"), ("h", "file h")]);
+    // The watch tells the kernel as the source changes: a moment later (the daemon's watch
+    // thread must run, later on a loaded machine), not at the attributes' expiry a day on.
+    let soon = Duration::from_secs(5);
+    let refused = |rel: &str, why: &str| wait_for(soon, || stderr(&cat(rel)).contains(why));
     mode(&src.join("f"), 0o600);
     mode(&src.join("d"), 0o700);
     chown(src.join("h"), Some(0), Some(0)).unwrap();
     for rel in ["f", "d/g", "h"] {
-        let out = cat(rel);
         assert!(
-            stderr(&out).contains("Permission denied"),
-            "{rel} still readable: {}",
-            stderr(&out)
+            refused(rel, "Permission denied"),
+            "{rel} still readable after {soon:?}: {}",
+            stderr(&cat(rel))
         );
     }
     mode(&src.join("d"), 0o755);
-    assert_eq!(cat("d/g").stdout, b"file g", "{}", stderr(&cat("d/g")));
+    let reads = |rel: &str, text: &[u8]| wait_for(soon, || cat(rel).stdout == text);
+    assert!(reads("d/g", b"file g"), "{}", stderr(&cat("d/g")));
     // A name removed, one added, one replaced: the next open sees the source as it is.
     std::fs::remove_file(src.join("d/g")).unwrap();
     std::fs::write(src.join("new"), b"new file").unwrap();
     std::fs::write(src.join("f.tmp"), b"replaced").unwrap();
     std::fs::rename(src.join("f.tmp"), src.join("f")).unwrap();
     mode(&src.join("f"), 0o644);
-    let gone = cat("d/g");
-    assert!(stderr(&gone).contains("No such file"), "{}", stderr(&gone));
-    assert_eq!(std::fs::read(m.path("new")).unwrap(), b"new file");
-    assert_eq!(cat("f").stdout, b"replaced", "{}", stderr(&cat("f")));
+    assert!(refused("d/g", "No such file"), "{}", stderr(&cat("d/g")));
+    assert!(reads("new", b"new file"), "{}", stderr(&cat("new")));
+    assert!(reads("f", b"replaced"), "{}", stderr(&cat("f")));
     m.unmount();
 }
 
