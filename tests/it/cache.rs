@@ -421,9 +421,8 @@ fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
         (num(&s, "kernel_cache"), num(&s, "kernel_refills"))
     };
     // A kept sentinel may still be asked for again, its page taken by the machine's
-    // background reclaim ([`STRAY_READS`]): counted like any refill, and too few to change the
+    // background reclaim (`STRAY_READS`): counted like any refill, and too few to change the
     // gauge's choice (it needs half a window).
-    const STRAY: u64 = STRAY_READS;
     // Epoch 1 caches every file; epoch 2 hands the sentinels' pages to the kernel, which
     // keeps them (memory to spare): epoch 3 asks for none again, or a stray few.
     for epoch in 0..3 {
@@ -431,7 +430,10 @@ fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
     }
     let (keeps, stray) = kernel(&m);
     assert_eq!(keeps, 1);
-    assert!(stray <= STRAY, "{stray} sentinels read again though kept");
+    assert!(
+        stray <= STRAY_READS,
+        "{stray} sentinels read again though kept"
+    );
     // The kernel dropped every page before epoch 4: all 64 sentinels are read again, each
     // once (one READ a reopen at most counts), and the other hits of files over 64 KiB would
     // go around the kernel's cache from then on, bytes still right.
@@ -456,7 +458,7 @@ fn hits_bypass_the_kernel_page_cache_while_it_does_not_keep_their_pages() {
     let (keeps, refills) = kernel(&m);
     assert_eq!(keeps, 1);
     assert!(
-        (stray + 128..=stray + 128 + STRAY).contains(&refills),
+        (stray + 128..=stray + 128 + STRAY_READS).contains(&refills),
         "{refills} refills, {stray} before the drops"
     );
     // Six epochs read and two passes that dropped pages opened every file: all hits but the

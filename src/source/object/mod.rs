@@ -619,7 +619,7 @@ mod tests {
     use object_store::PutPayload;
     use object_store::memory::InMemory;
 
-    /// A source over an in-memory store holding `keys` (each object 3 bytes), under `mem://d`.
+    /// A source of `s3://bucket/d` over an in-memory store holding `keys` (3 bytes each).
     fn source_of(keys: &[&str]) -> ObjectSource {
         let store = Arc::new(InMemory::new());
         for key in keys {
