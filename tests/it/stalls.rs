@@ -78,11 +78,14 @@ fn a_job_that_only_reads_slow_storage_is_data_bound() {
 fn a_job_that_computes_on_each_sample_is_compute_bound() {
     // 150 ms of CPU per sample against 10 ms of waiting: about a sixteenth of the time. A busy
     // machine stretches both, the waits more: one CI run saw 22 ms a read, which against 60 ms
-    // of CPU crossed the data-bound line (0.25).
+    // of CPU crossed the data-bound line (0.25). Its CPU stretches the compute too: beside
+    // three CPU burners and the other tests, 320 ms a sample, so that the waits' share fell
+    // under any fixed floor; what does not move is that each of the 100 reads waited its 10 ms.
     let (view, epoch) = run(150);
     assert_eq!(epoch["readers"], 1, "{epoch}");
-    let share = epoch["data_wait_seconds"].as_f64().unwrap() / epoch["seconds"].as_f64().unwrap();
-    assert!(share > 0.03 && share < 0.25, "{epoch}");
+    let wait = epoch["data_wait_seconds"].as_f64().unwrap();
+    assert!(wait >= 0.999, "{epoch}");
+    assert!(wait / epoch["seconds"].as_f64().unwrap() < 0.25, "{epoch}");
     let v = verdict(&view);
     assert!(
         v.starts_with(
