@@ -130,39 +130,23 @@ mount_hot() {
     "$coorfs" read --procs "$PROCS" --epochs 2 "$src" >/dev/null
 }
 
-# cpu_seconds PID [THREAD]: user and system CPU seconds of process PID so far, or of its
-# threads named THREAD.
-cpu_seconds() {
-    python3 - "$@" <<'PY'
-import glob, os, sys
-pid, name = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
-stats = [f"/proc/{pid}/stat"] if name is None else [
-    t + "/stat" for t in glob.glob(f"/proc/{pid}/task/*") if open(t + "/comm").read().strip() == name]
-ticks = 0
-for path in stats:
-    fields = open(path).read().rsplit(")", 1)[1].split()
-    ticks += int(fields[11]) + int(fields[12])
-print(ticks / os.sysconf("SC_CLK_TCK"))
-PY
-}
-
 part_hot() {
     local src
     mount_hot
     local rep daemon cpu0 told0
     daemon=$(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
-    cpu0=$(cpu_seconds "$daemon")
-    told0=$(cpu_seconds "$daemon" coorfs-told)
+    cpu0=$(own_ticks "$daemon")
+    told0=$(thread_ticks "$daemon" coorfs-told)
     for rep in $(seq 1 "$REPS"); do
         sample hot native "$rep" "$(read_epochs "$src" 5 "$rep")"
         sample hot coorfs "$rep" "$(read_epochs "$mnt" 5 "$rep")"
     done
     # The daemon's own CPU for each open of the timed epochs (the told-open thread's part of
     # it): what a hot file costs the CPUs a job's decoding needs.
-    python3 -c 'import sys; d, t, n = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]); print(f"hot: the daemon used {d:.2f} CPU-seconds over {n} opens, {d / n * 1e6:.2f} us an open ({t / n * 1e6:.2f} us in the told-open thread)")' \
-        "$(python3 -c "print($(cpu_seconds "$daemon") - $cpu0)")" \
-        "$(python3 -c "print($(cpu_seconds "$daemon" coorfs-told) - $told0)")" \
-        $((HOT_FILES * 5 * REPS)) | tee -a "$work/notes"
+    awk -v d=$(($(own_ticks "$daemon") - cpu0)) -v t=$(($(thread_ticks "$daemon" coorfs-told) - told0)) \
+        -v n=$((HOT_FILES * 5 * REPS)) -v hz="$(getconf CLK_TCK)" 'BEGIN {
+        printf "hot: the daemon used %.2f CPU-seconds over %d opens, %.2f us an open (%.2f us in the told-open thread)\n",
+            d / hz, n, d / hz / n * 1e6, t / hz / n * 1e6 }' | tee -a "$work/notes"
     echo "hot: opens by the $(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["opens"])'); requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
     umount_default
     summary hot "seconds for 5 epochs" | tee -a "$work/tables"
@@ -253,6 +237,14 @@ cpu_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 
 # tree_ticks PID: CPU ticks PID and its children (those it waited for) have used.
 tree_ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"; }
+
+# own_ticks PID: CPU ticks PID has used, its children not counted.
+own_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# thread_ticks PID NAME: CPU ticks PID's threads named NAME have used.
+thread_ticks() {
+    grep -lx "$2" /proc/"$1"/task/*/comm | sed 's/comm$/stat/' | xargs awk '{ t += $14 + $15 } END { print t + 0 }'
+}
 
 part_s3() {
     local venv=target/moto src=$DATA/s3 endpoint=http://127.0.0.1:$PORT hz rep sys
