@@ -64,10 +64,11 @@
 //! The index: a hash table of 73-byte slots, 83-166 bytes per block on disk as the table
 //! grows (stat `disk_index_bytes`): like the node table, it grows with the dataset (one entry
 //! per block, at most, of each dataset mounted over the directory), not with the disk's size.
-//! ImageNet's 1.28 M files take 106-213 MB. Blocks
-//! waiting for the writer: at most [`PENDING_MAX`] bytes (more are not written; the tier is
-//! a cache), plus one batch buffer of [`BATCH_MAX`] bytes. Until they are in the index they are
-//! served from the queue (its `transit` map holds the same blocks, not copies).
+//! ImageNet's 1.28 M files take 106-213 MB. Blocks waiting for the writer: at most
+//! [`PENDING_MAX`] bytes (more are not written; the tier is a cache), plus the writer's batch
+//! buffer of [`BATCH_MAX`] bytes (or of one block, where blocks are larger), kept from batch to
+//! batch. Until they are in the index they are served from the queue (its `transit` map holds
+//! the same blocks, not copies).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};

@@ -32,6 +32,10 @@ impl Queue {
 impl DiskTier {
     /// The writer: takes queued blocks, writes them in batches, publishes them.
     pub(super) fn write_loop(&self) {
+        // The batch buffer, kept from batch to batch: memory that a fresh mapping a batch
+        // would fault in page by page (a fifth of the daemon's CPU in profiles of a cold
+        // epoch from S3 with a disk tier went to such faults, docs/BENCHMARKS.md).
+        let mut buf = None;
         loop {
             let batch = {
                 let mut q = self.queue.lock();
@@ -46,7 +50,7 @@ impl DiskTier {
             };
             let mut rest = batch.as_slice();
             while !rest.is_empty() && self.enabled() {
-                rest = self.write_batch(rest);
+                rest = self.write_batch(rest, &mut buf);
             }
             // Written (in the index now), or not written at all.
             let mut q = self.queue.lock();
@@ -56,9 +60,14 @@ impl DiskTier {
         }
     }
 
-    /// Writes the first blocks of `pending` that fit one batch and the capacity; returns the
-    /// rest (empty once the capacity is reached: what does not fit is not written).
-    pub(super) fn write_batch<'p>(&self, pending: &'p [Pending]) -> &'p [Pending] {
+    /// Writes the first blocks of `pending` that fit one batch and the capacity, through
+    /// `buf` (the batch buffer: made here if it is none or too small); returns the rest
+    /// (empty once the capacity is reached: what does not fit is not written).
+    pub(super) fn write_batch<'p>(
+        &self,
+        pending: &'p [Pending],
+        buf: &mut Option<Block>,
+    ) -> &'p [Pending] {
         let tail = self.index.read().tail;
         let mut records = Vec::new();
         let mut chosen = Vec::new();
@@ -106,13 +115,17 @@ impl DiskTier {
         if records.is_empty() {
             return &pending[taken..];
         }
-        // Whole pages, in page-aligned memory: one O_DIRECT write.
+        // Whole pages, in page-aligned memory: one O_DIRECT write. The bytes between the
+        // blocks and after the last are zeros, not a former batch's.
         let size = end.next_multiple_of(ALIGN);
-        let written = Block::zeroed(size).and_then(|mut buf| {
-            let whole = buf.whole_mut();
+        let written = batch_buffer(buf, size).and_then(|whole| {
+            let mut filled = 0;
             for (at, data) in &chosen {
+                whole[filled..*at].fill(0);
                 whole[*at..*at + data.len()].copy_from_slice(data);
+                filled = *at + data.len();
             }
+            whole[filled..size].fill(0);
             self.write_data(tail, &whole[..size])
         });
         if let Err(e) = written {
@@ -159,4 +172,14 @@ impl DiskTier {
         );
         Ok(())
     }
+}
+
+/// The first `size` bytes of the batch buffer `buf`, made (of [`BATCH_MAX`] bytes, or `size`
+/// if a single block is larger) where it is none or smaller than `size`.
+fn batch_buffer(buf: &mut Option<Block>, size: usize) -> io::Result<&mut [u8]> {
+    if buf.as_ref().is_none_or(|b| b.len() < size) {
+        *buf = Some(Block::for_overwrite(size.max(BATCH_MAX))?);
+    }
+    let whole = buf.as_mut().expect("made above").whole_mut();
+    Ok(&mut whole[..size])
 }
