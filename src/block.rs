@@ -6,8 +6,9 @@
 //! read into with `O_DIRECT`, or, for small blocks kept after the read, exactly its bytes
 //! ([`Block::exact`]): the memory a block takes is what the staging area counts
 //! ([`Block::footprint`]). The mapping of a big block that is dropped serves a later block of
-//! its size (up to [`SPARE_MAX`] bytes of them are kept): blocks of parts come and go by the
-//! thousand a second.
+//! its size (the newest [`SPARE_MAX`] bytes of them are kept, so a file's odd-sized last block
+//! ages out): blocks of parts come and go by the thousand a second. A block that needs a new
+//! mapping gets its pages in one go (`MAP_POPULATE`), not a fault each.
 //!
 //! [`BlockSize`] says how a file is cut into blocks.
 //!
@@ -197,7 +198,15 @@ impl Block {
                     map[from..].fill(0);
                     Memory::Mapped(std::mem::ManuallyDrop::new(map))
                 }
-                None => Memory::Mapped(std::mem::ManuallyDrop::new(MmapMut::map_anon(size)?)),
+                // Its pages in one go, not one fault each: every page is written at once
+                // (a part's body, an O_DIRECT read), and on this VM a fault's trap cost as
+                // much as the page's zeroing (docs/BENCHMARKS.md).
+                None => Memory::Mapped(std::mem::ManuallyDrop::new(
+                    memmap2::MmapOptions::new()
+                        .len(size)
+                        .populate()
+                        .map_anon()?,
+                )),
             }
         } else {
             let layout = std::alloc::Layout::from_size_align(size, ALIGN)
@@ -285,27 +294,41 @@ impl Block {
 /// it streamed shards from S3, at 2 CPUs the bound of its speed. A spare is zeroed again
 /// when it is taken (a block is zeros until read into), which costs less than the faults.
 mod spare {
+    use std::collections::VecDeque;
+
     use memmap2::MmapMut;
     use parking_lot::Mutex;
 
-    /// The spares and their bytes.
-    static SPARE: Mutex<(Vec<MmapMut>, usize)> = Mutex::new((Vec::new(), 0));
+    /// The spares, oldest first, and their bytes.
+    static SPARE: Mutex<(VecDeque<MmapMut>, usize)> = Mutex::new((VecDeque::new(), 0));
 
-    /// A spare mapping of exactly `size` bytes, if one is kept (its old bytes still in it).
+    /// A spare mapping of exactly `size` bytes, if one is kept (its old bytes still in it):
+    /// the newest of that size.
     pub fn take(size: usize) -> Option<MmapMut> {
         let mut spare = SPARE.lock();
-        let i = spare.0.iter().position(|m| m.len() == size)?;
+        let i = spare.0.iter().rposition(|m| m.len() == size)?;
         spare.1 -= size;
-        Some(spare.0.swap_remove(i))
+        spare.0.remove(i)
     }
 
-    /// Keeps `map` for a later block, or unmaps it if the spares hold [`super::SPARE_MAX`].
+    /// Keeps `map` for a later block, unmapping the oldest spares past
+    /// [`super::SPARE_MAX`]: the sizes blocks have now stay, one-off sizes (a file's last
+    /// block) age out instead of filling the spares for good.
     pub fn give(map: MmapMut) {
-        let mut spare = SPARE.lock();
-        if spare.1 + map.len() <= super::SPARE_MAX {
-            spare.1 += map.len();
-            spare.0.push(map);
+        if map.len() > super::SPARE_MAX {
+            return;
         }
+        let mut old = Vec::new();
+        let mut spare = SPARE.lock();
+        spare.1 += map.len();
+        spare.0.push_back(map);
+        while spare.1 > super::SPARE_MAX {
+            let oldest = spare.0.pop_front().expect("spares hold the bytes counted");
+            spare.1 -= oldest.len();
+            old.push(oldest);
+        }
+        drop(spare);
+        drop(old); // unmapped here, not under the lock
     }
 
     /// Bytes kept now.
@@ -392,6 +415,23 @@ mod tests {
             .map(|_| Block::zeroed(len).unwrap())
             .collect();
         drop(many);
+        assert!(spare::bytes() <= SPARE_MAX);
+    }
+
+    #[test]
+    fn a_one_off_size_ages_out_of_the_spares_as_blocks_of_another_size_come_and_go() {
+        // Sizes no other test uses: the spares are the process's.
+        let (odd, len) = (MAP_FROM * 7 + 11, MAP_FROM * 9 + 13);
+        drop(Block::zeroed(odd).unwrap());
+        let size = Block::footprint_for(len) as usize;
+        let many: Vec<Block> = (0..(SPARE_MAX / size + 1))
+            .map(|_| Block::zeroed(len).unwrap())
+            .collect();
+        drop(many);
+        assert!(
+            spare::take(Block::footprint_for(odd) as usize).is_none(),
+            "the one-off size still takes room a block's size could use"
+        );
         assert!(spare::bytes() <= SPARE_MAX);
     }
 
