@@ -16,10 +16,13 @@
 # shellcheck shell=bash
 
 # The table. prereq STEPS CHECK PACKAGE: Debian's PACKAGE is needed by the comma-separated
-# STEPS, and is there when CHECK is: a command on PATH, or py:MODULE, a module python3 imports.
+# STEPS, and is there when CHECK is: a command on PATH, py:MODULE, a module python3 imports, or
+# /PATH, a file.
 prereqs_table() {
     prereq build     cc           gcc               # the linker rustc calls; ring's C (rustls)
     prereq build     protoc       protobuf-compiler # building etcd-client (gRPC)
+    prereq build     clang        clang             # src/build.rs: the eBPF program that tells opens
+    prereq build     /usr/include/bpf/bpf_helpers.h libbpf-dev # its headers
     prereq demo,test fusermount3  fuse3             # non-root mounts; tests/it/helper.rs's mount.fuse3
     prereq demo,test python3      python3           # the demo; tests/*.rs (standard library only)
     prereq test      mount        mount             # tests/it/helper.rs, tests/it/disk.rs: mount(8)
@@ -43,6 +46,7 @@ prereq() {
     [ "$wanted" = 1 ] || return 0
     case $2 in
         py:*) python3 -c "import ${2#py:}" 2>/dev/null && return 0 ;;
+        /*) [ -e "$2" ] && return 0 ;;
         *) command -v "$2" >/dev/null && return 0 ;;
     esac
     prereqs_missing+=("${2#py:}")

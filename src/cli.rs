@@ -991,6 +991,7 @@ impl CommandError {
                 | MountError::DiskWithoutPolicy
                 | MountError::Memory(_)
                 | MountError::LogFile(..)
+                | MountError::BadEnv(_)
                 | MountError::NotMounted(_)
                 | MountError::NoKeeper(_)
                 | MountError::Busy(_) => true,

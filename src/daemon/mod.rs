@@ -109,6 +109,9 @@ pub enum MountError {
     MetricsListen(std::net::SocketAddr, io::Error),
     #[error(transparent)]
     Memory(#[from] Box<crate::budget::Refusal>),
+    /// An environment variable the daemon reads, set to what it cannot use.
+    #[error("{0}")]
+    BadEnv(String),
     #[error("log file {0}: {1}")]
     LogFile(PathBuf, io::Error),
     #[error("mounting {0}: {1}")]

@@ -33,6 +33,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
     {
         return Err(MountError::CacheSizeZero);
     }
+    crate::fs::told_by().map_err(MountError::BadEnv)?;
     let object = crate::source::object::ObjectUrl::is_url(&config.source);
     if let (Some(m), false) = (&config.manifest, object) {
         return Err(MountError::BadUrl(format!(
@@ -100,6 +101,7 @@ pub fn preflight(config: &mut MountConfig) -> Result<SetupLock, MountError> {
 /// this daemon serves it (a lookup there would wait for this very daemon): its path is made
 /// absolute, not resolved.
 pub(super) fn preflight_handed(config: &mut MountConfig) -> Result<(), MountError> {
+    crate::fs::told_by().map_err(MountError::BadEnv)?;
     if !crate::source::object::ObjectUrl::is_url(&config.source) {
         let absolute = std::path::absolute(&config.source)
             .map_err(|e| MountError::SourceUnreadable(config.source.clone(), e))?;

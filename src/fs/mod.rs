@@ -50,6 +50,7 @@ mod read;
 mod scan;
 mod takeover;
 mod told;
+pub use told::told_by;
 mod views;
 mod watch;
 pub use takeover::TakenOver;

@@ -362,11 +362,25 @@ fn order_hints_reach_the_daemon_without_an_open_of_the_order_file() {
 
 #[test]
 fn by_default_the_kernel_takes_the_opens_over_once_they_come_fast_and_every_open_is_counted() {
+    kernel_takes_the_opens_over_and_counts_every_one("eBPF");
+}
+
+/// Where the kernel loads no eBPF program, fanotify tells the opens, as exactly.
+#[test]
+fn told_by_fanotify_the_kernel_takes_the_opens_over_and_every_open_is_counted() {
+    kernel_takes_the_opens_over_and_counts_every_one("fanotify");
+}
+
+/// A mount told of opens by `how` ("eBPF" or "fanotify", `COORFS_TOLD_BY`): opens asked while
+/// few, then the kernel's, each counted once.
+fn kernel_takes_the_opens_over_and_counts_every_one(how: &str) {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     let rels = make_dataset(&src, 2500, 300, 5);
     // No prefetch: every file of epoch 1 a miss.
-    let m = Mount::new(&src, &["--no-prefetch"]);
+    let env = [("COORFS_TOLD_BY", how.to_lowercase())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m = Mount::with_env(&src, &["--no-prefetch"], &env);
     wait_for_scan(&m.mnt);
     // A few opens a second: each asks the daemon.
     for rel in &rels[..3] {
@@ -387,7 +401,7 @@ fn by_default_the_kernel_takes_the_opens_over_once_they_come_fast_and_every_open
     }
     let s = stats(&m.mnt);
     assert_eq!(s["opens"], "kernel", "{s}");
-    assert_eq!(s["opens_why"], "told by fanotify", "{s}");
+    assert_eq!(s["opens_why"], format!("told by {how}"), "{s}");
     // Every open counted once, asked or told; all of the second epoch's told.
     assert_eq!(num(&s, "reads"), 3 + 2 * 2500, "{s}");
     assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"), "{s}");

@@ -469,8 +469,7 @@ fn files_to_name() -> BTreeSet<String> {
     }
     let root = Path::new(ROOT);
     let mut out = BTreeSet::new();
-    let rust = |p: &Path| p.extension().is_some_and(|e| e == "rs");
-    walk(&root.join("src"), usize::MAX, &rust, &mut out);
+    walk(&root.join("src"), usize::MAX, &|_| true, &mut out);
     walk(&root.join("scripts"), 0, &|_| true, &mut out);
     walk(&root.join("tests"), 2, &|_| true, &mut out);
     out

@@ -335,6 +335,20 @@ fn bad_input_is_one_clear_line() {
         2,
         "is inside the mount point",
     );
+    // How opens are told, named wrong in the environment.
+    let out = output_within(
+        Command::new(bin())
+            .args([OsStr::new("mount"), src.as_os_str(), mnt.as_os_str()])
+            .env("COORFS_TOLD_BY", "bpf"),
+        COMMAND_LIMIT,
+    );
+    assert_eq!(
+        (out.status.code(), stderr(&out)),
+        (
+            Some(2),
+            "coorfs: COORFS_TOLD_BY=bpf: must be ebpf or fanotify".into()
+        )
+    );
     // Nothing above mounted anything.
     assert!(!is_mounted(&mnt) && !is_mounted(&full) && !is_mounted(&inside));
 

@@ -457,7 +457,8 @@ pub fn wait_for_kernel_opens(mnt: &Path) {
     let limit = Duration::from_secs(30);
     let told = || {
         let s = stats(mnt);
-        s["opens"] == "kernel" && s["opens_why"] == "told by fanotify"
+        let how = s["opens_why"].as_str();
+        s["opens"] == "kernel" && matches!(how, Some("told by eBPF" | "told by fanotify"))
     };
     assert!(
         wait_for(limit, told),

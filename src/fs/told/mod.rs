@@ -54,10 +54,12 @@
 //! training job's first second. The switch happens once: the kernel cannot be asked to send
 //! OPEN again. `--opens kernel` switches at the first open.
 
+mod events;
+
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -69,6 +71,8 @@ use super::watch::SourceWatch;
 use super::{Access, Caller, DatasetFs, FsError, ReadDone};
 use crate::config::Opens;
 use crate::namespace::{Kind, NodeId};
+pub use events::told_by;
+use events::{OpenEvents, Told};
 
 /// A told open left without a READ this long is over (its unread bytes are taken back).
 pub const TOLD_IDLE: Duration = Duration::from_secs(30);
@@ -359,8 +363,10 @@ pub(super) struct KernelOpens {
     why: Mutex<String>,
     /// The source's watches (`watch.rs`), where the kernel may open files.
     pub watch: OnceLock<Arc<SourceWatch>>,
-    /// The fanotify group that tells opens, once the directories are marked.
+    /// What tells opens (`events.rs`), once in place (for fanotify, the directories marked).
     events: OnceLock<OpenEvents>,
+    /// When opens of every file came to be told (eBPF, which needs no mark).
+    told_from: OnceLock<std::time::Instant>,
     /// Held while events are read and counted (so that a READ that drains knows its open was
     /// counted when it gets the lock); its buffer.
     drain: Mutex<Vec<u8>>,
@@ -401,6 +407,7 @@ impl KernelOpens {
             }),
             watch: OnceLock::new(),
             events: OnceLock::new(),
+            told_from: OnceLock::new(),
             drain: Mutex::new(vec![0; 256 << 10]),
             told: Mutex::default(),
             asked: Mutex::default(),
@@ -438,12 +445,11 @@ impl KernelOpens {
     /// "kernel" or "daemon", and why, for the stats.
     pub fn state(&self) -> (&'static str, String) {
         if self.refuse_open() {
-            let told = if self.events.get().is_some() {
-                "told by fanotify"
-            } else {
-                "not told: reads the page cache serves are not counted"
+            let told = match self.events.get() {
+                Some(events) => format!("told by {}", events.how()),
+                None => "not told: reads the page cache serves are not counted".into(),
             };
-            ("kernel", told.into())
+            ("kernel", told)
         } else {
             ("daemon", self.why.lock().clone())
         }
@@ -463,7 +469,8 @@ impl KernelOpens {
         // it, is counted a second time (a window of microseconds, once a directory); recorded,
         // an open with no event would hide a later told open of the same file by the thread.
         let marked_before = |d| self.marked.lock().get(&d).is_some_and(|at| *at < now);
-        if dir.is_some_and(marked_before) {
+        let told_before = self.told_from.get().is_some_and(|at| *at < now);
+        if told_before || dir.is_some_and(marked_before) {
             let mut asked = self.asked.lock();
             if asked.len() >= ASKED_MAX {
                 asked.retain(|_, (_, at)| now.duration_since(*at) < SWITCH_WINDOW);
@@ -529,7 +536,7 @@ impl KernelOpens {
 
     /// Directory `node` appeared after the switch: it is marked by the told-open thread.
     pub fn mark_later(&self, node: NodeId) {
-        if self.events.get().is_some() {
+        if self.events.get().is_some_and(OpenEvents::needs_marks) {
             self.unmarked.lock().push(node);
         }
     }
@@ -570,129 +577,6 @@ impl KernelOpens {
         uids.insert(tid, (uid, now));
         uid
     }
-}
-
-/// A fanotify group that reports opens of files by node id and thread.
-#[derive(Debug)]
-struct OpenEvents {
-    fd: OwnedFd,
-}
-
-impl OpenEvents {
-    fn new() -> std::io::Result<OpenEvents> {
-        let flags = libc::FAN_CLASS_NOTIF
-            | libc::FAN_CLOEXEC
-            | libc::FAN_NONBLOCK
-            | libc::FAN_REPORT_FID
-            | libc::FAN_REPORT_TID;
-        // SAFETY: a plain system call with flag arguments.
-        let fd = unsafe { libc::fanotify_init(flags, (libc::O_RDONLY | libc::O_LARGEFILE) as u32) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fanotify_init returned a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(OpenEvents { fd })
-    }
-
-    /// Tells opens of the files in directory `path` (not of its subdirectories').
-    fn mark(&self, path: &Path) -> std::io::Result<()> {
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| std::io::ErrorKind::InvalidInput)?;
-        // SAFETY: `c` is a NUL-terminated path that outlives the call.
-        let rc = unsafe {
-            libc::fanotify_mark(
-                self.fd.as_raw_fd(),
-                libc::FAN_MARK_ADD,
-                libc::FAN_OPEN | libc::FAN_EVENT_ON_CHILD,
-                libc::AT_FDCWD,
-                c.as_ptr(),
-            )
-        };
-        if rc < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    /// Reads the queued events into `buf` and hands each open's (node, thread) to `each`;
-    /// returns false once the queue is empty. An overflow (events lost) is logged.
-    fn read(&self, buf: &mut [u8], mut each: impl FnMut(NodeId, u32)) -> bool {
-        // SAFETY: `buf` is valid for writes of its length.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            return false;
-        }
-        for event in parse_events(&buf[..n as usize]) {
-            match event {
-                Event::Open { node, tid } => each(node, tid),
-                Event::Overflow => tracing::warn!(
-                    "opens came faster than they could be counted: some hits are not counted"
-                ),
-            }
-        }
-        true
-    }
-}
-
-/// One fanotify event, as far as it concerns the daemon.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Event {
-    Open { node: NodeId, tid: u32 },
-    Overflow,
-}
-
-/// FUSE's file handle type: node id (two 32-bit halves, high first) and generation.
-const FILEID_INO64_GEN: i32 = 0x81;
-/// `FAN_EVENT_INFO_TYPE_FID`.
-const INFO_TYPE_FID: u8 = 1;
-
-/// The events in `buf`, a read of a fanotify group with `FAN_REPORT_FID`: a 24-byte
-/// metadata header (length, version, reserved, header length, mask, fd, pid), then info
-/// records (type, padding, length; for a FID: the fsid's 8 bytes, then a `file_handle`:
-/// its byte count, its type and the handle).
-fn parse_events(buf: &[u8]) -> Vec<Event> {
-    let u32_at = |b: &[u8], at: usize| -> Option<u32> {
-        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-    };
-    let mut out = Vec::new();
-    let mut at = 0;
-    while let Some(len) = u32_at(buf, at) {
-        let len = len as usize;
-        let Some(event) = buf.get(at..at + len).filter(|_| len >= 24) else {
-            break;
-        };
-        at += len;
-        let mask = u64::from_ne_bytes(event[8..16].try_into().unwrap_or_default());
-        let pid = u32_at(event, 20).unwrap_or(0);
-        if mask & libc::FAN_Q_OVERFLOW != 0 {
-            out.push(Event::Overflow);
-            continue;
-        }
-        let header = u16::from_ne_bytes([event[6], event[7]]) as usize;
-        let mut info = header;
-        while info + 4 <= event.len() {
-            let (kind, size) = (
-                event[info],
-                u16::from_ne_bytes([event[info + 2], event[info + 3]]),
-            );
-            let record = &event[info..(info + size as usize).min(event.len())];
-            info += (size as usize).max(4);
-            if kind != INFO_TYPE_FID || record.len() < 4 + 8 + 8 + 12 {
-                continue;
-            }
-            let handle = &record[12..];
-            let (bytes, kind) = (u32_at(handle, 0), u32_at(handle, 4).map(|k| k as i32));
-            if bytes == Some(12) && kind == Some(FILEID_INO64_GEN) {
-                let (hi, lo) = (u32_at(handle, 8), u32_at(handle, 12));
-                if let (Some(hi), Some(lo)) = (hi, lo) {
-                    let node = (u64::from(hi) << 32) | u64::from(lo);
-                    out.push(Event::Open { node, tid: pid });
-                }
-            }
-        }
-    }
-    out
 }
 
 impl DatasetFs {
@@ -813,21 +697,26 @@ impl DatasetFs {
         }
     }
 
-    /// Marks every directory of the mount for told opens. The group is in place before the
-    /// first mark, so that an open asked meanwhile in a marked directory is known for one (its
-    /// event is not counted again).
     /// Starts following forks, to place readers gone before their opens are counted.
     fn listen_for_forks(&self) {
         let forks = crate::jobs::forks::Forks::listen(self.reads.jobs.found());
         let _ = self.opener.opens.forks.set(forks);
     }
 
+    /// Puts in place what tells opens, and (fanotify) marks every directory of the mount. The
+    /// group is in place before the first mark, so that an open asked meanwhile in a marked
+    /// directory is known for one (its event is not counted again).
     fn mark_directories(&self) -> Result<(), String> {
-        let events = OpenEvents::new().map_err(|e| format!("fanotify: {e}"))?;
+        let events = OpenEvents::new(&self.opener.opens.mountpoint)?;
         let events = match self.opener.opens.events.set(events) {
             Ok(()) => self.opener.opens.events.get().expect("just set"),
             Err(_) => return Err("marked twice".into()),
         };
+        if !events.needs_marks() {
+            let _ = self.opener.opens.told_from.set(std::time::Instant::now());
+            tracing::debug!("opens: told by eBPF");
+            return Ok(());
+        }
         let dirs = self.tree.ns.dirs();
         for dir in &dirs {
             let Some(rel) = self.tree.ns.path(*dir) else {
@@ -860,13 +749,13 @@ impl DatasetFs {
         };
         let mut buf = self.opener.opens.drain.lock();
         let mut n = 0;
-        while events.read(&mut buf, |node, tid| {
+        while events.read(&mut buf, |told| {
             n += 1;
             // Before the kernel opens files itself every open is asked, and counted then.
             if self.opener.opens.on() {
-                self.told_open(node, tid)
+                self.told_open(told)
             } else {
-                self.opener.opens.was_asked(node, tid);
+                self.opener.opens.was_asked(told.node, told.tid);
             }
         }) {}
         n
@@ -874,7 +763,14 @@ impl DatasetFs {
 
     /// The kernel told of an open of node `ino` by thread `tid`: counted as its OPEN would
     /// have been ([`DatasetFs::count_access`]), and kept for its READs.
-    fn told_open(&self, ino: NodeId, tid: u32) {
+    fn told_open(
+        &self,
+        Told {
+            node: ino,
+            tid,
+            uid,
+        }: Told,
+    ) {
         if tid == self.opener.opens.own_tid.load(Ordering::Relaxed) {
             return;
         }
@@ -888,7 +784,7 @@ impl DatasetFs {
             return;
         }
         let now = self.reads.ledger.now();
-        let uid = self.opener.opens.uid_of(tid, now);
+        let uid = uid.unwrap_or_else(|| self.opener.opens.uid_of(tid, now));
         let caller = Caller {
             pid: tid,
             uid,
@@ -1129,10 +1025,9 @@ fn switch_and_count(fs: Weak<DatasetFs>) {
 /// The told-open thread: counts told opens in batches, ends idle ones, marks directories made
 /// after the switch; ends with the mount.
 fn told_thread(fs: Weak<DatasetFs>) {
-    let fd = match fs
-        .upgrade()
-        .and_then(|fs| (fs.opener.opens.events.get()).and_then(|e| e.fd.try_clone().ok()))
-    {
+    let fd = match fs.upgrade().and_then(|fs| {
+        (fs.opener.opens.events.get()).and_then(|e| e.as_fd().try_clone_to_owned().ok())
+    }) {
         Some(fd) => fd,
         None => return,
     };
@@ -1150,6 +1045,7 @@ fn told_thread(fs: Weak<DatasetFs>) {
         return;
     };
     let mut swept = std::time::Instant::now();
+    let mut lost = 0;
     let mut last_took = swept - STREAM_GAP;
     // While it pauses between batches of opens it still drops pages when they are due: a
     // file read again right after its pages were due to go would be served from them.
@@ -1197,6 +1093,14 @@ fn told_thread(fs: Weak<DatasetFs>) {
         if swept.elapsed() >= Duration::from_secs(1) {
             swept = std::time::Instant::now();
             fs.sweep_told();
+            let now_lost = fs.opener.opens.events.get().map_or(0, OpenEvents::lost);
+            if now_lost > lost {
+                tracing::warn!(
+                    "{} opens came faster than they could be counted: their hits are not counted",
+                    now_lost - lost
+                );
+                lost = now_lost;
+            }
             let unmarked = std::mem::take(&mut *fs.opener.opens.unmarked.lock());
             if let Some(events) = fs.opener.opens.events.get() {
                 for dir in unmarked {
@@ -1213,59 +1117,5 @@ fn told_thread(fs: Weak<DatasetFs>) {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An event as the kernel writes it: metadata, then a FID record with FUSE's handle.
-    fn event(node: u64, pid: u32, mask: u64) -> Vec<u8> {
-        let mut fid = Vec::new();
-        fid.extend_from_slice(&[INFO_TYPE_FID, 0]);
-        fid.extend_from_slice(&(4u16 + 8 + 8 + 12).to_ne_bytes());
-        fid.extend_from_slice(&[0; 8]); // fsid
-        fid.extend_from_slice(&12u32.to_ne_bytes());
-        fid.extend_from_slice(&FILEID_INO64_GEN.to_ne_bytes());
-        fid.extend_from_slice(&((node >> 32) as u32).to_ne_bytes());
-        fid.extend_from_slice(&(node as u32).to_ne_bytes());
-        fid.extend_from_slice(&0u32.to_ne_bytes()); // generation
-        let len = 24 + fid.len() as u32;
-        let mut e = Vec::new();
-        e.extend_from_slice(&len.to_ne_bytes());
-        e.extend_from_slice(&[3, 0]); // version, reserved
-        e.extend_from_slice(&24u16.to_ne_bytes());
-        e.extend_from_slice(&mask.to_ne_bytes());
-        e.extend_from_slice(&(-1i32).to_ne_bytes());
-        e.extend_from_slice(&pid.to_ne_bytes());
-        e.extend(fid);
-        e
-    }
-
-    #[test]
-    fn events_give_the_node_and_thread_of_each_open_and_an_overflow() {
-        let mut buf = event(3189, 77, libc::FAN_OPEN);
-        buf.extend(event((5 << 32) | 9, 78, libc::FAN_OPEN));
-        let mut overflow = event(0, 0, libc::FAN_Q_OVERFLOW);
-        overflow.truncate(24);
-        overflow[0..4].copy_from_slice(&24u32.to_ne_bytes());
-        buf.extend(overflow);
-        assert_eq!(
-            parse_events(&buf),
-            vec![
-                Event::Open {
-                    node: 3189,
-                    tid: 77
-                },
-                Event::Open {
-                    node: (5 << 32) | 9,
-                    tid: 78
-                },
-                Event::Overflow
-            ]
-        );
-        // A torn read ends where the whole events end.
-        assert_eq!(parse_events(&buf[..buf.len() - 30]).len(), 1);
     }
 }
