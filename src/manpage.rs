@@ -261,7 +261,13 @@ ENODATA. They are read-only.",
          reads root's ~/.aws, profile default.\n\
          .TP\n\\fBCOORFS_S3_TIMEOUT\\fR\n\
          For an s3:// SOURCE: how long one request may take (a duration: 500ms, 10s; default \
-         30s) before it is abandoned and retried.\n",
+         30s) before it is abandoned and retried.\n\
+         .TP\n\\fBCOORFS_TOLD_BY\\fR\n\
+         How the kernel tells the daemon of the opens it makes itself (\\fB\\-\\-opens\\fR): \
+         ebpf, a program on the open system calls (the default where the kernel loads it and \
+         coorfs was built with clang; only the ring buffer's 1 MiB and a few instructions an \
+         open on the machine), or fanotify (a mark on every directory of the mount; the fallback). \
+         opens_why in the stats says which is in use.\n",
     );
     out.push_str(
         ".SH NOTES\n\

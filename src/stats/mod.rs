@@ -139,7 +139,7 @@ stats! {
     PassthroughSourceOpens => "passthrough_source_opens", Count, "Of those, opens of files the cache would not keep, or of 4 MiB or more that the page cache holds whole, read from the source by the kernel: misses whose whole size counts in bytes_from_source at open.";
     ReadRequests => "read_requests", Count, "Read requests that reached the daemon (a passthrough open sends none).";
     KernelOpens => "kernel_opens", Count, "1 once the kernel opens files itself (--opens: no OPEN reaches the daemon, which is told of each open after the fact; opens in the JSON document says who opens, opens_why why the daemon does), else 0.";
-    ToldOpens => "told_opens", Count, "Opens the kernel made by itself and told the daemon of (fanotify): each counted as an access, as an OPEN is.";
+    ToldOpens => "told_opens", Count, "Opens the kernel made by itself and told the daemon of (eBPF or fanotify, COORFS_TOLD_BY): each counted as an access, as an OPEN is.";
     BatchedReads => "batched_reads", Count, "Small files the prefetcher read whole from a directory source in batches: opened and read together through io_uring, a system call for each step of up to 8 files. 0 where files are read one by one (an object store, --read-delay, a filesystem that refuses O_DIRECT, a kernel without io_uring).";
     KernelStores => "kernel_stores", Count, "Files a prefetch brought whole into the cache that the daemon handed to the kernel's page cache as well, where the kernel opens files itself: their readers read them with no request.";
     HintsAccepted => "hints_accepted", Count, "Order hints accepted (commits to the .coorfs-order file).";

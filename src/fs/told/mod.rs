@@ -12,15 +12,11 @@
 //!   at once. It is safe where modes say everything: no POSIX ACL in the source (the scan
 //!   looks, on a mount other users may use), or `--acl`, with which the kernel reads them.
 //! - **Accounting** (hits, epochs, the prefetcher's view of what a job has still to read): the
-//!   kernel *tells* the daemon of every open, with fanotify. Each directory of the mount has
-//!   an inode mark for `FAN_OPEN` of its children, and an event carries the file's FUSE node
-//!   id (its file handle, `FAN_REPORT_FID`) and the opening thread (`FAN_REPORT_TID`, the id
-//!   FUSE requests carry too). Nobody waits for it: the events queue in the kernel and a
-//!   thread counts them in batches, exactly as an OPEN was counted ([`DatasetFs::told_open`]).
-//!   A mount mark would be one mark, but fanotify reports file handles only of inode marks on
-//!   a FUSE mount (its fsid is 0), and without handles each event opens a descriptor in the
-//!   daemon: 6,000 files of 100 KiB read hot by 2 processes ran at 0.74x native with a mount
-//!   mark and descriptors, 0.93x with inode marks and handles, 1.0x with neither.
+//!   kernel *tells* the daemon of every open, with the file's FUSE node id and the opening
+//!   thread (the id FUSE requests carry too): by an eBPF program on the open system calls
+//!   where the kernel loads one, else by fanotify (`events.rs`). Nobody waits for it: the
+//!   opens queue in the kernel and a thread counts them in batches, exactly as an OPEN was
+//!   counted ([`DatasetFs::told_open`]).
 //! - **Reads**: a READ of a file nobody opened through the daemon comes with handle 0. The
 //!   open it belongs to was queued before the READ was sent, so a READ that finds no told open
 //!   of its file and thread first takes every queued event ([`DatasetFs::drain_told`]). The
@@ -39,7 +35,7 @@
 //!   after: the watch's invalidation of a change may come first).
 //!
 //! It is not safe, and every open keeps asking the daemon, for a daemon that is not root
-//! (fanotify needs `CAP_SYS_ADMIN`), an object store (its opens are a small part of a read, and
+//! (eBPF and fanotify need it), an object store (its opens are a small part of a read, and
 //! nothing watches it), `--read-delay`, a dataset of big files (shards: the kernel reads them by
 //! passthrough, which needs an OPEN, and they are opened a few times a second), POSIX ACLs
 //! without `--acl`, a source that cannot be watched whole, and while the scan runs.
