@@ -68,6 +68,52 @@ fn files_read_whole_are_the_source_and_a_second_epoch_is_counted_with_no_request
 }
 
 #[test]
+fn a_hit_whose_pages_the_kernel_let_go_is_read_from_memory_and_counted_once() {
+    // The kernel opens a file the cache holds whole (a hit, told), but no longer has its pages
+    // (for want of memory; here POSIX_FADV_DONTNEED on the open descriptor): its READs come
+    // with no handle, and are served from memory as part of the told open.
+    let dir = open_tempdir();
+    let src = dir.path().join("src");
+    let rels = make_dataset(&src, 120, 20_000, 3);
+    let m = Mount::new(&src, &["--fast-open", "--no-prefetch"]);
+    wait_for_scan(&m.mnt);
+    wait_for_kernel_opens(&m.mnt);
+    for rel in &rels {
+        assert_eq!(std::fs::read(m.path(rel)).unwrap().len(), 20_000);
+    }
+    let before = stats(&m.mnt);
+    assert_eq!(num(&before, "misses"), 120, "{before}");
+    for rel in &rels {
+        let mut f = std::fs::File::open(m.path(rel)).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        // SAFETY: a plain advice on a descriptor this test owns.
+        let advised = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(advised, 0);
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+        assert!(
+            got == std::fs::read(src.join(rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    }
+    let s = stats(&m.mnt);
+    // The pages went: the second epoch asked the daemon for them.
+    let asked = num(&s, "read_requests") - num(&before, "read_requests");
+    assert!(asked >= 120, "{asked} READs: {s}");
+    // Each open counted once, a hit, and nothing read from the source again.
+    assert_eq!(num(&s, "reads"), 240, "{s}");
+    assert_eq!(num(&s, "hits"), 120, "{s}");
+    assert_eq!(num(&s, "misses"), 120, "{s}");
+    assert_eq!(
+        num(&s, "bytes_from_source"),
+        num(&before, "bytes_from_source"),
+        "{s}"
+    );
+    m.unmount();
+}
+
+#[test]
 fn a_job_that_lists_the_dataset_then_opens_every_file_sends_no_lookup_for_them() {
     // ImageFolder's way: list each class folder (names and types, no stat), then open every
     // file. Each listing hands the kernel every entry's attributes, so each file already has

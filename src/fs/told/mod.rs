@@ -213,6 +213,22 @@ impl ToldTable {
         }
     }
 
+    /// A told open of `key` that is a hit of a file held whole in memory: no entry (its pages
+    /// are the kernel's, and a READ of it, where the kernel let a page go, is served from
+    /// memory as part of the open: [`DatasetFs::read_told`]). An older open of `key` not read
+    /// yet is forgotten; the handle of one still read ends (returned). In a hot epoch every
+    /// open is such a hit, and the table stays empty: an entry made and aged out for each was
+    /// a fifth of the told-open thread's time (two looks in a table of 16,384).
+    fn held_in_memory(&mut self, key: (NodeId, u32)) -> Option<u64> {
+        if !self.counted.is_empty() {
+            self.counted.remove(&key);
+        }
+        match self.reading.remove(&key) {
+            Some(Reading::Open { fh, .. }) => Some(fh),
+            _ => None,
+        }
+    }
+
     fn pop_oldest(&mut self) {
         if let Some((key, seq, _)) = self.order.pop_front()
             && self.counted.get(&key).is_some_and(|c| c.seq == seq)
@@ -809,8 +825,12 @@ impl DatasetFs {
         let counted = self.count_access(job, &accessed, hit, caller, now);
         self.tell_prefetcher(&accessed, &counted, hit);
         crate::stats::Counters::add(&self.reads.ledger.stats().counters.told_opens, 1);
-        let ended =
-            (self.opener.opens.told.lock()).counted((ino, tid), counted, hit, in_memory, now);
+        let ended = match in_memory {
+            true => self.opener.opens.told.lock().held_in_memory((ino, tid)),
+            false => {
+                (self.opener.opens.told.lock()).counted((ino, tid), counted, hit, in_memory, now)
+            }
+        };
         if let Some(fh) = ended {
             self.release(fh);
         }
@@ -864,6 +884,10 @@ impl DatasetFs {
             Next::Late | Next::Busy => {
                 return self.read_once(ino, offset, size, caller, Access::Silent, done);
             }
+            // A hit held in memory makes no entry: its READs are part of its open, counted.
+            Next::Untold if self.held_in_memory(ino) => {
+                return self.read_once(ino, offset, size, caller, Access::Silent, done);
+            }
             Next::Untold => return self.read_unopened(ino, offset, size, caller, done),
         };
         let Some(h) = self.handles.file(fh) else {
@@ -896,6 +920,11 @@ impl DatasetFs {
             drop(told);
             self.release(fh);
         }
+    }
+
+    /// Node `ino` is a file the memory cache holds whole, as it is now.
+    fn held_in_memory(&self, ino: NodeId) -> bool {
+        (self.tree.ns.info(ino)).is_some_and(|i| self.reads.tiers.memory.holds_file(&i.version))
     }
 
     /// The handle of a told open, at its first READ: the source file opened as the caller
