@@ -30,7 +30,8 @@ use crate::namespace::NodeId;
 
 /// The program `src/build.rs` built; empty where clang was missing.
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/told.bpf.o"));
-/// Its tracepoints, by program name.
+/// Its tracepoints, by program name; the first is needed, the others are taken where the
+/// kernel has them (`open` is no system call on arm64, `openat2` came in 5.6).
 const TRACEPOINTS: [(&str, &str); 3] = [
     ("exit_openat", "sys_exit_openat"),
     ("exit_openat2", "sys_exit_openat2"),
@@ -165,16 +166,21 @@ impl BpfOpens {
             .override_global("target_dev", &dev, true)
             .load(PROGRAM)
             .map_err(|e| first_line(&e))?;
-        for (name, tracepoint) in TRACEPOINTS {
+        for (i, (name, tracepoint)) in TRACEPOINTS.into_iter().enumerate() {
             let program: &mut aya::programs::TracePoint = bpf
                 .program_mut(name)
                 .ok_or_else(|| format!("no program {name}"))?
                 .try_into()
                 .map_err(|e| first_line(&e))?;
-            program.load().map_err(|e| first_line(&e))?;
-            program
-                .attach("syscalls", tracepoint)
-                .map_err(|e| format!("{tracepoint}: {}", first_line(&e)))?;
+            let attached = program.load().map_err(|e| first_line(&e)).and_then(|()| {
+                (program.attach("syscalls", tracepoint))
+                    .map_err(|e| format!("{tracepoint}: {}", first_line(&e)))
+            });
+            match attached {
+                Ok(_) => {}
+                Err(why) if i == 0 => return Err(why),
+                Err(why) => tracing::debug!("opens: not told of {tracepoint} ({why})"),
+            }
         }
         let ring = bpf.take_map("opens").ok_or("no ring buffer")?;
         let ring = aya::maps::RingBuf::try_from(ring).map_err(|e| first_line(&e))?;
