@@ -147,7 +147,7 @@ part_hot() {
         -v n=$((HOT_FILES * 5 * REPS)) -v hz="$(getconf CLK_TCK)" 'BEGIN {
         printf "hot: the daemon used %.2f CPU-seconds over %d opens, %.2f us an open (%.2f us in the told-open thread)\n",
             d / hz, n, d / hz / n * 1e6, t / hz / n * 1e6 }' | tee -a "$work/notes"
-    echo "hot: opens by the $(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["opens"])'); requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
+    echo "hot: opens by the $(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; d = json.load(sys.stdin); print(d["opens"] + ", " + d["opens_why"])'); requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
     umount_default
     summary hot "seconds for 5 epochs" | tee -a "$work/tables"
 }
