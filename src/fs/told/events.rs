@@ -146,7 +146,7 @@ pub(super) struct BpfOpens {
     ring: Mutex<aya::maps::RingBuf<aya::maps::MapData>>,
     lost: aya::maps::Array<aya::maps::MapData, u64>,
     /// The programs and their links: the tracepoints are attached while this lives.
-    _bpf: Mutex<aya::Ebpf>,
+    _bpf: aya::Ebpf,
 }
 
 /// Opens taken from the ring in one read, so that a READ draining it is not held long.
@@ -194,7 +194,7 @@ impl BpfOpens {
             fd,
             ring: Mutex::new(ring),
             lost,
-            _bpf: Mutex::new(bpf),
+            _bpf: bpf,
         })
     }
 

@@ -127,7 +127,6 @@ const ASKED_MAX: usize = 65_536;
 struct Waiting {
     counted: Counted,
     hit: bool,
-    in_memory: bool,
     /// Which insertion of its key it is (see [`ToldTable::order`]).
     seq: u64,
 }
@@ -157,11 +156,7 @@ enum Next {
     /// Read through handle `fh`.
     Read(u64),
     /// Make the handle of the told open counted thus.
-    Make {
-        counted: Counted,
-        hit: bool,
-        in_memory: bool,
-    },
+    Make { counted: Counted, hit: bool },
     /// Another READ is making it.
     Busy,
     /// It was read whole: this READ is a late one of the same open.
@@ -184,14 +179,7 @@ struct ToldTable {
 impl ToldTable {
     /// A told open of `key` at `now`; the handle of the open of `key` before it, if one is
     /// still read, ends (returned).
-    fn counted(
-        &mut self,
-        key: (NodeId, u32),
-        c: Counted,
-        hit: bool,
-        in_memory: bool,
-        now: f64,
-    ) -> Option<u64> {
+    fn counted(&mut self, key: (NodeId, u32), c: Counted, hit: bool, now: f64) -> Option<u64> {
         self.seq += 1;
         let seq = self.seq;
         self.order.push_back((key, seq, now));
@@ -200,7 +188,6 @@ impl ToldTable {
             Waiting {
                 counted: c,
                 hit,
-                in_memory,
                 seq,
             },
         );
@@ -219,7 +206,7 @@ impl ToldTable {
     /// yet is forgotten; the handle of one still read ends (returned). In a hot epoch every
     /// open is such a hit, and the table stays empty: an entry made and aged out for each was
     /// a fifth of the told-open thread's time (two looks in a table of 16,384).
-    fn held_in_memory(&mut self, key: (NodeId, u32)) -> Option<u64> {
+    fn counted_in_memory(&mut self, key: (NodeId, u32)) -> Option<u64> {
         if !self.counted.is_empty() {
             self.counted.remove(&key);
         }
@@ -255,7 +242,6 @@ impl ToldTable {
                 Next::Make {
                     counted: c.counted,
                     hit: c.hit,
-                    in_memory: c.in_memory,
                 }
             }
             None if ended => Next::Late,
@@ -377,8 +363,6 @@ pub(super) struct KernelOpens {
     pub watch: OnceLock<Arc<SourceWatch>>,
     /// What tells opens (`events.rs`), once in place (for fanotify, the directories marked).
     events: OnceLock<OpenEvents>,
-    /// When opens of every file came to be told (eBPF, which needs no mark).
-    told_from: OnceLock<std::time::Instant>,
     /// Held while events are read and counted (so that a READ that drains knows its open was
     /// counted when it gets the lock); its buffer.
     drain: Mutex<Vec<u8>>,
@@ -419,7 +403,6 @@ impl KernelOpens {
             }),
             watch: OnceLock::new(),
             events: OnceLock::new(),
-            told_from: OnceLock::new(),
             drain: Mutex::new(vec![0; 256 << 10]),
             told: Mutex::default(),
             asked: Mutex::default(),
@@ -481,7 +464,9 @@ impl KernelOpens {
         // it, is counted a second time (a window of microseconds, once a directory); recorded,
         // an open with no event would hide a later told open of the same file by the thread.
         let marked_before = |d| self.marked.lock().get(&d).is_some_and(|at| *at < now);
-        let told_before = self.told_from.get().is_some_and(|at| *at < now);
+        // eBPF tells every open from the moment it is in place, and the event is queued as the
+        // open returns, after this.
+        let told_before = self.events.get().is_some_and(|e| !e.needs_marks());
         if told_before || dir.is_some_and(marked_before) {
             let mut asked = self.asked.lock();
             if asked.len() >= ASKED_MAX {
@@ -725,7 +710,6 @@ impl DatasetFs {
             Err(_) => return Err("marked twice".into()),
         };
         if !events.needs_marks() {
-            let _ = self.opener.opens.told_from.set(std::time::Instant::now());
             tracing::debug!("opens: told by eBPF");
             return Ok(());
         }
@@ -825,12 +809,12 @@ impl DatasetFs {
         let counted = self.count_access(job, &accessed, hit, caller, now);
         self.tell_prefetcher(&accessed, &counted, hit);
         crate::stats::Counters::add(&self.reads.ledger.stats().counters.told_opens, 1);
+        let mut told = self.opener.opens.told.lock();
         let ended = match in_memory {
-            true => self.opener.opens.told.lock().held_in_memory((ino, tid)),
-            false => {
-                (self.opener.opens.told.lock()).counted((ino, tid), counted, hit, in_memory, now)
-            }
+            true => told.counted_in_memory((ino, tid)),
+            false => told.counted((ino, tid), counted, hit, now),
         };
+        drop(told);
         if let Some(fh) = ended {
             self.release(fh);
         }
@@ -865,11 +849,7 @@ impl DatasetFs {
         }
         let fh = match next {
             Next::Read(fh) => fh,
-            Next::Make {
-                counted,
-                hit,
-                in_memory,
-            } => match self.told_handle(ino, caller, counted, hit, in_memory) {
+            Next::Make { counted, hit } => match self.told_handle(ino, caller, counted, hit) {
                 Ok(fh) => {
                     (self.opener.opens.told.lock().reading)
                         .insert(key, Reading::Open { fh, at: now });
@@ -935,13 +915,11 @@ impl DatasetFs {
         caller: Caller,
         counted: Counted,
         hit: bool,
-        in_memory: bool,
     ) -> Result<u64, FsError> {
         let opened = self.open_source(ino, caller)?;
         let reading = KernelReading::told(hit);
         let mut handle =
             super::open::file_handle(ino, caller, opened, counted, hit, Access::Counted, reading);
-        handle.cached_at_open = in_memory;
         handle.told = true;
         let fh = self.handles.next_fh();
         self.handles.insert_file(fh, handle);
