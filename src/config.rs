@@ -11,7 +11,7 @@ use crate::cache::{CacheConfig, PolicyKind};
 use crate::jobs::{HintLimits, JobConfig};
 use crate::prefetch::PrefetchConfig;
 
-/// Who opens the mount's files (`--opens`; see `crate::fs`'s `told.rs`).
+/// Who opens the mount's files (`--opens`; see `crate::fs`'s `told/`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Opens {
     /// The daemon until the scan shows it safe, then the kernel, which tells the daemon.

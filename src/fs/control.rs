@@ -1,6 +1,6 @@
 //! The mount's control socket: order hints without opening a file.
 //!
-//! Where the kernel opens files itself (`told.rs`) an open of the order file never reaches the
+//! Where the kernel opens files itself (`told/`) an open of the order file never reaches the
 //! daemon, so a hint would have to be keyed by its process (`order.rs` does that, for
 //! compatibility). The control socket is the direct way: `coorfs hint`, `coorfs read --hint`,
 //! `coorfs run`'s hook and the Python package connect, send the hint's text (paths, one a line)

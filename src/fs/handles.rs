@@ -199,7 +199,7 @@ pub(super) struct FileHandle {
     /// (silent: its access was counted then). Its release ends the inode's open as the
     /// previous daemon granted it.
     pub adopted: bool,
-    /// Made for an open the kernel made itself and told of (`told.rs`): the kernel holds no
+    /// Made for an open the kernel made itself and told of (`told/`): the kernel holds no
     /// handle of it, so no successor daemon is told of it.
     pub told: bool,
 }

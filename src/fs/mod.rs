@@ -12,7 +12,7 @@
 //!   them in order on the FUSE thread, the fetch behind them), the prefetcher
 //!   ([`crate::prefetch`]), the jobs ([`crate::jobs`]) and the ledger where every access and
 //!   byte is counted ([`crate::jobs::ledger`]);
-//! - `Opener`: who opens files (`told.rs`), what the kernel keeps of them
+//! - `Opener`: who opens files (`told/`), what the kernel keeps of them
 //!   (`kernel_cache.rs`), passthrough (`passthrough.rs`), and what it is told when the source
 //!   changes (`watch.rs`);
 //! - the handle table (`handles.rs`), the order files (`order.rs`), the cluster membership
@@ -33,7 +33,7 @@
 //! - `passthrough.rs`: which opens the kernel reads from a backing file by itself;
 //! - `takeover.rs`: what the core records for a successor daemon, and a mount taken over
 //!   from an earlier one;
-//! - `told.rs`, `watch.rs`, `control.rs`: opens the kernel makes and tells of, the watch of
+//! - `told/`, `watch.rs`, `control.rs`: opens the kernel makes and tells of, the watch of
 //!   the source, the mount's control socket.
 
 mod attrs;
@@ -172,7 +172,7 @@ pub enum Invalidation {
     /// A name in a directory (the directory's node, the name).
     Entry(NodeId, std::ffi::OsString),
     /// Not a forgetting: the whole bytes of a file of this version, for the kernel's page
-    /// cache (`told.rs`); handed over only while the file is still that version
+    /// cache (`told/`); handed over only while the file is still that version
     /// ([`DatasetFs::hand_over`]).
     Store(
         NodeId,
@@ -284,7 +284,7 @@ struct Reads {
     ledger: Arc<Ledger>,
 }
 
-/// How opens are answered (`open.rs`): by the daemon or the kernel (`told.rs`), with what the
+/// How opens are answered (`open.rs`): by the daemon or the kernel (`told/`), with what the
 /// kernel may keep of a file (`kernel_cache.rs`), read by passthrough or not
 /// (`passthrough.rs`), and what the kernel must be told when the source changes (`watch.rs`).
 struct Opener {
@@ -293,7 +293,7 @@ struct Opener {
     /// Nodes whose source entry changed while the kernel was not told (see `open`).
     stale_in_kernel: Mutex<std::collections::HashSet<NodeId>>,
     /// Who opens files, and what the daemon is told of the opens it does not see
-    /// (`told.rs`).
+    /// (`told/`).
     opens: told::KernelOpens,
     /// Opens the kernel reads by itself (`passthrough.rs`).
     passthrough: passthrough::Passthrough,
@@ -491,7 +491,7 @@ impl DatasetFs {
 
     /// OPEN is answered `ENOSYS`, so that the kernel stops sending it (and FLUSH and RELEASE):
     /// it checks permissions itself from the attributes it caches (`default_permissions`)
-    /// and keeps every file's pages. A hot file then costs no round trip at all (`told.rs`).
+    /// and keeps every file's pages. A hot file then costs no round trip at all (`told/`).
     pub fn kernel_opens(&self) -> bool {
         self.opener.opens.refuse_open()
     }

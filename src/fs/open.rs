@@ -539,7 +539,7 @@ pub(super) struct KernelReading {
 }
 
 impl KernelReading {
-    /// A file the kernel opened itself and told of (`told.rs`): through its page cache. A
+    /// A file the kernel opened itself and told of (`told/`): through its page cache. A
     /// miss's reads all reach the daemon (the pages it had of the file went when it was
     /// last read) and count what they move; a hit's may be served from the pages.
     pub(super) fn told(hit: bool) -> KernelReading {

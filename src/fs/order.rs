@@ -44,7 +44,7 @@
 //! ([`crate::jobs::HintBudget`]).
 //!
 //! The hint belongs to the job of the process that opened the order file. Where the kernel
-//! opens files itself (`told.rs`), no OPEN reaches the daemon and every descriptor's ioctls
+//! opens files itself (`told/`), no OPEN reaches the daemon and every descriptor's ioctls
 //! come with handle 0: a hint is then the writing process's, from its first chunk to its
 //! commit. The control socket (`control.rs`) takes hints without any file.
 //!

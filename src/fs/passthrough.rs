@@ -46,7 +46,7 @@
 //! `FUSE_PASSTHROUGH` (before 6.9, or built without it), or a daemon the kernel refuses a
 //! backing file (it needs `CAP_SYS_ADMIN`): every open goes through the daemon as before. The
 //! daemon says which, once, in its log. Once the kernel opens files itself (`--opens`,
-//! `told.rs`): it opens them through its page cache, which it refuses (EIO) for an inode with
+//! `told/`): it opens them through its page cache, which it refuses (EIO) for an inode with
 //! a backing file, so before that switch no new inode is passed through and the switch waits
 //! for the last release of those that are ([`Passthrough::close`]).
 

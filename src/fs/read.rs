@@ -104,7 +104,7 @@ impl DatasetFs {
     }
 
     /// A READ of node `ino`, open as `fh`: the order file reads as empty; where the kernel
-    /// opens files itself (no OPEN, so no handle), through the open it told of (`told.rs`); a handle
+    /// opens files itself (no OPEN, so no handle), through the open it told of (`told/`); a handle
     /// an earlier daemon of the mount gave out is opened again at its first read
     /// (`takeover.rs`).
     pub fn read_node(
@@ -119,7 +119,7 @@ impl DatasetFs {
         if let Some(order) = order::control(ino) {
             return done(Ok(order.read()));
         }
-        // Handle 0: the kernel opened the file itself (`told.rs`).
+        // Handle 0: the kernel opened the file itself (`told/`).
         if fh == 0 {
             return self.read_told(ino, offset, size, caller, done);
         }
@@ -127,7 +127,7 @@ impl DatasetFs {
         self.read(fh, offset, size, done);
     }
 
-    /// A read of a file the kernel opened itself and did not tell of (see `told.rs`): the
+    /// A read of a file the kernel opened itself and did not tell of (see `told/`): the
     /// file is opened for this read alone, as the caller (the source still checks its
     /// permissions), and the read at offset 0 is the job's access of the file (see [`Access`]).
     pub(super) fn read_unopened(

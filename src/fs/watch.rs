@@ -1,7 +1,7 @@
 //! The source, watched: a change made to the source directory after the mount reaches the
 //! kernel at once, not when its cached attributes expire.
 //!
-//! Where the kernel opens files itself (`told.rs`), no open asks the daemon, so no open can
+//! Where the kernel opens files itself (`told/`), no open asks the daemon, so no open can
 //! find a file changed: the kernel checks permissions against the modes it cached, and serves
 //! the pages it holds. So every directory of the source is watched with inotify (the scan adds
 //! each before it lists it, a directory made later is added when it appears), and each change

@@ -14,7 +14,7 @@
 //!   keeps such files mappable), or a backing file for passthrough (`FUSE_PASSTHROUGH`,
 //!   stack depth 1; the core registers and unregisters them through [`KernelBacking`]).
 //! - OPEN is answered `ENOSYS` once the core lets the kernel open files itself (`--opens`,
-//!   the core's `told.rs`): the kernel sends no OPEN, FLUSH or RELEASE on the connection from
+//!   the core's `told/`): the kernel sends no OPEN, FLUSH or RELEASE on the connection from
 //!   then on; OPENDIR too, and the kernel sends no OPENDIR or RELEASEDIR and keeps each
 //!   listing it read until the directory changes (FUSE's no-opendir mode caches listings as
 //!   `FOPEN_CACHE_DIR` does); and `FUSE_AUTO_INVAL_DATA` lets it drop a file's pages when its
@@ -451,7 +451,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _req = self.begin(req, Op::Open, ino.0);
         if self.fs.kernel_opens() {
-            // The kernel stops sending OPEN (and RELEASE) on this connection (fs/told.rs).
+            // The kernel stops sending OPEN (and RELEASE) on this connection (fs/told/).
             return reply.error(Errno::ENOSYS);
         }
         match self.fs.open(ino.0, flags.0, caller(req)) {

@@ -3,7 +3,7 @@
 //!
 //! A job is found from the process tree in `/proc` (`tree.rs`). An open the daemon answers is
 //! looked up while its process waits, but an open the kernel makes by itself is told after the
-//! fact (`crate::fs`'s `told.rs`): a short-lived reader (`cat` in a loop, a DataLoader worker
+//! fact (`crate::fs`'s `told/`): a short-lived reader (`cat` in a loop, a DataLoader worker
 //! whose epoch was a few milliseconds) may be gone by then, and with it its `/proc` entry.
 //! Its parent usually is not. The proc connector reports every fork as it happens, before the
 //! child runs a line of its own; the last [`FORKS_MAX`] are kept (12 bytes each), child to

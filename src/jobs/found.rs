@@ -1,7 +1,7 @@
 //! The job each process was last found in, for its opens counted after it exited.
 //!
 //! An open the kernel makes by itself is told to the daemon after the fact (`crate::fs`'s
-//! `told.rs`), and a DataLoader worker whose files were hot may read its share and exit
+//! `told/`), and a DataLoader worker whose files were hot may read its share and exit
 //! before its last opens are counted; its parent may exit too (the job's last epoch). A
 //! process that is gone cannot be looked up, so each process is remembered with the job it
 //! was found in while it ran, and its parent with the job of its children (a worker's

@@ -546,7 +546,7 @@ impl Jobs {
         self.get_after(pid, uid, now, None)
     }
 
-    /// [`Jobs::get`] for an open told after the fact (`crate::fs`'s `told.rs`): a process
+    /// [`Jobs::get`] for an open told after the fact (`crate::fs`'s `told/`): a process
     /// gone by then is placed by what was found of it or of its parents while they ran
     /// ([`found`]), its parents named by `forks` (see [`forks`]).
     pub fn get_after(

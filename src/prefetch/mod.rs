@@ -186,7 +186,7 @@ pub struct Prefetcher {
 
 /// Called with a file's node, version and bytes when a prefetch brought the whole file into
 /// the cache in one block: where the kernel opens files itself, its page cache takes them, and
-/// the file's reader then reads it with no request at all (`crate::fs`'s `told.rs`).
+/// the file's reader then reads it with no request at all (`crate::fs`'s `told/`).
 pub type WholeFile =
     Box<dyn Fn(crate::namespace::NodeId, FileVersion, Arc<crate::block::Block>) + Send + Sync>;
 
