@@ -234,7 +234,8 @@ pub struct MountArgs {
     /// the kernel may open them itself (as root, a dataset of files under 4 MiB on average, a
     /// source it can watch, no POSIX ACLs unless --acl) and opens come 1,000 a second, the
     /// kernel does from then on, checking the source's live modes, and tells the daemon of
-    /// each open (hits, epochs, prefetch): a file whose pages it holds, and a directory it has
+    /// each open (hits, epochs, prefetch; by eBPF, else fanotify: COORFS_TOLD_BY): a file
+    /// whose pages it holds, and a directory it has
     /// listed, cost no round trip. daemon: every open asks the daemon, which opens the source
     /// file as the caller. kernel: the kernel from the first open, even where the daemon
     /// cannot be told of them. Stats opens and opens_why say which and why.
