@@ -9,8 +9,10 @@
 #
 # Parts:
 #   hot  - HOT_FILES files of 100 KiB (6,000), every file in coorfs's cache and the kernel's
-#          page cache: `coorfs read --procs 2 --epochs 5`, seconds for the five epochs; and
-#          the daemon's CPU an open over the timed epochs (the told-open thread's part too).
+#          page cache: `coorfs read --procs 2 --epochs 5`, seconds for the five epochs; the
+#          daemon's CPU an open over the timed epochs (the told-open thread's part too); and
+#          how much of each side's pages lie in order in memory. Each repetition reads both
+#          sides' pages in afresh, the sides taking turns at going first (see hot_pages).
 #   py   - the same files read the same way by Python (scripts/py-read.py: `open(path,
 #          "rb").read()` in 2 forked processes), natively, through the mount, and through it
 #          under `coorfs run` (which spares each open the isatty() ioctl CPython asks, a round
@@ -119,35 +121,65 @@ PY
 }
 
 # mount_hot: the hot parts' dataset at $src, mounted at $mnt, every file of it in coorfs's
-# cache and in the kernel's page cache on both sides.
+# cache (one epoch through the mount).
 mount_hot() {
     src=$DATA/hot-$HOT_FILES
     python3 scripts/make-dataset.py --files "$HOT_FILES" --size 100K --exact --classes 100 "$src" >/dev/null
     mount_default "$src"
     wait_scan "$mnt"
-    # Two epochs fill coorfs's cache and then the kernel's; the native side reads its pages.
-    "$coorfs" read --procs "$PROCS" --epochs 2 "$mnt" >/dev/null
-    "$coorfs" read --procs "$PROCS" --epochs 2 "$src" >/dev/null
+    "$coorfs" read --procs "$PROCS" --epochs 1 "$mnt" >/dev/null
+}
+
+# hot_pages FIRST: both sides' pages of the hot files dropped and read in again by an epoch of
+# each, FIRST's side (native or coorfs) first; prints the sides in the order they went. A hot
+# epoch copies out of these pages, and how they lie in memory matters: on a machine whose
+# free memory is in small pieces, the side that reads first tends to get them, its pages
+# strewn, and the one after whole blocks (one mount's hot epochs: 0.259-0.285 s when it read
+# in second, its pages in order, against native's 0.283-0.300 s; 0.38-0.41 s when it read in
+# first). Pages the dataset's writer left are in order, which no reader can count on. So each
+# repetition makes both sides' pages afresh, the sides taking turns at going first, and says
+# how much of each side's pages lie in order (page_order).
+hot_pages() {
+    local sides=(native coorfs) side
+    [ "$1" = coorfs ] && sides=(coorfs native)
+    drop_pages "$src"
+    drop_pages "$mnt"
+    for side in "${sides[@]}"; do
+        if [ "$side" = native ]; then
+            "$coorfs" read --procs "$PROCS" --epochs 1 "$src" >/dev/null
+        else
+            "$coorfs" read --procs "$PROCS" --epochs 1 "$mnt" >/dev/null
+        fi
+    done
+    echo "${sides[*]}"
 }
 
 part_hot() {
     local src
     mount_hot
-    local rep daemon cpu0 told0
+    local rep daemon ticks=0 told=0 cpu0 told0 side sides
     daemon=$(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
-    cpu0=$(own_ticks "$daemon")
-    told0=$(thread_ticks "$daemon" coorfs-told)
     for rep in $(seq 1 "$REPS"); do
-        sample hot native "$rep" "$(read_epochs "$src" 5 "$rep")"
-        sample hot coorfs "$rep" "$(read_epochs "$mnt" 5 "$rep")"
+        if ((rep % 2)); then sides=$(hot_pages native); else sides=$(hot_pages coorfs); fi
+        echo "hot: repetition $rep read in $sides; pages in order: native $(page_order "$src"), coorfs $(page_order "$mnt")" | tee -a "$work/notes"
+        for side in $sides; do
+            if [ "$side" = native ]; then
+                sample hot native "$rep" "$(read_epochs "$src" 5 "$rep")"
+                continue
+            fi
+            cpu0=$(own_ticks "$daemon")
+            told0=$(thread_ticks "$daemon" coorfs-told)
+            sample hot coorfs "$rep" "$(read_epochs "$mnt" 5 "$rep")"
+            ticks=$((ticks + $(own_ticks "$daemon") - cpu0))
+            told=$((told + $(thread_ticks "$daemon" coorfs-told) - told0))
+        done
     done
     # The daemon's own CPU for each open of the timed epochs (the told-open thread's part of
     # it): what a hot file costs the CPUs a job's decoding needs.
-    awk -v d=$(($(own_ticks "$daemon") - cpu0)) -v t=$(($(thread_ticks "$daemon" coorfs-told) - told0)) \
-        -v n=$((HOT_FILES * 5 * REPS)) -v hz="$(getconf CLK_TCK)" 'BEGIN {
+    awk -v d=$ticks -v t=$told -v n=$((HOT_FILES * 5 * REPS)) -v hz="$(getconf CLK_TCK)" 'BEGIN {
         printf "hot: the daemon used %.2f CPU-seconds over %d opens, %.2f us an open (%.2f us in the told-open thread)\n",
             d / hz, n, d / hz / n * 1e6, t / hz / n * 1e6 }' | tee -a "$work/notes"
-    echo "hot: opens by the $(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; d = json.load(sys.stdin); print(d["opens"] + ", " + d["opens_why"])'); requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (4 + 5 * REPS))))" | tee -a "$work/notes"
+    echo "hot: opens by the $(coorfs_stat "$mnt" stats | python3 -c 'import json,sys; d = json.load(sys.stdin); print(d["opens"] + ", " + d["opens_why"])'); requests per file read over every epoch: $(requests_per_file "$mnt" $((HOT_FILES * (1 + 6 * REPS))))" | tee -a "$work/notes"
     umount_default
     summary hot "seconds for 5 epochs" | tee -a "$work/tables"
 }
@@ -168,6 +200,7 @@ part_py() {
     mount_hot
     local rep
     for rep in $(seq 1 "$REPS"); do
+        if ((rep % 2)); then hot_pages native >/dev/null; else hot_pages coorfs >/dev/null; fi
         sample py native "$rep" "$(py_epochs "$src" 5 "$rep")"
         sample py coorfs "$rep" "$(py_epochs "$mnt" 5 "$rep")"
         sample py coorfs-run "$rep" "$(py_epochs "$mnt" 5 "$rep" run)"

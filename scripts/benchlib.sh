@@ -128,6 +128,44 @@ for root, _, files in os.walk(sys.argv[1]):
 PY
 }
 
+# page_order DIR [FILES]: of the pages the page cache holds for FILES (300) files spread over
+# DIR, the share that sit in memory right after the page before them in the file
+# (/proc/self/pagemap, root only; a page not cached is read in by the look). Copying out of
+# pages strewn over memory costs more: one mount of 100 KiB files read its hot epochs in
+# 0.265-0.281 s with its pages in order and 0.307-0.329 s strewn, native 0.29-0.30 s.
+page_order() {
+    python3 - "$1" "${2:-300}" <<'PY'
+import ctypes, mmap, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+files = sorted(os.path.join(r, f) for r, _, fs in os.walk(sys.argv[1]) for f in fs)
+files = files[:: max(1, len(files) // int(sys.argv[2]))]
+pairs = follow = 0
+with open("/proc/self/pagemap", "rb") as pagemap:
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+        if size:
+            at = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            view = (ctypes.c_char * size).from_address(at)
+            prev = None
+            for page in range((size + 4095) // 4096):
+                view[page * 4096]  # faults the page in from the page cache
+                pagemap.seek((at // 4096 + page) * 8)
+                entry = struct.unpack("Q", pagemap.read(8))[0]
+                pfn = entry & ((1 << 55) - 1) if entry >> 63 else None
+                if prev is not None and pfn is not None:
+                    pairs += 1
+                    follow += pfn == prev + 1
+                prev = pfn
+            libc.munmap(at, size)
+        os.close(fd)
+print(f"{follow / pairs:.2f}" if pairs else "-")
+PY
+}
+
 # coorfs_stat MNT NAME: one stat of a mount (its user.coorfs.NAME attribute; no getfattr).
 coorfs_stat() {
     python3 -c 'import os, sys; print(os.getxattr(sys.argv[1], "user.coorfs." + sys.argv[2]).decode())' "$1" "$2"
