@@ -61,12 +61,25 @@ impl std::fmt::Debug for OpenEvents {
     }
 }
 
-/// `COORFS_TOLD_BY` as given, checked: "" (unset), "ebpf" or "fanotify".
-pub fn told_by() -> Result<String, String> {
+/// How `COORFS_TOLD_BY` asks to be told of opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToldBy {
+    /// Unset (or empty): eBPF where the kernel loads it, else fanotify.
+    Either,
+    Ebpf,
+    Fanotify,
+}
+
+/// `COORFS_TOLD_BY`, checked: unset or empty, `ebpf` or `fanotify`.
+pub fn told_by() -> Result<ToldBy, String> {
     match std::env::var(TOLD_BY_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(String::new()),
-        Ok(v) if matches!(v.as_str(), "" | "ebpf" | "fanotify") => Ok(v),
-        Ok(v) => Err(format!("{TOLD_BY_ENV}={v}: must be ebpf or fanotify")),
+        Err(std::env::VarError::NotPresent) => Ok(ToldBy::Either),
+        Ok(v) => match v.as_str() {
+            "" => Ok(ToldBy::Either),
+            "ebpf" => Ok(ToldBy::Ebpf),
+            "fanotify" => Ok(ToldBy::Fanotify),
+            _ => Err(format!("{TOLD_BY_ENV}={v}: must be ebpf or fanotify")),
+        },
         Err(e) => Err(format!("{TOLD_BY_ENV}: {e}")),
     }
 }
@@ -77,11 +90,11 @@ impl OpenEvents {
     /// the caller then places ([`OpenEvents::needs_marks`]).
     pub fn new(mountpoint: &Path) -> Result<OpenEvents, String> {
         let wanted = told_by()?;
-        let bpf_why = match wanted.as_str() {
-            "fanotify" => format!("{TOLD_BY_ENV}=fanotify"),
-            _ => match BpfOpens::new(mountpoint) {
+        let bpf_why = match wanted {
+            ToldBy::Fanotify => format!("{TOLD_BY_ENV}=fanotify"),
+            ToldBy::Ebpf | ToldBy::Either => match BpfOpens::new(mountpoint) {
                 Ok(b) => return Ok(OpenEvents::Bpf(Box::new(b))),
-                Err(why) if wanted == "ebpf" => return Err(format!("eBPF: {why}")),
+                Err(why) if wanted == ToldBy::Ebpf => return Err(format!("eBPF: {why}")),
                 Err(why) => why,
             },
         };
