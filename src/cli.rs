@@ -235,10 +235,10 @@ pub struct MountArgs {
     /// source it can watch, no POSIX ACLs unless --acl) and opens come 1,000 a second, the
     /// kernel does from then on, checking the source's live modes, and tells the daemon of
     /// each open (hits, epochs, prefetch; by eBPF, else fanotify: COORFS_TOLD_BY): a file
-    /// whose pages it holds, and a directory it has
-    /// listed, cost no round trip. daemon: every open asks the daemon, which opens the source
-    /// file as the caller. kernel: the kernel from the first open, even where the daemon
-    /// cannot be told of them. Stats opens and opens_why say which and why.
+    /// whose pages it holds, and a directory it has listed, cost no round trip. daemon: every
+    /// open asks the daemon, which opens the source file as the caller. kernel: the kernel
+    /// from the first open, even where the daemon cannot be told of them. Stats opens and
+    /// opens_why say which and why.
     #[arg(long, value_enum, value_name = "WHO", default_value_t = OpensArg::Auto, help_heading = "Mount")]
     pub opens: OpensArg,
     /// The same as --opens kernel.
