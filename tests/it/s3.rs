@@ -449,31 +449,16 @@ fn an_object_beside_a_folder_marker_of_its_name_is_the_file_with_its_bytes() {
 #[test]
 fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
     // A shard read as a tar reader reads it (16 KiB at a time, in order) from a store 30 ms
-    // away: one ranged GET per 8 MiB part, several in flight while the reader reads on. Block
-    // by block, one at a time, it was 48 GETs in a row.
+    // away whose streams bring 40 MB/s each (a product of 1.2 MB, under a part): one ranged
+    // GET per 8 MiB part, several in flight while the reader reads on. Block by block, one at
+    // a time, it was 48 GETs in a row.
     let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "shards");
     let shard = bytes(40, 48 << 20);
     bucket.put("wds/shard-000.tar", &shard);
-    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(30));
+    let proxy = FaultProxy::paced(server.port, Duration::from_millis(30), 40_000_000);
     let m = mount(&proxy.endpoint(), "s3://shards/wds", &["--no-prefetch"]);
-    let mut f = std::fs::File::open(m.mnt.join("shard-000.tar")).unwrap();
-    let mut got = Vec::with_capacity(shard.len());
-    let mut buf = vec![0; 16 << 10];
-    loop {
-        let n = f.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert!(got == shard, "the bytes differ");
-    drop(f);
-    let gets: Vec<Served> = proxy
-        .served("shard-000.tar")
-        .into_iter()
-        .filter(|s| s.line.starts_with("GET "))
-        .collect();
+    let gets = read_in_sequence(&m, &proxy, "shard-000.tar", &shard);
     // A GET that timed out under load is sent again (and counted as retried).
     let s = stats(&m.mnt);
     let retried = num(&s, "source_retried") as usize;
@@ -492,6 +477,48 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
     assert_eq!(num(&s, "bytes_from_source"), shard.len() as u64, "{s}");
     assert!(num(&s, "source_requests_per_gib") <= 256, "{s}");
     m.unmount();
+}
+
+#[test]
+fn a_store_whose_one_stream_is_fast_is_read_in_runs_of_several_parts() {
+    // 30 ms before each answer, then the body as fast as the host copies it (about 1 GB/s, a
+    // product of 30 MB): after the first parts, a GET reads as many parts as the readahead
+    // buffer holds (4), so a 96 MiB shard is read in fewer GETs than its 12 parts, each byte
+    // once.
+    let server = S3Server::start(Kind::S3);
+    let bucket = Bucket::create(&server, "fast");
+    let shard = bytes(41, 96 << 20);
+    bucket.put("wds/shard-000.tar", &shard);
+    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(30));
+    let m = mount(&proxy.endpoint(), "s3://fast/wds", &["--no-prefetch"]);
+    let gets = read_in_sequence(&m, &proxy, "shard-000.tar", &shard);
+    let s = stats(&m.mnt);
+    let retried = num(&s, "source_retried") as usize;
+    assert!(gets.len() <= 8 + retried, "12 parts in runs: {gets:#?} {s}");
+    assert_eq!(num(&s, "bytes_from_source"), shard.len() as u64, "{s}");
+    m.unmount();
+}
+
+/// Reads `name` at `m` as a tar reader does (16 KiB at a time, in order), checks its bytes
+/// against `want`, and returns the GETs `proxy` forwarded for it.
+fn read_in_sequence(m: &Mount, proxy: &FaultProxy, name: &str, want: &[u8]) -> Vec<Served> {
+    let mut f = std::fs::File::open(m.mnt.join(name)).unwrap();
+    let mut got = Vec::with_capacity(want.len());
+    let mut buf = vec![0; 16 << 10];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got == want, "the bytes differ");
+    drop(f);
+    proxy
+        .served(name)
+        .into_iter()
+        .filter(|s| s.line.starts_with("GET "))
+        .collect()
 }
 
 /// Shards bigger than a pod, read from S3 by two processes in it, as the elastic cache takes

@@ -34,8 +34,10 @@
 //! reported its bytes ([`ReadOut::last`]). A reader that begins a part has the next two read at
 //! once ([`Fetcher::read_ahead`]), while the readahead buffer has room for them. A block a
 //! tier in front of the source holds (the disk tier) ends the run: it is read from there. So a
-//! big object read once costs one GET per part, about three in flight for each reader. A
-//! directory source reads block by block.
+//! big object read once costs one GET per part, about three in flight for each reader; where
+//! one stream of the store brings more than a part in a request's wait (a server nearby), a
+//! run spans several parts ([`parts::parts_per_run`]). A directory source reads block by
+//! block.
 //!
 //! # Small files in batches
 //! A prefetch of a whole small file from a source that reads such files together (a
@@ -118,6 +120,9 @@ pub struct Fetcher {
     claiming: parking_lot::Mutex<()>,
     /// Blocks a part's run read moments ago, which a later run does not reach over.
     landed: Landed,
+    /// The store's bandwidth-delay product, as the last runs of parts measured it, in bytes
+    /// ([`parts::stream_bdp`]): it sets how many parts a run spans ([`Fetcher::part_blocks`]).
+    stream_bdp: AtomicU64,
     /// Runs of a part being read now (at most `parts_max`, see [`parts_in_flight`]).
     parts_in_flight: AtomicUsize,
     /// The most runs of a part read at once so far.
@@ -201,6 +206,7 @@ impl Fetcher {
             part_blocks: part_blocks.max(1),
             claiming: Default::default(),
             landed: Landed::default(),
+            stream_bdp: AtomicU64::new(0),
             parts_in_flight: AtomicUsize::new(0),
             parts_peak: AtomicUsize::new(0),
             ahead_in_flight: AtomicUsize::new(0),
@@ -296,7 +302,7 @@ impl Fetcher {
     /// already: where the cache keeps no more, a part waits there for its reader, and one
     /// that did not fit would push out blocks read ahead and not read yet.
     pub fn read_ahead(self: &Arc<Self>, rel: Arc<Path>, want: &Want<'_>, report: Report) {
-        let part = self.part_blocks * self.blocks.get();
+        let part = self.part_blocks() * self.blocks.get();
         let waiting =
             self.ahead.bytes() + (self.ahead_in_flight.load(Ordering::Acquire) as u64 + 1) * part;
         if self.part_blocks <= 1
@@ -1076,6 +1082,53 @@ mod tests {
             pool: 0,
         };
         (rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r), bytes)
+    }
+
+    /// Reads block 0 of a 16-block object (parts of 4 blocks, a readahead buffer of 16) from a
+    /// store that waits `wait` before a body that then pauses `pause` after its first block,
+    /// then block 4: returns the blocks of the second run and the store's reads.
+    fn second_run(wait: Duration, pause: Duration) -> (u64, u64) {
+        let bytes: Vec<u8> = (0..16 << 16).map(|i| (i % 251) as u8).collect();
+        let r = Rig {
+            bytes,
+            block: 1 << 16,
+            cache: 0,
+            ahead: 16 << 16,
+            pool: 0,
+        };
+        let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r);
+        *source.read_delay.lock() = wait;
+        *source.run_pause.lock() = pause;
+        let mut told = Vec::new();
+        for b in [0, 4] {
+            let (report, reported) = reporting();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let w: Waiter<FetchResult> = Box::new(move |r| tx.send(r).unwrap());
+            f.fetch(want.rel.into(), &want.block(b), &|| None, w, report);
+            rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+            told.push(
+                reported
+                    .recv_timeout(Duration::from_secs(10))
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert_eq!(told[0], 4 << 16, "the first run is a part");
+        (told[1] >> 16, source.reads())
+    }
+
+    #[test]
+    fn runs_span_more_parts_where_one_stream_brings_more_than_a_part_in_a_request_s_wait() {
+        // A body at about 10 MB/s after no wait: parts side by side add up, a run stays a part.
+        assert_eq!(
+            second_run(Duration::ZERO, Duration::from_millis(20)),
+            (4, 2)
+        );
+        // 100 ms before a body at about 40 MB/s: the rest of the object in one request.
+        assert_eq!(
+            second_run(Duration::from_millis(100), Duration::from_millis(5)),
+            (12, 2)
+        );
     }
 
     /// A report that sends the bytes it is told of.

@@ -79,6 +79,13 @@ impl FaultProxy {
     /// A proxy that also holds every request `delay` before forwarding it: a store across
     /// a network.
     pub fn delayed(upstream: u16, delay: Duration) -> FaultProxy {
+        FaultProxy::paced(upstream, delay, 0)
+    }
+
+    /// [`FaultProxy::delayed`], whose answers' bodies flow at `rate` bytes a second each (0:
+    /// as fast as the host copies them): a cloud store's stream, about 100 MB/s a
+    /// connection.
+    pub fn paced(upstream: u16, delay: Duration, rate: u64) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let faults = Arc::new(Mutex::new(Faults::default()));
@@ -87,7 +94,8 @@ impl FaultProxy {
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let (rules, served) = (rules.clone(), served.clone());
-                std::thread::spawn(move || serve(client, upstream, &rules, &served, delay));
+                let how = Serve { delay, rate };
+                std::thread::spawn(move || serve(client, upstream, &rules, &served, how));
             }
         });
         FaultProxy { port, faults, log }
@@ -167,12 +175,20 @@ pub fn reset(client: TcpStream) {
     }
 }
 
+/// How the proxy answers: each request held `delay`, each body at `rate` bytes a second (0:
+/// at once).
+#[derive(Clone, Copy)]
+pub struct Serve {
+    delay: Duration,
+    rate: u64,
+}
+
 pub fn serve(
     mut client: TcpStream,
     upstream: u16,
     faults: &Mutex<Faults>,
     log: &Mutex<Vec<Served>>,
-    delay: Duration,
+    Serve { delay, rate }: Serve,
 ) {
     let down = faults.lock().unwrap().down_until;
     if down.is_some_and(|until| std::time::Instant::now() < until) {
@@ -232,7 +248,20 @@ pub fn serve(
             .map(|l| format!("{l}\r\n"))
             .collect();
         let _ = client.write_all(format!("{kept}Connection: close\r\n\r\n").as_bytes());
-        let _ = client.write_all(&answer[end + 4..]);
+        let body = &answer[end + 4..];
+        if rate == 0 {
+            let _ = client.write_all(body);
+        } else {
+            // In slices of 64 KiB, each when the rate allows it.
+            let began = std::time::Instant::now();
+            for (i, slice) in body.chunks(64 << 10).enumerate() {
+                let due = Duration::from_secs_f64((i * (64 << 10)) as f64 / rate as f64);
+                std::thread::sleep(due.saturating_sub(began.elapsed()));
+                if client.write_all(slice).is_err() {
+                    break;
+                }
+            }
+        }
     }
     let _ = client.shutdown(Shutdown::Both);
     log.lock().unwrap().push(Served {
