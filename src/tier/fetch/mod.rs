@@ -36,7 +36,7 @@
 //! tier in front of the source holds (the disk tier) ends the run: it is read from there. So a
 //! big object read once costs one GET per part, about three in flight for each reader; where
 //! one stream of the store brings more than a part in a request's wait (a server nearby), a
-//! run spans several parts ([`parts::parts_per_run`]). A directory source reads block by
+//! run spans several parts ([`parts_per_run`]). A directory source reads block by
 //! block.
 //!
 //! # Small files in batches
@@ -57,7 +57,10 @@ mod batch;
 mod parts;
 
 use parts::Landed;
-pub use parts::{LANDED_FOR, LANDED_MAX, PARTS_IN_FLIGHT, PARTS_IN_FLIGHT_MIN, parts_in_flight};
+pub use parts::{
+    LANDED_FOR, LANDED_MAX, PARTS_IN_FLIGHT, PARTS_IN_FLIGHT_MIN, parts_in_flight, parts_per_run,
+    stream_bdp,
+};
 
 use super::ahead::Ahead;
 use super::inflight::{Inflight, Waiter};
@@ -121,7 +124,7 @@ pub struct Fetcher {
     /// Blocks a part's run read moments ago, which a later run does not reach over.
     landed: Landed,
     /// The store's bandwidth-delay product, as the last runs of parts measured it, in bytes
-    /// ([`parts::stream_bdp`]): it sets how many parts a run spans ([`Fetcher::part_blocks`]).
+    /// ([`stream_bdp`]): it sets how many parts a run spans ([`Fetcher::part_blocks`]).
     stream_bdp: AtomicU64,
     /// Runs of a part being read now (at most `parts_max`, see [`parts_in_flight`]).
     parts_in_flight: AtomicUsize,
