@@ -1087,15 +1087,16 @@ mod tests {
         (rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r), bytes)
     }
 
-    /// Reads block 0 of a 16-block object (parts of 4 blocks, a readahead buffer of 16) from a
-    /// store that waits `wait` before a body that then pauses `pause` after its first block,
-    /// then block 4: returns the blocks of the second run and the store's reads.
-    fn second_run(wait: Duration, pause: Duration) -> (u64, u64) {
+    /// Reads block 0 of a 16-block object (parts of 4 blocks, a readahead buffer of 16, a cache
+    /// of `cache` blocks) from a store that waits `wait` before a body that then pauses
+    /// `pause` after its first block, then block 4: returns the blocks of the second run and
+    /// the store's reads.
+    fn second_run(cache: u64, wait: Duration, pause: Duration) -> (u64, u64) {
         let bytes: Vec<u8> = (0..16 << 16).map(|i| (i % 251) as u8).collect();
         let r = Rig {
             bytes,
             block: 1 << 16,
-            cache: 0,
+            cache: cache << 16,
             ahead: 16 << 16,
             pool: 0,
         };
@@ -1122,16 +1123,17 @@ mod tests {
 
     #[test]
     fn runs_span_more_parts_where_one_stream_brings_more_than_a_part_in_a_request_s_wait() {
+        let (slow, fast) = (
+            (Duration::ZERO, Duration::from_millis(20)),
+            (Duration::from_millis(100), Duration::from_millis(5)),
+        );
         // A body at about 10 MB/s after no wait: parts side by side add up, a run stays a part.
-        assert_eq!(
-            second_run(Duration::ZERO, Duration::from_millis(20)),
-            (4, 2)
-        );
-        // 100 ms before a body at about 40 MB/s: the rest of the object in one request.
-        assert_eq!(
-            second_run(Duration::from_millis(100), Duration::from_millis(5)),
-            (12, 2)
-        );
+        assert_eq!(second_run(64, slow.0, slow.1), (4, 2));
+        // 100 ms before a body at about 40 MB/s: the rest of the object in one request, while
+        // the cache has room for the whole readahead buffer.
+        assert_eq!(second_run(64, fast.0, fast.1), (12, 2));
+        // With no room in the cache the blocks wait in the buffer: a run takes half of it.
+        assert_eq!(second_run(0, fast.0, fast.1), (8, 2));
     }
 
     /// A report that sends the bytes it is told of.
