@@ -132,6 +132,9 @@ pub struct Fetcher {
     parts_peak: AtomicUsize,
     /// Parts read ahead of their reader now ([`Fetcher::read_ahead`]).
     ahead_in_flight: AtomicUsize,
+    /// Blocks beyond a part of the parts read ahead in flight that run longer (see
+    /// [`Fetcher::run_blocks`]).
+    ahead_extra: AtomicU64,
     /// At most, by readers and by the prefetcher ([`parts_in_flight`]).
     parts_max: (usize, usize),
     blocks: BlockSize,
@@ -213,6 +216,7 @@ impl Fetcher {
             parts_in_flight: AtomicUsize::new(0),
             parts_peak: AtomicUsize::new(0),
             ahead_in_flight: AtomicUsize::new(0),
+            ahead_extra: AtomicU64::new(0),
             parts_max,
             stats,
             inflight: Inflight::default(),
@@ -306,11 +310,9 @@ impl Fetcher {
     /// that did not fit would push out blocks read ahead and not read yet.
     pub fn read_ahead(self: &Arc<Self>, rel: Arc<Path>, want: &Want<'_>, report: Report) {
         let part = self.part_blocks() * self.blocks.get();
-        let waiting =
-            self.ahead.bytes() + (self.ahead_in_flight.load(Ordering::Acquire) as u64 + 1) * part;
         if self.part_blocks <= 1
             || self.parts_in_flight.load(Ordering::Acquire) + 1 >= self.parts_max.0
-            || waiting > self.ahead.capacity()
+            || self.ahead_waiting() + part > self.ahead.capacity()
             || self.memory.contains(&want.key)
             || self.ahead.contains(&want.key)
             || !self.inflight.claim(&want.key)
@@ -513,7 +515,7 @@ impl Fetcher {
                 return None;
             }
             if !nearer.iter().any(|t| t.may_find(want)) {
-                run = Some(self.claim_part(want));
+                run = Some(self.claim_part(want, ahead));
             }
         }
         let faults = AtomicU64::new(0);
@@ -534,7 +536,7 @@ impl Fetcher {
             None => {
                 let (lo, hi) = run.unwrap_or_else(|| {
                     let _claiming = self.claiming.lock();
-                    self.claim_part(want)
+                    self.claim_part(want, ahead)
                 });
                 if hi - lo > 1 {
                     return Some(self.read_part(want, (lo, hi), ahead, fallback));
@@ -1054,15 +1056,15 @@ mod tests {
             },
             ..want
         };
-        assert_eq!(f.claim_part(&small), (0, 1));
+        assert_eq!(f.claim_part(&small, false), (0, 1));
         assert_eq!(f.parts_peak.load(Ordering::Relaxed), 0);
         // Two readers each read a part (8 blocks); a third read, and the prefetcher's, read
         // their block alone: no room for another part.
-        assert_eq!(f.claim_part(&read(0)), (0, 8));
-        assert_eq!(f.claim_part(&read(8)), (8, 16));
-        assert_eq!(f.claim_part(&read(16)), (16, 17));
+        assert_eq!(f.claim_part(&read(0), false), (0, 8));
+        assert_eq!(f.claim_part(&read(8), false), (8, 16));
+        assert_eq!(f.claim_part(&read(16), false), (16, 17));
         assert_eq!(
-            f.claim_part(&read(24).because(crate::tier::Why::Prefetch)),
+            f.claim_part(&read(24).because(crate::tier::Why::Prefetch), false),
             (24, 25)
         );
         let ahead = f.ahead.capacity();
@@ -1087,7 +1089,7 @@ mod tests {
         (rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r), bytes)
     }
 
-    /// Reads block 0 of a 16-block object (parts of 4 blocks, a readahead buffer of 16, a cache
+    /// Reads block 0 of a 16-block object (parts of 4 blocks, a readahead buffer of 12, a cache
     /// of `cache` blocks) from a store that waits `wait` before a body that then pauses
     /// `pause` after its first block, then block 4: returns the blocks of the second run and
     /// the store's reads.
@@ -1097,7 +1099,7 @@ mod tests {
             bytes,
             block: 1 << 16,
             cache: cache << 16,
-            ahead: 16 << 16,
+            ahead: 12 << 16,
             pool: 0,
         };
         let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r);
@@ -1132,7 +1134,8 @@ mod tests {
         // 100 ms before a body at about 40 MB/s: the rest of the object in one request, while
         // the cache has room for the whole readahead buffer.
         assert_eq!(second_run(64, fast.0, fast.1), (12, 2));
-        // With no room in the cache the blocks wait in the buffer: a run takes half of it.
+        // With no room in the cache the blocks wait in the buffer: a run takes what the first
+        // run's 3 blocks left there untaken leave of it (9 blocks: 2 parts).
         assert_eq!(second_run(0, fast.0, fast.1), (8, 2));
     }
 

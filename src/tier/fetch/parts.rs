@@ -148,6 +148,9 @@ impl Fetcher {
             }
         });
         self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
+        if ahead {
+            (self.ahead_extra).fetch_sub(self.beyond_a_part(lo, hi), Ordering::AcqRel);
+        }
         if let (Ok(()), Some((took, first_bytes))) = (&run, first) {
             let rest = began.elapsed().saturating_sub(took);
             if let Some(bdp) = stream_bdp(took, first_bytes, rest, bytes - first_bytes) {
@@ -211,7 +214,7 @@ impl Fetcher {
     /// (see the module header); returns the run `lo..hi` to read, `key`'s block among them.
     /// Of two reads of one part that start together, the second finds the first's claims
     /// and waits for its GET. Called holding `claiming`.
-    pub(super) fn claim_part(&self, want: &Want<'_>) -> (u64, u64) {
+    pub(super) fn claim_part(&self, want: &Want<'_>, ahead: bool) -> (u64, u64) {
         let (key, demand) = (&want.key, want.why.is_read());
         let b = key.block;
         if self.part_blocks <= 1 {
@@ -234,9 +237,9 @@ impl Fetcher {
         };
         let count = self.blocks.count(key.version.size);
         // A run begins at the part of the block asked for and spans the parts a run calls for
-        // now ([`Fetcher::part_blocks`]).
+        // now ([`Fetcher::run_blocks`]).
         let start = b / self.part_blocks * self.part_blocks;
-        let end = (start + self.part_blocks()).min(count);
+        let end = (start + self.run_blocks(ahead)).min(count);
         // A block in flight whose fetch has not begun to read it is taken into the run: its
         // fetch will find it taken and leave it to this one.
         // A block a tier in front of the source holds (the disk tier) is read from there.
@@ -273,17 +276,28 @@ impl Fetcher {
             self.parts_in_flight.fetch_sub(1, Ordering::AcqRel);
         } else {
             self.parts_peak.fetch_max(before + 1, Ordering::Relaxed);
+            if ahead {
+                (self.ahead_extra).fetch_add(self.beyond_a_part(lo, hi), Ordering::AcqRel);
+            }
         }
         (lo, hi)
     }
 
-    /// Blocks a run of parts spans now (1 for a directory source): `--part-size`'s blocks,
-    /// times the parts the store's streams call for ([`parts_per_run`]). A run's blocks that
-    /// the cache does not keep wait in the readahead buffer: a run takes at most half of it,
-    /// leaving the rest to the other readers' runs, or all of it while the cache has room for
-    /// it (its blocks are kept, none waits there). In a tight pod, runs of the whole buffer
-    /// pushed out blocks before their readers took them: epoch 1 read 1.06x the dataset.
+    /// Blocks of a part (1 for a directory source).
     pub fn part_blocks(&self) -> u64 {
+        self.part_blocks
+    }
+
+    /// Blocks a run spans now: a part's blocks times the parts the store's streams call for
+    /// ([`parts_per_run`]), within the room for them. A run's blocks that the cache does not
+    /// keep and no READ waits for yet wait in the readahead buffer, so while the cache has no
+    /// room for the run, a reader's run takes at most the room the buffer has beside the
+    /// blocks waiting there, and a run read `ahead` of its reader (all of whose blocks may
+    /// wait) the room beside those and the other runs read ahead in flight
+    /// ([`Fetcher::ahead_waiting`]). (Runs of the whole buffer whatever it held pushed out
+    /// blocks in a 320 MiB pod before their readers took them: epoch 1 read 1.06x the
+    /// dataset.)
+    fn run_blocks(&self, ahead: bool) -> u64 {
         if self.part_blocks <= 1 {
             return self.part_blocks;
         }
@@ -291,12 +305,27 @@ impl Fetcher {
         let buffer = self.ahead.capacity();
         let room = if self.memory.has_room_for(buffer) {
             buffer
+        } else if ahead {
+            // This run is among those in flight, counted as a part.
+            (buffer + part).saturating_sub(self.ahead_waiting())
         } else {
-            buffer / 2
+            buffer.saturating_sub(self.ahead.bytes())
         };
-        let most = room / part;
         let bdp = self.stream_bdp.load(Ordering::Relaxed);
-        self.part_blocks * parts_per_run(bdp, part, most)
+        self.part_blocks * parts_per_run(bdp, part, room / part)
+    }
+
+    /// Bytes that wait, or will, in the readahead buffer: its blocks, and those of the runs
+    /// read ahead in flight (a part each, and the blocks of longer ones beyond it).
+    pub(super) fn ahead_waiting(&self) -> u64 {
+        let block = self.blocks.get();
+        let runs = self.ahead_in_flight.load(Ordering::Acquire) as u64 * self.part_blocks;
+        self.ahead.bytes() + (runs + self.ahead_extra.load(Ordering::Acquire)) * block
+    }
+
+    /// Blocks of run `lo..hi` beyond a part.
+    fn beyond_a_part(&self, lo: u64, hi: u64) -> u64 {
+        (hi - lo).saturating_sub(self.part_blocks)
     }
 
     /// True if a file of `size` bytes is an object the prefetcher would read block by block,
