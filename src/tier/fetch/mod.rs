@@ -1139,6 +1139,66 @@ mod tests {
         assert_eq!(second_run(0, fast.0, fast.1), (8, 2));
     }
 
+    #[test]
+    fn a_run_read_ahead_spans_the_room_the_buffer_has_and_gives_it_back() {
+        // A store that answers after 100 ms at about 40 MB/s, a cache with no room, parts of 4
+        // blocks and a buffer of 12: once a reader's first part has taught the fetcher the
+        // store's product and the reader took its blocks, a run read ahead from block 4 spans
+        // the rest of the object (the buffer's 12 blocks, itself counted as a part).
+        let bytes: Vec<u8> = (0..16 << 16).map(|i| (i % 251) as u8).collect();
+        let r = Rig {
+            bytes: bytes.clone(),
+            block: 1 << 16,
+            cache: 0,
+            ahead: 12 << 16,
+            pool: 0,
+        };
+        let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (8, 0)), &r);
+        *source.read_delay.lock() = Duration::from_millis(100);
+        *source.run_pause.lock() = Duration::from_millis(5);
+        let (report, reported) = reporting();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w: Waiter<FetchResult> = Box::new(move |r| tx.send(r).unwrap());
+        f.fetch(want.rel.into(), &want, &|| None, w, report);
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(
+            reported.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Some(4 << 16)
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (1..4).any(|b| f.in_flight(&want.block(b).key)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for b in 1..4 {
+            f.take_ahead(&want.block(b).key)
+                .expect("left for the reader");
+        }
+        let (report, reported) = reporting();
+        f.read_ahead(want.rel.into(), &want.block(4), report);
+        assert_eq!(
+            reported.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Some(12 << 16)
+        );
+        while (4..16).any(|b| f.in_flight(&want.block(b).key)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            f.ahead_extra.load(Ordering::Acquire),
+            0,
+            "the run gave its room back"
+        );
+        // Its blocks fill the buffer, none pushed out.
+        assert_eq!(f.ahead_waiting(), 12 << 16);
+        assert_eq!(source.reads(), 2);
+        for b in 4..16 {
+            let got = f
+                .take_ahead(&want.block(b).key)
+                .expect("left for the reader");
+            assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
+        }
+        assert_eq!(Counters::get(&f.stats.counters.readahead_unused_bytes), 0);
+    }
+
     /// A report that sends the bytes it is told of.
     fn reporting() -> (Report, std::sync::mpsc::Receiver<Option<u64>>) {
         let (tx, rx) = std::sync::mpsc::channel();
