@@ -184,6 +184,7 @@ impl DatasetFs {
                     0
                 })
             }
+            Stat::SourceStreamBdpBytes => Value::Count(self.reads.tiers.fetcher.stream_bdp()),
             Stat::StagingBytes => Value::Count(self.reads.prefetcher.staging_bytes()),
             Stat::PrefetchMemory => Value::Count(self.reads.prefetcher.staging_capacity()),
             Stat::KernelCache => Value::Count(u64::from(self.opener.kernel.keeps())),

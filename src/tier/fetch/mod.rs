@@ -58,8 +58,8 @@ mod parts;
 
 use parts::Landed;
 pub use parts::{
-    LANDED_FOR, LANDED_MAX, PARTS_IN_FLIGHT, PARTS_IN_FLIGHT_MIN, parts_in_flight, parts_per_run,
-    stream_bdp,
+    LANDED_FOR, LANDED_MAX, PARTS_IN_FLIGHT, PARTS_IN_FLIGHT_MIN, STREAM_SAMPLES, Stream,
+    parts_in_flight, parts_per_run, stream_sample,
 };
 
 use super::ahead::Ahead;
@@ -123,9 +123,9 @@ pub struct Fetcher {
     claiming: parking_lot::Mutex<()>,
     /// Blocks a part's run read moments ago, which a later run does not reach over.
     landed: Landed,
-    /// The store's bandwidth-delay product, as the last runs of parts measured it, in bytes
-    /// ([`stream_bdp`]): it sets how many parts a run spans ([`Fetcher::part_blocks`]).
-    stream_bdp: AtomicU64,
+    /// The store's stream as the last runs of parts measured it ([`Stream`]): its
+    /// bandwidth-delay product sets how many parts a run spans ([`Fetcher::run_blocks`]).
+    stream: Stream,
     /// Runs of a part being read now (at most `parts_max`, see [`parts_in_flight`]).
     parts_in_flight: AtomicUsize,
     /// The most runs of a part read at once so far.
@@ -212,7 +212,7 @@ impl Fetcher {
             part_blocks: part_blocks.max(1),
             claiming: Default::default(),
             landed: Landed::default(),
-            stream_bdp: AtomicU64::new(0),
+            stream: Stream::default(),
             parts_in_flight: AtomicUsize::new(0),
             parts_peak: AtomicUsize::new(0),
             ahead_in_flight: AtomicUsize::new(0),

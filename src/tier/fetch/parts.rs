@@ -38,26 +38,64 @@ pub fn parts_in_flight(budget: u64, part: u64) -> (usize, usize) {
     (readers, prefetcher)
 }
 
-/// The store's bandwidth-delay product as one run of a part measured it, in bytes: the rate
-/// of its body after the first block (`rest_bytes` in `rest`) times its wait for the first
-/// byte (`first`, which brought `first_bytes`, less their time at that rate). None for a run
-/// too short to tell (under a millisecond after its first block).
-pub fn stream_bdp(
+/// One run of a part's look at a stream of the store: the rate of its body after the first
+/// block (`rest_bytes` in `rest`), in bytes a second, and its wait for the first byte
+/// (`first`, which brought `first_bytes`, less their time at that rate), in seconds. None for
+/// a run too short to tell (under a millisecond after its first block).
+pub fn stream_sample(
     first: Duration,
     first_bytes: u64,
     rest: Duration,
     rest_bytes: u64,
-) -> Option<u64> {
+) -> Option<(f64, f64)> {
     if rest < Duration::from_millis(1) || rest_bytes == 0 {
         return None;
     }
     let rate = rest_bytes as f64 / rest.as_secs_f64();
     let wait = (first.as_secs_f64() - first_bytes as f64 / rate).max(0.0);
-    Some((rate * wait) as u64)
+    Some((rate, wait))
+}
+
+/// Runs a [`Stream`] judges the store by.
+pub const STREAM_SAMPLES: usize = 8;
+
+/// A stream of the store as the last [`STREAM_SAMPLES`] runs of parts saw it
+/// ([`stream_sample`]): its bandwidth-delay product is their median rate times their
+/// shortest wait. The shortest, as TCP's BBR takes a path's round trip: a wait is the store's
+/// plus whatever held the answer up on the way, the daemon's threads waiting for a CPU among
+/// them (under two busy CPUs, runs from a store paced at 40 MB/s after 30 ms, a product of
+/// 1.2 MB, saw products of 5 MB), and the store's own is the least of them. The median rate,
+/// as one run's body read out of the socket's buffer at once says little of the stream.
+#[derive(Debug, Default)]
+pub struct Stream {
+    samples: parking_lot::Mutex<std::collections::VecDeque<(f64, f64)>>,
+    /// The product the samples give, in bytes, for readers that take no lock.
+    bdp: std::sync::atomic::AtomicU64,
+}
+
+impl Stream {
+    /// Takes in a run's `(rate, wait)`, the oldest of the window leaving.
+    pub fn note(&self, (rate, wait): (f64, f64)) {
+        let mut samples = self.samples.lock();
+        if samples.len() == STREAM_SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back((rate, wait));
+        let mut rates: Vec<f64> = samples.iter().map(|s| s.0).collect();
+        rates.sort_by(f64::total_cmp);
+        let wait = samples.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+        let bdp = rates[rates.len() / 2] * wait;
+        self.bdp.store(bdp as u64, Ordering::Relaxed);
+    }
+
+    /// The bandwidth-delay product in bytes: 0 before a run was noted.
+    pub fn bdp(&self) -> u64 {
+        self.bdp.load(Ordering::Relaxed)
+    }
 }
 
 /// Parts of `part` bytes a run spans, from the store's bandwidth-delay product `bdp`
-/// ([`stream_bdp`]): enough that a request's wait is at most a third of its time (a run of
+/// ([`Stream`]): enough that a request's wait is at most a third of its time (a run of
 /// twice the product), from one part to `most`. A part is sized for a cloud store's streams
 /// (about 100 MB/s and 20-50 ms a request: a product of 2-5 MB), where parts read side by
 /// side add up to a reader's speed. On a store whose one stream is fast (a server nearby) the
@@ -153,12 +191,8 @@ impl Fetcher {
         }
         if let (Ok(()), Some((took, first_bytes))) = (&run, first) {
             let rest = began.elapsed().saturating_sub(took);
-            if let Some(bdp) = stream_bdp(took, first_bytes, rest, bytes - first_bytes) {
-                // Smoothed over the last few runs: one slow answer moves it a quarter.
-                let _ =
-                    (self.stream_bdp).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                        Some((3 * old + bdp) / 4)
-                    });
+            if let Some(sample) = stream_sample(took, first_bytes, rest, bytes - first_bytes) {
+                self.stream.note(sample);
             }
         }
         if let Err(e) = &run {
@@ -288,6 +322,12 @@ impl Fetcher {
         self.part_blocks
     }
 
+    /// The store's bandwidth-delay product for one stream, as the last runs of parts measured
+    /// it ([`Stream`]), in bytes; 0 before a run was read.
+    pub fn stream_bdp(&self) -> u64 {
+        self.stream.bdp()
+    }
+
     /// Blocks a run spans now: a part's blocks times the parts the store's streams call for
     /// ([`parts_per_run`]), within the room for them. A run's blocks that the cache does not
     /// keep and no READ waits for yet wait in the readahead buffer, so while the cache has no
@@ -311,8 +351,7 @@ impl Fetcher {
         } else {
             buffer.saturating_sub(self.ahead.bytes())
         };
-        let bdp = self.stream_bdp.load(Ordering::Relaxed);
-        self.part_blocks * parts_per_run(bdp, part, room / part)
+        self.part_blocks * parts_per_run(self.stream.bdp(), part, room / part)
     }
 
     /// Bytes that wait, or will, in the readahead buffer: its blocks, and those of the runs
@@ -353,22 +392,42 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn the_bandwidth_delay_product_is_the_body_s_rate_times_the_wait_before_it() {
+    fn a_run_s_sample_is_the_body_s_rate_and_the_wait_before_it() {
         // 20 ms, then a MiB a millisecond: the first MiB after 21 ms, 23 MiB more in 23 ms.
         let first = Duration::from_millis(21);
-        let bdp = stream_bdp(first, MIB, Duration::from_millis(23), 23 * MIB).unwrap();
-        assert!(bdp.abs_diff(20 * MIB) < MIB / 100, "{bdp}");
+        let (rate, wait) = stream_sample(first, MIB, Duration::from_millis(23), 23 * MIB).unwrap();
+        assert!((rate - 1000.0 * MIB as f64).abs() < MIB as f64, "{rate}");
+        assert!((wait - 0.020).abs() < 0.0001, "{wait}");
         // A body too quick to time, or none, tells nothing.
         assert_eq!(
-            stream_bdp(first, MIB, Duration::from_micros(500), MIB),
+            stream_sample(first, MIB, Duration::from_micros(500), MIB),
             None
         );
-        assert_eq!(stream_bdp(first, MIB, Duration::from_millis(5), 0), None);
-        // A first block slower than the rest (no wait at all) is no negative product.
+        assert_eq!(stream_sample(first, MIB, Duration::from_millis(5), 0), None);
+        // A first block slower than the rest (no wait at all) is no negative wait.
         assert_eq!(
-            stream_bdp(Duration::ZERO, MIB, Duration::from_millis(10), MIB),
-            Some(0)
+            stream_sample(Duration::ZERO, MIB, Duration::from_millis(10), MIB),
+            Some((100.0 * MIB as f64, 0.0))
         );
+    }
+
+    #[test]
+    fn a_stream_s_product_is_its_median_rate_times_its_shortest_wait() {
+        let stream = Stream::default();
+        assert_eq!(stream.bdp(), 0);
+        // 40 MB/s after 30 ms: 1.2 MB.
+        stream.note((40e6, 0.030));
+        assert_eq!(stream.bdp(), 1_200_000);
+        // Answers held up on a busy machine (90 ms) and a body read at once out of the
+        // socket's buffer (1 GB/s) move it not at all.
+        stream.note((40e6, 0.090));
+        stream.note((1e9, 0.090));
+        assert_eq!(stream.bdp(), 1_200_000);
+        // A store that got slower for good: once the window holds only its runs.
+        for _ in 0..STREAM_SAMPLES {
+            stream.note((20e6, 0.050));
+        }
+        assert_eq!(stream.bdp(), 1_000_000);
     }
 
     #[test]
