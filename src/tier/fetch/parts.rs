@@ -63,9 +63,11 @@ pub const STREAM_SAMPLES: usize = 8;
 /// ([`stream_sample`]): its bandwidth-delay product is their median rate times their
 /// shortest wait. The shortest, as TCP's BBR takes a path's round trip: a wait is the store's
 /// plus whatever held the answer up on the way, the daemon's threads waiting for a CPU among
-/// them (under two busy CPUs, runs from a store paced at 40 MB/s after 30 ms, a product of
-/// 1.2 MB, saw products of 5 MB), and the store's own is the least of them. The median rate,
-/// as one run's body read out of the socket's buffer at once says little of the stream.
+/// them, and the store's own is the least of them. (Under two busy CPUs, a store paced at 40
+/// MB/s after 30 ms, 1.2 MB, measured 5 MB smoothed, and 4.4 MB so: most of it was the S3
+/// emulator behind it answering 80 ms later, starved of CPU too, a real product.) The median
+/// rate, as one run's body read out of the socket's buffer at once says little of the
+/// stream.
 #[derive(Debug, Default)]
 pub struct Stream {
     samples: parking_lot::Mutex<std::collections::VecDeque<(f64, f64)>>,
