@@ -334,9 +334,9 @@ pub struct MountArgs {
     /// several in flight. Where one stream of the store brings more than a part in a
     /// request's wait (a server nearby), a GET spans several parts: up to what the readahead
     /// buffer holds (4 parts, within --prefetch-memory) while the cache has room for them,
-    /// else what the buffer has room for. A reader that seeks (random records, a Parquet footer) reads just the
-    /// blocks it asks for once the cache has no room for the rest. A directory source is read
-    /// block by block.
+    /// else what the buffer has room for. A reader that seeks (random records, a Parquet
+    /// footer) reads just the blocks it asks for once the cache has no room for the rest. A
+    /// directory source is read block by block.
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_part_size, help_heading = "Reading")]
     pub part_size: u64,
 

@@ -488,8 +488,8 @@ fn a_big_object_read_in_sequence_is_fetched_in_parts_several_at_once() {
 fn a_store_whose_one_stream_is_fast_is_read_in_runs_of_several_parts() {
     // 30 ms before each answer, then the body as fast as the host copies it (about 1 GB/s, a
     // product of 30 MB): after the first parts, a GET reads as many parts as the readahead
-    // buffer holds (4, the cache having room to keep them), so a 96 MiB shard is read in fewer GETs than its 12 parts, each byte
-    // once.
+    // buffer holds (4, the cache having room to keep them), so a 96 MiB shard is read in
+    // fewer GETs than its 12 parts, each byte once.
     let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "fast");
     let shard = bytes(41, 96 << 20);

@@ -56,11 +56,10 @@ use std::time::{Duration, Instant};
 mod batch;
 mod parts;
 
-use parts::Landed;
 pub use parts::{
-    LANDED_FOR, LANDED_MAX, PARTS_IN_FLIGHT, PARTS_IN_FLIGHT_MIN, STREAM_SAMPLES, Stream,
-    parts_in_flight, parts_per_run, stream_sample,
+    LANDED_FOR, LANDED_MAX, PARTS_IN_FLIGHT, PARTS_IN_FLIGHT_MIN, parts_in_flight, parts_per_run,
 };
+use parts::{Landed, Stream};
 
 use super::ahead::Ahead;
 use super::inflight::{Inflight, Waiter};
@@ -309,7 +308,7 @@ impl Fetcher {
     /// already: where the cache keeps no more, a part waits there for its reader, and one
     /// that did not fit would push out blocks read ahead and not read yet.
     pub fn read_ahead(self: &Arc<Self>, rel: Arc<Path>, want: &Want<'_>, report: Report) {
-        let part = self.part_blocks() * self.blocks.get();
+        let part = self.part_blocks * self.blocks.get();
         if self.part_blocks <= 1
             || self.parts_in_flight.load(Ordering::Acquire) + 1 >= self.parts_max.0
             || self.ahead_waiting() + part > self.ahead.capacity()
@@ -1089,38 +1088,58 @@ mod tests {
         (rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r), bytes)
     }
 
-    /// Reads block 0 of a 16-block object (parts of 4 blocks, a readahead buffer of 12, a cache
-    /// of `cache` blocks) from a store that waits `wait` before a body that then pauses
-    /// `pause` after its first block, then block 4: returns the blocks of the second run and
-    /// the store's reads.
-    fn second_run(cache: u64, wait: Duration, pause: Duration) -> (u64, u64) {
+    /// A 16-block object of varied bytes, read in parts of 4 blocks with a readahead buffer of
+    /// 12 and a cache of `cache` blocks, readers getting `parts` part slots, from a store that
+    /// waits `wait` before each body, which then pauses `pause` after its first block.
+    fn store_of_16(
+        cache: u64,
+        parts: usize,
+        (wait, pause): (Duration, Duration),
+    ) -> (TestFetcher, Vec<u8>) {
         let bytes: Vec<u8> = (0..16 << 16).map(|i| (i % 251) as u8).collect();
         let r = Rig {
-            bytes,
+            bytes: bytes.clone(),
             block: 1 << 16,
             cache: cache << 16,
             ahead: 12 << 16,
             pool: 0,
         };
-        let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (2, 0)), &r);
-        *source.read_delay.lock() = wait;
-        *source.run_pause.lock() = pause;
-        let mut told = Vec::new();
-        for b in [0, 4] {
-            let (report, reported) = reporting();
-            let (tx, rx) = std::sync::mpsc::channel();
-            let w: Waiter<FetchResult> = Box::new(move |r| tx.send(r).unwrap());
-            f.fetch(want.rel.into(), &want.block(b), &|| None, w, report);
-            rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
-            told.push(
-                reported
-                    .recv_timeout(Duration::from_secs(10))
-                    .unwrap()
-                    .unwrap(),
-            );
+        let rigged = rig(Vec::new(), Duration::ZERO, (4, (parts, 0)), &r);
+        *rigged.2.read_delay.lock() = wait;
+        *rigged.2.run_pause.lock() = pause;
+        (rigged, bytes)
+    }
+
+    /// Fetches block `b` of `want`'s file for a reader and waits for it: the bytes its fetch
+    /// reported.
+    fn read_block(f: &Arc<Fetcher>, want: &Want<'_>, b: u64) -> Option<u64> {
+        let (report, reported) = reporting();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w: Waiter<FetchResult> = Box::new(move |r| tx.send(r).unwrap());
+        f.fetch(want.rel.into(), &want.block(b), &|| None, w, report);
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        reported.recv_timeout(Duration::from_secs(10)).unwrap()
+    }
+
+    /// Waits, 10 s at most, until none of `blocks` of `want`'s file is in flight.
+    fn settle(f: &Fetcher, want: &Want<'_>, blocks: std::ops::Range<u64>) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while blocks.clone().any(|b| f.in_flight(&want.block(b).key)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(told[0], 4 << 16, "the first run is a part");
-        (told[1] >> 16, source.reads())
+    }
+
+    /// Reads blocks 0 and 4 of [`store_of_16`] with a cache of `cache` blocks from a store of
+    /// `wait` and `pause`: returns the blocks of the second run and the store's reads.
+    fn second_run(cache: u64, wait: Duration, pause: Duration) -> (u64, u64) {
+        let ((_dir, f, source, want, _io), _) = store_of_16(cache, 2, (wait, pause));
+        assert_eq!(
+            read_block(&f, &want, 0),
+            Some(4 << 16),
+            "the first run is a part"
+        );
+        let second = read_block(&f, &want, 4).unwrap();
+        (second >> 16, source.reads())
     }
 
     #[test]
@@ -1145,30 +1164,10 @@ mod tests {
         // blocks and a buffer of 12: once a reader's first part has taught the fetcher the
         // store's product and the reader took its blocks, a run read ahead from block 4 spans
         // the rest of the object (the buffer's 12 blocks, itself counted as a part).
-        let bytes: Vec<u8> = (0..16 << 16).map(|i| (i % 251) as u8).collect();
-        let r = Rig {
-            bytes: bytes.clone(),
-            block: 1 << 16,
-            cache: 0,
-            ahead: 12 << 16,
-            pool: 0,
-        };
-        let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (8, 0)), &r);
-        *source.read_delay.lock() = Duration::from_millis(100);
-        *source.run_pause.lock() = Duration::from_millis(5);
-        let (report, reported) = reporting();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let w: Waiter<FetchResult> = Box::new(move |r| tx.send(r).unwrap());
-        f.fetch(want.rel.into(), &want, &|| None, w, report);
-        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
-        assert_eq!(
-            reported.recv_timeout(Duration::from_secs(10)).unwrap(),
-            Some(4 << 16)
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while (1..4).any(|b| f.in_flight(&want.block(b).key)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let fast = (Duration::from_millis(100), Duration::from_millis(5));
+        let ((_dir, f, source, want, _io), bytes) = store_of_16(0, 8, fast);
+        assert_eq!(read_block(&f, &want, 0), Some(4 << 16));
+        settle(&f, &want, 1..4);
         for b in 1..4 {
             f.take_ahead(&want.block(b).key)
                 .expect("left for the reader");
@@ -1179,9 +1178,7 @@ mod tests {
             reported.recv_timeout(Duration::from_secs(10)).unwrap(),
             Some(12 << 16)
         );
-        while (4..16).any(|b| f.in_flight(&want.block(b).key)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        settle(&f, &want, 4..16);
         assert_eq!(
             f.ahead_extra.load(Ordering::Acquire),
             0,
@@ -1334,21 +1331,13 @@ mod tests {
             pool: 0,
         };
         let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (8, 0)), &r);
-        let settled = |f: &Fetcher, part: u64| {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while (part * 4..part * 4 + 4).any(|b| f.in_flight(&want.block(b).key))
-                && Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        };
         let (report, reported) = reporting();
         f.read_ahead(want.rel.into(), &want.block(4), report);
         assert_eq!(
             reported.recv_timeout(Duration::from_secs(10)).unwrap(),
             Some(4 << 16)
         );
-        settled(&f, 1);
+        settle(&f, &want, 4..8);
         // The buffer is full with part 1: part 2 waits; it would push part 1 out unread.
         let (report, refused) = reporting();
         f.read_ahead(want.rel.into(), &want.block(8), report);

@@ -164,7 +164,7 @@ impl Fetcher {
         let run = source.get_run(&want.block(lo), hi - lo - 1, &mut |x, data| {
             next = x + 1;
             bytes += data.len() as u64;
-            first.get_or_insert((began.elapsed(), data.len() as u64));
+            first.get_or_insert_with(|| (began.elapsed(), data.len() as u64));
             let w = want.block(x);
             self.landed.note(w.key);
             let kept = self.memory.admit(&w, &data);
