@@ -152,6 +152,26 @@ impl OpenEvents {
     }
 }
 
+/// Where the kernel's tracing filesystem belongs, through which a tracepoint is found by name.
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Mounts the tracing filesystem at [`TRACEFS`] if nothing is mounted there, as an init
+/// system does at boot: a machine whose init does not (a container's, a sandbox's) has the
+/// tracepoints all the same, but the program could not be attached to them by name. Left
+/// mounted, as it would have been; a failure is the attach's to report.
+fn mount_tracefs() {
+    const TRACEFS_MAGIC: u64 = 0x7472_6163;
+    let mounted = rustix::fs::statfs(TRACEFS).is_ok_and(|st| st.f_type as u64 == TRACEFS_MAGIC);
+    if !mounted {
+        use rustix::mount::{MountFlags, mount};
+        let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+        match mount("tracefs", TRACEFS, "tracefs", flags, None) {
+            Ok(()) => tracing::info!("opens: mounted the tracing filesystem at {TRACEFS}"),
+            Err(e) => tracing::debug!("opens: mounting tracefs at {TRACEFS}: {e}"),
+        }
+    }
+}
+
 /// The eBPF program, attached (detached when dropped), and its ring buffer.
 pub(super) struct BpfOpens {
     /// The ring's descriptor, for poll.
@@ -175,6 +195,7 @@ impl BpfOpens {
             .map_err(|e| format!("{}: {e}", mountpoint.display()))?
             .dev();
         let dev = kernel_dev(dev);
+        mount_tracefs();
         let mut bpf = aya::EbpfLoader::new()
             .override_global("target_dev", &dev, true)
             .load(PROGRAM)
