@@ -9,13 +9,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::kernel_cache;
+use super::plan::SMALL_READ;
 use crate::block::Block;
 use crate::cache::BlockKey;
 use crate::handover::state::{HandleKind, HandleSlots, OpenHandle};
@@ -48,6 +49,28 @@ pub(super) struct Last {
     data: Arc<Block>,
     /// Bytes of it served to reads.
     served: u64,
+}
+
+/// The READs of a `direct_stream` open so far. Through direct I/O the kernel splits a read
+/// where its buffer's pages pass 1 MiB: a read of 1 MiB into a buffer that does not begin on
+/// a page is two READs, one of a few KiB. So a reader is judged by the mean of its first
+/// [`DirectReads::JUDGED_AT`] READs, not by any one.
+#[derive(Debug, Default)]
+pub(super) struct DirectReads {
+    reads: AtomicU32,
+    bytes: AtomicU64,
+}
+
+impl DirectReads {
+    const JUDGED_AT: u32 = 4;
+
+    /// Counts a READ of `size` bytes; true once, at the last READ judged, if they were small
+    /// (a mean of [`SMALL_READ`] or less).
+    pub fn small(&self, size: u32) -> bool {
+        let bytes = self.bytes.fetch_add(size.into(), Ordering::Relaxed) + u64::from(size);
+        let reads = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
+        reads == Self::JUDGED_AT && bytes / u64::from(reads) <= u64::from(SMALL_READ)
+    }
 }
 
 /// Whether the reads of an open stream through its file, or seek: a reader streams from its
@@ -171,6 +194,10 @@ pub(super) struct FileHandle {
     /// Read through the kernel's page cache as a streamed miss: its pages are dropped when
     /// the open is released (`plan.rs`, `STREAMED_MISS_MIN`).
     pub drop_pages_at_release: bool,
+    /// Read with direct I/O as a streamed miss of a job that reads large
+    /// (`DaemonRead::DirectStream`): its reads say whether the job still does.
+    pub direct_stream: bool,
+    pub direct_reads: DirectReads,
     /// Set on a sentinel file's `keep_cache` open: is the kernel keeping its pages?
     pub watch: Option<kernel_cache::Watch>,
     /// How the kernel reads it (`passthrough.rs`), released with it.
@@ -567,6 +594,26 @@ impl<L: Clone> Unopened<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn direct_reads_are_judged_once_by_their_mean_not_by_a_split_read() {
+        // Reads of 1 MiB into a buffer off a page boundary: READs of 1,046,640 and 1,936.
+        let large = DirectReads::default();
+        let judged: Vec<bool> = [1_046_640, 1_936, 1_046_640, 1_936, 1_936]
+            .into_iter()
+            .map(|n| large.small(n))
+            .collect();
+        assert_eq!(judged, [false; 5]);
+        // Reads of 16 KiB: small at the fourth READ, and only then.
+        let small = DirectReads::default();
+        let judged: Vec<bool> = (0..6).map(|_| small.small(16 << 10)).collect();
+        assert_eq!(judged, [false, false, false, true, false, false]);
+        // A mean of exactly SMALL_READ is small; a byte more is not.
+        let edge = DirectReads::default();
+        assert!((0..4).any(|_| edge.small(SMALL_READ)));
+        let past = DirectReads::default();
+        assert!(!(0..4).any(|_| past.small(SMALL_READ + 1)));
+    }
 
     #[test]
     fn listings_of_unopened_directories_last_until_their_end_and_the_oldest_gives_way() {

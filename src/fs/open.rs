@@ -214,6 +214,10 @@ impl DatasetFs {
         if passthrough.is_some() {
             self.count_passthrough(&handle, from_source, reread);
         }
+        if handle.direct_stream {
+            let counters = &self.reads.ledger.stats().counters;
+            crate::stats::Counters::add(&counters.stream_direct_opens, 1);
+        }
         Ok((handle, opened_for_kernel))
     }
 
@@ -257,6 +261,7 @@ impl DatasetFs {
                 && version.size >= STREAMED_MISS_MIN
                 && (opened.file.local())
                     .is_some_and(|f| crate::source::resident_open_file(f, version.size)),
+            reads_large: version.size >= STREAMED_MISS_MIN && counted.job.lock().reads_large,
         };
         // The gauge's answer for a hit on the file, and its watch if the file is a sentinel.
         let (keep_hit, watch) = match opened.file_id {
@@ -300,6 +305,7 @@ impl DatasetFs {
                 io: KernelIo::Passthrough(id),
                 keep_cache: false,
                 drop_at_release: false,
+                direct_stream: false,
                 watch: None,
                 backing: Some(backing),
             },
@@ -309,12 +315,15 @@ impl DatasetFs {
                         keep,
                         drop_at_release,
                     } => (KernelIo::PageCache, keep, drop_at_release),
-                    DaemonRead::Direct => (KernelIo::Direct, false, false),
+                    DaemonRead::Direct | DaemonRead::DirectStream => {
+                        (KernelIo::Direct, false, false)
+                    }
                 };
                 KernelReading {
                     io,
                     keep_cache,
                     drop_at_release,
+                    direct_stream: plan.read == DaemonRead::DirectStream,
                     watch: watch.filter(|_| plan.watch),
                     backing: None,
                 }
@@ -532,6 +541,8 @@ pub(super) struct KernelReading {
     keep_cache: bool,
     /// Its pages are dropped when the open is released (a streamed miss).
     drop_at_release: bool,
+    /// A streamed miss read with direct I/O, its job reading large (`DaemonRead::DirectStream`).
+    direct_stream: bool,
     /// A sentinel's open, watched ([`kernel_cache`]).
     watch: Option<kernel_cache::Watch>,
     /// The backing file it reads from by itself.
@@ -547,6 +558,7 @@ impl KernelReading {
             io: KernelIo::PageCache,
             keep_cache: hit,
             drop_at_release: false,
+            direct_stream: false,
             watch: None,
             backing: None,
         }
@@ -557,6 +569,7 @@ impl KernelReading {
         io: KernelIo::PageCache,
         keep_cache: true,
         drop_at_release: false,
+        direct_stream: false,
         watch: None,
         backing: None,
     };
@@ -598,6 +611,8 @@ pub(super) fn file_handle(
             last: Default::default(),
         }),
         drop_pages_at_release: reading.drop_at_release,
+        direct_stream: reading.direct_stream,
+        direct_reads: Default::default(),
         watch: reading.watch,
         kernel_io: reading.io,
         page_cache_stream: reading.io == KernelIo::PageCache

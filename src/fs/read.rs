@@ -42,6 +42,7 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::plan::LARGE_FIRST_READ;
 use super::{Access, Caller, DatasetFs, FileHandle, FsError, ReadDone, order};
 use crate::block::Block;
 use crate::cache::CachedBytes;
@@ -182,6 +183,7 @@ impl DatasetFs {
         if let Some(watch) = &h.watch {
             self.opener.kernel.asked(watch);
         }
+        learn_read_size(&h, offset, size);
         if h.reads_reach_daemon {
             let within = h.version.size.saturating_sub(offset).min(size as u64);
             h.asked.fetch_add(within, Ordering::Relaxed);
@@ -541,4 +543,22 @@ fn failed(rel: &Arc<std::path::Path>, block: u64, error: DataError) -> FsError {
         block,
         error,
     })
+}
+
+/// Learns from a READ of a streamed miss how its job reads (`plan.rs`: `LARGE_FIRST_READ`,
+/// `SMALL_READ`): the first READ of one through the page cache is the kernel's first
+/// readahead window, sized from the reader's first read; through direct I/O the READs are the
+/// reader's own reads, judged by their mean (`handles.rs`, `DirectReads`). Its job's next big misses are
+/// read as the last one says.
+fn learn_read_size(h: &FileHandle, offset: u64, size: u32) {
+    let learnt = if h.drop_pages_at_release && offset == 0 {
+        Some(size >= LARGE_FIRST_READ)
+    } else if h.direct_stream && h.direct_reads.small(size) {
+        Some(false)
+    } else {
+        None
+    };
+    if let Some(large) = learnt {
+        h.att.job.lock().reads_large = large;
+    }
 }

@@ -194,6 +194,7 @@ impl DatasetFs {
             Stat::PassthroughSourceOpens => {
                 Value::Count(Counters::get(&c.passthrough_source_opens))
             }
+            Stat::StreamDirectOpens => Value::Count(Counters::get(&c.stream_direct_opens)),
             Stat::ReadRequests => Value::Count(Counters::get(&c.read_requests)),
             Stat::KernelOpens => Value::Count(self.kernel_opens() as u64),
             Stat::ToldOpens => Value::Count(Counters::get(&c.told_opens)),

@@ -361,6 +361,9 @@ pub struct Job {
     pub prefetch_cursor: usize,
     /// The hash of the last order the job gave ([`order_digest`]).
     pub order_digest: Option<u64>,
+    /// Its last read of a big file's start came in large pieces: its next big misses are
+    /// read with direct I/O (`crate::fs`'s `plan.rs`, `DaemonRead::DirectStream`).
+    pub reads_large: bool,
 }
 
 impl Job {
@@ -373,6 +376,7 @@ impl Job {
             next: None,
             prefetch_cursor: 0,
             order_digest: None,
+            reads_large: false,
         }
     }
 

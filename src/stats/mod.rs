@@ -138,6 +138,7 @@ stats! {
     Passthrough => "passthrough", Count, "1 while the kernel may read files by itself (FUSE passthrough); 0 with --no-passthrough or --opens kernel (or once --opens auto let the kernel open files), on a kernel without it, or when the kernel refused the daemon a backing file (no CAP_SYS_ADMIN).";
     PassthroughOpens => "passthrough_opens", Count, "Opens whose reads the kernel served from a backing file without the daemon: cached files over 64 KiB (from the cache's own files), and files the cache would not keep or the page cache holds whole (from the source).";
     PassthroughSourceOpens => "passthrough_source_opens", Count, "Of those, opens of files the cache would not keep, or of 4 MiB or more that the page cache holds whole, read from the source by the kernel: misses whose whole size counts in bytes_from_source at open.";
+    StreamDirectOpens => "stream_direct_opens", Count, "Opens of files of 4 MiB or more that the daemon served with direct I/O because their job reads large pieces (its last such file's first read passed 128 KiB): each reply goes straight into the reader's buffer, with no page of the kernel's to fill and drop. A job whose reads turn small (a mean of 128 KiB or less) goes back to the page cache at its next open.";
     ReadRequests => "read_requests", Count, "Read requests that reached the daemon (a passthrough open sends none).";
     KernelOpens => "kernel_opens", Count, "1 once the kernel opens files itself (--opens: no OPEN reaches the daemon, which is told of each open after the fact; opens in the JSON document says who opens, opens_why why the daemon does), else 0.";
     ToldOpens => "told_opens", Count, "Opens the kernel made by itself and told the daemon of (eBPF or fanotify, COORFS_TOLD_BY): each counted as an access, as an OPEN is.";
@@ -332,6 +333,7 @@ pub struct Counters {
     pub hints_rejected: AtomicU64,
     pub passthrough_opens: AtomicU64,
     pub passthrough_source_opens: AtomicU64,
+    pub stream_direct_opens: AtomicU64,
     pub read_requests: AtomicU64,
     pub told_opens: AtomicU64,
     pub kernel_stores: AtomicU64,
