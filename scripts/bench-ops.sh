@@ -28,7 +28,8 @@
 #          server's) per GiB, and seconds, for a boto3 loop (scripts/s3-read.py), for
 #          s3torchconnector (scripts/s3torch-read.py, if bench-s3.sh's venv target/s3torch
 #          exists) and for a fresh coorfs mount read by `coorfs read`; each side goes first
-#          in every other repetition, and the medians are also given split by that. Needs
+#          in every other repetition, and the medians are also given split by that. A round
+#          of each side, untimed, goes before them (WARMUP=0: none; see part_s3). Needs
 #          target/moto (scripts/test.sh installs it).
 # Every side reads with PROCS (2) processes. Each part prints a markdown table.
 set -euo pipefail
@@ -310,6 +311,25 @@ PY
     local systems="boto3 coorfs"
     [ -x target/s3torch/bin/python ] && systems="boto3 s3torch coorfs"
     hz=$(getconf CLK_TCK)
+    # s3_side SYS SEED: one read of the objects by SYS (a fresh mount for coorfs), its JSON.
+    s3_side() {
+        case $1 in
+            boto3) "$venv/bin/python" scripts/s3-read.py --endpoint "$endpoint" --procs "$PROCS" --seed "$2" bench ds ;;
+            s3torch) target/s3torch/bin/python scripts/s3torch-read.py --endpoint "$endpoint" --procs "$PROCS" --seed "$2" bench ds ;;
+            coorfs) "$coorfs" read --json --procs "$PROCS" --seed "$2" "$mnt" ;;
+        esac
+    }
+    # A round of each side first, untimed (WARMUP=0: none): this machine's host faults in each
+    # page of its memory at the page's first touch, a fresh machine's memory is all untouched,
+    # and the cache must write to memory (docs/BENCHMARKS.md: 2.13x the loop's CPU a GiB in
+    # the first run after boot, 1.36x in the next).
+    if [ "${WARMUP:-1}" != 0 ]; then
+        for sys in $systems; do
+            [ "$sys" = coorfs ] && { mount_default s3://bench/ds; wait_scan "$mnt"; }
+            s3_side "$sys" 0 > /dev/null
+            [ "$sys" = coorfs ] && umount_default
+        done
+    fi
     local order
     for rep in $(seq 1 "$REPS"); do
         # Each side goes first in every other repetition, so that none always runs right
@@ -323,11 +343,7 @@ PY
             local c0 s0 t0 out c1 s1 t1 secs cpu gib
             [ "$sys" = coorfs ] && { mount_default s3://bench/ds; wait_scan "$mnt"; }
             c0=$(cpu_ticks) s0=$(tree_ticks "$server") t0=$(date +%s.%N)
-            case $sys in
-                boto3) out=$("$venv/bin/python" scripts/s3-read.py --endpoint "$endpoint" --procs "$PROCS" --seed "$rep" bench ds) ;;
-                s3torch) out=$(target/s3torch/bin/python scripts/s3torch-read.py --endpoint "$endpoint" --procs "$PROCS" --seed "$rep" bench ds) ;;
-                coorfs) out=$("$coorfs" read --json --procs "$PROCS" --seed "$rep" "$mnt") ;;
-            esac
+            out=$(s3_side "$sys" "$rep")
             t1=$(date +%s.%N) c1=$(cpu_ticks) s1=$(tree_ticks "$server")
             [ "$sys" = coorfs ] && umount_default
             [ "$(json_field "$out" bytes)" = $((512 << 20)) ] || {
