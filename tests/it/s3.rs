@@ -529,6 +529,71 @@ fn read_in_sequence(m: &Mount, proxy: &FaultProxy, name: &str, want: &[u8]) -> V
         .collect()
 }
 
+/// Reads `name` of `m` whole in reads of `read` bytes, checks its bytes against `want`, and
+/// returns the pages of it the kernel's page cache held while it was still open.
+fn read_in_pieces(m: &Mount, name: &str, read: usize, want: &[u8]) -> usize {
+    let f = std::fs::File::open(m.mnt.join(name)).unwrap();
+    let (mut got, mut buf) = (Vec::with_capacity(want.len()), vec![0; read]);
+    loop {
+        let n = (&f).read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got == want, "{name}: the bytes differ");
+    // SAFETY: a private read-only mapping, only its residency is asked.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    let mut pages = vec![0u8; map.len().div_ceil(4096)];
+    // SAFETY: `map` is live for `map.len()` bytes; `pages` has a byte per page.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), pages.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    pages.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+#[test]
+fn a_job_that_reads_big_objects_in_large_pieces_gets_them_straight_into_its_buffer() {
+    // A job's first big object goes through the page cache, and its first READ, the kernel's
+    // first readahead window, says how the job reads: 1 MiB for a read of 1 MiB (a read of
+    // more than 128 KiB). Its later ones are read with direct I/O: no page of the kernel's
+    // is filled (none resident while the file is open), and the bytes are the store's. Reads
+    // that turn small send the job's next object back through the page cache, where they
+    // cost no round trip each. (The job is the test's process group: under --job-key auto the
+    // other tests' processes beside this one could make each open a job of its own.)
+    let server = S3Server::start(Kind::S3);
+    let bucket = Bucket::create(&server, "big");
+    let objects = put_files(&bucket, "ds", 5, 6 << 20, 1);
+    let m = mount(
+        &server.endpoint(),
+        "s3://big/ds",
+        &["--no-prefetch", "--cache-size", "1M", "--job-key", "pgid"],
+    );
+    let whole = (6 << 20) / 4096;
+    let read = |i: usize, size: usize| read_in_pieces(&m, &objects[i].0, size, &objects[i].1);
+    let direct = || num(&stats(&m.mnt), "stream_direct_opens");
+    assert!(read(0, 1 << 20) > whole / 2);
+    assert_eq!(direct(), 0, "{}", stats(&m.mnt));
+    assert_eq!(read(1, 1 << 20), 0);
+    assert_eq!(direct(), 1, "{}", stats(&m.mnt));
+    // Still direct: its 16 KiB reads are each a READ, and tell the mount.
+    let reads = num(&stats(&m.mnt), "read_requests");
+    assert_eq!(read(2, 16 << 10), 0);
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "stream_direct_opens"), 2, "{s}");
+    assert!(num(&s, "read_requests") - reads >= 384, "{s}");
+    // Back through the page cache: the kernel's readahead asks for about a MiB a READ.
+    let reads = num(&s, "read_requests");
+    assert!(read(3, 16 << 10) > whole / 2);
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "stream_direct_opens"), 2, "{s}");
+    assert!(num(&s, "read_requests") - reads <= 12, "{s}");
+    // Reading small, it stays there.
+    assert!(read(4, 16 << 10) > whole / 2);
+    assert_eq!(direct(), 2, "{}", stats(&m.mnt));
+    assert_eq!(num(&stats(&m.mnt), "bytes_from_source"), 5 * (6 << 20));
+    m.unmount();
+}
+
 /// Shards bigger than a pod, read from S3 by two processes in it, as the elastic cache takes
 /// what the pod leaves: each part of epoch 1 is read once, and epoch 2 reads from the store
 /// what the cache lacked after epoch 1, no more. A full readahead buffer once dropped the

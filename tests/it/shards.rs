@@ -192,15 +192,16 @@ fn partly_cached_shards_read_only_their_uncached_bytes_and_small_reads_are_no_ro
 }
 
 /// The shards on disk, mounted so that every read streams through the kernel's page cache to
-/// the daemon (no prefetch, no passthrough, a cache of 1 MiB), with `more` options; and their
-/// temporary directory, to keep while the mount lives.
-fn streamed_mount(more: &[&str]) -> (tempfile::TempDir, Mount) {
+/// the daemon (no prefetch, no passthrough, a cache of 1 MiB); and their temporary directory,
+/// to keep while the mount lives.
+fn streamed_mount() -> (tempfile::TempDir, Mount) {
     let dir = open_tempdir();
     let src = dir.path().join("src");
     make_shards(&src);
-    let mut options = vec!["--no-prefetch", "--no-passthrough", "--cache-size", "1M"];
-    options.extend_from_slice(more);
-    let m = Mount::new(&src, &options);
+    let m = Mount::new(
+        &src,
+        &["--no-prefetch", "--no-passthrough", "--cache-size", "1M"],
+    );
     (dir, m)
 }
 
@@ -209,7 +210,7 @@ fn a_streamed_shard_leaves_no_page_behind_in_the_kernel() {
     // A shard read through the kernel's page cache (so that its small reads are served from
     // there) has its pages dropped when it is closed: left there, the kernel's LRU would push
     // out what the cache serves.
-    let (_dir, m) = streamed_mount(&[]);
+    let (_dir, m) = streamed_mount();
     wait_for_scan(&m.mnt);
     let path = m.mnt.join("shard-000.tar");
     // Every open without keep_cache drops the file's pages, so they are looked at through a
@@ -243,75 +244,6 @@ fn a_streamed_shard_leaves_no_page_behind_in_the_kernel() {
     m.unmount();
 }
 
-/// Pages of the kernel's page cache that a mapping of `file` finds resident.
-fn resident_pages(file: &std::fs::File) -> usize {
-    // SAFETY: a private read-only mapping, only its residency is asked.
-    let map = unsafe { memmap2::Mmap::map(file) }.unwrap();
-    let mut vec = vec![0u8; map.len().div_ceil(4096)];
-    // SAFETY: `map` is live for `map.len()` bytes; `vec` has a byte per page.
-    let rc = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), vec.as_mut_ptr()) };
-    assert_eq!(rc, 0);
-    vec.iter().filter(|&&b| b & 1 == 1).count()
-}
-
-/// Reads shard `i` of `mnt` whole in reads of `read` bytes, checks its bytes, and returns
-/// the pages of it resident while it was still open.
-fn read_shard_in(mnt: &Path, i: usize, read: usize) -> usize {
-    let mut f = std::fs::File::open(shard(mnt, i)).unwrap();
-    let (mut got, mut buf) = (Vec::with_capacity(SHARD), vec![0; read]);
-    loop {
-        let n = f.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert!(got == bytes(i as u64, SHARD), "shard {i} differs");
-    resident_pages(&f)
-}
-
-#[test]
-fn a_job_that_reads_shards_in_large_pieces_gets_them_straight_into_its_buffer() {
-    // A job's first shard goes through the page cache, and its first READ, the kernel's
-    // first readahead window, says how the job reads: 1 MiB for a read of 1 MiB (a read of more
-    // than 128 KiB).
-    // Its later shards are then read with direct I/O: no page of the kernel's is filled
-    // (none resident while the file is open), and the bytes are the source's. Reads that
-    // turn small send the job's next shard back through the page cache. (The job is the
-    // test's process group: under --job-key auto the other tests' processes beside this one
-    // could make each open a job of its own.)
-    let (_dir, m) = streamed_mount(&["--job-key", "pgid"]);
-    wait_for_scan(&m.mnt);
-    let direct = || num(&stats(&m.mnt), "stream_direct_opens");
-    let pages = read_shard_in(&m.mnt, 0, 1 << 20);
-    assert!(pages > SHARD / 4096 / 2, "{pages} pages");
-    assert_eq!(direct(), 0, "{}", stats(&m.mnt));
-    assert_eq!(read_shard_in(&m.mnt, 1, 1 << 20), 0);
-    assert_eq!(direct(), 1, "{}", stats(&m.mnt));
-    // Still direct: its 16 KiB reads are each a READ, and tell the mount.
-    let reads = num(&stats(&m.mnt), "read_requests");
-    assert_eq!(read_shard_in(&m.mnt, 2, READ), 0);
-    let s = stats(&m.mnt);
-    assert_eq!(num(&s, "stream_direct_opens"), 2, "{s}");
-    assert!(
-        num(&s, "read_requests") - reads >= (SHARD / READ) as u64,
-        "{s}"
-    );
-    // Back through the page cache, where small reads cost no round trip each.
-    let reads = num(&s, "read_requests");
-    assert!(read_shard_in(&m.mnt, 3, READ) > SHARD / 4096 / 2);
-    let s = stats(&m.mnt);
-    assert_eq!(num(&s, "stream_direct_opens"), 2, "{s}");
-    assert!(
-        num(&s, "read_requests") - reads <= 2 * (SHARD >> 20) as u64,
-        "{s}"
-    );
-    // Reading small, it stays there.
-    assert!(read_shard_in(&m.mnt, 4, READ) > SHARD / 4096 / 2);
-    assert_eq!(direct(), 2, "{}", stats(&m.mnt));
-    m.unmount();
-}
-
 #[test]
 fn two_readers_of_streamed_shards_do_not_find_the_connection_congested() {
     // Two readers of 16 MiB readahead windows ask for 32 READs at once, 16 of them in flight:
@@ -319,7 +251,7 @@ fn two_readers_of_streamed_shards_do_not_find_the_connection_congested() {
     // the page cache, and reads those pages again later. The mount asks for a threshold of
     // two readers' windows, above the 16 in flight (fusectl shows what the kernel took), and
     // streamed shards are read as stored.
-    let (_dir, m) = streamed_mount(&[]);
+    let (_dir, m) = streamed_mount();
     let connections = Path::new("/sys/fs/fuse/connections");
     if std::fs::read_dir(connections).map_or(true, |mut d| d.next().is_none()) {
         let mounted = std::process::Command::new("mount")
