@@ -459,8 +459,9 @@ impl DatasetFs {
     }
 
     /// Reads the next parts of an object ahead of a reader streaming through it
-    /// ([`DatasetFs::streams`]; at the first block, only through the page cache or as a
-    /// direct stream: another file read by direct I/O is read whole in a READ or two): when a read begins a part, wherever its
+    /// ([`DatasetFs::streams`]; at the first block, only through the page cache: a file read
+    /// by direct I/O is read whole in a READ or two, and a direct stream's first run spans
+    /// the parts the readahead buffer has room for): when a read begins a part, wherever its
     /// bytes come from (the source, a part read ahead already, the cache), the fetcher starts the
     /// [`READ_AHEAD_PARTS`] parts after it that nothing holds or reads
     /// ([`crate::tier::fetch::Fetcher::read_ahead`]: while the readers' part slots and the
@@ -471,7 +472,7 @@ impl DatasetFs {
         if part <= 1
             || !block.is_multiple_of(part)
             || !stream
-            || (block == 0 && !h.drop_pages_at_release && !h.direct_stream)
+            || (block == 0 && !h.drop_pages_at_release)
         {
             return;
         }
