@@ -460,26 +460,29 @@ fn kernel_takes_the_opens_over_and_counts_every_one(how: &str) {
         (Some("daemon"), 0),
         "{s}"
     );
-    // Two epochs at thousands of opens a second: the kernel takes over during the first.
-    for _ in 0..2 {
+    // Epochs at thousands of opens a second: the kernel takes over during the first, or on a
+    // loaded machine (a CI run beside the rest of the suite once opened under 1,000 files a
+    // second in both of two epochs) during a later one.
+    let mut epochs = 0;
+    while epochs < 2 || (epochs < 6 && stats(&m.mnt)["opens"] != "kernel") {
         assert_reads_the_source(&m, &rels);
+        epochs += 1;
     }
     let s = stats(&m.mnt);
     assert_eq!(s["opens"], "kernel", "{s}");
     assert_eq!(s["opens_why"], format!("told by {how}"), "{s}");
-    // Every open counted once, asked or told; all of the second epoch's told.
-    assert_eq!(num(&s, "reads"), 3 + 2 * 2500, "{s}");
+    // Every open counted once, asked or told.
+    assert_eq!(num(&s, "reads"), 3 + epochs * 2500, "{s}");
     assert_eq!(num(&s, "hits") + num(&s, "misses"), num(&s, "reads"), "{s}");
-    // The switch came in the first epoch, or in the second on a loaded machine.
     let told = num(&s, "told_opens");
-    assert!((1..2 * 2500).contains(&told), "{s}");
-    // The second epoch: every file a hit (the cache holds them all).
+    assert!((1..epochs * 2500).contains(&told), "{s}");
+    // Every epoch after the first: every file a hit (the cache holds them all).
     assert_eq!(num(&s, "misses"), 2500, "{s}");
     // Every open of the next epoch is told, once.
     assert_reads_the_source(&m, &rels);
     let s = stats(&m.mnt);
     assert_eq!(num(&s, "told_opens") - told, 2500, "{s}");
-    assert_eq!(num(&s, "reads"), 3 + 3 * 2500, "{s}");
+    assert_eq!(num(&s, "reads"), 3 + (epochs + 1) * 2500, "{s}");
     m.unmount();
 }
 
