@@ -1129,6 +1129,25 @@ mod tests {
         }
     }
 
+    /// Reads ahead from block `b` of `want`'s file and waits for the fetch's report: the bytes
+    /// it read.
+    fn read_ahead_told(f: &Arc<Fetcher>, want: &Want<'_>, b: u64) -> Option<u64> {
+        let (report, reported) = reporting();
+        f.read_ahead(want.rel.into(), &want.block(b), report);
+        reported.recv_timeout(Duration::from_secs(10)).unwrap()
+    }
+
+    /// Takes `blocks` of `want`'s file from the readahead buffer, as their reader does, and
+    /// checks each against the file's `bytes`.
+    fn take_left(f: &Fetcher, want: &Want<'_>, blocks: std::ops::Range<u64>, bytes: &[u8]) {
+        for b in blocks {
+            let got = f
+                .take_ahead(&want.block(b).key)
+                .expect("left for the reader");
+            assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
+        }
+    }
+
     /// Reads blocks 0 and 4 of [`store_of_16`] with a cache of `cache` blocks from a store of
     /// `wait` and `pause`: returns the blocks of the second run and the store's reads.
     fn second_run(cache: u64, wait: Duration, pause: Duration) -> (u64, u64) {
@@ -1168,16 +1187,8 @@ mod tests {
         let ((_dir, f, source, want, _io), bytes) = store_of_16(0, 8, fast);
         assert_eq!(read_block(&f, &want, 0), Some(4 << 16));
         settle(&f, &want, 1..4);
-        for b in 1..4 {
-            f.take_ahead(&want.block(b).key)
-                .expect("left for the reader");
-        }
-        let (report, reported) = reporting();
-        f.read_ahead(want.rel.into(), &want.block(4), report);
-        assert_eq!(
-            reported.recv_timeout(Duration::from_secs(10)).unwrap(),
-            Some(12 << 16)
-        );
+        take_left(&f, &want, 1..4, &bytes);
+        assert_eq!(read_ahead_told(&f, &want, 4), Some(12 << 16));
         settle(&f, &want, 4..16);
         assert_eq!(
             f.ahead_extra.load(Ordering::Acquire),
@@ -1187,12 +1198,7 @@ mod tests {
         // Its blocks fill the buffer, none pushed out.
         assert_eq!(f.ahead_waiting(), 12 << 16);
         assert_eq!(source.reads(), 2);
-        for b in 4..16 {
-            let got = f
-                .take_ahead(&want.block(b).key)
-                .expect("left for the reader");
-            assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
-        }
+        take_left(&f, &want, 4..16, &bytes);
         assert_eq!(Counters::get(&f.stats.counters.readahead_unused_bytes), 0);
     }
 
@@ -1242,10 +1248,7 @@ mod tests {
             assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
             let told = reported.recv_timeout(Duration::from_secs(10)).unwrap();
             // The part's last block is left for its reader once the fetch has reported.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while f.in_flight(&want.block(3).key) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            settle(&f, &want, 3..4);
             // Its reader takes the rest of the part as it reaches it.
             for other in b + 1..4 {
                 f.take_ahead(&want.block(other).key);
@@ -1303,16 +1306,8 @@ mod tests {
         let told = reported.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(told, Some(2 << 16), "blocks 0 and 1");
         assert_eq!(source.reads(), 1);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while f.in_flight(&want.block(1).key) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        for b in 0..2 {
-            let got = f
-                .take_ahead(&want.block(b).key)
-                .expect("left for the reader");
-            assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
-        }
+        settle(&f, &want, 1..2);
+        take_left(&f, &want, 0..2, &bytes);
         assert!(
             f.take_ahead(&want.block(2).key).is_none(),
             "on disk, not read"
@@ -1331,12 +1326,7 @@ mod tests {
             pool: 0,
         };
         let (_dir, f, source, want, _io) = rig(Vec::new(), Duration::ZERO, (4, (8, 0)), &r);
-        let (report, reported) = reporting();
-        f.read_ahead(want.rel.into(), &want.block(4), report);
-        assert_eq!(
-            reported.recv_timeout(Duration::from_secs(10)).unwrap(),
-            Some(4 << 16)
-        );
+        assert_eq!(read_ahead_told(&f, &want, 4), Some(4 << 16));
         settle(&f, &want, 4..8);
         // The buffer is full with part 1: part 2 waits; it would push part 1 out unread.
         let (report, refused) = reporting();
@@ -1344,16 +1334,8 @@ mod tests {
         assert!(refused.recv_timeout(Duration::from_millis(200)).is_err());
         assert_eq!(source.reads(), 1);
         // The reader takes part 1: room for part 2.
-        for b in 4..8 {
-            f.take_ahead(&want.block(b).key)
-                .expect("left for the reader");
-        }
-        let (report, reported) = reporting();
-        f.read_ahead(want.rel.into(), &want.block(8), report);
-        assert_eq!(
-            reported.recv_timeout(Duration::from_secs(10)).unwrap(),
-            Some(4 << 16)
-        );
+        take_left(&f, &want, 4..8, &r.bytes);
+        assert_eq!(read_ahead_told(&f, &want, 8), Some(4 << 16));
         assert_eq!(source.reads(), 2);
         assert_eq!(Counters::get(&f.stats.counters.readahead_unused_bytes), 0);
     }
@@ -1371,21 +1353,13 @@ mod tests {
         );
         // Each block leaves flight once it is where the reader finds it (the own block as it
         // arrived, the last after the report).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while (4..8).any(|b| f.in_flight(&want.block(b).key)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        settle(&f, &want, 4..8);
         // Asked again while its blocks wait: nothing is read again.
         let (report, again) = reporting();
         f.read_ahead(want.rel.into(), &next, report);
         assert!(again.recv_timeout(Duration::from_millis(200)).is_err());
         assert_eq!(source.reads(), 1);
-        for b in 4..8 {
-            let got = f
-                .take_ahead(&want.block(b).key)
-                .expect("left for the reader");
-            assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
-        }
+        take_left(&f, &want, 4..8, &bytes);
         assert_eq!(Counters::get(&f.stats.counters.readahead_unused_bytes), 0);
         // A directory source reads no parts, and nothing ahead.
         let (_dir, f, source, want, _io) = fetcher(Vec::new(), Duration::ZERO);
