@@ -64,9 +64,12 @@ pub(super) struct DirectReads {
 impl DirectReads {
     const JUDGED_AT: u32 = 4;
 
-    /// Counts a READ of `size` bytes; true once, at the last READ judged, if they were small
-    /// (a mean of [`SMALL_READ`] or less).
+    /// Counts a READ of `size` bytes, until they are judged; true once, at the last READ
+    /// judged, if they were small (a mean of [`SMALL_READ`] or less).
     pub fn small(&self, size: u32) -> bool {
+        if self.reads.load(Ordering::Relaxed) >= Self::JUDGED_AT {
+            return false;
+        }
         let bytes = self.bytes.fetch_add(size.into(), Ordering::Relaxed) + u64::from(size);
         let reads = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
         reads == Self::JUDGED_AT && bytes / u64::from(reads) <= u64::from(SMALL_READ)
