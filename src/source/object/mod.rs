@@ -75,14 +75,17 @@ pub struct ObjectSource {
     from_manifest: bool,
 }
 
+/// Bytes of a GET's body its receiving task hands over at a time ([`ObjectSource::get_range`]).
+const BODY_BATCH: usize = 512 << 10;
+
 /// Directories the background scan lists at once: each listing waits on the store's
 /// latency, not on a CPU.
 pub const LIST_PARALLEL: usize = 16;
 
 impl ObjectSource {
     /// GETs `len` bytes of `rel` from `offset`, or to the end of the object, if it is still
-    /// `version`, and hands the body to `sink` as it arrives, a MiB at a time: a part's GET
-    /// holds no copy of the part beside the blocks it fills. Returns the bytes read.
+    /// `version`, and hands the body to `sink` as it arrives, [`BODY_BATCH`] at a time: a
+    /// part's GET holds no copy of the part beside the blocks it fills. Returns the bytes read.
     fn get_range(
         &self,
         rel: &Path,
@@ -135,11 +138,16 @@ impl ObjectSource {
             Err(e) => return self.get_failed(rel, &e),
         };
         let want = (end - offset) as usize;
-        let mut got = 0usize;
-        loop {
-            let (back, chunks) = self.wait(async move {
-                let (mut chunks, mut n) = (Vec::new(), 0);
-                while n < (1 << 20) {
+        // A task of the runtime takes the body from the socket while this thread copies what
+        // came before into its blocks: receiving and copying overlap, with at most a batch in
+        // the channel between them. (Taking a MiB, then copying it, left the socket unread
+        // while the blocks were filled and cached.) The task ends when the body does, or at
+        // its next batch once this side stops listening.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        self.runtime.spawn(async move {
+            loop {
+                let (mut chunks, mut n, mut over) = (Vec::new(), 0, false);
+                while n < BODY_BATCH {
                     match stream.next().await {
                         Some(Ok(bytes)) => {
                             n += bytes.len();
@@ -147,17 +155,24 @@ impl ObjectSource {
                         }
                         Some(Err(e)) => {
                             chunks.push(Err(e));
+                            over = true;
                             break;
                         }
-                        None => break,
+                        None => {
+                            over = true;
+                            break;
+                        }
                     }
                 }
-                (stream, chunks)
-            })?;
-            stream = back;
-            if chunks.is_empty() {
-                break;
+                if (!chunks.is_empty() && tx.send(chunks).await.is_err()) || over {
+                    return;
+                }
             }
+        });
+        let mut got = 0usize;
+        // Not the runtime's blocking receive: that one refuses a runtime's thread, and a peer's
+        // request may read from the store on one.
+        while let Some(chunks) = futures::executor::block_on(rx.recv()) {
             for chunk in chunks {
                 let bytes = match chunk {
                     Ok(bytes) => bytes,
