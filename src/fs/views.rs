@@ -145,6 +145,8 @@ impl DatasetFs {
             Stat::SourceRequests => Value::Count(Counters::get(&stats.store.requests)),
             Stat::SourceRetried => Value::Count(Counters::get(&stats.store.retried)),
             Stat::SourceThrottled => Value::Count(Counters::get(&stats.store.throttled)),
+            Stat::SourceGetsAhead => Value::Count(Counters::get(&stats.store.ahead)),
+            Stat::SourceGetsAheadUnused => Value::Count(Counters::get(&stats.store.ahead_unused)),
             Stat::TierErrors => Value::Count(Counters::get(&c.tier_errors)),
             Stat::DiskHits => Value::Count(Counters::get(&c.disk_hits)),
             Stat::BytesFromDisk => Value::Count(Counters::get(&c.bytes_from_disk)),

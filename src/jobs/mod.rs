@@ -359,6 +359,9 @@ pub struct Job {
     pub next: Option<Hint>,
     /// Where the prefetcher is in the job's hint or in the on-disk order, this epoch.
     pub prefetch_cursor: usize,
+    /// Where the job's hint is read up to, as far as the prefetcher's requests sent ahead
+    /// know (`crate::prefetch`'s `send_ahead`): the files before it are read this epoch.
+    pub send_cursor: usize,
     /// The hash of the last order the job gave ([`order_digest`]).
     pub order_digest: Option<u64>,
     /// Its last read of a big file's start came in large pieces: its next big misses are
@@ -375,6 +378,7 @@ impl Job {
             hint: None,
             next: None,
             prefetch_cursor: 0,
+            send_cursor: 0,
             order_digest: None,
             reads_large: false,
         }
@@ -413,6 +417,7 @@ impl Job {
         match (&mut self.hint, &mut self.next) {
             (Some(h), _) if h.epoch == Some(epoch) && h.joins(&part.order, pid) => {
                 h.join(part, cursor);
+                self.send_cursor = 0;
                 self.order_digest = Some(h.digest);
                 let files = h.files.clone();
                 self.log.plan(Some(files));
@@ -427,6 +432,7 @@ impl Job {
                 });
                 self.next = None;
                 self.prefetch_cursor = 0;
+                self.send_cursor = 0;
                 (epoch, false)
             }
             (_, Some(n)) if n.joins(&part.order, pid) => {
@@ -480,6 +486,7 @@ impl Job {
         let files = self.current_hint().map(|h| h.files.clone());
         self.log.plan(files);
         self.prefetch_cursor = 0;
+        self.send_cursor = 0;
     }
 }
 

@@ -129,6 +129,12 @@ const BUSY_WAIT: Duration = Duration::from_micros(200);
 /// byte); local disks and nearby network filesystems answer in a few milliseconds.
 pub const REMOTE_SECS: f64 = 0.010;
 
+/// Files of a job's order hint whose first run's request is sent ahead at once
+/// ([`Prefetcher::send_ahead`]): the next file of each of up to four reader processes (a
+/// DataLoader's workers take the order's files in turn). Each request waits with its
+/// connection and the bytes the store sent before the window closed.
+pub const SEND_AHEAD: usize = 4;
+
 /// How long the loop sleeps when nothing wakes it.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -627,7 +633,59 @@ impl Prefetcher {
             }
             active.push(job);
         }
+        for job in &active {
+            self.send_ahead(job);
+        }
         self.take_turns(active, disk_order);
+    }
+
+    /// Sends ahead the first run's request of each of the next [`SEND_AHEAD`] files of
+    /// `job`'s order hint that the prefetcher leaves to their readers (big objects read in
+    /// parts, see [`Prefetcher::worth_prefetching`]): each is read at its reader's pace as
+    /// before, but its open finds the request's wait behind it ([`Fetcher::send_ahead`]).
+    /// Nothing without a hint: a guess would be a request sent for nothing.
+    fn send_ahead(&self, job: &Arc<Mutex<Job>>) {
+        let (key, epoch, next) = {
+            let mut j = job.lock();
+            let Some(order) = j.active_order() else {
+                return;
+            };
+            let t = j.log.tracker();
+            let mut at = j.send_cursor;
+            while at < order.len() && t.may_have_read(order[at]) {
+                at += 1;
+            }
+            let next: Vec<FileId> = (order[at..].iter())
+                .filter(|&&f| !t.may_have_read(f))
+                .take(SEND_AHEAD)
+                .copied()
+                .collect();
+            j.send_cursor = at;
+            (j.key, j.epoch(), next)
+        };
+        for f in next {
+            let Some(node) = self.ns.file_node(f) else {
+                continue;
+            };
+            let (Some(info), Some(rel)) = (self.ns.info(node), self.ns.path(node)) else {
+                continue;
+            };
+            let fetcher = &self.tiers.fetcher;
+            if !fetcher.prefetch_block_by_block(info.version.size) {
+                continue;
+            }
+            fetcher.send_ahead(&Want {
+                key: BlockKey {
+                    version: info.version,
+                    block: 0,
+                },
+                rel: &rel,
+                job: key,
+                epoch,
+                why: Why::Prefetch,
+                stream: true,
+            });
+        }
     }
 
     /// The jobs that opened a file within [`ACTIVE_SECS`] of `now`.

@@ -299,6 +299,17 @@ pub trait DatasetSource: Send + Sync + 'static {
     fn reads_together(&self) -> bool {
         false
     }
+    /// Sends now the request of a [`DatasetSource::read_blocks`] of `len` bytes from `offset`
+    /// of file `version` that a reader is expected to make soon, so that its wait is behind it
+    /// when the read comes: an object store's GET, whose body waits in the connection (a few
+    /// hundred KiB the store sent before the window closed) until that read takes it. By
+    /// default nothing: a directory's read has no wait to hide.
+    fn send_ahead(&self, _rel: &Path, _version: &FileVersion, _offset: u64, _len: usize) {}
+    /// The bytes of the read sent ahead from `offset` of file `version`
+    /// ([`DatasetSource::send_ahead`]), if one waits: a read of exactly those takes it.
+    fn sent_ahead(&self, _rel: &Path, _version: &FileVersion, _offset: u64) -> Option<usize> {
+        None
+    }
     /// `statvfs` of the filesystem holding the source.
     fn statfs(&self) -> SourceResult<FsStats>;
     /// Bytes of memory the source keeps of the dataset's names beside the node table (an
@@ -904,6 +915,12 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
             filled(block);
         }
         Ok(n)
+    }
+    fn send_ahead(&self, rel: &Path, version: &FileVersion, offset: u64, len: usize) {
+        self.inner.send_ahead(rel, version, offset, len)
+    }
+    fn sent_ahead(&self, rel: &Path, version: &FileVersion, offset: u64) -> Option<usize> {
+        self.inner.sent_ahead(rel, version, offset)
     }
     fn statfs(&self) -> SourceResult<FsStats> {
         self.inner.statfs()

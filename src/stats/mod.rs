@@ -103,6 +103,8 @@ stats! {
     SourceRequests => "source_requests", Count, "HTTP requests sent to an object store source (s3://): listings, HEADs and ranged GETs, retries included; 0 for a directory.";
     SourceRetried => "source_retried", Count, "Of those, requests answered with throttling, a server error or a timeout, or whose connection failed: each was retried with backoff and jitter (for up to 45 s) before the read failed.";
     SourceThrottled => "source_throttled", Count, "Of those, answers that asked to slow down (503 SlowDown, 429).";
+    SourceGetsAhead => "source_gets_ahead", Count, "Of those, GETs sent before their reader asked: with an order hint, the first run of each of the next objects the hint names that are read in parts (not prefetched), so that their opens find the store's wait behind them.";
+    SourceGetsAheadUnused => "source_gets_ahead_unused", Count, "Of those, GETs dropped unread: their object was read otherwise (another range, from the cache), or not within 10 s (8 wait at most; no more are sent while they do).";
     TierErrors => "tier_errors", Count, "Faults of a tier in front of the source (none can fail in memory): each read was served by the next tier; a failed write of the disk tier (a full disk) counts too, and turns it off.";
     DiskHits => "disk_hits", Count, "Blocks read from the disk tier (--cache-dir) instead of from peers or the source.";
     BytesFromDisk => "bytes_from_disk", Bytes, "Bytes of those blocks.";

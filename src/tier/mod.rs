@@ -153,6 +153,18 @@ pub trait Tier: Send + Sync {
         Err(DataError::NoRuns(self.name()))
     }
 
+    /// Sends now the run of `want.key` and the `more` blocks after it that a reader is
+    /// expected to ask for soon ([`crate::source::DatasetSource::send_ahead`]): its
+    /// [`Tier::get_run`] then finds the request's wait behind it. Only the source sends runs
+    /// ahead; by default nothing.
+    fn send_ahead(&self, _want: &Want<'_>, _more: u64) {}
+
+    /// The blocks after `want.key` of the run sent ahead from it, if one waits: a
+    /// [`Tier::get_run`] of exactly those takes it.
+    fn sent_ahead(&self, _want: &Want<'_>) -> Option<u64> {
+        None
+    }
+
     /// Each block of `wants` (whole small files, under `crate::block::MAP_FROM` bytes), read
     /// together where the tier can ([`Tier::reads_together`]), else one [`Tier::get`] each.
     fn get_small(&self, wants: &[Want<'_>]) -> Vec<Result<Option<Found<'_>>, DataError>> {

@@ -233,6 +233,21 @@ impl Tier for SourceTier {
         self.read_run(want.rel, want.key, more, each)
     }
 
+    fn send_ahead(&self, want: &Want<'_>, more: u64) {
+        let (size, b) = (want.key.version.size, want.key.block);
+        let offset = self.blocks.offset(b);
+        let end = self.blocks.offset(b + more + 1).min(size);
+        if end > offset {
+            (self.source).send_ahead(want.rel, &want.key.version, offset, (end - offset) as usize);
+        }
+    }
+
+    fn sent_ahead(&self, want: &Want<'_>) -> Option<u64> {
+        let offset = self.blocks.offset(want.key.block);
+        let len = (self.source).sent_ahead(want.rel, &want.key.version, offset)?;
+        Some((len as u64).div_ceil(self.blocks.get()).saturating_sub(1))
+    }
+
     fn admit(&self, _want: &Want<'_>, _data: &Arc<Block>) -> bool {
         false
     }

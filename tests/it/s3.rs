@@ -594,6 +594,65 @@ fn a_job_that_reads_big_objects_in_large_pieces_gets_them_straight_into_its_buff
     m.unmount();
 }
 
+#[test]
+fn with_an_order_hint_the_gets_of_the_next_big_objects_are_sent_before_their_opens() {
+    // Objects of 6 MiB in parts of 2 MiB, beside a staging area too small for the
+    // prefetcher's parts (8 MiB, under 8 parts): the prefetcher leaves them to their reader,
+    // which streams them in parts. With the job's order hint, the mount sends the first run's
+    // GET of the next objects of the order before they are opened, and each open's first
+    // READ takes its own: every GET sent ahead is read, and the bytes are the store's.
+    const N: usize = 8;
+    let server = S3Server::start(Kind::S3);
+    let bucket = Bucket::create(&server, "ahead");
+    let objects = put_files(&bucket, "ds", N, 6 << 20, 1);
+    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(20));
+    let m = mount(
+        &proxy.endpoint(),
+        "s3://ahead/ds",
+        &[
+            "--part-size",
+            "2M",
+            "--prefetch-memory",
+            "8M",
+            "--cache-size",
+            "1M",
+            "--job-key",
+            "pgid",
+        ],
+    );
+    crate::common::wait_for_scan(&m.mnt);
+    let read = |hint: &str, seed: &str| {
+        let mut cmd = Command::new(crate::common::bin());
+        cmd.args(["read", "--json", "--procs", "1", "--seed", seed, hint])
+            .arg(&m.mnt);
+        let out = crate::common::output_within(&mut cmd, Duration::from_secs(60));
+        assert!(out.status.success(), "{}", crate::common::stderr(&out));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["bytes"], (N * (6 << 20)) as u64, "{r}");
+    };
+    // Without a hint, nothing is sent ahead: the next object is anyone's guess.
+    read("--sorted", "1");
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "source_gets_ahead"), 0, "{s}");
+    let gets = num(&s, "source_requests");
+    // A new epoch, in an order the job hands over first: its first object's open may come
+    // before the mount has sent anything, the next ones' after their GET was sent.
+    read("--hint", "2");
+    let s = stats(&m.mnt);
+    let (ahead, unused) = (
+        num(&s, "source_gets_ahead"),
+        num(&s, "source_gets_ahead_unused"),
+    );
+    assert!(ahead >= N as u64 - 1, "{s}");
+    assert_eq!(unused, 0, "{s}");
+    // Each sent ahead stands for a GET its reader would have sent: no more requests.
+    assert!(num(&s, "source_requests") - gets <= gets, "{s}");
+    for (rel, data) in &objects {
+        assert_eq!(&std::fs::read(m.mnt.join(rel)).unwrap(), data, "{rel}");
+    }
+    m.unmount();
+}
+
 /// Shards bigger than a pod, read from S3 by two processes in it, as the elastic cache takes
 /// what the pod leaves: each part of epoch 1 is read once, and epoch 2 reads from the store
 /// what the cache lacked after epoch 1, no more. A full readahead buffer once dropped the

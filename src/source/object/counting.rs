@@ -9,6 +9,9 @@ pub struct Counters {
     pub requests: AtomicU64,
     pub retried: AtomicU64,
     pub throttled: AtomicU64,
+    /// GETs sent ahead of their readers, and of those, the ones dropped unread.
+    pub ahead: AtomicU64,
+    pub ahead_unused: AtomicU64,
 }
 
 /// The store's HTTP client, counting every request and every answer that gets retried.

@@ -41,6 +41,7 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
@@ -73,7 +74,54 @@ pub struct ObjectSource {
     listed: Condvar,
     /// The tree came whole from a manifest: the scan reads memory, not the store.
     from_manifest: bool,
+    /// GETs sent ahead of their readers ([`DatasetSource::send_ahead`]), oldest first.
+    ahead: Mutex<Vec<Ahead>>,
+    counters: Arc<Counters>,
 }
+
+/// A ranged GET of an object's version ([`ObjectSource::request`]).
+struct Request {
+    key: object_store::path::Path,
+    options: GetOptions,
+    /// The ETag the answer must name.
+    etag: Option<String>,
+    /// The range's end (its start is the caller's).
+    end: u64,
+}
+
+/// The answer to a GET, its head once it came: the ETag it names and the body to come.
+type Answer = Result<
+    (
+        Option<String>,
+        futures::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>,
+    ),
+    object_store::Error,
+>;
+
+/// A GET sent ahead of its reader: its range of an object's version, when it was sent, and
+/// the task that waits for its answer's head. The body waits in the connection (the socket's
+/// buffer, then the sender's window) until a read of that very range takes it.
+struct Ahead {
+    rel: PathBuf,
+    version: FileVersion,
+    range: std::ops::Range<u64>,
+    sent: Instant,
+    answer: tokio::task::JoinHandle<Answer>,
+}
+
+impl std::fmt::Debug for Ahead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{:?}", self.rel.display(), self.range)
+    }
+}
+
+/// GETs sent ahead that wait at most (no more are sent while they do): a reader's next few
+/// objects for a few jobs, each holding a connection whose window the store has filled.
+pub const AHEAD_MAX: usize = 8;
+
+/// How long a GET sent ahead is taken by its read: an older one is dropped and the read sends
+/// its own (a store closes a connection left unread for long).
+pub const AHEAD_FOR: Duration = Duration::from_secs(10);
 
 /// Bytes of a GET's body its receiving task hands over at a time ([`ObjectSource::get_range`]).
 const BODY_BATCH: usize = 512 << 10;
@@ -94,27 +142,15 @@ impl ObjectSource {
         len: usize,
         sink: &mut dyn FnMut(&[u8]),
     ) -> SourceResult<usize> {
-        let (etag, last_modified) = {
-            let tree = self.tree.read();
-            // Gone (a read found it so), or another version now.
-            let o = (tree.object(rel)).ok_or(SourceError::NotFound)?;
-            if o.meta().version != *version {
-                return Err(SourceError::Changed);
-            }
-            (o.etag.text(), o.last_modified())
-        };
-        let end = (offset + len as u64).min(version.size);
-        if offset >= end {
+        let Some(Request {
+            key,
+            options,
+            etag,
+            end,
+        }) = self.request(rel, version, offset, len)?
+        else {
             return Ok(0);
-        }
-        let options = GetOptions {
-            // The version the open saw, or none: never bytes of two versions in one file.
-            if_unmodified_since: etag.is_none().then_some(last_modified),
-            if_match: etag.clone(),
-            range: Some(GetRange::Bounded(offset..end)),
-            ..Default::default()
         };
-        let (store, key) = (self.store.clone(), self.url.key(rel)?);
         // At debug level, a line for each GET as it ends (inside its fetch's): the key, the
         // range, the bytes it gave, its time.
         let span = tracing::debug_span!(
@@ -122,12 +158,22 @@ impl ObjectSource {
             key = %key,
             range = %format_args!("{offset}..{end}"),
             bytes = tracing::field::Empty,
+            ahead = tracing::field::Empty,
         )
         .entered();
-        let opened = self.wait(async move {
-            let r = store.get_opts(&key, options).await?;
-            Ok::<_, object_store::Error>((r.meta.e_tag.clone(), r.into_stream()))
-        })?;
+        let store = self.store.clone();
+        let opened = match self.take_ahead(rel, version, offset..end) {
+            Some(answer) => {
+                span.record("ahead", true);
+                match self.wait(answer)? {
+                    Ok(Ok(head)) => Ok(head),
+                    // Sent ahead and failed (a connection the store closed meanwhile): this
+                    // read asks again, as it would have without it.
+                    _ => self.wait(Self::get(store, key, options))?,
+                }
+            }
+            None => self.wait(Self::get(store, key, options))?,
+        };
         let mut stream = match opened {
             // A store that ignores If-Match (fake-gcs-server does) still names the version it
             // sends: another one is refused here, before a byte of it is used.
@@ -203,6 +249,75 @@ impl ObjectSource {
         Ok(got)
     }
 
+    /// The GET of `len` bytes of `rel` from `offset` if it is still `version`; None if the
+    /// range is empty.
+    fn request(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        offset: u64,
+        len: usize,
+    ) -> SourceResult<Option<Request>> {
+        let (etag, last_modified) = {
+            let tree = self.tree.read();
+            // Gone (a read found it so), or another version now.
+            let o = (tree.object(rel)).ok_or(SourceError::NotFound)?;
+            if o.meta().version != *version {
+                return Err(SourceError::Changed);
+            }
+            (o.etag.text(), o.last_modified())
+        };
+        let end = (offset + len as u64).min(version.size);
+        if offset >= end {
+            return Ok(None);
+        }
+        let options = GetOptions {
+            // The version the open saw, or none: never bytes of two versions in one file.
+            if_unmodified_since: etag.is_none().then_some(last_modified),
+            if_match: etag.clone(),
+            range: Some(GetRange::Bounded(offset..end)),
+            ..Default::default()
+        };
+        Ok(Some(Request {
+            key: self.url.key(rel)?,
+            options,
+            etag,
+            end,
+        }))
+    }
+
+    /// Sends a GET and waits for its answer's head.
+    async fn get(
+        store: Arc<dyn ObjectStore>,
+        key: object_store::path::Path,
+        options: GetOptions,
+    ) -> Answer {
+        let r = store.get_opts(&key, options).await?;
+        Ok((r.meta.e_tag.clone(), r.into_stream()))
+    }
+
+    /// The answer of the GET sent ahead for `range` of `rel` at `version`, if one was and is
+    /// young enough ([`AHEAD_FOR`]). One sent for another range from the same offset is
+    /// dropped: its reader reads another run, and it would only hold its connection.
+    fn take_ahead(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        range: std::ops::Range<u64>,
+    ) -> Option<tokio::task::JoinHandle<Answer>> {
+        let mut ahead = self.ahead.lock();
+        let i = (ahead.iter())
+            .position(|a| a.rel == rel && a.version == *version && a.range.start == range.start)?;
+        let a = ahead.remove(i);
+        drop(ahead);
+        if a.range == range && a.sent.elapsed() < AHEAD_FOR {
+            return Some(a.answer);
+        }
+        a.answer.abort();
+        self.counters.ahead_unused.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
     /// Connects to the store of `url` and lists the prefix's first level, or reads the
     /// `manifest` instead, and returns the source: the rest is listed when looked up, or by
     /// the scan. `ttl` is how long a listing is trusted.
@@ -212,8 +327,8 @@ impl ObjectSource {
         counters: Arc<Counters>,
         manifest: Option<&Path>,
     ) -> io::Result<Self> {
-        let store = build_store(&url, counters)?;
-        Self::over(url, store, ttl, manifest)
+        let store = build_store(&url, counters.clone())?;
+        Self::over(url, store, ttl, manifest, counters)
     }
 
     /// [`ObjectSource::open`] over a client made already.
@@ -222,6 +337,7 @@ impl ObjectSource {
         store: Arc<dyn ObjectStore>,
         ttl: Duration,
         manifest: Option<&Path>,
+        counters: Arc<Counters>,
     ) -> io::Result<Self> {
         let name = url.name();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -255,6 +371,8 @@ impl ObjectSource {
             listing: Mutex::new(HashSet::new()),
             listed: Condvar::new(),
             from_manifest: manifest.is_some(),
+            ahead: Mutex::new(Vec::new()),
+            counters,
         };
         if manifest.is_none() {
             // The first level: a store that cannot be listed refuses the mount here.
@@ -603,6 +721,53 @@ impl DatasetSource for ObjectSource {
             None => got,
         }
     }
+    fn send_ahead(&self, rel: &Path, version: &FileVersion, offset: u64, len: usize) {
+        let Ok(Some(Request {
+            key, options, end, ..
+        })) = self.request(rel, version, offset, len)
+        else {
+            return;
+        };
+        let mut ahead = self.ahead.lock();
+        if (ahead.iter()).any(|a| a.rel == rel && a.version == *version && a.range.start == offset)
+        {
+            return;
+        }
+        // Those not taken in time go; past AHEAD_MAX waiting none is sent (pushing the oldest
+        // out, jobs that want more than AHEAD_MAX between them would send and drop GETs in turn
+        // without end).
+        ahead.retain(|a| {
+            let young = a.sent.elapsed() < AHEAD_FOR;
+            if !young {
+                a.answer.abort();
+                self.counters.ahead_unused.fetch_add(1, Ordering::Relaxed);
+            }
+            young
+        });
+        if ahead.len() >= AHEAD_MAX {
+            return;
+        }
+        let answer = self
+            .runtime
+            .spawn(Self::get(self.store.clone(), key, options));
+        self.counters.ahead.fetch_add(1, Ordering::Relaxed);
+        ahead.push(Ahead {
+            rel: rel.to_path_buf(),
+            version: *version,
+            range: offset..end,
+            sent: Instant::now(),
+            answer,
+        });
+    }
+
+    fn sent_ahead(&self, rel: &Path, version: &FileVersion, offset: u64) -> Option<usize> {
+        let ahead = self.ahead.lock();
+        (ahead.iter())
+            .find(|a| a.rel == rel && a.version == *version && a.range.start == offset)
+            .filter(|a| a.sent.elapsed() < AHEAD_FOR)
+            .map(|a| (a.range.end - a.range.start) as usize)
+    }
+
     fn memory(&self) -> u64 {
         self.tree.read().memory
     }
@@ -642,7 +807,14 @@ mod tests {
             futures::executor::block_on(store.put(&key, PutPayload::from_static(b"abc"))).unwrap();
         }
         let url = ObjectUrl::parse(Path::new("s3://bucket/d")).unwrap();
-        ObjectSource::over(url, store, Duration::from_secs(60), None).unwrap()
+        ObjectSource::over(
+            url,
+            store,
+            Duration::from_secs(60),
+            None,
+            Default::default(),
+        )
+        .unwrap()
     }
 
     /// A path whose folders the source has not listed (a successor daemon's first open) is
@@ -667,5 +839,58 @@ mod tests {
             let size = found.map(|m| m.version.size);
             assert!(matches!(size, Ok(3)), "round {round}: {size:?}");
         }
+    }
+
+    /// A GET sent ahead is taken by a read of exactly its range, and dropped, counted unused,
+    /// by a read of another range from its start; no more than AHEAD_MAX wait. Each read's
+    /// bytes are the object's either way.
+    #[test]
+    fn a_get_sent_ahead_is_taken_by_its_own_range_only() {
+        let keys: Vec<String> = (0..=AHEAD_MAX).map(|i| format!("d/f{i}")).collect();
+        let source = source_of(&keys.iter().map(String::as_str).collect::<Vec<_>>());
+        let meta = |i: usize| {
+            let rel = PathBuf::from(format!("f{i}"));
+            let version = source.metadata(&rel, &Creds::DAEMON).unwrap().version;
+            (rel, version)
+        };
+        let read = |rel: &Path, version: &FileVersion, len: usize| {
+            let mut buf = vec![0; len];
+            let n = source.read_block(rel, version, 0, &mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        };
+        let counts = || {
+            let c = &source.counters;
+            (
+                c.ahead.load(Ordering::Relaxed),
+                c.ahead_unused.load(Ordering::Relaxed),
+            )
+        };
+        let (rel, version) = meta(0);
+        source.send_ahead(&rel, &version, 0, 3);
+        // Sent once, however often it is asked for.
+        source.send_ahead(&rel, &version, 0, 3);
+        assert_eq!(source.sent_ahead(&rel, &version, 0), Some(3));
+        assert_eq!(source.sent_ahead(&rel, &version, 1), None);
+        assert_eq!(read(&rel, &version, 3), b"abc");
+        assert_eq!(counts(), (1, 0));
+        assert_eq!(source.sent_ahead(&rel, &version, 0), None);
+        // Another range from its start: dropped, and the read sends its own.
+        source.send_ahead(&rel, &version, 0, 3);
+        assert_eq!(read(&rel, &version, 2), b"ab");
+        assert_eq!(counts(), (2, 1));
+        // With AHEAD_MAX waiting, no more is sent until one is taken.
+        for i in 0..=AHEAD_MAX {
+            let (rel, version) = meta(i);
+            source.send_ahead(&rel, &version, 0, 3);
+        }
+        assert_eq!(counts(), (2 + AHEAD_MAX as u64, 1));
+        let (last, last_version) = meta(AHEAD_MAX);
+        assert_eq!(source.sent_ahead(&last, &last_version, 0), None);
+        assert_eq!(read(&rel, &version, 3), b"abc");
+        source.send_ahead(&last, &last_version, 0, 3);
+        assert_eq!(source.sent_ahead(&last, &last_version, 0), Some(3));
+        assert_eq!(read(&last, &last_version, 3), b"abc");
+        assert_eq!(counts(), (3 + AHEAD_MAX as u64, 1));
     }
 }

@@ -175,6 +175,9 @@ impl Fetcher {
         let (mut bytes, mut next, mut own, mut last) = (0, lo, None, None);
         let began = Instant::now();
         let mut first = None;
+        // A run sent ahead waited before its reader came: its first block's time is not the
+        // store's wait, and would shrink the product the next runs are sized by to nothing.
+        let sent_ahead = source.sent_ahead(&want.block(lo)).is_some();
         let run = source.get_run(&want.block(lo), hi - lo - 1, &mut |x, data| {
             next = x + 1;
             bytes += data.len() as u64;
@@ -205,7 +208,7 @@ impl Fetcher {
         if ahead {
             (self.ahead_extra).fetch_sub(self.beyond_a_part(lo, hi), Ordering::AcqRel);
         }
-        if let (Ok(()), Some((took, first_bytes))) = (&run, first) {
+        if let (Ok(()), Some((took, first_bytes)), false) = (&run, first, sent_ahead) {
             let rest = began.elapsed().saturating_sub(took);
             if let Some(sample) = stream_sample(took, first_bytes, rest, bytes - first_bytes) {
                 self.stream.note(sample);
@@ -289,11 +292,15 @@ impl Fetcher {
         // A run begins at the part of the block asked for and spans the parts a run calls for
         // now ([`Fetcher::run_blocks`]).
         let start = b / self.part_blocks * self.part_blocks;
-        let end = run_end(start + self.run_blocks(ahead), count, self.part_blocks);
+        let (source, nearer) = self.below.split_last().expect("a tier to read from");
+        // A run sent ahead from here ([`Fetcher::send_ahead`]) is read as it was sent.
+        let end = match source.sent_ahead(&want.block(start)) {
+            Some(more) => (start + more + 1).min(count),
+            None => run_end(start + self.run_blocks(ahead), count, self.part_blocks),
+        };
         // A block in flight whose fetch has not begun to read it is taken into the run: its
         // fetch will find it taken and leave it to this one.
         // A block a tier in front of the source holds (the disk tier) is read from there.
-        let (_, nearer) = self.below.split_last().expect("a tier to read from");
         // Before the block asked for, only blocks asked for too are taken: one nobody asks for
         // there is most likely one its reader has read already (a reader that streams through
         // the file asks for it again only if the kernel dropped it).
@@ -331,6 +338,41 @@ impl Fetcher {
             }
         }
         (lo, hi)
+    }
+
+    /// Sends ahead the request of the run that a read of `want` (an object's first block)
+    /// would make ([`Tier::send_ahead`]), for an object that its job's order hint says it
+    /// opens next and that the prefetcher leaves to its reader
+    /// ([`Fetcher::prefetch_block_by_block`]): its open then finds the request's wait (20-50
+    /// ms from a cloud store) behind it, and the body is read at the reader's pace as if it
+    /// had asked. Nothing from a directory, nor for an object whose first block is read,
+    /// cached, held nearer or read ahead already.
+    pub fn send_ahead(&self, want: &Want<'_>) {
+        if self.part_blocks <= 1 || want.key.block != 0 {
+            return;
+        }
+        let (source, nearer) = self.below.split_last().expect("a tier to read from");
+        if self.memory.contains(&want.key)
+            || self.ahead.contains(&want.key)
+            || self.in_flight(&want.key)
+            || nearer.iter().any(|t| t.holds(want))
+        {
+            return;
+        }
+        let count = self.blocks.count(want.key.version.size);
+        let end = run_end(self.run_blocks(false), count, self.part_blocks);
+        // The run stops where its open's claim would (`claim_part`): at a block another tier
+        // holds or a fetch reads (a shard partly cached in an earlier epoch). A GET of more
+        // would not be that claim's, and would go unread.
+        let held = |x: u64| {
+            let w = want.block(x);
+            self.memory.contains(&w.key)
+                || self.ahead.contains(&w.key)
+                || self.in_flight(&w.key)
+                || nearer.iter().any(|t| t.holds(&w))
+        };
+        let hi = (1..end).find(|&x| held(x)).unwrap_or(end);
+        source.send_ahead(want, hi - 1);
     }
 
     /// Blocks of a part (1 for a directory source).
