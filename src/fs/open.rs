@@ -277,7 +277,7 @@ impl DatasetFs {
             feeds_below: disk_has_room || self.membership.config.is_some(),
             kernel_keeps: self.opener.kernel.keeps(),
             keep_hit,
-            reads_ahead: self.reads.tiers.fetcher.part_blocks() > 1,
+            reads_ahead: self.reads.tiers.fetcher.streams_a_part(),
         };
         let plan = open_plan(&facts, &policy, || {
             self.others_need(opened.file_id, counted)

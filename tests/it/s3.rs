@@ -559,14 +559,27 @@ fn a_job_that_reads_big_objects_in_large_pieces_gets_them_straight_into_its_buff
     // is filled (none resident while the file is open), and the bytes are the store's. Reads
     // that turn small send the job's next object back through the page cache, where they
     // cost no round trip each. (The job is the test's process group: under --job-key auto the
-    // other tests' processes beside this one could make each open a job of its own.)
+    // other tests' processes beside this one could make each open a job of its own.) The
+    // store answers after 30 ms, and a stream then brings more than a part (4 MiB) in that
+    // wait, as the first object's runs measure it: the daemon's runs keep a reader with one
+    // read in flight going (from a store whose streams are slow, the kernel's readahead has
+    // more parts read at once).
     let server = S3Server::start(Kind::S3);
     let bucket = Bucket::create(&server, "big");
     let objects = put_files(&bucket, "ds", 5, 6 << 20, 1);
+    let proxy = FaultProxy::delayed(server.port, Duration::from_millis(30));
     let m = mount(
-        &server.endpoint(),
+        &proxy.endpoint(),
         "s3://big/ds",
-        &["--no-prefetch", "--cache-size", "1M", "--job-key", "pgid"],
+        &[
+            "--no-prefetch",
+            "--cache-size",
+            "1M",
+            "--job-key",
+            "pgid",
+            "--part-size",
+            "4M",
+        ],
     );
     let whole = (6 << 20) / 4096;
     let read = |i: usize, size: usize| read_in_pieces(&m, &objects[i].0, size, &objects[i].1);

@@ -375,6 +375,16 @@ impl Fetcher {
         source.send_ahead(want, hi - 1);
     }
 
+    /// True if one stream of the store brings a part in a request's wait (its
+    /// [`Fetcher::stream_bdp`] is a part or more: a store nearby), so that a reader with one
+    /// read in flight gets its speed from the runs read for it, with no readahead of the
+    /// kernel's beside them. From a cloud store's streams (100 MB/s after 20-50 ms, 2-5 MB),
+    /// a reader's speed is that of the parts read side by side for the kernel's readahead
+    /// window, many READs in flight; false before a run was measured, and for a directory.
+    pub fn streams_a_part(&self) -> bool {
+        self.part_blocks > 1 && self.stream.bdp() >= self.part_blocks * self.blocks.get()
+    }
+
     /// Blocks of a part (1 for a directory source).
     pub fn part_blocks(&self) -> u64 {
         self.part_blocks
