@@ -109,6 +109,13 @@ struct Ahead {
     answer: tokio::task::JoinHandle<Answer>,
 }
 
+impl Ahead {
+    /// True if this is the GET sent ahead from `offset` of `rel` at `version`.
+    fn is_for(&self, rel: &Path, version: &FileVersion, offset: u64) -> bool {
+        self.rel == rel && self.version == *version && self.range.start == offset
+    }
+}
+
 impl std::fmt::Debug for Ahead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}@{:?}", self.rel.display(), self.range)
@@ -306,8 +313,7 @@ impl ObjectSource {
         range: std::ops::Range<u64>,
     ) -> Option<tokio::task::JoinHandle<Answer>> {
         let mut ahead = self.ahead.lock();
-        let i = (ahead.iter())
-            .position(|a| a.rel == rel && a.version == *version && a.range.start == range.start)?;
+        let i = (ahead.iter()).position(|a| a.is_for(rel, version, range.start))?;
         let a = ahead.remove(i);
         drop(ahead);
         if a.range == range && a.sent.elapsed() < AHEAD_FOR {
@@ -729,8 +735,7 @@ impl DatasetSource for ObjectSource {
             return;
         };
         let mut ahead = self.ahead.lock();
-        if (ahead.iter()).any(|a| a.rel == rel && a.version == *version && a.range.start == offset)
-        {
+        if (ahead.iter()).any(|a| a.is_for(rel, version, offset)) {
             return;
         }
         // Those not taken in time go; past AHEAD_MAX waiting none is sent (pushing the oldest
@@ -763,7 +768,7 @@ impl DatasetSource for ObjectSource {
     fn sent_ahead(&self, rel: &Path, version: &FileVersion, offset: u64) -> Option<usize> {
         let ahead = self.ahead.lock();
         (ahead.iter())
-            .find(|a| a.rel == rel && a.version == *version && a.range.start == offset)
+            .find(|a| a.is_for(rel, version, offset))
             .filter(|a| a.sent.elapsed() < AHEAD_FOR)
             .map(|a| (a.range.end - a.range.start) as usize)
     }

@@ -310,10 +310,8 @@ impl Fetcher {
         let first_time = !self.landed.holds(key);
         let claim = |block, asked| {
             let other = want.block(block);
-            !self.memory.contains(&other.key)
-                && !self.ahead.contains(&other.key)
+            !self.held_nearer(&other, nearer)
                 && (asked || !first_time || !self.landed.holds(&other.key))
-                && !nearer.iter().any(|t| t.holds(&other))
                 && self.inflight.take(&other.key, asked)
         };
         // A reader that seeks gets the blocks asked for, not the rest of their part, unless
@@ -352,27 +350,28 @@ impl Fetcher {
             return;
         }
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
-        if self.memory.contains(&want.key)
-            || self.ahead.contains(&want.key)
-            || self.in_flight(&want.key)
-            || nearer.iter().any(|t| t.holds(want))
-        {
-            return;
-        }
-        let count = self.blocks.count(want.key.version.size);
-        let end = run_end(self.run_blocks(false), count, self.part_blocks);
         // The run stops where its open's claim would (`claim_part`): at a block another tier
         // holds or a fetch reads (a shard partly cached in an earlier epoch). A GET of more
         // would not be that claim's, and would go unread.
         let held = |x: u64| {
             let w = want.block(x);
-            self.memory.contains(&w.key)
-                || self.ahead.contains(&w.key)
-                || self.in_flight(&w.key)
-                || nearer.iter().any(|t| t.holds(&w))
+            self.held_nearer(&w, nearer) || self.in_flight(&w.key)
         };
+        if held(0) || source.sent_ahead(want).is_some() {
+            return;
+        }
+        let count = self.blocks.count(want.key.version.size);
+        let end = run_end(self.run_blocks(false), count, self.part_blocks);
         let hi = (1..end).find(|&x| held(x)).unwrap_or(end);
         source.send_ahead(want, hi - 1);
+    }
+
+    /// True if block `want.key` is where a read finds it before the source: the cache, the
+    /// readahead buffer, or a tier in `nearer` (the disk tier). A part's run stops there.
+    fn held_nearer(&self, want: &Want<'_>, nearer: &[Arc<dyn Tier>]) -> bool {
+        self.memory.contains(&want.key)
+            || self.ahead.contains(&want.key)
+            || nearer.iter().any(|t| t.holds(want))
     }
 
     /// True if one stream of the store brings a part in a request's wait (its
