@@ -263,6 +263,20 @@ impl Table {
         }
     }
 
+    /// Writes `meta` into node `id` unless it is a look at the same file taken before the one
+    /// recorded (an older ctime): stale, never recorded over a newer one. Returns true if the
+    /// file's version changed. Which paths land late: the watch's `lstat`, delayed on a loaded
+    /// machine, after an open's (a file that grew from 13 to 23 bytes was read whole, then
+    /// listed at 13); and the scan's listing of a directory, taken as the mount begins and
+    /// entered after a first read has looked again.
+    fn set_unless_older(&mut self, id: u32, meta: &SourceMeta) -> bool {
+        let n = &self.nodes[id as usize];
+        if n.ino == meta.version.ino && meta.version.ctime_ns < n.ctime_ns {
+            return false;
+        }
+        self.set(id, meta)
+    }
+
     /// Writes `meta` into node `id`. Returns true if the file's version changed.
     fn set(&mut self, id: u32, meta: &SourceMeta) -> bool {
         let dev = self.dev_index(meta.version.dev);
@@ -476,7 +490,7 @@ impl Namespace {
         let parent = parent as u32;
         let hash = self.hash(parent, name);
         if let Some(id) = find_child(table, hash, parent, name) {
-            table.set(id, &meta);
+            table.set_unless_older(id, &meta);
             return id.into();
         }
         let id = table.nodes.len() as u32;
@@ -582,17 +596,9 @@ impl Namespace {
         if id < ROOT || id as usize >= table.nodes.len() {
             return false;
         }
-        // A look at the same file taken before the one recorded (the watch's `lstat`, delayed
-        // on a loaded machine, landing after an open's): stale, never recorded over a newer
-        // one. Under load a file that grew from 13 to 23 bytes read whole but was then
-        // listed at 13, from a table an older look had set back.
-        let n = &table.nodes[id as usize];
-        if n.ino == meta.version.ino && meta.version.ctime_ns < n.ctime_ns {
-            return false;
-        }
         // A file that became a directory (or the reverse) keeps its file id; the version
         // change makes its cached bytes unreachable, which is all that correctness needs.
-        table.set(id as u32, &meta)
+        table.set_unless_older(id as u32, &meta)
     }
 
     /// The node's parent (the root is its own parent).
@@ -898,6 +904,16 @@ mod tests {
         // The watch's look from before the write lands late: ignored.
         assert!(!ns.refresh(a, at(13, 10)));
         assert_eq!(ns.info(a).unwrap().attr.size, 23);
+        // Nor does the scan's listing, taken before and entered after.
+        assert_eq!(ns.insert_child(ROOT, OsStr::new("a"), at(13, 10)), a);
+        assert_eq!(
+            ns.insert_children(ROOT, [(OsStr::new("a"), at(13, 10))]),
+            [a]
+        );
+        assert_eq!(ns.info(a).unwrap().attr.size, 23);
+        // A newer look is taken either way.
+        ns.insert_child(ROOT, OsStr::new("a"), at(31, 30));
+        assert_eq!(ns.info(a).unwrap().attr.size, 31);
         // Another file under the name (another inode) is always taken.
         let mut other = at(5, 1);
         other.version.ino = 8;
