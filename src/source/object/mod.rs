@@ -114,6 +114,11 @@ impl Ahead {
     fn is_for(&self, rel: &Path, version: &FileVersion, offset: u64) -> bool {
         self.rel == rel && self.version == *version && self.range.start == offset
     }
+
+    /// True while its read may still take it ([`AHEAD_FOR`]).
+    fn young(&self) -> bool {
+        self.sent.elapsed() < AHEAD_FOR
+    }
 }
 
 impl std::fmt::Debug for Ahead {
@@ -316,7 +321,7 @@ impl ObjectSource {
         let i = (ahead.iter()).position(|a| a.is_for(rel, version, range.start))?;
         let a = ahead.remove(i);
         drop(ahead);
-        if a.range == range && a.sent.elapsed() < AHEAD_FOR {
+        if a.range == range && a.young() {
             return Some(a.answer);
         }
         a.answer.abort();
@@ -742,7 +747,7 @@ impl DatasetSource for ObjectSource {
         // out, jobs that want more than AHEAD_MAX between them would send and drop GETs in turn
         // without end).
         ahead.retain(|a| {
-            let young = a.sent.elapsed() < AHEAD_FOR;
+            let young = a.young();
             if !young {
                 a.answer.abort();
                 self.counters.ahead_unused.fetch_add(1, Ordering::Relaxed);
@@ -769,7 +774,7 @@ impl DatasetSource for ObjectSource {
         let ahead = self.ahead.lock();
         (ahead.iter())
             .find(|a| a.is_for(rel, version, offset))
-            .filter(|a| a.sent.elapsed() < AHEAD_FOR)
+            .filter(|a| a.young())
             .map(|a| (a.range.end - a.range.start) as usize)
     }
 
