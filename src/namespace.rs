@@ -202,7 +202,26 @@ struct Table {
     listings: HashMap<u32, KeptListing>,
     /// The children those listings hold, all told.
     kept_children: usize,
+    /// The last look recorded of recent nodes ([`Look`]), by node id modulo [`LOOK_SLOTS`]:
+    /// `(id, look)`, empty until one is recorded there.
+    looks: Vec<(u32, u64)>,
 }
+
+/// Nodes whose last look is remembered at once ([`Table::looks`]): two looks of one node are
+/// ordered by this only while both are in flight (milliseconds), so a node whose slot another
+/// took since is a node not looked at for that long.
+const LOOK_SLOTS: usize = 4096;
+
+/// When a look at the source (an `lstat`, an open's `fstat`) began: a number from
+/// [`Namespace::look`], taken before the system call, larger for each later look. Two looks
+/// of one file that land out of order are told apart by it where the file's times cannot: a
+/// file written twice within the kernel's coarse clock tick, with nobody asking its times in
+/// between, keeps one ctime and mtime for both contents (the kernel's multigrain timestamps
+/// stay coarse while nobody looks), so a look at the first content landing after one at the
+/// second (the watch's `lstat`, late on a loaded machine) is not older by its ctime, and set
+/// a file read whole at 23 bytes back to 13.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Look(u64);
 
 /// The children of a directory as the scan read them, and the directory's version then.
 #[derive(Debug)]
@@ -269,11 +288,25 @@ impl Table {
     /// machine, after an open's (a file that grew from 13 to 23 bytes was read whole, then
     /// listed at 13); and the scan's listing of a directory, taken as the mount begins and
     /// entered after a first read has looked again.
-    fn set_unless_older(&mut self, id: u32, meta: &SourceMeta) -> bool {
+    ///
+    /// A `look` (when it began) is also refused if a later one was recorded, whatever the
+    /// times say (see [`Look`]); a listing's (None) is judged by its ctime alone.
+    fn set_unless_older(&mut self, id: u32, meta: &SourceMeta, look: Option<Look>) -> bool {
         let n = &self.nodes[id as usize];
         if n.ino == meta.version.ino && meta.version.ctime_ns < n.ctime_ns {
             return false;
         }
+        let Some(Look(look)) = look else {
+            return self.set(id, meta);
+        };
+        if self.looks.is_empty() {
+            self.looks = vec![(u32::MAX, 0); LOOK_SLOTS];
+        }
+        let slot = &mut self.looks[id as usize % LOOK_SLOTS];
+        if slot.0 == id && slot.1 > look {
+            return false;
+        }
+        *slot = (id, look);
         self.set(id, meta)
     }
 
@@ -381,6 +414,8 @@ pub struct Namespace {
     table: RwLock<Table>,
     hasher: RandomState,
     log: std::sync::OnceLock<std::sync::Arc<dyn NodeLog>>,
+    /// The next [`Look`].
+    looks: std::sync::atomic::AtomicU64,
 }
 
 impl Namespace {
@@ -396,7 +431,17 @@ impl Namespace {
             table: RwLock::new(table),
             hasher: RandomState::default(),
             log: std::sync::OnceLock::new(),
+            looks: std::sync::atomic::AtomicU64::new(1),
         }
+    }
+
+    /// A look at the source begins: take this before its system call, and hand it to
+    /// [`Namespace::refresh`] with what it found.
+    pub fn look(&self) -> Look {
+        Look(
+            self.looks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// From now on every node given out is told to `log`.
@@ -490,7 +535,7 @@ impl Namespace {
         let parent = parent as u32;
         let hash = self.hash(parent, name);
         if let Some(id) = find_child(table, hash, parent, name) {
-            table.set_unless_older(id, &meta);
+            table.set_unless_older(id, &meta, None);
             return id.into();
         }
         let id = table.nodes.len() as u32;
@@ -591,14 +636,16 @@ impl Namespace {
 
     /// Replaces the node's attributes with a fresh `lstat` of the source. Returns true if the
     /// file's version changed (its size, mtime, ctime or identity).
-    pub fn refresh(&self, id: NodeId, meta: SourceMeta) -> bool {
+    /// `look` says when the look began ([`Namespace::look`]); None for a listing's, which
+    /// only an older ctime refuses.
+    pub fn refresh(&self, id: NodeId, meta: SourceMeta, look: Option<Look>) -> bool {
         let mut table = self.table.write();
         if id < ROOT || id as usize >= table.nodes.len() {
             return false;
         }
         // A file that became a directory (or the reverse) keeps its file id; the version
         // change makes its cached bytes unreachable, which is all that correctness needs.
-        table.set_unless_older(id as u32, &meta)
+        table.set_unless_older(id as u32, &meta, look)
     }
 
     /// The node's parent (the root is its own parent).
@@ -694,6 +741,7 @@ impl Namespace {
             // std's HashMap: a (key, value) slot and a control byte per bucket.
             + t.listings.capacity() * (std::mem::size_of::<(u32, KeptListing)>() + 1)
             + t.kept_children * 4
+            + t.looks.capacity() * std::mem::size_of::<(u32, u64)>()
     }
 }
 
@@ -783,7 +831,7 @@ mod tests {
         }
         // Attributes come from the source again; until then a node reads as empty.
         assert_eq!(again.info(z).unwrap().attr.size, 0);
-        assert!(again.refresh(z, meta(Kind::File, 7, 1)));
+        assert!(again.refresh(z, meta(Kind::File, 7, 1), None));
         assert_eq!(again.info(z).unwrap().attr.size, 7);
         // Replayed into a table that gave out other ids first: refused, not renumbered.
         let other = Namespace::new(meta(Kind::Dir, 0, 0));
@@ -886,8 +934,8 @@ mod tests {
         let again = ns.insert_child(ROOT, OsStr::new("a"), meta(Kind::File, 11, 2));
         assert_eq!(a, again);
         assert_eq!(ns.info(a).unwrap().attr.size, 11);
-        assert!(!ns.refresh(a, meta(Kind::File, 11, 2)));
-        assert!(ns.refresh(a, meta(Kind::File, 11, 3)));
+        assert!(!ns.refresh(a, meta(Kind::File, 11, 2), None));
+        assert!(ns.refresh(a, meta(Kind::File, 11, 3), None));
         assert_eq!(ns.file_count(), 1);
     }
 
@@ -900,9 +948,9 @@ mod tests {
             m
         };
         let a = ns.insert_child(ROOT, OsStr::new("a"), at(13, 10));
-        assert!(ns.refresh(a, at(23, 20)));
+        assert!(ns.refresh(a, at(23, 20), Some(ns.look())));
         // The watch's look from before the write lands late: ignored.
-        assert!(!ns.refresh(a, at(13, 10)));
+        assert!(!ns.refresh(a, at(13, 10), Some(ns.look())));
         assert_eq!(ns.info(a).unwrap().attr.size, 23);
         // Nor does the scan's listing, taken before and entered after.
         assert_eq!(ns.insert_child(ROOT, OsStr::new("a"), at(13, 10)), a);
@@ -917,8 +965,37 @@ mod tests {
         // Another file under the name (another inode) is always taken.
         let mut other = at(5, 1);
         other.version.ino = 8;
-        assert!(ns.refresh(a, other));
+        assert!(ns.refresh(a, other, None));
         assert_eq!(ns.info(a).unwrap().attr.size, 5);
+    }
+
+    #[test]
+    fn of_two_looks_at_one_time_the_one_begun_later_stands_whichever_lands_last() {
+        // A file written twice in one tick of the kernel's coarse clock, nobody asking its
+        // times in between: both contents carry one ctime and mtime.
+        let ns = Namespace::new(meta(Kind::Dir, 0, 0));
+        let a = ns.insert_child(ROOT, OsStr::new("a"), meta(Kind::File, 13, 5));
+        let (first, second) = (ns.look(), ns.look());
+        // The look at 23 bytes lands first, the one begun before it (13 bytes) after.
+        assert!(ns.refresh(a, meta(Kind::File, 23, 7), Some(second)));
+        assert!(!ns.refresh(a, meta(Kind::File, 13, 7), Some(first)));
+        assert_eq!(ns.info(a).unwrap().attr.size, 23);
+        // In order, each is taken.
+        let (third, fourth) = (ns.look(), ns.look());
+        assert!(ns.refresh(a, meta(Kind::File, 30, 7), Some(third)));
+        assert!(ns.refresh(a, meta(Kind::File, 31, 7), Some(fourth)));
+        assert_eq!(ns.info(a).unwrap().attr.size, 31);
+        // Another file under the name, looked at before the last look recorded: refused too.
+        let stale = ns.look();
+        let last = ns.look();
+        assert!(ns.refresh(a, meta(Kind::File, 40, 7), Some(last)));
+        let mut other = meta(Kind::File, 5, 1);
+        other.version.ino = 8;
+        assert!(!ns.refresh(a, other, Some(stale)));
+        assert_eq!(ns.info(a).unwrap().attr.size, 40);
+        // A listing's look (no number) is judged by its ctime alone.
+        assert!(ns.refresh(a, meta(Kind::File, 41, 7), None));
+        assert_eq!(ns.info(a).unwrap().attr.size, 41);
     }
 
     #[test]

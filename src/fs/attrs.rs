@@ -82,6 +82,7 @@ impl DatasetFs {
             return self.attr(id).map(|attr| Entry { attr });
         }
         let rel = self.rel_path(parent)?.join(name);
+        let look = self.tree.ns.look();
         let meta = self
             .tree
             .source
@@ -89,7 +90,7 @@ impl DatasetFs {
             .map_err(source_error)?;
         let id = match self.tree.ns.child(parent, name) {
             Some(id) => {
-                self.refresh(id, meta);
+                self.refresh(id, meta, Some(look));
                 id
             }
             None => self.tree.ns.insert_child(parent, name, meta),
@@ -104,12 +105,13 @@ impl DatasetFs {
             return Ok(order.attr(self));
         }
         let rel = self.rel_path(ino)?;
+        let look = self.tree.ns.look();
         let meta = self
             .tree
             .source
             .metadata(&rel, &Creds::DAEMON)
             .map_err(source_error)?;
-        self.refresh(ino, meta);
+        self.refresh(ino, meta, Some(look));
         self.attr(ino)
     }
 
@@ -358,7 +360,8 @@ impl DatasetFs {
                 let Ok(meta) = dir.listing.stat(name) else {
                     return Ok(None);
                 };
-                self.refresh(id, meta);
+                // A listing's look, judged by its ctime alone.
+                self.refresh(id, meta, None);
                 (id, meta.attr.kind, Some(self.attr(id)?))
             }
             (None, _) => {

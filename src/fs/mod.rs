@@ -561,8 +561,13 @@ impl DatasetFs {
 
     /// Records a fresh `lstat` of node `ino`; if the source entry changed, the kernel
     /// forgets what it cached of it. Returns true if it changed.
-    fn refresh(&self, ino: NodeId, meta: crate::namespace::SourceMeta) -> bool {
-        let changed = self.tree.ns.refresh(ino, meta);
+    fn refresh(
+        &self,
+        ino: NodeId,
+        meta: crate::namespace::SourceMeta,
+        look: Option<crate::namespace::Look>,
+    ) -> bool {
+        let changed = self.tree.ns.refresh(ino, meta, look);
         if changed {
             self.invalidate(ino);
         }

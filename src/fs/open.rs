@@ -386,6 +386,7 @@ impl DatasetFs {
             return Err(FsError::IsDir);
         }
         let rel = self.rel_path(ino)?;
+        let look = self.tree.ns.look();
         let (file, meta) = match self.tree.source.open_file(&rel, &self.creds(caller)) {
             Ok(opened) => opened,
             Err(e) => {
@@ -394,8 +395,9 @@ impl DatasetFs {
                 // not told to forget its attributes: it would cache the refusing mode for
                 // --metadata-ttl and refuse the next open itself, even after a chmod back.
                 // What it cached of the file's pages is dropped at the next open that works.
+                let look = self.tree.ns.look();
                 if let Ok(meta) = self.tree.source.metadata(&rel, &Creds::DAEMON)
-                    && self.tree.ns.refresh(ino, meta)
+                    && self.tree.ns.refresh(ino, meta, Some(look))
                 {
                     self.opener.stale_in_kernel.lock().insert(ino);
                 }
@@ -403,7 +405,8 @@ impl DatasetFs {
             }
         };
         let pending = self.opener.stale_in_kernel.lock().remove(&ino);
-        let changed = (meta.version != info.version && self.tree.ns.refresh(ino, meta)) || pending;
+        let changed = (meta.version != info.version && self.tree.ns.refresh(ino, meta, Some(look)))
+            || pending;
         if changed {
             self.invalidate(ino);
         }
