@@ -169,6 +169,8 @@ pub struct Caller {
 pub enum Invalidation {
     /// What it cached of a node: its attributes and pages.
     Inode(NodeId),
+    /// Its attributes alone: safe at once from a FUSE thread, since no page lock is taken.
+    Attrs(NodeId),
     /// A name in a directory (the directory's node, the name).
     Entry(NodeId, std::ffi::OsString),
     /// Not a forgetting: the whole bytes of a file of this version, for the kernel's page

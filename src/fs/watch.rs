@@ -316,9 +316,18 @@ impl DatasetFs {
 
     /// The kernel forgets what it cached of node `node`: at once on the source's watcher
     /// thread (which is why it runs), soon on a FUSE thread.
+    ///
+    /// From a FUSE thread the pages wait for the invalidation thread (a READ this thread is
+    /// to answer may hold their locks), but the attributes go at once, before the request that
+    /// found the change is answered: an open that found a file grown from 13 to 23 bytes, its
+    /// reader then reading 23, left the kernel's size at 13 for the `stat` right after it, the
+    /// queued invalidation not sent yet on a loaded machine.
     pub(super) fn invalidate(&self, node: NodeId) {
         let at_once = std::thread::current().name() == Some(WATCHER);
         if let Some(invalidate) = self.opener.invalidator.get() {
+            if !at_once {
+                invalidate(super::Invalidation::Attrs(node), true);
+            }
             invalidate(super::Invalidation::Inode(node), at_once);
         }
     }

@@ -179,6 +179,8 @@ fn notify(notifier: &OnceLock<Notifier>, what: &Invalidation) -> bool {
     };
     let sent = match what {
         Invalidation::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, -1),
+        // A negative offset: the attributes, no page.
+        Invalidation::Attrs(ino) => notifier.inval_inode(INodeNo(*ino), -1, 0),
         Invalidation::Entry(dir, name) => notifier.inval_entry(INodeNo(*dir), name),
         Invalidation::Store(ino, _, data) => notifier.store(INodeNo(*ino), 0, data),
     };
