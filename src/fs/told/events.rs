@@ -142,6 +142,18 @@ impl OpenEvents {
         }
     }
 
+    /// True if the ring holds opens that cannot be read yet (eBPF). A program writes its record
+    /// in three steps (room taken, bytes copied, record marked done), and a reader stops at
+    /// the first record not done: a thread whose CPU is taken from it between the first and
+    /// the last (by the kernel, or by the hypervisor from a virtual CPU) holds back every open
+    /// told after it, for as long as it waits. fanotify has no such state.
+    pub fn held_back(&self) -> bool {
+        match self {
+            OpenEvents::Bpf(b) => b.held_back(),
+            OpenEvents::Fanotify(_) => false,
+        }
+    }
+
     /// Opens lost so far because they came faster than they were read (eBPF; fanotify's
     /// overflow is logged as it is read).
     pub fn lost(&self) -> u64 {
@@ -178,6 +190,9 @@ pub(super) struct BpfOpens {
     fd: OwnedFd,
     ring: Mutex<aya::maps::RingBuf<aya::maps::MapData>>,
     lost: aya::maps::Array<aya::maps::MapData, u64>,
+    /// The ring's consumer and producer positions (its first two pages, mapped read-only
+    /// beside aya's mapping), to tell a ring with opens held back from an empty one.
+    positions: Option<(memmap2::Mmap, usize)>,
     /// The programs and their links: the tracepoints are attached while this lives.
     _bpf: aya::Ebpf,
 }
@@ -224,12 +239,39 @@ impl BpfOpens {
             .as_fd()
             .try_clone_to_owned()
             .map_err(|e| e.to_string())?;
+        // SAFETY: sysconf only reads a constant of the system.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        // SAFETY: a read-only shared mapping of the ring's two position pages, which the
+        // kernel allows whatever else maps them; only read through atomic loads below.
+        let positions = unsafe { memmap2::MmapOptions::new().len(2 * page).map(&fd) };
+        if let Err(e) = &positions {
+            tracing::debug!("opens: the ring's positions cannot be mapped: {e}");
+        }
         Ok(BpfOpens {
             fd,
             ring: Mutex::new(ring),
             lost,
+            positions: positions.ok().map(|m| (m, page)),
             _bpf: bpf,
         })
+    }
+
+    /// See [`OpenEvents::held_back`]: the producer's position is past the consumer's, yet
+    /// the ring gave nothing (read with the drain's lock held, or right after it).
+    fn held_back(&self) -> bool {
+        let Some((map, page)) = &self.positions else {
+            return false;
+        };
+        let at = |offset: usize| {
+            // SAFETY: `offset` is 0 or one page into a mapping of two pages, 8-aligned; the
+            // kernel and aya update these words atomically.
+            let word =
+                unsafe { &*(map.as_ptr().add(offset) as *const std::sync::atomic::AtomicU64) };
+            word.load(std::sync::atomic::Ordering::Acquire)
+        };
+        let consumer = at(0);
+        let producer = at(*page);
+        producer > consumer
     }
 
     fn read(&self, mut each: impl FnMut(Told)) -> bool {

@@ -19,7 +19,9 @@
 //!   counted ([`DatasetFs::told_open`]).
 //! - **Reads**: a READ of a file nobody opened through the daemon comes with handle 0. The
 //!   open it belongs to was queued before the READ was sent, so a READ that finds no told open
-//!   of its file and thread first takes every queued event ([`DatasetFs::drain_told`]). The
+//!   of its file and thread first takes every queued event ([`DatasetFs::drain_told`]), and
+//!   waits while the ring holds events it cannot read yet (another opener's record, half
+//!   written when its CPU was taken from it, holds back those after it). The
 //!   told open becomes a handle at the file's first READ, which its later READs use; it ends
 //!   when the kernel has asked for the whole file, or after [`TOLD_IDLE`] without a READ.
 //! - **Order hints** come over the mount's control socket, or by ioctl on the order file
@@ -78,7 +80,8 @@ pub const TOLD_IDLE: Duration = Duration::from_secs(30);
 const DROP_DELAY: Duration = Duration::from_millis(10);
 /// Tries to drop a file's pages, each after twice the wait of the one before.
 const DROP_TRIES: u32 = 6;
-/// How long a READ waits for another READ of its open to make the open's handle.
+/// How long a READ waits for another READ of its open to make the open's handle, or for the
+/// opens held back in the ring to come through.
 const BUSY_WAIT: Duration = Duration::from_millis(50);
 /// How long a told open read whole is remembered, for READs of it that come late.
 const ENDED_KEEP: Duration = Duration::from_secs(2);
@@ -835,9 +838,22 @@ impl DatasetFs {
         let mut next = self.opener.opens.next_for(key, now);
         // The open this READ belongs to may still be queued (an earlier open of the file by
         // the thread, read whole, is no proof it is not).
-        if matches!(next, Next::Untold | Next::Late) && self.opener.opens.events.get().is_some() {
+        if let Some(events) = self.opener.opens.events.get()
+            && matches!(next, Next::Untold | Next::Late)
+        {
             self.drain_told();
             next = self.opener.opens.next_for(key, now);
+            // An open another thread was telling of when its CPU was taken from it holds back
+            // those told after it (see `OpenEvents::held_back`): this READ's among them, on a
+            // loaded machine, which was counted as an open of its own and then again when its
+            // open came through.
+            let waited = std::time::Instant::now();
+            while matches!(next, Next::Untold) && events.held_back() && waited.elapsed() < BUSY_WAIT
+            {
+                std::thread::yield_now();
+                self.drain_told();
+                next = self.opener.opens.next_for(key, now);
+            }
         }
         // Another READ of the open (readahead sends several) is making its handle, which takes
         // an open of the source file: this one waits for it, so that the handle sees every
