@@ -82,12 +82,7 @@ impl DatasetFs {
             return self.attr(id).map(|attr| Entry { attr });
         }
         let rel = self.rel_path(parent)?.join(name);
-        let look = self.tree.ns.look();
-        let meta = self
-            .tree
-            .source
-            .metadata(&rel, &self.creds(caller))
-            .map_err(source_error)?;
+        let (meta, look) = (self.look_at(&rel, &self.creds(caller))).map_err(source_error)?;
         let id = match self.tree.ns.child(parent, name) {
             Some(id) => {
                 self.refresh(id, meta, Some(look));
@@ -105,12 +100,7 @@ impl DatasetFs {
             return Ok(order.attr(self));
         }
         let rel = self.rel_path(ino)?;
-        let look = self.tree.ns.look();
-        let meta = self
-            .tree
-            .source
-            .metadata(&rel, &Creds::DAEMON)
-            .map_err(source_error)?;
+        let (meta, look) = self.look_at(&rel, &Creds::DAEMON).map_err(source_error)?;
         self.refresh(ino, meta, Some(look));
         self.attr(ino)
     }

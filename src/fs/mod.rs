@@ -561,6 +561,17 @@ impl DatasetFs {
         }
     }
 
+    /// A fresh `lstat` of `rel` as `who`, with when it began: the number is taken before the
+    /// system call, so that a look landing late is known for one ([`crate::namespace::Look`]).
+    fn look_at(
+        &self,
+        rel: &Path,
+        who: &Creds,
+    ) -> crate::source::SourceResult<(crate::namespace::SourceMeta, crate::namespace::Look)> {
+        let look = self.tree.ns.look();
+        self.tree.source.metadata(rel, who).map(|meta| (meta, look))
+    }
+
     /// Records a fresh `lstat` of node `ino`; if the source entry changed, the kernel
     /// forgets what it cached of it. Returns true if it changed.
     fn refresh(

@@ -395,8 +395,7 @@ impl DatasetFs {
                 // not told to forget its attributes: it would cache the refusing mode for
                 // --metadata-ttl and refuse the next open itself, even after a chmod back.
                 // What it cached of the file's pages is dropped at the next open that works.
-                let look = self.tree.ns.look();
-                if let Ok(meta) = self.tree.source.metadata(&rel, &Creds::DAEMON)
+                if let Ok((meta, look)) = self.look_at(&rel, &Creds::DAEMON)
                     && self.tree.ns.refresh(ino, meta, Some(look))
                 {
                     self.opener.stale_in_kernel.lock().insert(ino);

@@ -281,9 +281,8 @@ impl DatasetFs {
         let Some(rel) = self.tree.ns.path(node) else {
             return;
         };
-        let look = self.tree.ns.look();
-        match self.tree.source.metadata(&rel, &Creds::DAEMON) {
-            Ok(meta) => {
+        match self.look_at(&rel, &Creds::DAEMON) {
+            Ok((meta, look)) => {
                 self.refresh(node, meta, Some(look));
             }
             Err(_) => self.invalidate(node),

@@ -191,8 +191,9 @@ pub(super) struct BpfOpens {
     ring: Mutex<aya::maps::RingBuf<aya::maps::MapData>>,
     lost: aya::maps::Array<aya::maps::MapData, u64>,
     /// The ring's consumer and producer positions (its first two pages, mapped read-only
-    /// beside aya's mapping), to tell a ring with opens held back from an empty one.
-    positions: Option<(memmap2::Mmap, usize)>,
+    /// beside aya's mapping: each at the start of its page), to tell a ring with opens held
+    /// back from an empty one.
+    positions: Option<memmap2::Mmap>,
     /// The programs and their links: the tracepoints are attached while this lives.
     _bpf: aya::Ebpf,
 }
@@ -251,7 +252,7 @@ impl BpfOpens {
             fd,
             ring: Mutex::new(ring),
             lost,
-            positions: positions.ok().map(|m| (m, page)),
+            positions: positions.ok(),
             _bpf: bpf,
         })
     }
@@ -259,18 +260,18 @@ impl BpfOpens {
     /// See [`OpenEvents::held_back`]: the producer's position is past the consumer's, yet
     /// the ring gave nothing (read with the drain's lock held, or right after it).
     fn held_back(&self) -> bool {
-        let Some((map, page)) = &self.positions else {
+        let Some(map) = &self.positions else {
             return false;
         };
         let at = |offset: usize| {
-            // SAFETY: `offset` is 0 or one page into a mapping of two pages, 8-aligned; the
-            // kernel and aya update these words atomically.
+            // SAFETY: `offset` is 0 or one page into a mapping of two pages (page-aligned,
+            // so 8-aligned); the kernel and aya update these words atomically.
             let word =
                 unsafe { &*(map.as_ptr().add(offset) as *const std::sync::atomic::AtomicU64) };
             word.load(std::sync::atomic::Ordering::Acquire)
         };
         let consumer = at(0);
-        let producer = at(*page);
+        let producer = at(map.len() / 2);
         producer > consumer
     }
 

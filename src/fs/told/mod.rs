@@ -838,29 +838,28 @@ impl DatasetFs {
         let mut next = self.opener.opens.next_for(key, now);
         // The open this READ belongs to may still be queued (an earlier open of the file by
         // the thread, read whole, is no proof it is not).
-        if let Some(events) = self.opener.opens.events.get()
-            && matches!(next, Next::Untold | Next::Late)
-        {
+        let events = self.opener.opens.events.get();
+        if events.is_some() && matches!(next, Next::Untold | Next::Late) {
             self.drain_told();
             next = self.opener.opens.next_for(key, now);
-            // An open another thread was telling of when its CPU was taken from it holds back
-            // those told after it (see `OpenEvents::held_back`): this READ's among them, on a
-            // loaded machine, which was counted as an open of its own and then again when its
-            // open came through.
-            let waited = std::time::Instant::now();
-            while matches!(next, Next::Untold) && events.held_back() && waited.elapsed() < BUSY_WAIT
-            {
-                std::thread::yield_now();
-                self.drain_told();
-                next = self.opener.opens.next_for(key, now);
-            }
         }
-        // Another READ of the open (readahead sends several) is making its handle, which takes
-        // an open of the source file: this one waits for it, so that the handle sees every
-        // byte asked (its end drops the file's pages).
+        // It waits, a little, for either of two things:
+        // - another READ of the open (readahead sends several) making its handle, which takes
+        //   an open of the source file, so that the handle sees every byte asked (its end
+        //   drops the file's pages);
+        // - its open, held back in the ring behind one another thread was telling of when its
+        //   CPU was taken from it (`OpenEvents::held_back`): on a loaded machine such a READ
+        //   was counted as an open of its own, and again when its open came through.
         let waited = std::time::Instant::now();
-        while matches!(next, Next::Busy) && waited.elapsed() < BUSY_WAIT {
+        while waited.elapsed() < BUSY_WAIT {
+            let held = matches!(next, Next::Untold) && events.is_some_and(OpenEvents::held_back);
+            if !held && !matches!(next, Next::Busy) {
+                break;
+            }
             std::thread::yield_now();
+            if held {
+                self.drain_told();
+            }
             next = self.opener.opens.next_for(key, now);
         }
         let fh = match next {
