@@ -806,6 +806,9 @@ pub struct FaultySource<S> {
     pub read_delay: parking_lot::Mutex<Duration>,
     /// Between the first block of a run read at once and the next: a body that arrives slowly.
     pub run_pause: parking_lot::Mutex<Duration>,
+    /// Runs sent ahead, `(path, offset, bytes)`, kept here instead of by the inner source
+    /// while this is `Some` (as an object store keeps its GETs): a read of one takes it.
+    pub sent: parking_lot::Mutex<Option<Vec<(PathBuf, u64, usize)>>>,
     reads: AtomicU64,
 }
 
@@ -818,6 +821,7 @@ impl<S: DatasetSource> FaultySource<S> {
             panic_paths_containing: parking_lot::Mutex::new(None),
             read_delay: parking_lot::Mutex::new(Duration::ZERO),
             run_pause: parking_lot::Mutex::new(Duration::ZERO),
+            sent: parking_lot::Mutex::new(None),
             reads: AtomicU64::new(0),
         }
     }
@@ -889,6 +893,9 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         blocks: &mut crate::block::RunBlocks,
         filled: &mut dyn FnMut(crate::block::Block),
     ) -> SourceResult<usize> {
+        if let Some(sent) = self.sent.lock().as_mut() {
+            sent.retain(|(p, o, _)| !(p == rel && *o == offset));
+        }
         if blocks.len() != 1 {
             // One read however many blocks: as slow as one, and counted once.
             self.reads.fetch_add(1, Ordering::Relaxed);
@@ -917,10 +924,18 @@ impl<S: DatasetSource> DatasetSource for FaultySource<S> {
         Ok(n)
     }
     fn send_ahead(&self, rel: &Path, version: &FileVersion, offset: u64, len: usize) {
-        self.inner.send_ahead(rel, version, offset, len)
+        match self.sent.lock().as_mut() {
+            Some(sent) => sent.push((rel.to_path_buf(), offset, len)),
+            None => self.inner.send_ahead(rel, version, offset, len),
+        }
     }
     fn sent_ahead(&self, rel: &Path, version: &FileVersion, offset: u64) -> Option<usize> {
-        self.inner.sent_ahead(rel, version, offset)
+        match self.sent.lock().as_ref() {
+            Some(sent) => (sent.iter())
+                .find(|(p, o, _)| p == rel && *o == offset)
+                .map(|s| s.2),
+            None => self.inner.sent_ahead(rel, version, offset),
+        }
     }
     fn statfs(&self) -> SourceResult<FsStats> {
         self.inner.statfs()

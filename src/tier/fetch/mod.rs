@@ -1198,6 +1198,28 @@ mod tests {
     }
 
     #[test]
+    fn a_read_of_a_later_block_of_a_run_sent_ahead_reads_the_run_as_sent() {
+        // The kernel's READs of a window come in any order: the READ of a later block of an
+        // object whose first run was sent ahead may come first. It reads the run as sent, from
+        // the object's first block, in the one request sent (CI: a READ of a later block read
+        // its own part, the first block's read was cut short of it and the request sent ahead
+        // went unread).
+        for (sent, later) in [(4u64, 2), (12, 6)] {
+            let ((_dir, f, source, want, _io), bytes) = store_of_16(64, 2, Default::default());
+            *source.sent.lock() = Some(vec![("f".into(), 0, (sent as usize) << 16)]);
+            assert_eq!(read_block(&f, &want, later), Some(sent << 16), "{sent}");
+            assert_eq!(source.reads(), 1, "one request");
+            assert_eq!(source.sent.lock().as_deref(), Some(&[][..]), "the one sent");
+            settle(&f, &want, 0..sent);
+            // Every block of the run is the cache's, with its own bytes.
+            for b in 0..sent {
+                let got = f.memory.get(&want.block(b).key).expect("cached");
+                assert_eq!(&got[..], &bytes[(b as usize) << 16..(b as usize + 1) << 16]);
+            }
+        }
+    }
+
+    #[test]
     fn a_run_read_ahead_spans_the_room_the_buffer_has_and_gives_it_back() {
         // A store that answers after 100 ms at about 40 MB/s, a cache with no room, parts of 4
         // blocks and a buffer of 12: once a reader's first part has taught the fetcher the

@@ -280,9 +280,10 @@ impl Fetcher {
     /// nothing holds or reads (for a reader that streams, [`Want::stream`], or while the
     /// cache has room for them; else those asked for), and those before it that a fetch was
     /// started for and has not begun to read, up to the first on each side that is not so
-    /// (see the module header); returns the run `lo..hi` to read, `key`'s block among them.
-    /// Of two reads of one part that start together, the second finds the first's claims
-    /// and waits for its GET. Called holding `claiming`.
+    /// (see the module header); within a run sent ahead, the run as sent, every block of it
+    /// that nothing holds or reads. Returns the run `lo..hi` to read, `key`'s block among
+    /// them. Of two reads of one part that start together, the second finds the first's
+    /// claims and waits for its GET. Called holding `claiming`.
     pub(super) fn claim_part(&self, want: &Want<'_>, ahead: bool) -> (u64, u64) {
         let (key, demand) = (&want.key, want.why.is_read());
         let b = key.block;
@@ -305,14 +306,22 @@ impl Fetcher {
             return (b, b + 1);
         };
         let count = self.blocks.count(key.version.size);
-        // A run begins at the part of the block asked for and spans the parts a run calls for
-        // now ([`Fetcher::run_blocks`]).
-        let start = b / self.part_blocks * self.part_blocks;
         let (source, nearer) = self.below.split_last().expect("a tier to read from");
-        // A run sent ahead from here ([`Fetcher::send_ahead`]) is read as it was sent.
-        let end = match source.sent_ahead(&want.block(start)) {
-            Some(more) => (start + more + 1).min(count),
-            None => run_end(start + self.run_blocks(ahead), count, self.part_blocks),
+        // A run sent ahead ([`Fetcher::send_ahead`], from an object's first block) over the
+        // block asked for is read as it was sent, from its first block: the kernel's READs of
+        // a window come in any order, and a READ of a later block that read from its own part
+        // would cut the run of the READ of the first, whose GET would then not be the one sent
+        // (which went unread, and the object took two GETs).
+        let sent = (source.sent_ahead(&want.block(0))).filter(|&more| b <= more);
+        // Else a run begins at the part of the block asked for and spans the parts a run
+        // calls for now ([`Fetcher::run_blocks`]).
+        let (start, end) = match sent {
+            Some(more) => (0, (more + 1).min(count)),
+            None => {
+                let start = b / self.part_blocks * self.part_blocks;
+                let end = run_end(start + self.run_blocks(ahead), count, self.part_blocks);
+                (start, end)
+            }
         };
         // A block in flight whose fetch has not begun to read it is taken into the run: its
         // fetch will find it taken and leave it to this one.
@@ -337,8 +346,10 @@ impl Fetcher {
         while hi < end && claim(hi, asked) {
             hi += 1;
         }
+        // Before it, a run sent ahead takes every block nothing else holds or reads, as its
+        // GET reads them.
         let mut lo = b;
-        while lo > start && claim(lo - 1, true) {
+        while lo > start && claim(lo - 1, sent.is_none()) {
             lo -= 1;
         }
         // A run of one block (a small file, a part read already) is no part: its slot goes
