@@ -69,8 +69,9 @@ every read is a ranged GET on the version the open saw (If-Match), so bytes of t
 are never mixed: a read of an object replaced since its open fails with ESTALE. Throttling, \
 server errors, timeouts (a request unanswered for 30 s, or COORFS_S3_TIMEOUT) and resets or \
 refused connections are retried with backoff and jitter for up to 45 s (source_retried, \
-source_throttled); 403 gives EACCES, 404 ENOENT, at once. A prefix no object has is \
-mounted empty, with a warning on stderr.",
+source_throttled); 403 gives EACCES, 404 ENOENT, at once. At an http:// S3 endpoint a GET's \
+body is read from the socket into the cache's blocks (COORFS_S3_DIRECT=0: through the object \
+store client). A prefix no object has is mounted empty, with a warning on stderr.",
         after_help = "Examples:\n  coorfs mount /data/imagenet /mnt/train\n  coorfs mount \
 --foreground --log-level debug /data/imagenet /mnt/train\n  AWS_PROFILE=training coorfs mount \
 --cache-dir /var/cache/coorfs --disk-cache-size 500G s3://datasets/imagenet/train /mnt/train\n  \

@@ -262,6 +262,13 @@ ENODATA. They are read-only.",
          .TP\n\\fBCOORFS_S3_TIMEOUT\\fR\n\
          For an s3:// SOURCE: how long one request may take (a duration: 500ms, 10s; default \
          30s) before it is abandoned and retried.\n\
+         .TP\n\\fBCOORFS_S3_DIRECT\\fR\n\
+         For an s3:// SOURCE at an http:// endpoint: 1 (the default) reads each GET's body from \
+         the socket straight into the cache's blocks, over kept\\-alive connections, its \
+         request presigned; an answer other than the range asked, and a connection that \
+         breaks, leave the rest to the object store client, which retries as above. 0 sends \
+         every GET through that client. Not used with a proxy (HTTP_PROXY, ALL_PROXY), an \
+         SSE\\-C key or unsigned requests (AWS_SKIP_SIGNATURE).\n\
          .TP\n\\fBCOORFS_TOLD_BY\\fR\n\
          How the kernel tells the daemon of the opens it makes itself (\\fB\\-\\-opens\\fR): \
          ebpf, a program on the open system calls (the default where the kernel loads it and \

@@ -184,10 +184,11 @@ fn at_debug_a_read_s_fetch_and_get_log_inside_its_request_s_span() {
     assert!(std::fs::read(m.path("x.bin")).unwrap() == data);
     m.unmount();
     let text = std::fs::read_to_string(&log).unwrap();
-    // The GET, in the fetch, in the READ that waited for it, with the bytes each moved.
+    // The GET, in the fetch, in the READ that waited for it, with the bytes each moved; the
+    // body read from the socket (an http:// endpoint).
     let nested = text.lines().find(|l| {
         l.contains(r#"op="read""#)
-            && l.contains("}:fetch{file=x.bin block=0 why=Read}:get{key=ds/x.bin range=0..300000 bytes=300000}")
+            && l.contains("}:fetch{file=x.bin block=0 why=Read}:get{key=ds/x.bin range=0..300000 bytes=300000 direct=true}")
             && l.contains("close time.busy=")
     });
     assert!(nested.is_some(), "{text}");
@@ -882,6 +883,59 @@ fn throttling_server_errors_and_resets_are_retried_and_counted_and_403_404_reach
     m.unmount();
 }
 
+/// GETs over plain HTTP are read from the socket (presigned: the signature is in the URL);
+/// one whose connection breaks mid-body keeps what it read, and the rest, and only the rest,
+/// is asked again through object_store's client (signed in its headers). With
+/// `COORFS_S3_DIRECT=0` every GET is object_store's.
+#[test]
+fn a_get_cut_mid_body_asks_for_the_rest_only_and_direct_gets_can_be_turned_off() {
+    let server = S3Server::start(Kind::S3);
+    let bucket = Bucket::create(&server, "cut");
+    let data = bytes(7, 1_000_000);
+    bucket.put("p/a.bin", &data);
+    let proxy = FaultProxy::start(server.port);
+    let m = mount(&proxy.endpoint(), "s3://cut/p", &["--no-prefetch"]);
+    proxy.inject("GET /cut/p/a.bin", Fault::Cut(300_000), 1);
+    assert!(
+        std::fs::read(m.path("a.bin")).unwrap() == data,
+        "the bytes differ"
+    );
+    let served = proxy.served("/cut/p/a.bin");
+    let first = &served[0];
+    assert!(first.line.contains("X-Amz-Signature="), "{served:?}");
+    let (start, end) = (first.range.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .map(|(a, b)| (a.parse::<u64>().unwrap(), b.to_string()))
+        .unwrap_or_else(|| panic!("{served:?}"));
+    let rest = format!("bytes={}-{end}", start + 300_000);
+    let again: Vec<_> = served.iter().filter(|s| s.range == rest).collect();
+    assert_eq!(again.len(), 1, "{served:?}");
+    assert!(!again[0].line.contains("X-Amz-Signature="), "{served:?}");
+    let s = stats(&m.mnt);
+    assert_eq!(num(&s, "source_retried"), 1, "{s}");
+    assert_eq!(num(&s, "source_errors"), 0, "{s}");
+    m.unmount();
+
+    let proxy = FaultProxy::start(server.port);
+    let m = mount_with_env(
+        &proxy.endpoint(),
+        "s3://cut/p",
+        &["--no-prefetch"],
+        &[("COORFS_S3_DIRECT", "0")],
+    );
+    assert!(
+        std::fs::read(m.path("a.bin")).unwrap() == data,
+        "the bytes differ"
+    );
+    let served = proxy.served("GET /cut/p/a.bin");
+    assert!(!served.is_empty());
+    assert!(
+        served.iter().all(|s| !s.line.contains("X-Amz-Signature=")),
+        "{served:?}"
+    );
+    m.unmount();
+}
+
 #[test]
 fn a_read_outlasts_a_store_down_for_8_seconds_and_a_403_still_fails_at_once() {
     // Every connection reset for 8 s: the read's retries, backing off with jitter for up to
@@ -995,6 +1049,15 @@ fn bad_urls_and_unreachable_or_unlistable_stores_get_one_clear_line() {
         1,
         "source s3://odd/x: COORFS_S3_TIMEOUT: \"soon\": expected a duration such as 500ms, 30s, 5m or 24h",
         "a bad request timeout",
+    );
+    let mut odd = env.clone();
+    odd.push(("COORFS_S3_DIRECT", "yes".into()));
+    let out = run("s3://odd/x", &odd);
+    crate::common::fails_with_line(
+        &out,
+        1,
+        "source s3://odd/x: COORFS_S3_DIRECT must be 0 or 1, not \"yes\"",
+        "a bad switch of the direct GETs",
     );
     assert!(!crate::common::is_mounted(mnt.path()));
 }

@@ -104,7 +104,7 @@ pub fn write(name: &Path, objects: &[ObjectMeta], out: &mut dyn Write) -> io::Re
 /// manifest to `out`; returns the objects' number.
 pub fn list_and_write(url: &ObjectUrl, out: &mut dyn Write) -> io::Result<usize> {
     let counters = Arc::new(super::Counters::default());
-    let store = super::store::build_store(url, counters)?;
+    let (store, _) = super::store::build_store(url, counters)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

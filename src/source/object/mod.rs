@@ -22,9 +22,12 @@
 //! The client is async, the callers (FUSE and fetch threads) are not: each call runs on the
 //! source's runtime and its caller waits ([`ObjectSource::wait`]), so many threads keep many
 //! requests in flight. Faults are retried by the client ([`store`]) and counted
-//! ([`counting`]); what still fails reaches the caller as an errno with one log line.
+//! ([`counting`]); what still fails reaches the caller as an errno with one log line. At an
+//! `http://` S3 endpoint the callers read GETs' bodies from the socket themselves
+//! ([`direct`]), and hand the client only what that path does not take.
 
 mod counting;
+mod direct;
 mod errors;
 mod listing;
 pub mod manifest;
@@ -51,6 +54,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use super::{Creds, DatasetSource, FsStats, Listing, SourceError, SourceFile, SourceResult};
 use crate::block::{Block, RunBlocks};
 use crate::namespace::{FileVersion, Kind, SourceMeta};
+use direct::{Body, Direct, Got};
 use errors::{errno_of, listing_error, one_line, refusal};
 use listing::warn_skipped;
 use store::build_store;
@@ -64,6 +68,8 @@ pub struct ObjectSource {
     name: PathBuf,
     url: ObjectUrl,
     store: Arc<dyn ObjectStore>,
+    /// GETs read from the socket, where the store allows ([`direct`]).
+    direct: Option<Arc<Direct>>,
     runtime: tokio::runtime::Runtime,
     tree: RwLock<Tree>,
     /// How long the listing (and a HEAD) is trusted.
@@ -99,14 +105,31 @@ type Answer = Result<
 >;
 
 /// A GET sent ahead of its reader: its range of an object's version, when it was sent, and
-/// the task that waits for its answer's head. The body waits in the connection (the socket's
-/// buffer, then the sender's window) until a read of that very range takes it.
+/// the task that sends it. The answer waits in the connection (the socket's buffer, then the
+/// sender's window) until a read of that very range takes it.
 struct Ahead {
     rel: PathBuf,
     version: FileVersion,
     range: std::ops::Range<u64>,
     sent: Instant,
-    answer: tokio::task::JoinHandle<Answer>,
+    answer: Pending,
+}
+
+/// The task of a GET sent ahead: object_store's, which waits for the answer's head, or the
+/// one that writes [`direct`]'s request.
+enum Pending {
+    Store(tokio::task::JoinHandle<Answer>),
+    Direct(tokio::task::JoinHandle<io::Result<direct::Sent>>),
+}
+
+impl Pending {
+    /// Drops the GET: its connection is closed, its answer unread.
+    fn abort(&self) {
+        match self {
+            Pending::Store(task) => task.abort(),
+            Pending::Direct(task) => task.abort(),
+        }
+    }
 }
 
 impl Ahead {
@@ -144,46 +167,137 @@ pub const LIST_PARALLEL: usize = 16;
 
 impl ObjectSource {
     /// GETs `len` bytes of `rel` from `offset`, or to the end of the object, if it is still
-    /// `version`, and hands the body to `sink` as it arrives, [`BODY_BATCH`] at a time: a
-    /// part's GET holds no copy of the part beside the blocks it fills. Returns the bytes read.
+    /// `version`, into `body` as the bytes arrive: through [`direct`] where it can, else (and
+    /// for whatever it left) through object_store's client. Returns the bytes read.
     fn get_range(
         &self,
         rel: &Path,
         version: &FileVersion,
         offset: u64,
         len: usize,
-        sink: &mut dyn FnMut(&[u8]),
+        body: &mut dyn Body,
     ) -> SourceResult<usize> {
-        let Some(Request {
-            key,
-            options,
-            etag,
-            end,
-        }) = self.request(rel, version, offset, len)?
-        else {
+        let Some(request) = self.request(rel, version, offset, len)? else {
             return Ok(0);
         };
+        let end = request.end;
         // At debug level, a line for each GET as it ends (inside its fetch's): the key, the
-        // range, the bytes it gave, its time.
+        // range, the bytes it gave, its time, whether it was sent ahead and read here.
         let span = tracing::debug_span!(
             "get",
-            key = %key,
+            key = %request.key,
             range = %format_args!("{offset}..{end}"),
             bytes = tracing::field::Empty,
             ahead = tracing::field::Empty,
+            direct = tracing::field::Empty,
         )
         .entered();
-        let store = self.store.clone();
-        let opened = match self.take_ahead(rel, version, offset..end) {
-            Some(answer) => {
-                span.record("ahead", true);
-                match self.wait(answer)? {
-                    Ok(Ok(head)) => Ok(head),
-                    // Sent ahead and failed (a connection the store closed meanwhile): this
-                    // read asks again, as it would have without it.
-                    _ => self.wait(Self::get(store, key, options))?,
+        let mut pending = self.take_ahead(rel, version, offset..end);
+        if pending.is_some() {
+            span.record("ahead", true);
+        }
+        let mut from = offset;
+        if let (Some(direct), Some(etag)) = (&self.direct, &request.etag)
+            && (direct.on() || matches!(pending, Some(Pending::Direct(_))))
+        {
+            let ahead = match pending.take() {
+                Some(Pending::Direct(sent)) => Some(sent),
+                other => {
+                    pending = other;
+                    None
+                }
+            };
+            match self.get_direct(direct, &request, etag, offset, ahead, body) {
+                Got::Read(n) => {
+                    span.record("bytes", n);
+                    span.record("direct", true);
+                    return Ok(n);
+                }
+                Got::Rest(n) => from += n as u64,
+                Got::Changed => return Err(self.gone_or_changed(rel)),
+            }
+        }
+        let store = match pending {
+            Some(Pending::Store(answer)) => Some(answer),
+            _ => None,
+        };
+        let got =
+            (from - offset) as usize + self.get_store(rel, version, from, end, store, body)?;
+        span.record("bytes", got);
+        Ok(got)
+    }
+
+    /// Reads `request` (from `offset`, of the version `etag`) through `direct`: its GET sent
+    /// ahead, or one sent now.
+    fn get_direct(
+        &self,
+        direct: &Direct,
+        request: &Request,
+        etag: &str,
+        offset: u64,
+        ahead: Option<tokio::task::JoinHandle<io::Result<direct::Sent>>>,
+        body: &mut dyn Body,
+    ) -> Got {
+        let range = offset..request.end;
+        // Sent ahead and failed (a connection refused meanwhile): this read sends again.
+        let sent = ahead.and_then(|a| self.wait(a).ok()?.ok()?.ok());
+        let sent = match sent {
+            Some(sent) => sent,
+            None => {
+                let Some(url) = self.sign(direct, &request.key) else {
+                    return Got::Rest(0);
+                };
+                match direct.send(url, range.clone(), etag) {
+                    Ok(sent) => sent,
+                    Err(_) => return direct.failed(0),
                 }
             }
+        };
+        direct.receive(sent, range, etag, body)
+    }
+
+    /// The presigned URL of a GET of `key`; None if signing fails (and then `direct` is off).
+    fn sign(&self, direct: &Direct, key: &object_store::path::Path) -> Option<::url::Url> {
+        let (signer, key) = (direct.signer.clone(), key.clone());
+        let signed = self.wait(async move {
+            (signer.signed_url(http::Method::GET, &key, direct::SIGNED_FOR)).await
+        });
+        match signed {
+            Ok(Ok(url)) => Some(url),
+            Ok(Err(e)) => {
+                direct.signing_failed(&self.name, &one_line(&e));
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// GETs bytes `from..end` of `rel` through object_store's client, if it is still
+    /// `version`, into `body` ([`BODY_BATCH`] at a time), taking the GET sent ahead for that
+    /// range if `ahead`. Returns the bytes read.
+    fn get_store(
+        &self,
+        rel: &Path,
+        version: &FileVersion,
+        from: u64,
+        end: u64,
+        ahead: Option<tokio::task::JoinHandle<Answer>>,
+        body: &mut dyn Body,
+    ) -> SourceResult<usize> {
+        let Some(Request {
+            key, options, etag, ..
+        }) = self.request(rel, version, from, (end - from) as usize)?
+        else {
+            return Ok(0);
+        };
+        let store = self.store.clone();
+        let opened = match ahead {
+            Some(answer) => match self.wait(answer)? {
+                Ok(Ok(head)) => Ok(head),
+                // Sent ahead and failed (a connection the store closed meanwhile): this
+                // read asks again, as it would have without it.
+                _ => self.wait(Self::get(store, key, options))?,
+            },
             None => self.wait(Self::get(store, key, options))?,
         };
         let mut stream = match opened {
@@ -195,7 +309,7 @@ impl ObjectSource {
             Ok((_, stream)) => stream,
             Err(e) => return self.get_failed(rel, &e),
         };
-        let want = (end - offset) as usize;
+        let want = (end - from) as usize;
         // A task of the runtime takes the body from the socket while this thread copies what
         // came before into its blocks: receiving and copying overlap, with at most a batch in
         // the channel between them. (Taking a MiB, then copying it, left the socket unread
@@ -236,26 +350,29 @@ impl ObjectSource {
                     Ok(bytes) => bytes,
                     Err(e) => return self.get_failed(rel, &e),
                 };
-                got += bytes.len();
-                if got > want {
+                if got + bytes.len() > want {
+                    got += bytes.len();
                     break;
                 }
-                sink(&bytes);
+                // The body has no room left: its caller knows why, and the rest is moot.
+                if !body.put(&bytes) {
+                    return Ok(got);
+                }
+                got += bytes.len();
             }
             if got > want {
                 break;
             }
         }
-        span.record("bytes", got);
         if got != want {
             tracing::warn!(
-                "{}/{}: GET of bytes {offset}..{end} answered {got} bytes",
+                "{}/{}: GET of bytes {from}..{end} answered {got} bytes",
                 self.name.display(),
                 rel.display(),
             );
             return Err(SourceError::Refused {
                 errno: libc::EIO,
-                why: format!("GET of bytes {offset}..{end} answered {got} bytes"),
+                why: format!("GET of bytes {from}..{end} answered {got} bytes"),
             });
         }
         Ok(got)
@@ -308,15 +425,15 @@ impl ObjectSource {
         Ok((r.meta.e_tag.clone(), r.into_stream()))
     }
 
-    /// The answer of the GET sent ahead for `range` of `rel` at `version`, if one was and is
-    /// young enough ([`AHEAD_FOR`]). One sent for another range from the same offset is
-    /// dropped: its reader reads another run, and it would only hold its connection.
+    /// The GET sent ahead for `range` of `rel` at `version`, if one was and is young enough
+    /// ([`AHEAD_FOR`]). One sent for another range from the same offset is dropped: its
+    /// reader reads another run, and it would only hold its connection.
     fn take_ahead(
         &self,
         rel: &Path,
         version: &FileVersion,
         range: std::ops::Range<u64>,
-    ) -> Option<tokio::task::JoinHandle<Answer>> {
+    ) -> Option<Pending> {
         let mut ahead = self.ahead.lock();
         let i = (ahead.iter()).position(|a| a.is_for(rel, version, range.start))?;
         let a = ahead.remove(i);
@@ -338,8 +455,10 @@ impl ObjectSource {
         counters: Arc<Counters>,
         manifest: Option<&Path>,
     ) -> io::Result<Self> {
-        let store = build_store(&url, counters.clone())?;
-        Self::over(url, store, ttl, manifest, counters)
+        let (store, direct) = build_store(&url, counters.clone())?;
+        let mut source = Self::over(url, store, ttl, manifest, counters)?;
+        source.direct = direct.map(Arc::new);
+        Ok(source)
     }
 
     /// [`ObjectSource::open`] over a client made already.
@@ -376,6 +495,7 @@ impl ObjectSource {
             name,
             url,
             store,
+            direct: None,
             runtime,
             tree: RwLock::new(tree),
             ttl,
@@ -617,6 +737,53 @@ fn run_on<T: Send + 'static>(
         .map_err(|_| SourceError::Io(io::Error::other("the object store's runtime ended")))
 }
 
+/// A caller's buffer as a GET's [`Body`].
+struct BufBody<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Body for BufBody<'_> {
+    fn room(&mut self) -> Option<&mut [u8]> {
+        (self.at < self.buf.len()).then(|| &mut self.buf[self.at..])
+    }
+
+    fn filled(&mut self, n: usize) {
+        self.at += n;
+    }
+}
+
+/// The blocks of a run as a GET's [`Body`]: each allocated when the body reaches it, handed
+/// to `filled` once full; `failed` says why the next could not be had.
+struct BlocksBody<'a> {
+    blocks: &'a mut RunBlocks,
+    current: Option<Block>,
+    at: usize,
+    failed: Option<io::Error>,
+    filled: &'a mut dyn FnMut(Block),
+}
+
+impl Body for BlocksBody<'_> {
+    fn room(&mut self) -> Option<&mut [u8]> {
+        if self.current.is_none() && self.failed.is_none() {
+            match self.blocks.next()? {
+                Ok(block) => self.current = Some(block),
+                Err(e) => self.failed = Some(e),
+            }
+            self.at = 0;
+        }
+        let block = self.current.as_mut()?;
+        Some(&mut block.whole_mut()[self.at..])
+    }
+
+    fn filled(&mut self, n: usize) {
+        self.at += n;
+        if self.current.as_ref().is_some_and(|b| self.at == b.len()) {
+            (self.filled)(self.current.take().expect("a block being filled"));
+        }
+    }
+}
+
 impl DatasetSource for ObjectSource {
     fn root(&self) -> &Path {
         &self.name
@@ -687,15 +854,12 @@ impl DatasetSource for ObjectSource {
         offset: u64,
         buf: &mut [u8],
     ) -> SourceResult<usize> {
-        let mut at = 0;
-        self.get_range(rel, version, offset, buf.len(), &mut |from| {
-            buf[at..at + from.len()].copy_from_slice(from);
-            at += from.len();
-        })
+        let len = buf.len();
+        self.get_range(rel, version, offset, len, &mut BufBody { buf, at: 0 })
     }
 
-    /// One ranged GET for all of `blocks`, its body copied into each in turn, each
-    /// allocated when the body reaches it and handed over once full.
+    /// One ranged GET for all of `blocks`, its body read into each in turn, each allocated
+    /// when the body reaches it and handed over once full.
     fn read_blocks(
         &self,
         rel: &Path,
@@ -705,36 +869,27 @@ impl DatasetSource for ObjectSource {
         filled: &mut dyn FnMut(Block),
     ) -> SourceResult<usize> {
         let len = blocks.bytes();
-        let (mut current, mut at, mut failed) = (None, 0, None);
-        let got = self.get_range(rel, version, offset, len, &mut |mut from| {
-            while !from.is_empty() && failed.is_none() {
-                if current.is_none() {
-                    match blocks.next() {
-                        Some(Ok(block)) => current = Some(block),
-                        Some(Err(e)) => failed = Some(e),
-                        None => return,
-                    }
-                    at = 0;
-                    continue;
-                }
-                let block: &mut Block = current.as_mut().expect("a block being filled");
-                let n = (block.len() - at).min(from.len());
-                block.whole_mut()[at..at + n].copy_from_slice(&from[..n]);
-                (at, from) = (at + n, &from[n..]);
-                if at == block.len() {
-                    filled(current.take().expect("a block being filled"));
-                }
-            }
-        });
-        match failed {
+        let mut body = BlocksBody {
+            blocks,
+            current: None,
+            at: 0,
+            failed: None,
+            filled,
+        };
+        let got = self.get_range(rel, version, offset, len, &mut body);
+        match body.failed {
             // The blocks were not there to read into: the GET's answer is moot.
             Some(e) => Err(e.into()),
             None => got,
         }
     }
+
     fn send_ahead(&self, rel: &Path, version: &FileVersion, offset: u64, len: usize) {
         let Ok(Some(Request {
-            key, options, end, ..
+            key,
+            options,
+            end,
+            etag,
         })) = self.request(rel, version, offset, len)
         else {
             return;
@@ -757,9 +912,23 @@ impl DatasetSource for ObjectSource {
         if ahead.len() >= AHEAD_MAX {
             return;
         }
-        let answer = self
-            .runtime
-            .spawn(Self::get(self.store.clone(), key, options));
+        let answer = match (&self.direct, etag) {
+            (Some(direct), Some(etag)) if direct.on() => {
+                let direct = direct.clone();
+                Pending::Direct(self.runtime.spawn(async move {
+                    let url = (direct.signer)
+                        .signed_url(http::Method::GET, &key, direct::SIGNED_FOR)
+                        .await
+                        .map_err(|e| io::Error::other(e.to_string()))?;
+                    let send = move || direct.send(url, offset..end, &etag);
+                    tokio::task::spawn_blocking(send).await?
+                }))
+            }
+            _ => Pending::Store(
+                self.runtime
+                    .spawn(Self::get(self.store.clone(), key, options)),
+            ),
+        };
         self.counters.ahead.fetch_add(1, Ordering::Relaxed);
         ahead.push(Ahead {
             rel: rel.to_path_buf(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use object_store::ObjectStore;
 
 use super::counting::{Counters, CountingConnector};
+use super::direct::Direct;
 use super::profile;
 use super::url::{Cloud, ObjectUrl};
 
@@ -57,19 +58,31 @@ fn retries() -> object_store::RetryConfig {
 
 /// The store of `url`, configured from the environment the way each cloud's own tools are,
 /// with every request counted and the same timeout and retries everywhere: the three
-/// clouds differ only here.
+/// clouds differ only here. With it, for S3 at an `http://` endpoint, the client that reads
+/// GETs' bodies from the socket ([`direct_for`]).
 pub(super) fn build_store(
     url: &ObjectUrl,
     counters: Arc<Counters>,
-) -> io::Result<Arc<dyn ObjectStore>> {
-    let timeout = format!("{}ms", request_timeout()?.as_millis());
-    let connector = CountingConnector(counters);
+) -> io::Result<(Arc<dyn ObjectStore>, Option<Direct>)> {
+    let limit = request_timeout()?;
+    let timeout = format!("{}ms", limit.as_millis());
+    let connector = CountingConnector(counters.clone());
+    let mut direct = None;
     let built: object_store::Result<Arc<dyn ObjectStore>> = match url.cloud {
-        Cloud::S3 => s3(url, timeout)
-            .with_retry(retries())
-            .with_http_connector(connector)
-            .build()
-            .map(|s| Arc::new(s) as _),
+        Cloud::S3 => {
+            let builder = s3(url, timeout);
+            let direct_on = direct_for(&builder, &env)?;
+            let built = (builder.with_retry(retries()))
+                .with_http_connector(connector)
+                .build();
+            built.map(|s| {
+                let s = Arc::new(s);
+                if direct_on {
+                    direct = Some(Direct::new(s.clone(), limit, counters));
+                }
+                s as _
+            })
+        }
         Cloud::Gcs => gcs(url, timeout, &env)
             .with_retry(retries())
             .with_http_connector(connector)
@@ -82,7 +95,37 @@ pub(super) fn build_store(
             .build()
             .map(|s| Arc::new(s) as _),
     };
-    built.map_err(|e| io::Error::other(e.to_string()))
+    Ok((built.map_err(|e| io::Error::other(e.to_string()))?, direct))
+}
+
+/// True if GETs of the S3 store `builder` makes are read from the socket ([`super::direct`]):
+/// its endpoint is `http://`, its requests are signed, with no SSE-C key (whose headers only
+/// object_store sends) and no proxy (which only object_store's client honours), and
+/// `COORFS_S3_DIRECT` is not `0`.
+fn direct_for(
+    builder: &object_store::aws::AmazonS3Builder,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> io::Result<bool> {
+    use object_store::aws::AmazonS3ConfigKey as K;
+    let asked = match env("COORFS_S3_DIRECT").as_deref() {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(other) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("COORFS_S3_DIRECT must be 0 or 1, not \"{other}\""),
+            ));
+        }
+    };
+    let config = |key| builder.get_config_value(&key);
+    let plain = config(K::Endpoint).is_some_and(|e| e.starts_with("http://"));
+    let unsigned = config(K::SkipSignature).is_some_and(|v| v == "true");
+    // The key is not exported under its own name.
+    let ssec = ("aws_sse_customer_key_base64".parse::<K>()).is_ok_and(|k| config(k).is_some());
+    let proxy = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+        .iter()
+        .any(|v| env(v).is_some());
+    Ok(asked && plain && !unsigned && !ssec && !proxy)
 }
 
 /// The process's environment variable `name`, if set and not empty.

@@ -16,6 +16,9 @@ pub enum Fault {
     Reset,
     /// Holds the connection for this long without an answer, then closes it.
     Stall(Duration),
+    /// Forwards the answer's head and this many bytes of its body, then closes the
+    /// connection (one that ends mid-body).
+    Cut(usize),
 }
 
 /// Faults to inject: a request whose first line contains `matching` gets `fault`, `times`
@@ -49,10 +52,12 @@ pub struct FaultProxy {
     log: Arc<Mutex<Vec<Served>>>,
 }
 
-/// A request the proxy forwarded: its first line, from its arrival to its answer's end.
+/// A request the proxy forwarded: its first line and its Range header (or ""), from its
+/// arrival to its answer's end.
 #[derive(Clone, Debug)]
 pub struct Served {
     pub line: String,
+    pub range: String,
     pub came: std::time::Instant,
     pub answered: std::time::Instant,
 }
@@ -200,6 +205,13 @@ pub fn serve(
     let came = std::time::Instant::now();
     std::thread::sleep(delay);
     let line = head.lines().next().unwrap_or("").to_string();
+    let range = (head.lines())
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("range")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
     // Taken before the match, which would hold the lock through a stall.
     let fault = faults.lock().unwrap().take(&line);
     match fault {
@@ -217,8 +229,12 @@ pub fn serve(
             std::thread::sleep(hold);
             return;
         }
-        None => {}
+        Some(Fault::Cut(_)) | None => {}
     }
+    let cut = match fault {
+        Some(Fault::Cut(n)) => Some(n),
+        _ => None,
+    };
     let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else {
         return;
     };
@@ -249,6 +265,17 @@ pub fn serve(
             .collect();
         let _ = client.write_all(format!("{kept}Connection: close\r\n\r\n").as_bytes());
         let body = &answer[end + 4..];
+        if let Some(n) = cut {
+            let _ = client.write_all(&body[..n.min(body.len())]);
+            log.lock().unwrap().push(Served {
+                line,
+                range,
+                came,
+                answered: std::time::Instant::now(),
+            });
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
         if rate == 0 {
             let _ = client.write_all(body);
         } else {
@@ -266,6 +293,7 @@ pub fn serve(
     let _ = client.shutdown(Shutdown::Both);
     log.lock().unwrap().push(Served {
         line,
+        range,
         came,
         answered: std::time::Instant::now(),
     });
