@@ -19,7 +19,7 @@ target/moto)."""
 import argparse
 import re
 import time
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
@@ -65,6 +65,13 @@ class Delayed:
                 body.close()
 
 
+def presigned_only(environ):
+    """True if the request's query holds nothing but a presigned URL's X-Amz-* parameters
+    (a GET of the object itself, as one signed in its headers is)."""
+    query = parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    return all(name.startswith("X-Amz-") for name, _ in query)
+
+
 class Ranged:
     """WSGI middleware: answers a GET of one byte range (`Range: bytes=A-B`, path-style
     /bucket/key, no query) of an object from the range alone, read from moto's copy under
@@ -87,7 +94,7 @@ class Ranged:
     def ranged(self, environ):
         m = self.RANGE.match(environ.get("HTTP_RANGE", ""))
         path = environ.get("PATH_INFO", "")
-        if environ["REQUEST_METHOD"] != "GET" or not m or environ.get("QUERY_STRING"):
+        if environ["REQUEST_METHOD"] != "GET" or not m or not presigned_only(environ):
             return None
         if environ.get("HTTP_IF_NONE_MATCH") or environ.get("HTTP_IF_MODIFIED_SINCE"):
             return None

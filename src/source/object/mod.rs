@@ -199,6 +199,7 @@ impl ObjectSource {
         let mut from = offset;
         if let (Some(direct), Some(etag)) = (&self.direct, &request.etag)
             && (direct.on() || matches!(pending, Some(Pending::Direct(_))))
+            && direct::header_safe(etag)
         {
             let ahead = match pending.take() {
                 Some(Pending::Direct(sent)) => Some(sent),
@@ -913,7 +914,7 @@ impl DatasetSource for ObjectSource {
             return;
         }
         let answer = match (&self.direct, etag) {
-            (Some(direct), Some(etag)) if direct.on() => {
+            (Some(direct), Some(etag)) if direct.on() && direct::header_safe(&etag) => {
                 let direct = direct.clone();
                 Pending::Direct(self.runtime.spawn(async move {
                     let url = (direct.signer)
