@@ -14,6 +14,19 @@ pub struct Counters {
     pub ahead_unused: AtomicU64,
 }
 
+impl Counters {
+    /// Counts an answer of `status` as one that gets retried, if it does (5xx, 429, 408),
+    /// and as throttling if it is 503 or 429.
+    pub(super) fn answered(&self, status: u16) {
+        if status == 503 || status == 429 {
+            self.throttled.fetch_add(1, Ordering::Relaxed);
+        }
+        if (500..600).contains(&status) || status == 429 || status == 408 {
+            self.retried.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The store's HTTP client, counting every request and every answer that gets retried.
 #[derive(Debug)]
 pub(super) struct CountingConnector(pub(super) Arc<Counters>);
@@ -48,15 +61,7 @@ impl object_store::client::HttpService for Counting {
         c.requests.fetch_add(1, Ordering::Relaxed);
         let answer = self.inner.execute(req).await;
         match &answer {
-            Ok(r) => {
-                let status = r.status();
-                if status.as_u16() == 503 || status.as_u16() == 429 {
-                    c.throttled.fetch_add(1, Ordering::Relaxed);
-                }
-                if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 {
-                    c.retried.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            Ok(r) => c.answered(r.status().as_u16()),
             Err(_) => {
                 c.retried.fetch_add(1, Ordering::Relaxed);
             }

@@ -19,6 +19,7 @@
 //! signed header), so Range and If-Match go as plain headers and the credentials stay
 //! object_store's (profiles, instance roles, their refresh).
 
+use std::future::Future;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::ops::Range;
@@ -34,7 +35,7 @@ use super::tree::same_etag;
 
 /// How long a presigned URL is good for: it is used at once, or by a GET sent ahead within
 /// `AHEAD_FOR`; the margin is for clocks that disagree.
-pub(super) const SIGNED_FOR: Duration = Duration::from_secs(15 * 60);
+const SIGNED_FOR: Duration = Duration::from_secs(15 * 60);
 
 /// Connections kept alive, idle, for the next GETs: a few jobs' readers and prefetch threads.
 const IDLE_MAX: usize = 32;
@@ -72,7 +73,7 @@ pub(super) trait Body {
 
 /// The plain-HTTP client of an S3 source (see the module's header).
 pub(super) struct Direct {
-    pub(super) signer: Arc<dyn Signer>,
+    signer: Arc<dyn Signer>,
     /// Idle kept-alive connections, oldest first.
     idle: Mutex<Vec<Idle>>,
     timeout: Duration,
@@ -98,6 +99,8 @@ struct Idle {
 pub(super) struct Sent {
     conn: TcpStream,
     url: url::Url,
+    /// `host:port` of `url`, which a kept connection is filed under.
+    authority: String,
     /// The request's bytes, to send again if a kept-alive connection turns out closed.
     request: Vec<u8>,
     reused: bool,
@@ -142,6 +145,16 @@ impl Direct {
         }
     }
 
+    /// The presigning of a GET of `key`, to run on the source's runtime (object_store may
+    /// fetch or refresh credentials on it).
+    pub(super) fn presign(
+        &self,
+        key: &object_store::path::Path,
+    ) -> impl Future<Output = object_store::Result<url::Url>> + Send + 'static {
+        let (signer, key) = (self.signer.clone(), key.clone());
+        async move { signer.signed_url(http::Method::GET, &key, SIGNED_FOR).await }
+    }
+
     /// Writes the GET of `range` of the object at `url` (presigned), if it is still `etag`,
     /// on a kept-alive connection to its host or a new one.
     pub(super) fn send(&self, url: url::Url, range: Range<u64>, etag: &str) -> io::Result<Sent> {
@@ -164,6 +177,7 @@ impl Direct {
                 return Ok(Sent {
                     conn,
                     url,
+                    authority,
                     request,
                     reused: true,
                 });
@@ -175,6 +189,7 @@ impl Direct {
         Ok(Sent {
             conn,
             url,
+            authority,
             request,
             reused: false,
         })
@@ -209,7 +224,8 @@ impl Direct {
             }
         };
         if let Some(status) = head.unusual(&range) {
-            self.count_answer(status);
+            // Counted as object_store's client counts it: it sends the request again.
+            self.counters.answered(status);
             return Got::Rest(0);
         }
         if head
@@ -243,7 +259,7 @@ impl Direct {
             }
         }
         if head.keep_alive {
-            self.keep(authority(&sent.url).unwrap_or_default(), sent.conn);
+            self.keep(sent.authority, sent.conn);
         }
         Got::Read(got)
     }
@@ -252,18 +268,6 @@ impl Direct {
     pub(super) fn failed(&self, got: usize) -> Got {
         self.counters.retried.fetch_add(1, Ordering::Relaxed);
         Got::Rest(got)
-    }
-
-    /// Counts an answer not taken here as object_store's client counts it (it sends the
-    /// request again).
-    fn count_answer(&self, status: u16) {
-        let c = &self.counters;
-        if status == 503 || status == 429 {
-            c.throttled.fetch_add(1, Ordering::Relaxed);
-        }
-        if (500..600).contains(&status) || status == 429 || status == 408 {
-            c.retried.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// A connection to the host of `url`, with this client's timeouts.

@@ -192,23 +192,23 @@ impl ObjectSource {
             direct = tracing::field::Empty,
         )
         .entered();
-        let mut pending = self.take_ahead(rel, version, offset..end);
-        if pending.is_some() {
+        let (ahead_direct, ahead_store) = match self.take_ahead(rel, version, offset..end) {
+            Some(Pending::Direct(sent)) => (Some(sent), None),
+            Some(Pending::Store(answer)) => (None, Some(answer)),
+            None => (None, None),
+        };
+        if ahead_direct.is_some() || ahead_store.is_some() {
             span.record("ahead", true);
         }
+        // A GET sent ahead through the direct client is read by it even if it has turned off
+        // since.
+        let direct = match ahead_direct {
+            Some(_) => self.direct.as_ref().zip(request.etag.as_deref()),
+            None => self.direct_for(request.etag.as_deref()),
+        };
         let mut from = offset;
-        if let (Some(direct), Some(etag)) = (&self.direct, &request.etag)
-            && (direct.on() || matches!(pending, Some(Pending::Direct(_))))
-            && direct::header_safe(etag)
-        {
-            let ahead = match pending.take() {
-                Some(Pending::Direct(sent)) => Some(sent),
-                other => {
-                    pending = other;
-                    None
-                }
-            };
-            match self.get_direct(direct, &request, etag, offset, ahead, body) {
+        if let Some((direct, etag)) = direct {
+            match self.get_direct(direct, &request, etag, offset, ahead_direct, body) {
                 Got::Read(n) => {
                     span.record("bytes", n);
                     span.record("direct", true);
@@ -218,14 +218,24 @@ impl ObjectSource {
                 Got::Changed => return Err(self.gone_or_changed(rel)),
             }
         }
-        let store = match pending {
-            Some(Pending::Store(answer)) => Some(answer),
-            _ => None,
+        let rest = if from == offset {
+            request
+        } else {
+            match self.request(rel, version, from, (end - from) as usize)? {
+                Some(rest) => rest,
+                None => return Ok((from - offset) as usize),
+            }
         };
-        let got =
-            (from - offset) as usize + self.get_store(rel, version, from, end, store, body)?;
+        let got = (from - offset) as usize + self.get_store(rel, rest, from, ahead_store, body)?;
         span.record("bytes", got);
         Ok(got)
+    }
+
+    /// The direct client and the ETag of a GET of the version `etag`, if the GET may go
+    /// through it: it is on, and the ETag can go in a header.
+    fn direct_for<'a>(&'a self, etag: Option<&'a str>) -> Option<(&'a Arc<Direct>, &'a str)> {
+        let (direct, etag) = (self.direct.as_ref()?, etag?);
+        (direct.on() && direct::header_safe(etag)).then_some((direct, etag))
     }
 
     /// Reads `request` (from `offset`, of the version `etag`) through `direct`: its GET sent
@@ -259,11 +269,7 @@ impl ObjectSource {
 
     /// The presigned URL of a GET of `key`; None if signing fails (and then `direct` is off).
     fn sign(&self, direct: &Direct, key: &object_store::path::Path) -> Option<::url::Url> {
-        let (signer, key) = (direct.signer.clone(), key.clone());
-        let signed = self.wait(async move {
-            (signer.signed_url(http::Method::GET, &key, direct::SIGNED_FOR)).await
-        });
-        match signed {
+        match self.wait(direct.presign(key)) {
             Ok(Ok(url)) => Some(url),
             Ok(Err(e)) => {
                 direct.signing_failed(&self.name, &one_line(&e));
@@ -273,24 +279,23 @@ impl ObjectSource {
         }
     }
 
-    /// GETs bytes `from..end` of `rel` through object_store's client, if it is still
-    /// `version`, into `body` ([`BODY_BATCH`] at a time), taking the GET sent ahead for that
-    /// range if `ahead`. Returns the bytes read.
+    /// Sends `request` (of bytes of `rel` from `from`) through object_store's client, or
+    /// takes the GET sent ahead for it (`ahead`), and reads its body into `body`
+    /// ([`BODY_BATCH`] at a time). Returns the bytes read.
     fn get_store(
         &self,
         rel: &Path,
-        version: &FileVersion,
+        request: Request,
         from: u64,
-        end: u64,
         ahead: Option<tokio::task::JoinHandle<Answer>>,
         body: &mut dyn Body,
     ) -> SourceResult<usize> {
-        let Some(Request {
-            key, options, etag, ..
-        }) = self.request(rel, version, from, (end - from) as usize)?
-        else {
-            return Ok(0);
-        };
+        let Request {
+            key,
+            options,
+            etag,
+            end,
+        } = request;
         let store = self.store.clone();
         let opened = match ahead {
             Some(answer) => match self.wait(answer)? {
@@ -913,19 +918,17 @@ impl DatasetSource for ObjectSource {
         if ahead.len() >= AHEAD_MAX {
             return;
         }
-        let answer = match (&self.direct, etag) {
-            (Some(direct), Some(etag)) if direct.on() && direct::header_safe(&etag) => {
-                let direct = direct.clone();
+        let answer = match self.direct_for(etag.as_deref()) {
+            Some((direct, etag)) => {
+                let (direct, etag, signed) =
+                    (direct.clone(), etag.to_string(), direct.presign(&key));
                 Pending::Direct(self.runtime.spawn(async move {
-                    let url = (direct.signer)
-                        .signed_url(http::Method::GET, &key, direct::SIGNED_FOR)
-                        .await
-                        .map_err(|e| io::Error::other(e.to_string()))?;
+                    let url = signed.await.map_err(|e| io::Error::other(e.to_string()))?;
                     let send = move || direct.send(url, offset..end, &etag);
                     tokio::task::spawn_blocking(send).await?
                 }))
             }
-            _ => Pending::Store(
+            None => Pending::Store(
                 self.runtime
                     .spawn(Self::get(self.store.clone(), key, options)),
             ),
